@@ -1,0 +1,275 @@
+"""Data: the unsupervised training corpus and the SentEval evaluation directory.
+
+Where the SentEval directory is looked for (first hit wins), see :func:`resolve_senteval_dir`:
+
+1. the ``data_dir`` argument / ``--data-dir`` option;
+2. the ``ST_HARDNEG_DATA`` environment variable;
+3. ``../shared/data`` and ``./data`` relative to the working directory;
+4. ``~/.cache/st_hardneg/data`` (where :func:`download_senteval` puts it).
+
+Each may be the SentEval ``downstream`` directory itself (it contains ``STS/``, ``SICK/``, ``MR/`` …) or its
+parent (containing ``senteval/``). Nothing here is ever bundled with the package: users with a network fetch the
+originals with :func:`download_senteval` / :func:`download_wiki1m` (``st-hardneg download``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import tarfile
+import tempfile
+import urllib.request
+from collections.abc import Iterable
+from pathlib import Path
+
+from tqdm.auto import tqdm
+
+logger = logging.getLogger(__name__)
+
+ENV_DATA_DIR = "ST_HARDNEG_DATA"
+CACHE_DIR = Path(os.environ.get("ST_HARDNEG_CACHE", Path.home() / ".cache" / "st_hardneg"))
+
+#: the SimCSE authors' packaging of SentEval's downstream data (STS12-16, STS-B, SICK and the transfer tasks)
+SENTEVAL_URL = "https://huggingface.co/datasets/princeton-nlp/datasets-for-simcse/resolve/main/senteval.tar"
+#: the 10^6 Wikipedia sentences that SimCSE, MixCSE, HNCSE, AdCSE and Focal-InfoNCE train on
+WIKI1M_URL = "https://huggingface.co/datasets/princeton-nlp/datasets-for-simcse/resolve/main/wiki1m_for_simcse.txt"
+
+#: subsets of each STS year, as in SentEval (STS13 has no SMT: it is licence-restricted)
+STS_YEAR_SUBSETS: dict[str, tuple[str, ...]] = {
+    "STS12": ("MSRpar", "MSRvid", "SMTeuroparl", "surprise.OnWN", "surprise.SMTnews"),
+    "STS13": ("FNWN", "headlines", "OnWN"),
+    "STS14": ("deft-forum", "deft-news", "headlines", "images", "OnWN", "tweet-news"),
+    "STS15": ("answers-forums", "answers-students", "belief", "headlines", "images"),
+    "STS16": ("answer-answer", "headlines", "plagiarism", "postediting", "question-question"),
+}
+STS_TASKS = ("STS12", "STS13", "STS14", "STS15", "STS16", "STSBenchmark", "SICKRelatedness")
+#: extra task names accepted by the STS evaluation (model selection, never reported as a test score)
+STS_DEV_TASKS = ("STSBenchmark-dev",)
+
+
+class DataNotFoundError(FileNotFoundError):
+    """Raised when evaluation data is missing; the message lists the missing files and how to get them."""
+
+
+def _how_to_get() -> str:
+    return (
+        "Get the SentEval data with `st-hardneg download senteval --dest DIR` (needs a network; it fetches "
+        f"{SENTEVAL_URL}) and pass --data-dir DIR, or set {ENV_DATA_DIR}=DIR. DIR may be the SentEval "
+        "'downstream' folder (containing STS/ and SICK/) or its parent (containing senteval/)."
+    )
+
+
+def _as_senteval_root(path: Path) -> Path | None:
+    if (path / "senteval").is_dir():
+        return path / "senteval"
+    if (path / "STS").is_dir() or (path / "SICK").is_dir() or (path / "MR").is_dir():
+        return path
+    return None
+
+
+def resolve_senteval_dir(data_dir: str | Path | None = None) -> Path:
+    """The SentEval ``downstream`` directory, found as described in the module docstring.
+
+    Raises:
+        DataNotFoundError: an explicit ``data_dir`` (or ``$ST_HARDNEG_DATA``) holds no SentEval data, or none of
+            the default places does; the message says how to get it.
+    """
+    explicit = data_dir if data_dir is not None else os.environ.get(ENV_DATA_DIR)
+    if explicit:
+        path = Path(explicit).expanduser()
+        root = _as_senteval_root(path) if path.is_dir() else None
+        if root is None:
+            source = "data_dir" if data_dir is not None else f"${ENV_DATA_DIR}"
+            raise DataNotFoundError(
+                f"{source}={str(path)!r} contains no SentEval data (expected STS/, SICK/ … or senteval/). "
+                + _how_to_get()
+            )
+        return root
+    searched = [Path.cwd() / ".." / "shared" / "data", Path.cwd() / "data", CACHE_DIR / "data"]
+    for candidate in searched:
+        root = _as_senteval_root(candidate) if candidate.is_dir() else None
+        if root is not None:
+            return root.resolve()
+    raise DataNotFoundError(
+        "No SentEval data directory given and none found in " + ", ".join(str(p) for p in searched) + ". "
+        + _how_to_get()
+    )
+
+
+def sts_files(task: str) -> list[str]:
+    """Relative paths (under the SentEval root) of the files one STS task reads."""
+    if task in STS_YEAR_SUBSETS:
+        folder = f"STS/{task}-en-test"
+        return [f"{folder}/STS.{kind}.{name}.txt" for name in STS_YEAR_SUBSETS[task] for kind in ("input", "gs")]
+    if task == "STSBenchmark":
+        return ["STS/STSBenchmark/sts-test.csv"]
+    if task == "STSBenchmark-dev":
+        return ["STS/STSBenchmark/sts-dev.csv"]
+    if task == "SICKRelatedness":
+        return ["SICK/SICK_test_annotated.txt"]
+    raise ValueError(f"unknown STS task {task!r}; choose from {', '.join(STS_TASKS + STS_DEV_TASKS)}")
+
+
+def check_sts_data(root: Path, tasks: Iterable[str]) -> None:
+    """Raise :class:`DataNotFoundError` naming every missing file of ``tasks`` under ``root``."""
+    missing = [rel for task in tasks for rel in sts_files(task) if not (root / rel).is_file()]
+    if missing:
+        shown = "\n  ".join(missing[:20]) + ("\n  …" if len(missing) > 20 else "")
+        raise DataNotFoundError(f"Missing SentEval files under {root}:\n  {shown}\n" + _how_to_get())
+
+
+def _whitespace(text: str) -> str:
+    # SentEval splits sentences on whitespace and the SimCSE batcher joins them with single spaces.
+    return " ".join(text.split())
+
+
+def read_sts_pairs(root: str | Path, task: str) -> tuple[list[str], list[str], list[float]]:
+    """Scored sentence pairs of one STS task, as SentEval reads them.
+
+    STS12–16 pool every scored pair of all subsets of the year (SimCSE's "all" setting); lines whose gold
+    score is empty are unscored and skipped. STS-B reads ``sts-test.csv`` (``sts-dev.csv`` for
+    ``"STSBenchmark-dev"``): score in column 5, sentences in columns 6 and 7. SICK-R reads the test file.
+
+    Returns:
+        (sentences1, sentences2, gold scores)
+    """
+    root = Path(root)
+    check_sts_data(root, [task])
+    s1: list[str] = []
+    s2: list[str] = []
+    gold: list[float] = []
+    if task in STS_YEAR_SUBSETS:
+        folder = root / "STS" / f"{task}-en-test"
+        for name in STS_YEAR_SUBSETS[task]:
+            inputs = (folder / f"STS.input.{name}.txt").read_text(encoding="utf8").splitlines()
+            scores = (folder / f"STS.gs.{name}.txt").read_text(encoding="utf8").splitlines()
+            if len(inputs) != len(scores):
+                raise ValueError(f"{task}/{name}: {len(inputs)} input lines but {len(scores)} gold lines")
+            for line, score in zip(inputs, scores, strict=True):
+                if not score.strip():
+                    continue
+                a, b = line.split("\t")[:2]
+                s1.append(_whitespace(a))
+                s2.append(_whitespace(b))
+                gold.append(float(score))
+    elif task in ("STSBenchmark", "STSBenchmark-dev"):
+        split = "test" if task == "STSBenchmark" else "dev"
+        for line in (root / "STS" / "STSBenchmark" / f"sts-{split}.csv").read_text(encoding="utf8").splitlines():
+            fields = line.split("\t")
+            if len(fields) < 7:
+                continue
+            s1.append(_whitespace(fields[5]))
+            s2.append(_whitespace(fields[6]))
+            gold.append(float(fields[4]))
+    elif task == "SICKRelatedness":
+        lines = (root / "SICK" / "SICK_test_annotated.txt").read_text(encoding="utf8").splitlines()
+        for line in lines[1:]:
+            fields = line.split("\t")
+            if len(fields) < 4:
+                continue
+            s1.append(_whitespace(fields[1]))
+            s2.append(_whitespace(fields[2]))
+            gold.append(float(fields[3]))
+    else:
+        sts_files(task)  # raises the "unknown task" error
+    return s1, s2, gold
+
+
+def read_corpus(path: str | Path, min_chars: int = 0, dedupe: bool = False) -> list[str]:
+    """Sentences of a SimCSE-style corpus file (one sentence per line; blank lines dropped).
+
+    Args:
+        path: the text file, e.g. ``wiki1m_for_simcse.txt``.
+        min_chars: drop lines shorter than this after stripping (0 keeps every non-empty line, as SimCSE does).
+        dedupe: drop repeated lines, keeping the first occurrence (SimCSE keeps them; duplicates in a batch are
+            false negatives, see ``BatchSamplers.NO_DUPLICATES``).
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"corpus file {str(path)!r} not found. Pass a text file with one sentence per line; the papers' corpus "
+            f"can be fetched with `st-hardneg download wiki1m --dest DIR` ({WIKI1M_URL})."
+        )
+    sentences = [line.strip() for line in path.read_text(encoding="utf8").splitlines()]
+    sentences = [s for s in sentences if s and len(s) >= min_chars]
+    if dedupe:
+        sentences = list(dict.fromkeys(sentences))
+    if not sentences:
+        raise ValueError(f"corpus file {str(path)!r} contains no sentences")
+    return sentences
+
+
+def pair_dataset(sentences: list[str] | object, column: str | None = None):
+    """A ``datasets.Dataset`` with columns ``anchor`` and ``positive`` holding the same sentence (unsupervised SimCSE).
+
+    Args:
+        sentences: a list of strings, or a ``datasets.Dataset`` with one text column.
+        column: the text column of a Dataset (default: its only string column).
+    """
+    from datasets import Dataset
+
+    if isinstance(sentences, Dataset):
+        if column is None:
+            text_columns = [c for c, f in sentences.features.items() if getattr(f, "dtype", None) in ("string",
+                                                                                                      "large_string")]
+            if len(text_columns) != 1:
+                raise ValueError(f"pass column=...; the dataset has text columns {text_columns}")
+            column = text_columns[0]
+        texts = sentences[column]
+    else:
+        texts = list(sentences)
+    if not texts:
+        raise ValueError("no sentences to train on")
+    return Dataset.from_dict({"anchor": texts, "positive": texts})
+
+
+def _download(url: str, dest: Path, desc: str) -> Path:
+    """Stream ``url`` to ``dest`` with a progress bar; the file appears only when complete."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkstemp(dir=dest.parent, prefix=dest.name, suffix=".part")[1])
+    try:
+        with urllib.request.urlopen(url, timeout=60) as response, open(tmp, "wb") as out:
+            total = int(response.headers.get("Content-Length") or 0) or None
+            with tqdm(total=total, unit="B", unit_scale=True, desc=desc) as bar:
+                for chunk in iter(lambda: response.read(1 << 20), b""):
+                    out.write(chunk)
+                    bar.update(len(chunk))
+        tmp.replace(dest)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return dest
+
+
+def download_senteval(dest: str | Path | None = None, url: str = SENTEVAL_URL) -> Path:
+    """Download and unpack SentEval's downstream data (SimCSE's ``senteval.tar``) to ``dest/senteval``.
+
+    Returns the SentEval root, usable as ``data_dir``. Needs a network connection.
+    """
+    dest = Path(dest) if dest is not None else CACHE_DIR / "data"
+    root = dest / "senteval"
+    if _as_senteval_root(dest) is not None and (root / "STS").is_dir():
+        logger.info("SentEval data already present in %s", root)
+        return root
+    archive = _download(url, dest / "senteval.tar", "senteval.tar")
+    root.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(archive) as tar:
+        tar.extractall(root, filter="data")
+    archive.unlink()
+    # Some copies of the archive wrap everything in one more folder.
+    inner = [p for p in root.iterdir() if p.is_dir()]
+    if not (root / "STS").is_dir() and len(inner) == 1 and (inner[0] / "STS").is_dir():
+        for item in inner[0].iterdir():
+            shutil.move(str(item), root / item.name)
+        inner[0].rmdir()
+    return root
+
+
+def download_wiki1m(dest: str | Path | None = None, url: str = WIKI1M_URL) -> Path:
+    """Download ``wiki1m_for_simcse.txt`` (about 120 MB) to ``dest``; returns the file path."""
+    dest = Path(dest) if dest is not None else CACHE_DIR / "data"
+    target = dest / "wiki1m_for_simcse.txt"
+    if target.is_file():
+        return target
+    return _download(url, target, target.name)

@@ -1,0 +1,157 @@
+"""SentEval STS evaluation with the papers' protocol (SimCSE's "all" setting, Spearman × 100)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from scipy.stats import spearmanr
+from sentence_transformers.base.evaluation.evaluator import BaseEvaluator
+
+from st_hardneg.data import STS_DEV_TASKS, STS_TASKS, check_sts_data, read_sts_pairs, resolve_senteval_dir
+from st_hardneg.evaluation.encoding import encode_unique
+
+logger = logging.getLogger(__name__)
+
+
+def cosine_spearman(embeddings1: np.ndarray, embeddings2: np.ndarray, gold: Sequence[float]) -> float:
+    """Spearman correlation × 100 between the row-wise cosine of two embedding matrices and the gold scores."""
+    a = np.asarray(embeddings1, dtype=np.float64)
+    b = np.asarray(embeddings2, dtype=np.float64)
+    norms = np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1)
+    cos = (a * b).sum(axis=1) / np.maximum(norms, 1e-12)
+    return float(spearmanr(cos, np.asarray(gold, dtype=np.float64)).statistic * 100)
+
+
+def _check_tasks(tasks: Sequence[str] | None) -> list[str]:
+    if tasks is None:
+        return list(STS_TASKS)
+    if isinstance(tasks, str):
+        tasks = [t.strip() for t in tasks.split(",") if t.strip()]
+    unknown = [t for t in tasks if t not in STS_TASKS + STS_DEV_TASKS]
+    if unknown or not tasks:
+        raise ValueError(f"unknown STS task(s) {unknown}; choose from {', '.join(STS_TASKS + STS_DEV_TASKS)}")
+    return list(dict.fromkeys(tasks))
+
+
+def evaluate_sts(
+    model,
+    data_dir: str | Path | None = None,
+    tasks: Sequence[str] | None = None,
+    batch_size: int = 64,
+    show_progress_bar: bool = True,
+) -> dict[str, float]:
+    """Spearman correlation × 100 of cosine similarity with the gold scores, the SentEval/SimCSE way.
+
+    - STS12–STS16: SimCSE's "all" setting: every scored pair of all subsets of the year pooled into one Spearman.
+    - STSBenchmark: ``sts-test.csv``; SICKRelatedness: ``SICK_test_annotated.txt``.
+    - ``avg``: the mean over the evaluated tasks (the 7 above by default).
+    - Each distinct sentence is encoded once, at the model's full length (a training ``max_seq_length`` is lifted
+      during evaluation and restored afterwards).
+
+    Args:
+        model: a SentenceTransformer.
+        data_dir: the SentEval directory (see :func:`st_hardneg.data.resolve_senteval_dir`).
+        tasks: subset of ``STS12, STS13, STS14, STS15, STS16, STSBenchmark, SICKRelatedness`` (and
+            ``STSBenchmark-dev``, for model selection only); ``None`` = the 7 test tasks.
+        batch_size: encoding batch size.
+        show_progress_bar: show the encoding progress bar.
+
+    Returns:
+        ``{task: score, ..., "avg": mean}``.
+    """
+    tasks = _check_tasks(tasks)
+    root = resolve_senteval_dir(data_dir)
+    check_sts_data(root, tasks)
+    pairs = {task: read_sts_pairs(root, task) for task in tasks}
+    every_sentence = (s for s1, s2, _ in pairs.values() for s in (*s1, *s2))
+    table = encode_unique(model, every_sentence, batch_size=batch_size, show_progress_bar=show_progress_bar)
+    results = {}
+    for task, (s1, s2, gold) in pairs.items():
+        results[task] = cosine_spearman(np.stack([table[s] for s in s1]), np.stack([table[s] for s in s2]), gold)
+    results["avg"] = float(np.mean([results[t] for t in tasks]))
+    return results
+
+
+def format_sts_table(rows: dict[str, dict[str, float]], tasks: Sequence[str] | None = None) -> str:
+    """A markdown table, one row per model / method: ``{name: evaluate_sts(...) result}``."""
+    if not rows:
+        return ""
+    if tasks is None:
+        first = next(iter(rows.values()))
+        tasks = [t for t in (*STS_TASKS, *STS_DEV_TASKS) if t in first]
+    header = ["model", *tasks, "avg"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for name, scores in rows.items():
+        cells = [f"{scores[t]:.2f}" if t in scores else "–" for t in (*tasks, "avg")]
+        lines.append("| " + " | ".join([name, *cells]) + " |")
+    return "\n".join(lines)
+
+
+class SentEvalSTSEvaluator(BaseEvaluator):
+    """
+    A sentence-transformers evaluator for the SentEval STS sets, for model selection during training.
+
+    Pass it to the Trainer as ``evaluator=`` with ``eval_strategy="steps"``: the papers evaluate STS-B dev every
+    125 steps (250 in SimCSE) and keep the best checkpoint. Select on ``STSBenchmark-dev`` only, never on a test set.
+    The data is read once, at construction; each call encodes each distinct sentence once at full length.
+
+    Args:
+        data_dir: the SentEval directory (see :func:`st_hardneg.data.resolve_senteval_dir`).
+        tasks: the tasks to score; default ``("STSBenchmark-dev",)``.
+        name: prefix of the metric names (``{name}_spearman`` is the primary metric: the mean over ``tasks``).
+        batch_size: encoding batch size.
+        show_progress_bar: show the encoding progress bar.
+
+    Example:
+        ::
+
+            from sentence_transformers import SentenceTransformerTrainer, SentenceTransformerTrainingArguments
+            from st_hardneg.evaluation import SentEvalSTSEvaluator
+
+            dev = SentEvalSTSEvaluator("path/to/senteval")
+            args = SentenceTransformerTrainingArguments(
+                output_dir="out", eval_strategy="steps", eval_steps=125, save_strategy="steps", save_steps=125,
+                load_best_model_at_end=True, metric_for_best_model="sts-dev_spearman",
+            )
+            trainer = SentenceTransformerTrainer(model=model, args=args, train_dataset=train, loss=loss, evaluator=dev)
+    """
+
+    def __init__(
+        self,
+        data_dir: str | Path | None = None,
+        tasks: Sequence[str] = ("STSBenchmark-dev",),
+        name: str = "sts-dev",
+        batch_size: int = 64,
+        show_progress_bar: bool = False,
+    ) -> None:
+        super().__init__()
+        self.tasks = _check_tasks(tasks)
+        self.root = resolve_senteval_dir(data_dir)
+        check_sts_data(self.root, self.tasks)
+        self.pairs = {task: read_sts_pairs(self.root, task) for task in self.tasks}
+        self.name = name
+        self.batch_size = batch_size
+        self.show_progress_bar = show_progress_bar
+        self.primary_metric = "spearman"
+        self.greater_is_better = True
+
+    def __call__(self, model, output_path: str | None = None, epoch: int = -1, steps: int = -1) -> dict[str, float]:
+        sentences = (s for s1, s2, _ in self.pairs.values() for s in (*s1, *s2))
+        table = encode_unique(model, sentences, batch_size=self.batch_size, show_progress_bar=self.show_progress_bar)
+        metrics: dict[str, float] = {}
+        for task, (s1, s2, gold) in self.pairs.items():
+            score = cosine_spearman(np.stack([table[s] for s in s1]), np.stack([table[s] for s in s2]), gold)
+            metrics[f"spearman_{task}"] = score
+        metrics["spearman"] = float(np.mean(list(metrics.values())))
+        logger.info("SentEval STS (%s) after %s steps: %s", ", ".join(self.tasks), steps,
+                    ", ".join(f"{k}={v:.2f}" for k, v in metrics.items()))
+        metrics = self.prefix_name_to_metrics(metrics, self.name)
+        self.store_metrics_in_model_card_data(model, metrics, epoch, steps)
+        return metrics
+
+    def get_config_dict(self) -> dict[str, Any]:
+        return {"tasks": self.tasks}
