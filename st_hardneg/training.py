@@ -1,0 +1,236 @@
+"""One training recipe shared by the CLI, the benchmarks and the notebooks: the papers' unsupervised protocol on the
+sentence-transformers Trainer, with STS-B dev model selection and honest step timing.
+
+>>> from st_hardneg.training import TrainConfig, build_loss, train
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from transformers import TrainerCallback
+
+logger = logging.getLogger(__name__)
+
+
+# --------------------------------------------------------------------------- losses by name
+def _mnrl(model, **kwargs):
+    from sentence_transformers.sentence_transformer.losses import MultipleNegativesRankingLoss
+
+    temperature = kwargs.pop("temperature", 0.05)
+    return MultipleNegativesRankingLoss(model, scale=1.0 / float(temperature), **kwargs)
+
+
+def _mnrl_hardness(model, **kwargs):
+    kwargs.setdefault("hardness_mode", "in_batch_negatives")
+    kwargs.setdefault("hardness_strength", 9.0)  # Lan et al. 2025's alpha, as in ST's docstring
+    return _mnrl(model, **kwargs)
+
+
+def _mixcse(model, **kwargs):
+    from st_hardneg.losses.mixcse import MixCSELoss
+
+    return MixCSELoss(model, **kwargs)
+
+
+def _focal(model, **kwargs):
+    from st_hardneg.losses.focal import FocalInfoNCELoss
+
+    return FocalInfoNCELoss(model, **kwargs)
+
+
+def _hncse(mode: str) -> Callable:
+    def build(model, **kwargs):
+        from st_hardneg.losses.hncse import HNCSELoss
+
+        return HNCSELoss(model, mode=mode, **kwargs)
+
+    return build
+
+
+def _adcse(model, **kwargs):
+    from st_hardneg.losses.adcse import AdversarialNegativesLoss
+
+    return AdversarialNegativesLoss(model, **kwargs)
+
+
+#: method name → factory(model, **hyperparameters); every factory's defaults are its paper's
+LOSSES: dict[str, Callable] = {
+    "mnrl": _mnrl,
+    "mnrl_hardness": _mnrl_hardness,
+    "mixcse": _mixcse,
+    "focal": _focal,
+    "hncse_pm": _hncse("pm"),
+    "hncse_hnm": _hncse("hnm"),
+    "hncse": _hncse("both"),
+    "adcse": _adcse,
+}
+
+
+def build_loss(name: str, model, **kwargs):
+    """The loss called ``name`` (see :data:`LOSSES`) for ``model``, with hyperparameters ``kwargs``."""
+    if name not in LOSSES:
+        raise ValueError(f"unknown loss {name!r}; choose from {', '.join(LOSSES)}")
+    try:
+        return LOSSES[name](model, **kwargs)
+    except TypeError as exc:  # an unknown keyword: say which loss rejected it
+        raise ValueError(f"loss {name!r} rejected its arguments {kwargs}: {exc}") from exc
+
+
+# --------------------------------------------------------------------------- callbacks
+class StepTimer(TrainerCallback):
+    """Wall time of every optimizer step (forward + backward + optimizer), excluding evaluation and saving."""
+
+    def __init__(self) -> None:
+        self.step_seconds: list[float] = []
+        self._start: float | None = None
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        self._start = time.perf_counter()
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if self._start is not None:
+            self.step_seconds.append(time.perf_counter() - self._start)
+            self._start = None
+
+    def median(self, skip: int = 3) -> float | None:
+        """Median step time, leaving out the first ``skip`` (warm-up) steps when there are enough."""
+        times = self.step_seconds[skip:] if len(self.step_seconds) > skip + 2 else self.step_seconds
+        return statistics.median(times) if times else None
+
+
+class EvaluateAtEnd(TrainerCallback):
+    """Evaluate and save at the last step too, so the final model competes in best-checkpoint selection."""
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.max_steps and state.global_step >= state.max_steps and args.eval_strategy != "no":
+            control.should_evaluate = True
+            if args.save_strategy != "no":
+                control.should_save = True
+        return control
+
+
+# --------------------------------------------------------------------------- the recipe
+@dataclass
+class TrainConfig:
+    """Hyperparameters of the unsupervised protocol (defaults: the papers' BERT-base setting)."""
+
+    output_dir: str = "output/st-hardneg"
+    batch_size: int = 64
+    learning_rate: float = 3e-5
+    epochs: float = 1.0
+    max_steps: int = -1
+    warmup_ratio: float = 0.0
+    seed: int = 0
+    eval_steps: int = 125
+    logging_steps: int = 10
+    no_duplicates: bool = True
+    drop_last: bool = True
+    save_checkpoints: bool = True
+    fp16: bool = False
+    bf16: bool = False
+    show_progress_bar: bool = True
+    extra_args: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class TrainResult:
+    """What :func:`train` measured."""
+
+    train_seconds: float
+    steps: int
+    median_step_seconds: float | None
+    step_seconds: list[float]
+    best_metric: float | None
+    best_checkpoint: str | None
+    log_history: list[dict[str, Any]]
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def training_arguments(config: TrainConfig, with_evaluator: bool):
+    """``SentenceTransformerTrainingArguments`` for the protocol in ``config``."""
+    from sentence_transformers import SentenceTransformerTrainingArguments
+    from sentence_transformers.base.sampler import BatchSamplers
+
+    evaluate = with_evaluator and config.eval_steps > 0
+    save = evaluate and config.save_checkpoints
+    kwargs: dict[str, Any] = dict(
+        output_dir=config.output_dir,
+        per_device_train_batch_size=config.batch_size,
+        learning_rate=config.learning_rate,
+        num_train_epochs=config.epochs,
+        max_steps=config.max_steps,
+        warmup_ratio=config.warmup_ratio,
+        lr_scheduler_type="linear",
+        seed=config.seed,
+        data_seed=config.seed,
+        batch_sampler=BatchSamplers.NO_DUPLICATES if config.no_duplicates else BatchSamplers.BATCH_SAMPLER,
+        dataloader_drop_last=config.drop_last,
+        logging_steps=config.logging_steps,
+        eval_strategy="steps" if evaluate else "no",
+        eval_steps=config.eval_steps if evaluate else None,
+        save_strategy="steps" if save else "no",
+        save_steps=config.eval_steps if save else None,
+        save_total_limit=2 if save else None,
+        load_best_model_at_end=save,
+        metric_for_best_model="eval_sts-dev_spearman" if save else None,
+        greater_is_better=True,
+        report_to=[],
+        fp16=config.fp16,
+        bf16=config.bf16,
+        disable_tqdm=not config.show_progress_bar,
+    )
+    kwargs.update(config.extra_args)
+    return SentenceTransformerTrainingArguments(**kwargs)
+
+
+def train(model, train_dataset, loss, config: TrainConfig, evaluator=None, callbacks=None) -> TrainResult:
+    """Train ``model`` with ``loss`` on ``train_dataset`` (columns anchor, positive) using the ST Trainer.
+
+    With an ``evaluator`` (e.g. :class:`~st_hardneg.evaluation.SentEvalSTSEvaluator` on STS-B dev) the model is
+    evaluated every ``config.eval_steps`` steps and at the end, and the best checkpoint is loaded at the end
+    (the papers' selection rule). The model is modified in place.
+    """
+    from sentence_transformers import SentenceTransformerTrainer
+
+    timer = StepTimer()
+    args = training_arguments(config, with_evaluator=evaluator is not None)
+    trainer = SentenceTransformerTrainer(
+        model=model,
+        args=args,
+        train_dataset=train_dataset,
+        loss=loss,
+        evaluator=evaluator if args.eval_strategy != "no" else None,
+        callbacks=[timer, EvaluateAtEnd(), *(callbacks or [])],
+    )
+    start = time.perf_counter()
+    trainer.train()
+    seconds = time.perf_counter() - start
+    return TrainResult(
+        train_seconds=seconds,
+        steps=trainer.state.global_step,
+        median_step_seconds=timer.median(),
+        step_seconds=timer.step_seconds,
+        best_metric=trainer.state.best_metric,
+        best_checkpoint=trainer.state.best_model_checkpoint,
+        log_history=list(trainer.state.log_history),
+    )
+
+
+def write_json(path: str | Path, payload: dict[str, Any]) -> Path:
+    """Write ``payload`` as indented JSON, atomically (a crash never leaves half a file)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(payload, indent=2, sort_keys=False) + "\n")
+    tmp.replace(path)
+    return path
