@@ -3,8 +3,8 @@
 >>> from st_hardneg import MixCSELoss
 """
 
-from st_hardneg.losses import FocalInfoNCELoss, HardNegativeLoss, HNCSELoss, MixCSELoss
+from st_hardneg.losses import AdversarialNegativesLoss, FocalInfoNCELoss, HardNegativeLoss, HNCSELoss, MixCSELoss
 
 __version__ = "0.1.0"
 
-__all__ = ["FocalInfoNCELoss", "HNCSELoss", "HardNegativeLoss", "MixCSELoss", "__version__"]
+__all__ = ["AdversarialNegativesLoss", "FocalInfoNCELoss", "HNCSELoss", "HardNegativeLoss", "MixCSELoss", "__version__"]

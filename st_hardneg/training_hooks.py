@@ -81,10 +81,6 @@ def add_step_listener(listener: StatefulLoss) -> None:
     _listeners.add(listener)
 
 
-def remove_step_listener(listener: StatefulLoss) -> None:
-    _listeners.discard(listener)
-
-
 # --------------------------------------------------------------------------- optimizer checkpoints
 # optimizer -> [weakref(loss), ...] in attach order; the order tells apart several losses of the same kind.
 _attached: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -127,7 +123,7 @@ def _load_state_dict_post_hook(optimizer: torch.optim.Optimizer) -> None:
 
 def consume_pending_state(optimizer: torch.optim.Optimizer) -> list[StatefulLoss]:
     """Hand the checkpointed entries found in ``optimizer.state`` to the attached losses; return those restored."""
-    pending = optimizer.state.get(STATE_KEY) if STATE_KEY in optimizer.state else None
+    pending = optimizer.state.get(STATE_KEY)  # a defaultdict: .get does not insert
     if not isinstance(pending, dict):
         return []
     restored = []

@@ -1,9 +1,30 @@
 """Evaluation: SentEval STS (the papers' protocol) and shared encoding helpers."""
 
+from st_hardneg.evaluation.diagnostics import LossDiagnosticsCallback, alignment, alignment_uniformity, uniformity
 from st_hardneg.evaluation.encoding import encode_unique, full_length
+from st_hardneg.evaluation.mteb_tasks import (
+    LOCAL_MTEB_TASKS,
+    MTEBOfflineError,
+    format_mteb_table,
+    local_sts_task,
+    run_mteb,
+)
 from st_hardneg.evaluation.sts import SentEvalSTSEvaluator, cosine_spearman, evaluate_sts, format_sts_table
+from st_hardneg.evaluation.transfer import TRANSFER_TASKS, evaluate_transfer, format_transfer_table
 
 __all__ = [
+    "LOCAL_MTEB_TASKS",
+    "TRANSFER_TASKS",
+    "LossDiagnosticsCallback",
+    "MTEBOfflineError",
+    "alignment",
+    "alignment_uniformity",
+    "evaluate_transfer",
+    "format_mteb_table",
+    "format_transfer_table",
+    "local_sts_task",
+    "run_mteb",
+    "uniformity",
     "SentEvalSTSEvaluator",
     "cosine_spearman",
     "encode_unique",

@@ -9,22 +9,20 @@ import numpy as np
 
 
 def model_length_limit(model) -> int | None:
-    """The longest input the model's encoder accepts (tokenizer or position-embedding limit), if known."""
-    limits = []
-    tokenizer = getattr(model, "tokenizer", None)
-    limit = getattr(tokenizer, "model_max_length", None)
-    if isinstance(limit, int) and 0 < limit < 100_000:
-        limits.append(limit)
+    """The longest input the encoder accepts: its ``max_position_embeddings`` (RoBERTa-style models reserve two
+    positions for the padding offset). sentence-transformers stores ``max_seq_length`` in the tokenizer's
+    ``model_max_length``, so the tokenizer cannot tell the model's real limit once a training length is set."""
     try:
         config = model[0].auto_model.config
-        limit = getattr(config, "max_position_embeddings", None)
-        if isinstance(limit, int) and limit > 0:
-            # RoBERTa-style models reserve two positions for the padding offset.
-            offset = 2 if getattr(config, "model_type", "") in ("roberta", "xlm-roberta", "camembert") else 0
-            limits.append(limit - offset)
     except (AttributeError, IndexError, TypeError, KeyError):
-        pass
-    return min(limits) if limits else None
+        return None
+    if hasattr(config, "get_text_config"):
+        config = config.get_text_config()
+    limit = getattr(config, "max_position_embeddings", None)
+    if not isinstance(limit, int) or limit <= 0:
+        return None
+    offset = 2 if getattr(config, "model_type", "") in ("roberta", "xlm-roberta", "camembert") else 0
+    return limit - offset
 
 
 @contextmanager

@@ -262,6 +262,7 @@ class AdversarialNegativesLoss(HardNegativeLoss):
         self._adversary_grad: Tensor | None = None
         self._adversary_grad_count = 0
         self._owned_optimizers: Any = weakref.WeakSet()
+        self._checked_model_id = id(model)
         training_hooks.add_step_listener(self)
 
     # ------------------------------------------------------------------ construction helpers
@@ -299,9 +300,8 @@ class AdversarialNegativesLoss(HardNegativeLoss):
         training_hooks.add_step_listener(self)
 
     def __getstate__(self) -> dict[str, Any]:
-        state = super().__getstate__() if hasattr(super(), "__getstate__") else self.__dict__.copy()
-        state = dict(state)
-        state.pop("_owned_optimizers", None)
+        state = self.__dict__.copy()
+        state.pop("_owned_optimizers", None)  # weak references do not copy or pickle
         return state
 
     # ------------------------------------------------------------------ public state
@@ -372,6 +372,7 @@ class AdversarialNegativesLoss(HardNegativeLoss):
     # ------------------------------------------------------------------ forward
     def forward(self, sentence_features: Iterable[dict[str, Tensor]], labels: Tensor | None) -> Tensor:
         sentence_features = list(sentence_features)
+        self._check_online_model()
         self._attach_to_calling_trainer()
         if not self.untied:
             embeddings = embed_columns(self.model, sentence_features)
@@ -471,6 +472,18 @@ class AdversarialNegativesLoss(HardNegativeLoss):
         self._ema_updates += 1
 
     # ------------------------------------------------------------------ training-loop integration
+    def _check_online_model(self) -> None:
+        """``self.model`` may be a wrapper of the online model (DDP, compile), never another model."""
+        if id(self.model) == self._checked_model_id:
+            return
+        if next(self.model.parameters(), None) is not next(self.online_model.parameters(), None):
+            raise RuntimeError(
+                "AdversarialNegativesLoss is asked to train another model than the one it was built for (e.g. the "
+                "Trainer's model_init replaced loss.model); its key encoder is a copy of the old model. Build the "
+                "loss for the model that is trained; model_init is not supported."
+            )
+        self._checked_model_id = id(self.model)
+
     def _owns(self, optimizer: torch.optim.Optimizer) -> bool:
         """Whether ``optimizer`` steps the online model (cached per optimizer once true)."""
         if optimizer in self._owned_optimizers:
@@ -500,7 +513,6 @@ class AdversarialNegativesLoss(HardNegativeLoss):
                 "resuming, so that step used a fresh key encoder and fresh adversaries. In a custom training loop "
                 "call loss.attach_optimizer(optimizer) before optimizer.load_state_dict(...)."
             )
-            self._reset_adversary_gradient()
         if self.untied:
             self._update_key_encoder()
         if self.num_adversaries and self._adversary_grad_count:

@@ -1,0 +1,180 @@
+"""Plot helpers (matplotlib, Agg backend) that write PNG files.
+
+- :func:`plot_alignment_uniformity`: the alignment–uniformity plane (SimCSE Fig. 2, MixCSE Fig. 5, AdCSE Fig. 3),
+  one point per model, coloured by its STS average.
+- :func:`plot_training_curves`: metrics over training steps (STS-B dev Spearman, loss, the cosines logged by
+  :class:`~st_hardneg.evaluation.LossDiagnosticsCallback`), from ``trainer.state.log_history`` or lists of dicts.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")  # noqa: E402 - headless backend before pyplot is imported
+import matplotlib.pyplot as plt  # noqa: E402
+
+#: log_history keys that are bookkeeping, not metrics
+_NOT_METRICS = {"step", "epoch", "total_flos", "train_runtime", "train_samples_per_second", "train_steps_per_second",
+                "eval_runtime", "eval_samples_per_second", "eval_steps_per_second", "train_loss"}
+
+
+def _save(fig, path: str | Path, dpi: int) -> Path:
+    path = Path(path)
+    if path.suffix.lower() != ".png":
+        raise ValueError(f"plots are written as PNG; got {str(path)!r}")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=dpi, bbox_inches="tight")
+    plt.close(fig)
+    return path
+
+
+def plot_alignment_uniformity(
+    points: Mapping[str, Mapping[str, float]],
+    path: str | Path,
+    *,
+    score_key: str = "sts_avg",
+    title: str = "Alignment vs. uniformity (STS-B; lower is better on both axes)",
+    dpi: int = 150,
+) -> Path:
+    """Scatter of models in the alignment–uniformity plane, coloured by their STS average.
+
+    Args:
+        points: ``{model name: {"alignment": a, "uniformity": u, "sts_avg": s}}``; the first two as returned by
+            :func:`~st_hardneg.evaluation.alignment_uniformity`. ``score_key`` may be missing for some models
+            (drawn hollow, without colour).
+        path: the PNG file to write (parent folders are created).
+        score_key: the key of the colour value (e.g. ``"avg"`` of :func:`~st_hardneg.evaluation.evaluate_sts`).
+        title: figure title.
+        dpi: resolution.
+
+    Returns:
+        The path written.
+
+    Example:
+        ::
+
+            from st_hardneg.plots import plot_alignment_uniformity
+
+            points = {"MiniLM (CLS)": {**alignment_uniformity(base, data), "sts_avg": 61.2},
+                      "+ MixCSE": {**alignment_uniformity(tuned, data), "sts_avg": 74.5}}
+            plot_alignment_uniformity(points, "figures/align_uniform.png")
+    """
+    if not points:
+        raise ValueError("no points to plot: pass {model name: {'alignment': ..., 'uniformity': ...}}")
+    for name, point in points.items():
+        missing = [k for k in ("alignment", "uniformity") if k not in point]
+        if missing:
+            raise ValueError(f"point {name!r} lacks {missing}; use alignment_uniformity(model, data_dir)")
+    fig, ax = plt.subplots(figsize=(6.4, 4.8))
+    scored = {n: p for n, p in points.items() if p.get(score_key) is not None}
+    unscored = {n: p for n, p in points.items() if p.get(score_key) is None}
+    if scored:
+        values = [float(p[score_key]) for p in scored.values()]
+        lo, hi = min(values), max(values)
+        if lo == hi:
+            lo, hi = lo - 0.5, hi + 0.5
+        sc = ax.scatter([p["uniformity"] for p in scored.values()], [p["alignment"] for p in scored.values()],
+                        c=values, cmap="viridis", vmin=lo, vmax=hi, s=90, edgecolors="black", linewidths=0.6,
+                        zorder=3)
+        fig.colorbar(sc, ax=ax, label=f"STS ({score_key})")
+    if unscored:
+        ax.scatter([p["uniformity"] for p in unscored.values()], [p["alignment"] for p in unscored.values()],
+                   facecolors="none", edgecolors="gray", s=90, zorder=3, label="no STS score")
+        ax.legend(loc="best", fontsize=8)
+    for name, p in points.items():
+        label = name if p.get(score_key) is None else f"{name} ({float(p[score_key]):.1f})"
+        ax.annotate(label, (p["uniformity"], p["alignment"]), textcoords="offset points", xytext=(6, 5),
+                    fontsize=8)
+    ax.set_xlabel(r"$\ell_{\mathrm{uniform}}$ (uniformity)")
+    ax.set_ylabel(r"$\ell_{\mathrm{align}}$ (alignment)")
+    ax.set_title(title, fontsize=10)
+    ax.grid(True, alpha=0.3)
+    ax.margins(0.15)
+    return _save(fig, path, dpi)
+
+
+def _as_runs(history) -> dict[str, list[dict[str, Any]]]:
+    if hasattr(history, "log_history"):  # a TrainerState
+        history = history.log_history
+    if isinstance(history, Mapping):
+        return {str(name): list(getattr(h, "log_history", h)) for name, h in history.items()}
+    return {"": list(history)}
+
+
+def plot_training_curves(
+    history,
+    path: str | Path,
+    metrics: Sequence[str] | None = None,
+    *,
+    title: str | None = None,
+    dpi: int = 150,
+) -> Path:
+    """Metrics over training steps, one panel per metric, one line per run.
+
+    Args:
+        history: ``trainer.state.log_history`` (a list of dicts with a ``"step"`` key), a ``TrainerState``, or
+            ``{run name: log_history}`` to compare runs.
+        path: the PNG file to write (parent folders are created).
+        metrics: keys to plot (e.g. ``["eval_sts-dev_spearman", "loss", "cos_positive", "cos_negative"]``);
+            default: every numeric key found except bookkeeping (step, epoch, runtimes …).
+        title: figure title.
+        dpi: resolution.
+
+    Returns:
+        The path written.
+
+    Raises:
+        ValueError: no entry has a step, or a requested metric never occurs.
+
+    Example:
+        ::
+
+            from st_hardneg.plots import plot_training_curves
+
+            plot_training_curves({"SimCSE": simcse_trainer.state.log_history,
+                                  "MixCSE": mixcse_trainer.state.log_history},
+                                 "figures/curves.png", metrics=["eval_sts-dev_spearman", "cos_negative"])
+    """
+    runs = _as_runs(history)
+    found: dict[str, None] = {}
+    for entries in runs.values():
+        for entry in entries:
+            if "step" not in entry:
+                continue
+            for key, value in entry.items():
+                if key not in _NOT_METRICS and isinstance(value, (int, float)) and not isinstance(value, bool):
+                    found[key] = None
+    if not found:
+        raise ValueError("no metric with a 'step' in the history; pass trainer.state.log_history")
+    if metrics is None:
+        metrics = list(found)
+    else:
+        missing = [m for m in metrics if m not in found]
+        if missing:
+            raise ValueError(f"metric(s) {missing} not in the history; available: {', '.join(found)}")
+    cols = min(3, len(metrics))
+    rows = math.ceil(len(metrics) / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(4.6 * cols, 3.3 * rows), squeeze=False)
+    for ax, metric in zip(axes.flat, metrics, strict=False):
+        for name, entries in runs.items():
+            points = sorted((e["step"], float(e[metric])) for e in entries if metric in e and "step" in e)
+            if points:
+                steps, values = zip(*points, strict=True)
+                ax.plot(steps, values, marker="o" if len(points) < 30 else None, markersize=3,
+                        label=name or None)
+        ax.set_title(metric, fontsize=10)
+        ax.set_xlabel("step")
+        ax.grid(True, alpha=0.3)
+        if len(runs) > 1:
+            ax.legend(fontsize=8)
+    for ax in list(axes.flat)[len(metrics):]:
+        ax.set_visible(False)
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    return _save(fig, path, dpi)
