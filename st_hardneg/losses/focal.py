@@ -134,7 +134,6 @@ class FocalInfoNCELoss(HardNegativeLoss):
     title={Improving Contrastive Learning of Sentence Embeddings with Focal-{InfoNCE}},
     author={Hou, Pengyue and Li, Xingyu},
     booktitle={Findings of the Association for Computational Linguistics: EMNLP 2023},
-    year={2023},
-    pages={4757--4762}
+    year={2023}
 }
 """
