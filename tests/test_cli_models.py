@@ -105,7 +105,7 @@ def test_embedded_default_model(shared_data):
 
     model = models.load_default_model()
     assert model.max_seq_length == 32 and model[1].get_config_dict()["pooling_mode"] == "cls"
-    assert model.get_sentence_embedding_dimension() == 384
+    assert model.get_embedding_dimension() == 384
     score = SentEvalSTSEvaluator(shared_data)(model)["sts-dev_spearman"]
     assert 75 < score < 88
     assert model.max_seq_length == 32

@@ -15,6 +15,7 @@ import json
 import logging
 import os
 import random
+import warnings
 from collections.abc import Sequence
 from contextlib import contextmanager
 from functools import cache
@@ -202,7 +203,7 @@ def _weights_digest(model) -> str:
         digest.update(f"{type(module).__name__}:{json.dumps(config, sort_keys=True, default=str)}".encode())
     for name, tensor in model.state_dict().items():
         digest.update(name.encode())
-        digest.update(tensor.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
+        digest.update(tensor.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy())  # no copy
     return digest.hexdigest()[:12]
 
 
@@ -361,14 +362,18 @@ def run_mteb(
         local = {name: local_sts_task(name, data_dir) for name in local_names}
         by_name = {**local, **{task.metadata.name: task for task in official}}
         ordered = [by_name[n] for n in names if n in by_name]
-        meta = _model_meta(model, model_name)
-        encoder = _encoder_class()(model, meta, local, batch_size, show_progress_bar)
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*get_sentence_embedding_dimension", category=FutureWarning)
+            meta = _model_meta(model, model_name)
+            encoder = _encoder_class()(model, meta, local, batch_size, show_progress_bar)
         if output_dir is not None:
             cache_obj = ResultCache(Path(output_dir))
         else:
             cache_obj = ResultCache() if use_cache else None
         try:
-            with full_length(model):
+            with full_length(model), warnings.catch_warnings():
+                # mteb 2.x still calls ST's renamed get_sentence_embedding_dimension (a FutureWarning per task)
+                warnings.filterwarnings("ignore", message=".*get_sentence_embedding_dimension", category=FutureWarning)
                 result = mteb.evaluate(
                     encoder,
                     ordered,

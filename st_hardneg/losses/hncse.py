@@ -277,6 +277,19 @@ class HNCSELoss(HardNegativeLoss):
         )
         return synthetic if self.hnm_gradient else synthetic.detach()
 
+    def synthetic_cosines(self, anchors: Tensor, pool: Tensor) -> Tensor:
+        """The (N, S) cosines of each anchor with its synthetic hard negatives, i.e. with
+        :meth:`synthetic_negatives` (same random draws), computed without building the (N, S, d) mixtures
+        (:func:`st_hardneg.functional.mixed_negative_cosines`): the loss math then costs about as much as SimCSE's."""
+        if self.hnm_single:
+            synthetic = self.synthetic_negatives(anchors, pool)
+            return torch.einsum("nd,nsd->ns", fn.normalize(anchors), synthetic)
+        alpha = fn.ALPHA_FUNCTIONS[self.alpha] if isinstance(self.alpha, str) else self.alpha
+        return fn.hard_negative_mixing_cosines(
+            anchors, pool, self.effective_k(anchors.size(0)), self.num_mixed, alpha=alpha,
+            generator=self._generator_for(anchors.device), detach_pool=not self.hnm_gradient,
+        )
+
     # ------------------------------------------------------------------ loss
     def compute_loss_from_embeddings(self, embeddings: list[Tensor], labels: Tensor | None) -> Tensor:
         batch = self.split_batch(embeddings)
@@ -285,10 +298,14 @@ class HNCSELoss(HardNegativeLoss):
             pm = self.mixed_positives(batch.anchors, batch.positives)
             batch = replace(batch, positives=pm.positives)
             mixed_fraction = pm.mixed.float().mean()
-        synthetic = self.synthetic_negatives(batch.anchors, batch.positives) if self.uses_hnm else None
-        cos = fn.candidate_cosines(batch.anchors, batch.candidates, synthetic)
+        cos = fn.candidate_cosines(batch.anchors, batch.candidates)
+        num_synthetic = 0
+        if self.uses_hnm:
+            synthetic_cos = self.synthetic_cosines(batch.anchors, batch.positives)
+            cos = torch.cat([cos, synthetic_cos], dim=1)
+            num_synthetic = synthetic_cos.size(1)
         loss = fn.info_nce(fn.contrastive_logits(cos, self.temperature, self.focal_m))
-        self.record_stats(cos, num_in_batch=batch.size, num_synthetic=0 if synthetic is None else synthetic.size(1))
+        self.record_stats(cos, num_in_batch=batch.size, num_synthetic=num_synthetic)
         if mixed_fraction is not None:
             # share of the anchors whose positive was mixed in this batch
             self._last_stats["pm_mixed"] = mixed_fraction.detach()

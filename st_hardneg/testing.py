@@ -1,0 +1,85 @@
+"""Test helpers: a tiny, randomly initialised BERT that builds offline in a second.
+
+Used by the test suite, the benchmarks' dry runs (``benchmarks/paper_protocol.py --dry-run``,
+``benchmarks/overhead.py --model``) and the notebooks' smoke mode, so every code path can be exercised without
+downloading a model.
+
+>>> from st_hardneg.testing import make_tiny_model_dir
+>>> path = make_tiny_model_dir(Path("/tmp/tiny-bert"))  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import string
+from pathlib import Path
+
+#: the words of the tiny WordPiece vocabulary (enough for the test sentences; the rest falls back to characters)
+WORDS = (
+    "a an the is are was be to of and in on at for with by from man woman dog cat plays playing guitar piano "
+    "music sky blue red green car drives road house city people child children eats food apple bread water "
+    "runs walks park sun rain snow cold hot day night book reads writes letter train station one two three"
+).split()
+
+
+def make_tiny_model_dir(path: str | Path, seed: int = 0, hidden: int = 32) -> Path:
+    """Save a randomly initialised 2-layer BERT with a small WordPiece vocabulary to ``path``; returns ``path``.
+
+    The directory holds ``config.json``, ``model.safetensors`` and the tokenizer files, i.e. what
+    :func:`st_hardneg.models.load_model` expects from a Hugging Face encoder.
+
+    Args:
+        path: target directory (created if needed).
+        seed: seed of the random weights.
+        hidden: hidden size (2 attention heads, intermediate size ``2 * hidden``, 128 positions).
+    """
+    import torch
+    from transformers import BertConfig, BertModel, BertTokenizerFast
+
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *string.ascii_lowercase, *string.digits, ".", ",", "!",
+             "?", "'", *WORDS]
+    vocab += ["##" + c for c in string.ascii_lowercase]
+    (path / "vocab.txt").write_text("\n".join(dict.fromkeys(vocab)) + "\n")
+    tokenizer = BertTokenizerFast(vocab_file=str(path / "vocab.txt"), do_lower_case=True)
+    tokenizer.save_pretrained(path)
+    torch.manual_seed(seed)
+    config = BertConfig(
+        vocab_size=tokenizer.vocab_size, hidden_size=hidden, num_hidden_layers=2, num_attention_heads=2,
+        intermediate_size=2 * hidden, max_position_embeddings=128, hidden_dropout_prob=0.1,
+        attention_probs_dropout_prob=0.1,
+    )
+    BertModel(config).save_pretrained(path)
+    return path
+
+
+#: the SentEval files of :func:`make_mini_senteval` → keep every k-th line (STS-B dev / test: 300 / 276 pairs,
+#: TREC train / test: 546 / 250 questions)
+MINI_SENTEVAL_FILES = {"STS/STSBenchmark/sts-dev.csv": 5, "STS/STSBenchmark/sts-test.csv": 5,
+                       "TREC/train_5500.label": 10, "TREC/TREC_10.label": 2}
+
+
+def make_mini_senteval(source: str | Path | None, dest: str | Path) -> Path:
+    """A small SentEval directory for smoke runs: every k-th line of the files in :data:`MINI_SENTEVAL_FILES`.
+
+    It holds the tasks ``STSBenchmark-dev``, ``STSBenchmark`` and ``TREC`` (enough for model selection, an STS
+    score, an alignment–uniformity plot and one transfer task), in the original formats, so every evaluation code path
+    runs unchanged, in seconds.
+
+    Args:
+        source: the full SentEval data (anything :func:`st_hardneg.data.resolve_senteval_dir` accepts).
+        dest: target directory (created); usable as ``data_dir``.
+
+    Returns:
+        ``dest``.
+    """
+    from st_hardneg.data import resolve_senteval_dir
+
+    root = resolve_senteval_dir(source)
+    dest = Path(dest)
+    for rel, every in MINI_SENTEVAL_FILES.items():
+        target = dest / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        lines = (root / rel).read_bytes().splitlines(keepends=True)  # bytes: TREC's train file is Latin-1
+        target.write_bytes(b"".join(lines[::every]))
+    return dest

@@ -1,0 +1,110 @@
+"""The benchmark scripts' quick modes: the GPU protocol's --dry-run and the overhead benchmark's smoke run."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(f"benchmarks_{name}", BENCHMARKS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.integration
+def test_paper_protocol_dry_run(shared_data, tmp_path, capsys):
+    from st_hardneg.training import LOSSES
+
+    paper = _load("paper_protocol")
+    out = tmp_path / "paper.json"
+    code = paper.main(["--dry-run", "--quiet", "--data-dir", str(shared_data), "--work-dir", str(tmp_path / "work"),
+                       "--out", str(out)])
+    assert code == 0
+    data = json.loads(out.read_text())
+    assert data["protocol"]["dry_run"]["max_steps"] == 2
+    assert [r["method"] for r in data["runs"]] == list(LOSSES)  # every method of the registry
+    for run in data["runs"]:
+        assert run["steps"] == 2 and run["stsb_dev_best"] is not None and run["mlp_head"] is True
+        assert set(run["sts"]) == {"STSBenchmark", "avg"}
+        assert set(run["transfer"]) >= {"TREC", "avg"}
+    printed = capsys.readouterr().out
+    assert "| Method | STS-B | Avg. |" in printed and "| Method | TREC | Avg. |" in printed
+    assert out.with_suffix(".md").is_file()
+    # --report re-prints the tables of an existing JSON without training
+    assert paper.main(["--report", "--out", str(out)]) == 0
+
+
+def test_paper_tables_use_the_papers_layout():
+    paper = _load("paper_protocol")
+    runs = [{"method": "mnrl", "seed": 0, "sts": {"STS12": 68.4, "STSBenchmark": 76.85, "SICKRelatedness": 72.2,
+                                                  "avg": 72.48}, "transfer": None}]
+    table = paper.paper_table(runs, "sts", paper.STS_COLUMNS)
+    assert table.splitlines()[0] == "| Method | STS12 | STS-B | SICK-R | Avg. |"
+    assert "| mnrl | 68.40 | 76.85 | 72.20 | 72.48 |" in table
+    assert paper.paper_table(runs, "transfer", paper.TR_COLUMNS) == ""
+    assert "no transfer results" in paper.report({"runs": runs})
+
+
+def test_overhead_smoke(tiny_model_dir, shared_data, tmp_path):
+    overhead = _load("overhead")
+    out = tmp_path / "overhead.json"
+    code = overhead.main(["--steps", "3", "--warmup", "1", "--loss-reps", "3", "--model", str(tiny_model_dir),
+                          "--methods", "mixcse", "adcse", "--corpus", str(shared_data / "corpus" / "wiki10k.txt"),
+                          "--out", str(out), "--quiet"])
+    assert code == 0
+    results = json.loads(out.read_text())
+    assert set(results) == {"mnrl", "mixcse", "adcse", "_meta"}
+    assert results["mnrl"]["step_ratio_vs_mnrl"] == 1.0
+    for name in ("mnrl", "mixcse", "adcse"):
+        row = results[name]
+        assert row["step_ms"] > 0 and row["loss_only_ms"] > 0 and row["steps_measured"] == 3
+    assert results["adcse"]["target"] == 1.45 and isinstance(results["adcse"]["meets_target"], bool)
+    assert results["_meta"]["smoke"] is True and results["_meta"]["embedding_dim"] == 32
+    assert "| adcse |" in out.with_suffix(".md").read_text()
+
+
+@pytest.mark.parametrize("alpha", [0.5, 0.3, "adaptive"])
+@pytest.mark.parametrize("hnm_gradient", [True, False])
+def test_hncse_fast_synthetic_cosines_match_the_mixtures(alpha, hnm_gradient):
+    """The overhead fix: HNCSE's loss scores its synthetic negatives from the cosine and Gram matrices
+    (functional.mixed_negative_cosines) instead of building the (N, m, d) mixtures; values and gradients must equal
+    those of the explicit mixtures (functional.hard_negative_mixing) with the same random draws."""
+    import torch
+
+    from st_hardneg import HNCSELoss
+    from st_hardneg import functional as fn
+
+    torch.manual_seed(0)
+    h = torch.randn(64, 48, dtype=torch.float32)
+    hp = (h + 0.3 * torch.randn(64, 48)).requires_grad_(True)
+    h.requires_grad_(True)
+    loss = HNCSELoss(None, mode="hnm", alpha=alpha, hnm_gradient=hnm_gradient, seed=7)
+    fast = loss.synthetic_cosines(h, hp)
+    (fast * torch.linspace(-1, 1, fast.numel()).view_as(fast)).sum().backward()
+    def grads():
+        return [torch.zeros_like(t) if t.grad is None else t.grad.clone() for t in (h, hp)]
+
+    fast_grads = grads()
+    h.grad = hp.grad = None
+    reference = HNCSELoss(None, mode="hnm", alpha=alpha, hnm_gradient=hnm_gradient, seed=7)
+    explicit = torch.einsum("nd,nsd->ns", fn.normalize(h), reference.synthetic_negatives(h, hp))
+    (explicit * torch.linspace(-1, 1, explicit.numel()).view_as(explicit)).sum().backward()
+    torch.testing.assert_close(fast, explicit, rtol=1e-5, atol=1e-5)
+    explicit_grads = grads()
+    torch.testing.assert_close(fast_grads[0], explicit_grads[0], rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(fast_grads[1], explicit_grads[1], rtol=1e-4, atol=1e-5)
+    assert fast_grads[1].abs().sum() > 0 if hnm_gradient else fast_grads[1].abs().sum() == 0
+    # a zero vector in the pool: its mixtures keep a finite cosine and gradient, as with F.normalize
+    zero = hp.detach().clone()
+    zero[3] = 0
+    zero.requires_grad_(True)
+    out = fn.mixed_negative_cosines(h.detach(), zero, torch.tensor([[3, 3]]), torch.tensor([[3, 5]]), alpha=0.5)
+    out.sum().backward()
+    assert torch.isfinite(out).all() and torch.isfinite(zero.grad).all() and out[0, 0] == 0
