@@ -130,8 +130,8 @@ class AdversarialNegativesLoss(HardNegativeLoss):
           ``__init__``, before ``from_pretrained`` loads the pretrained weights, so it starts from random weights.
         - Token type ids are the model's own; the released code builds them from the attention mask.
         - The EMA runs once per optimizer step, not once per forward (identical without gradient accumulation).
-        - No MLP head on top of [CLS] (the released code trains one and drops it for evaluation), as in every
-          st-hardneg loss: the pooling is whatever the SentenceTransformer defines.
+        - The loss adds no MLP head of its own: the released code trains one on top of [CLS] and drops it for
+          evaluation; here that is a model option shared by every loss, ``load_model(..., mlp_head=True)``.
         - Explicit negatives in extra columns are supported, as extra candidates embedded by the key encoder.
 
         Args:
