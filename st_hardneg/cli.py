@@ -155,17 +155,17 @@ def cmd_eval(args: argparse.Namespace) -> int:
         results["transfer"] = evaluate_transfer(model, args.data_dir, fast=args.fast)
         tables.append("### Transfer (accuracy)\n\n" + format_transfer_table({name: results["transfer"]}))
     if "mteb" in groups:
-        from st_hardneg.evaluation import run_mteb
+        from st_hardneg.evaluation import format_mteb_table, run_mteb
 
         mteb_tasks = [t.strip() for t in args.mteb_tasks.split(",") if t.strip()]
-        results["mteb"] = run_mteb(model, mteb_tasks, data_dir=args.data_dir, model_name=name)
-        tables.append("### MTEB\n\n" + "\n".join(f"- {k}: {v}" for k, v in results["mteb"].items()))
+        results["mteb"] = run_mteb(model, mteb_tasks, data_dir=args.data_dir, model_name=None)
+        tables.append("### MTEB (main score x 100)\n\n" + format_mteb_table({name: results["mteb"]}))
     if "align" in groups:
-        from st_hardneg.evaluation import alignment_uniformity
+        from st_hardneg.evaluation import alignment_uniformity, format_alignment_table
 
         results["align"] = alignment_uniformity(model, args.data_dir)
-        tables.append("### Alignment / uniformity\n\n" + "\n".join(f"- {k}: {v:.4f}" for k, v in
-                                                                     results["align"].items()))
+        tables.append("### Alignment / uniformity (lower is better)\n\n" +
+                      format_alignment_table({name: results["align"]}))
     results["seconds"] = time.perf_counter() - start
     print("\n\n".join(tables))
     if args.output:
@@ -240,7 +240,7 @@ def build_parser() -> argparse.ArgumentParser:
                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     e.add_argument("--model", default=None, help="saved model directory or encoder name; default: embedded model")
     e.add_argument("--tasks", default="sts", help=f"comma-separated groups from {', '.join(EVAL_TASK_GROUPS)}")
-    e.add_argument("--mteb-tasks", default="LocalSTSBenchmark",
+    e.add_argument("--mteb-tasks", default="STSBenchmark-local",
                    help="tasks for the mteb group (local SentEval-backed tasks, or official names with a network)")
     e.add_argument("--fast", action="store_true", help="transfer: the quick protocol (5 folds, smaller grid)")
     e.add_argument("--batch-size", type=int, default=128)

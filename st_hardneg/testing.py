@@ -41,7 +41,7 @@ def make_tiny_model_dir(path: str | Path, seed: int = 0, hidden: int = 32) -> Pa
              "?", "'", *WORDS]
     vocab += ["##" + c for c in string.ascii_lowercase]
     (path / "vocab.txt").write_text("\n".join(dict.fromkeys(vocab)) + "\n")
-    tokenizer = BertTokenizerFast(vocab_file=str(path / "vocab.txt"), do_lower_case=True)
+    tokenizer = BertTokenizerFast(vocab=str(path / "vocab.txt"), do_lower_case=True)
     tokenizer.save_pretrained(path)
     torch.manual_seed(seed)
     config = BertConfig(

@@ -109,3 +109,17 @@ def test_embedded_default_model(shared_data):
     score = SentEvalSTSEvaluator(shared_data)(model)["sts-dev_spearman"]
     assert 75 < score < 88
     assert model.max_seq_length == 32
+
+
+@pytest.mark.integration
+def test_cli_eval_prints_tables_for_every_group_but_transfer(tiny_model_dir, shared_data, tmp_path, capsys):
+    out = tmp_path / "eval.json"
+    code = cli.main(["eval", "--model", str(tiny_model_dir), "--tasks", "sts,align,mteb", "--data-dir",
+                     str(shared_data), "--output", str(out), "--quiet"])
+    assert code == 0
+    printed = capsys.readouterr().out
+    assert "### STS" in printed and "### Alignment / uniformity" in printed and "### MTEB" in printed
+    results = json.loads(out.read_text())
+    assert results["align"]["split"] == "dev" and results["align"]["uniformity"] < 0
+    # MTEB's own evaluator on the local STS-B equals evaluate_sts
+    assert results["mteb"]["scores"]["STSBenchmark-local"] == pytest.approx(results["sts"]["STSBenchmark"], abs=1e-4)

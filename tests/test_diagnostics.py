@@ -15,7 +15,13 @@ from transformers import TrainerCallback
 
 from st_hardneg import MixCSELoss
 from st_hardneg.data import read_sts_pairs
-from st_hardneg.evaluation import LossDiagnosticsCallback, alignment, alignment_uniformity, uniformity
+from st_hardneg.evaluation import (
+    LossDiagnosticsCallback,
+    alignment,
+    alignment_uniformity,
+    format_alignment_table,
+    uniformity,
+)
 from st_hardneg.plots import plot_alignment_uniformity, plot_training_curves
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -79,6 +85,8 @@ def test_alignment_uniformity_on_stsb_against_a_hand_computation(tmp_path):
     assert len(encoder.calls) == 1 and sorted(encoder.calls[0]) == list("abcde")  # each sentence encoded once
     test = alignment_uniformity(TableEncoder(table), tmp_path, split="test")
     assert test["n_pairs"] == 1 and test["alignment"] == pytest.approx(np.sum((unit["a"] - unit["e"]) ** 2))
+    table = format_alignment_table({"m": out})
+    assert table.splitlines()[2] == f"| m | {out['alignment']:.4f} | {out['uniformity']:.4f} | dev | 2 | 5 |"
     with pytest.raises(ValueError, match="split"):
         alignment_uniformity(encoder, tmp_path, split="train")
     with pytest.raises(ValueError, match=">= 6"):
@@ -106,7 +114,7 @@ def train(model_dir, sentences, tmp_path, with_callback: bool):
 
     model = load_model(model_dir, pooling="cls", max_seq_length=32, device="cpu")
     loss = MixCSELoss(model, lam=0.2)
-    args = Args(output_dir=str(tmp_path), per_device_train_batch_size=4, max_steps=4, learning_rate=1e-3,
+    args = Args(output_dir=str(tmp_path), per_device_train_batch_size=4, max_steps=4, learning_rate=1e-3, dataloader_pin_memory=False,
                 logging_steps=2, report_to=[], save_strategy="no", seed=0, data_seed=0)
     dataset = Dataset.from_dict({"anchor": sentences, "positive": sentences})
     recorder = Recorder()
@@ -154,7 +162,11 @@ def test_alignment_uniformity_scatter_is_written(tmp_path):
         "MixCSE": {"alignment": 0.23, "uniformity": -2.6, "sts_avg": 77.9},
         "no score": {"alignment": 0.30, "uniformity": -2.0},
     }
+    import matplotlib.pyplot as plt
+
+    open_figures = plt.get_fignums()
     path = plot_alignment_uniformity(points, tmp_path / "figs" / "au.png")
+    assert plt.get_fignums() == open_figures  # drawn on an Agg canvas, never through pyplot
     data = path.read_bytes()
     assert data.startswith(PNG_MAGIC) and len(data) > 20_000
     with pytest.raises(ValueError, match="lacks"):

@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from sklearn.model_selection import StratifiedKFold
+from threadpoolctl import threadpool_limits
 
 from st_hardneg.data import DataNotFoundError
 from st_hardneg.evaluation import transfer
@@ -25,6 +26,13 @@ from st_hardneg.evaluation.transfer import (
 
 
 # ----------------------------------------------------------------------------------------------- helpers
+@pytest.fixture(autouse=True)
+def one_blas_thread():
+    """The classifier helpers called directly below: one BLAS thread, as evaluate_transfer uses (much faster)."""
+    with threadpool_limits(limits=1):
+        yield
+
+
 class StubEncoder:
     """A SentenceTransformer stand-in: a fixed pseudo-random vector per word, summed; counts what it encodes."""
 

@@ -1,6 +1,12 @@
 """Evaluation: SentEval STS (the papers' protocol) and shared encoding helpers."""
 
-from st_hardneg.evaluation.diagnostics import LossDiagnosticsCallback, alignment, alignment_uniformity, uniformity
+from st_hardneg.evaluation.diagnostics import (
+    LossDiagnosticsCallback,
+    alignment,
+    alignment_uniformity,
+    format_alignment_table,
+    uniformity,
+)
 from st_hardneg.evaluation.encoding import encode_unique, full_length
 from st_hardneg.evaluation.mteb_tasks import (
     LOCAL_MTEB_TASKS,
@@ -20,6 +26,7 @@ __all__ = [
     "alignment",
     "alignment_uniformity",
     "evaluate_transfer",
+    "format_alignment_table",
     "format_mteb_table",
     "format_transfer_table",
     "local_sts_task",

@@ -112,6 +112,17 @@ def alignment_uniformity(
             "split": split, "threshold": threshold, "t": t}
 
 
+def format_alignment_table(rows: Mapping[str, Mapping[str, Any]]) -> str:
+    """A markdown table, one row per model: ``{name: alignment_uniformity(...) result}``."""
+    if not rows:
+        return ""
+    lines = ["| model | alignment | uniformity | STS-B split | positive pairs | sentences |", "|---|---|---|---|---|---|"]
+    for name, r in rows.items():
+        lines.append(f"| {name} | {r['alignment']:.4f} | {r['uniformity']:.4f} | {r.get('split', '–')} | "
+                     f"{r.get('n_pairs', '–')} | {r.get('n_sentences', '–')} |")
+    return "\n".join(lines)
+
+
 class LossDiagnosticsCallback(TrainerCallback):
     """Log the loss's ``diagnostics`` (mean cosines of the last training batch) with the Trainer's own logs.
 
