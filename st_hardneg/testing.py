@@ -83,3 +83,22 @@ def make_mini_senteval(source: str | Path | None, dest: str | Path) -> Path:
         lines = (root / rel).read_bytes().splitlines(keepends=True)  # bytes: TREC's train file is Latin-1
         target.write_bytes(b"".join(lines[::every]))
     return dest
+
+
+def parameter_snapshot(model) -> dict:
+    """A detached copy of every named parameter, to check later that training changed the weights."""
+    return {name: p.detach().clone() for name, p in model.named_parameters()}
+
+
+def parameters_changed(model, before: dict) -> bool:
+    """Whether any parameter differs from the :func:`parameter_snapshot` ``before``."""
+    import torch
+
+    return any(not torch.equal(before[name], p.detach()) for name, p in model.named_parameters())
+
+
+def record_loss_values(loss) -> list[float]:
+    """A list that receives the value of every forward of ``loss`` (a forward hook)."""
+    values: list[float] = []
+    loss.register_forward_hook(lambda module, args, output: values.append(output.detach().item()))
+    return values

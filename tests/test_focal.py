@@ -9,6 +9,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from st_hardneg import FocalInfoNCELoss, MixCSELoss
+from st_hardneg.testing import parameter_snapshot, parameters_changed, record_loss_values
 
 TAU = 0.05
 M = 0.3
@@ -166,20 +167,6 @@ def test_mixcse_focal_differs_from_plain_and_rejects_bad_margin():
 
 
 # ---------------------------------------------------------------------------------------------- training
-def _snapshot(model):
-    return {name: p.detach().clone() for name, p in model.named_parameters()}
-
-
-def _changed(model, before):
-    return any(not torch.equal(before[name], p.detach()) for name, p in model.named_parameters())
-
-
-def _record_losses(loss):
-    values = []
-    loss.register_forward_hook(lambda module, args, output: values.append(output.detach().item()))
-    return values
-
-
 def test_focal_trains_with_fit(tiny_model, tiny_sentences, tmp_path, monkeypatch):
     from sentence_transformers import InputExample
 
@@ -187,11 +174,11 @@ def test_focal_trains_with_fit(tiny_model, tiny_sentences, tmp_path, monkeypatch
     examples = [InputExample(texts=[s, s]) for s in tiny_sentences]
     loader = DataLoader(examples, batch_size=8, shuffle=True)
     loss = FocalInfoNCELoss(tiny_model)
-    values = _record_losses(loss)
-    before = _snapshot(tiny_model)
+    values = record_loss_values(loss)
+    before = parameter_snapshot(tiny_model)
     tiny_model.fit(train_objectives=[(loader, loss)], epochs=1, warmup_steps=0, show_progress_bar=False)
     assert values and all(math.isfinite(v) for v in values)
-    assert _changed(tiny_model, before)
+    assert parameters_changed(tiny_model, before)
 
 
 def test_focal_trains_with_trainer(tiny_model, tiny_sentences, tmp_path):
@@ -204,11 +191,11 @@ def test_focal_trains_with_trainer(tiny_model, tiny_sentences, tmp_path):
         report_to=[], save_strategy="no", seed=0,
     )
     loss = FocalInfoNCELoss(tiny_model, symmetric=True)
-    values = _record_losses(loss)
-    before = _snapshot(tiny_model)
+    values = record_loss_values(loss)
+    before = parameter_snapshot(tiny_model)
     trainer = SentenceTransformerTrainer(model=tiny_model, args=args, train_dataset=dataset, loss=loss)
     trainer.train()
     assert len(values) == 2 and all(math.isfinite(v) for v in values)
     assert math.isfinite(trainer.state.log_history[-1]["train_loss"])
-    assert _changed(tiny_model, before)
+    assert parameters_changed(tiny_model, before)
     assert set(loss.diagnostics) == {"positive", "negative"}

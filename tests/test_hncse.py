@@ -11,6 +11,7 @@ from torch.utils.data import DataLoader
 
 from st_hardneg import HNCSELoss
 from st_hardneg import functional as fn
+from st_hardneg.testing import parameter_snapshot, parameters_changed, record_loss_values
 
 TAU = 0.05
 W1, W2 = 0.8, 0.2
@@ -465,20 +466,6 @@ def test_config_and_citation():
 
 
 # ---------------------------------------------------------------------------------------------- training
-def _snapshot(model):
-    return {name: p.detach().clone() for name, p in model.named_parameters()}
-
-
-def _changed(model, before):
-    return any(not torch.equal(before[name], p.detach()) for name, p in model.named_parameters())
-
-
-def _record_losses(loss):
-    values = []
-    loss.register_forward_hook(lambda module, args, output: values.append(output.detach().item()))
-    return values
-
-
 def test_hncse_trains_with_fit(tiny_model, tiny_sentences, tmp_path, monkeypatch):
     from sentence_transformers import InputExample
 
@@ -486,11 +473,11 @@ def test_hncse_trains_with_fit(tiny_model, tiny_sentences, tmp_path, monkeypatch
     examples = [InputExample(texts=[s, s]) for s in tiny_sentences]
     loader = DataLoader(examples, batch_size=8, shuffle=True)
     loss = HNCSELoss(tiny_model, mode="both", pm_threshold=1.0, k=4, num_mixed=8, seed=0)
-    values = _record_losses(loss)
-    before = _snapshot(tiny_model)
+    values = record_loss_values(loss)
+    before = parameter_snapshot(tiny_model)
     tiny_model.fit(train_objectives=[(loader, loss)], epochs=1, warmup_steps=0, show_progress_bar=False)
     assert values and all(math.isfinite(v) for v in values)
-    assert _changed(tiny_model, before)
+    assert parameters_changed(tiny_model, before)
 
 
 @pytest.mark.parametrize("mode", ["pm", "hnm"])
@@ -504,10 +491,10 @@ def test_hncse_trains_with_trainer(tiny_model, tiny_sentences, tmp_path, mode):
         report_to=[], save_strategy="no", seed=0,
     )
     loss = HNCSELoss(tiny_model, mode=mode, k=4, num_mixed=8, seed=0)
-    values = _record_losses(loss)
-    before = _snapshot(tiny_model)
+    values = record_loss_values(loss)
+    before = parameter_snapshot(tiny_model)
     trainer = SentenceTransformerTrainer(model=tiny_model, args=args, train_dataset=dataset, loss=loss)
     trainer.train()
     assert len(values) == 2 and all(math.isfinite(v) for v in values)
     assert math.isfinite(trainer.state.log_history[-1]["train_loss"])
-    assert _changed(tiny_model, before)
+    assert parameters_changed(tiny_model, before)
