@@ -190,6 +190,20 @@ def _accuracy(clf, x: np.ndarray, y: np.ndarray) -> float:
     return 100.0 * float(clf.score(x, y))
 
 
+def _select_c(x: np.ndarray, y: np.ndarray, folds, grid: Sequence[float], seed: int, bar=None) -> tuple[float, float]:
+    """The C of ``grid`` with the best mean validation accuracy over ``folds`` (SentEval's rule, see :func:`_pick`)."""
+    scores = []
+    for c in grid:
+        fold_scores = []
+        for tr, va in folds:
+            clf = _classifier(c, seed).fit(x[tr], y[tr])
+            fold_scores.append(_accuracy(clf, x[va], y[va]))
+            if bar is not None:
+                bar.update()
+        scores.append(float(np.mean(fold_scores)))
+    return _pick(grid, scores)
+
+
 def inner_kfold_classify(
     x: np.ndarray, y: np.ndarray, grid: Sequence[float], kfold: int, seed: int = SENTEVAL_SEED, bar=None
 ) -> dict[str, Any]:
@@ -202,16 +216,7 @@ def inner_kfold_classify(
     test_scores, dev_scores, chosen = [], [], []
     for train_idx, test_idx in outer.split(x, y):
         x_train, y_train = x[train_idx], y[train_idx]
-        scores = []
-        for c in grid:
-            fold_scores = []
-            for in_train, in_test in inner.split(x_train, y_train):
-                clf = _classifier(c, seed).fit(x_train[in_train], y_train[in_train])
-                fold_scores.append(_accuracy(clf, x_train[in_test], y_train[in_test]))
-                if bar is not None:
-                    bar.update()
-            scores.append(float(np.mean(fold_scores)))
-        c_best, dev = _pick(grid, scores)
+        c_best, dev = _select_c(x_train, y_train, list(inner.split(x_train, y_train)), grid, seed, bar)
         clf = _classifier(c_best, seed).fit(x_train, y_train)
         if bar is not None:
             bar.update()
@@ -230,16 +235,7 @@ def kfold_classify(
     set, refit on the whole training set, scored on the test set. Returns accuracy (x 100), details and predictions.
     """
     folds = list(StratifiedKFold(n_splits=kfold, shuffle=True, random_state=seed).split(x_train, y_train))
-    scores = []
-    for c in grid:
-        fold_scores = []
-        for tr, va in folds:
-            clf = _classifier(c, seed).fit(x_train[tr], y_train[tr])
-            fold_scores.append(_accuracy(clf, x_train[va], y_train[va]))
-            if bar is not None:
-                bar.update()
-        scores.append(float(np.mean(fold_scores)))
-    c_best, dev = _pick(grid, scores)
+    c_best, dev = _select_c(x_train, y_train, folds, grid, seed, bar)
     clf = _classifier(c_best, seed).fit(x_train, y_train)
     if bar is not None:
         bar.update()
