@@ -73,13 +73,27 @@ def load(path: Path) -> dict[str, Any]:
     return {"protocol": PROTOCOL, "runs": []}
 
 
+def dev_curve(log_history: list[dict[str, Any]]) -> list[list[float]]:
+    """``[[step, STS-B dev spearman], ...]`` from the Trainer's log history."""
+    return [[row["step"], row["eval_sts-dev_spearman"]] for row in log_history if "eval_sts-dev_spearman" in row]
+
+
+def _model(args):
+    from st_hardneg.models import load_default_model, load_model
+
+    if getattr(args, "model", None):
+        return load_model(args.model, pooling="cls", max_seq_length=32)
+    return load_default_model(pooling="cls", max_seq_length=32)
+
+
 def run_one(label: str, loss_name: str, loss_kwargs: dict, seed: int, args) -> dict[str, Any]:
+    """Train one (method, seed) on the protocol; ``args.stop_after`` > 0 screens: same schedule, stops early, and
+    with ``args.dev_only`` the 7-task test table is not computed (``"sts": None``)."""
     import torch
     from transformers import set_seed
 
     from st_hardneg.data import pair_dataset, read_corpus
     from st_hardneg.evaluation import SentEvalSTSEvaluator, evaluate_sts
-    from st_hardneg.models import load_default_model
     from st_hardneg.training import TrainConfig, build_loss, train
 
     sentences = read_corpus(args.corpus)
@@ -88,13 +102,17 @@ def run_one(label: str, loss_name: str, loss_kwargs: dict, seed: int, args) -> d
     work = Path(args.work_dir) / f"{label}-seed{seed}"
     shutil.rmtree(work, ignore_errors=True)
     set_seed(seed)
-    model = load_default_model(pooling="cls", max_seq_length=32)
+    model = _model(args)
     loss = build_loss(loss_name, model, **loss_kwargs)
     dev = SentEvalSTSEvaluator(args.data_dir, batch_size=128)
+    stop_after = getattr(args, "stop_after", 0)
     config = TrainConfig(output_dir=str(work), batch_size=64, learning_rate=3e-5, epochs=1, seed=seed,
-                         eval_steps=args.eval_steps, max_steps=args.max_steps, show_progress_bar=not args.quiet)
+                         eval_steps=args.eval_steps, max_steps=args.max_steps, stop_after_steps=stop_after,
+                         show_progress_bar=not args.quiet)
     result = train(model, pair_dataset(sentences), loss, config, evaluator=dev)
-    sts = evaluate_sts(model, args.data_dir, batch_size=128, show_progress_bar=not args.quiet)
+    sts = None
+    if not getattr(args, "dev_only", False):
+        sts = evaluate_sts(model, args.data_dir, batch_size=128, show_progress_bar=not args.quiet)
     shutil.rmtree(work, ignore_errors=True)
     config_dict = loss.get_config_dict() if hasattr(loss, "get_config_dict") else {}
     return {
@@ -104,9 +122,11 @@ def run_one(label: str, loss_name: str, loss_kwargs: dict, seed: int, args) -> d
         "seed": seed,
         "sts": sts,
         "stsb_dev_best": result.best_metric,
+        "dev_curve": dev_curve(result.log_history),
         "train_seconds": round(result.train_seconds, 1),
         "median_step_seconds": result.median_step_seconds,
         "steps": result.steps,
+        "stop_after": stop_after or None,
         "torch_threads": torch.get_num_threads(),
         "finished": time.strftime("%Y-%m-%d %H:%M:%S"),
     }
@@ -114,9 +134,8 @@ def run_one(label: str, loss_name: str, loss_kwargs: dict, seed: int, args) -> d
 
 def untrained(args) -> dict[str, Any]:
     from st_hardneg.evaluation import SentEvalSTSEvaluator, evaluate_sts
-    from st_hardneg.models import load_default_model
 
-    model = load_default_model(pooling="cls", max_seq_length=32)
+    model = _model(args)
     dev = SentEvalSTSEvaluator(args.data_dir, batch_size=128)(model)["sts-dev_spearman"]
     return {"method": "untrained", "seed": None, "sts": evaluate_sts(model, args.data_dir, batch_size=128,
                                                                       show_progress_bar=False),
@@ -213,6 +232,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data-dir", default=str(REPO.parent / "shared" / "data"))
     parser.add_argument("--corpus", default=str(REPO.parent / "shared" / "data" / "corpus" / "wiki10k.txt"))
     parser.add_argument("--out", default=str(DEFAULT_OUT))
+    parser.add_argument("--model", default=None, help="a local model instead of the embedded default (smoke tests)")
     parser.add_argument("--work-dir", default="/tmp/st-hardneg-bench")
     parser.add_argument("--eval-steps", type=int, default=50)
     parser.add_argument("--max-steps", type=int, default=-1, help="smoke runs only")

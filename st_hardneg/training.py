@@ -117,16 +117,44 @@ class EvaluateAtEnd(TrainerCallback):
         return control
 
 
+class StopAfterSteps(TrainerCallback):
+    """End training after ``steps`` optimizer steps while keeping the LR schedule of the full run.
+
+    A truncated run sees exactly the first ``steps`` updates of the full one (same batches, same learning rates), so
+    its score is the full run's score at that step: a cheap screen for hyperparameters. The model is evaluated (and
+    saved, when checkpoints are on) at the stopping step, so best-checkpoint selection includes it.
+    """
+
+    def __init__(self, steps: int):
+        if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
+            raise ValueError(f"steps must be a positive integer, got {steps!r}")
+        self.steps = steps
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step >= self.steps:
+            control.should_training_stop = True
+            if args.eval_strategy != "no":
+                control.should_evaluate = True
+                if args.save_strategy != "no":
+                    control.should_save = True
+        return control
+
+
 # --------------------------------------------------------------------------- the recipe
 @dataclass
 class TrainConfig:
-    """Hyperparameters of the unsupervised protocol (defaults: the papers' BERT-base setting)."""
+    """Hyperparameters of the unsupervised protocol (defaults: the papers' BERT-base setting).
+
+    ``max_steps`` (> 0) shortens the run *and* its LR schedule; ``stop_after_steps`` (> 0) keeps the full run's
+    schedule and stops early (see :class:`StopAfterSteps`), for screening hyperparameters.
+    """
 
     output_dir: str = "output/st-hardneg"
     batch_size: int = 64
     learning_rate: float = 3e-5
     epochs: float = 1.0
     max_steps: int = -1
+    stop_after_steps: int = 0
     warmup_ratio: float = 0.0
     seed: int = 0
     eval_steps: int = 125
@@ -203,6 +231,7 @@ def train(model, train_dataset, loss, config: TrainConfig, evaluator=None, callb
     from sentence_transformers import SentenceTransformerTrainer
 
     timer = StepTimer()
+    stop = [StopAfterSteps(config.stop_after_steps)] if config.stop_after_steps else []
     args = training_arguments(config, with_evaluator=evaluator is not None)
     trainer = SentenceTransformerTrainer(
         model=model,
@@ -210,7 +239,7 @@ def train(model, train_dataset, loss, config: TrainConfig, evaluator=None, callb
         train_dataset=train_dataset,
         loss=loss,
         evaluator=evaluator if args.eval_strategy != "no" else None,
-        callbacks=[timer, EvaluateAtEnd(), *(callbacks or [])],
+        callbacks=[timer, EvaluateAtEnd(), *stop, *(callbacks or [])],
     )
     start = time.perf_counter()
     trainer.train()

@@ -108,3 +108,41 @@ def test_hncse_fast_synthetic_cosines_match_the_mixtures(alpha, hnm_gradient):
     out = fn.mixed_negative_cosines(h.detach(), zero, torch.tensor([[3, 3]]), torch.tensor([[3, 5]]), alpha=0.5)
     out.sum().backward()
     assert torch.isfinite(out).all() and torch.isfinite(zero.grad).all() and out[0, 0] == 0
+
+
+@pytest.mark.integration
+def test_cpu_protocol_and_tuning_smoke(tiny_model_dir, shared_data, tmp_path):
+    """The CPU protocol's runner on a tiny model (3 steps), then the tuning screen reading its dev curve: a truncated
+    run of the same seed stops at the asked step and reproduces the full run's dev score there exactly (both
+    evaluate first at that step, as in the real screen)."""
+    cpu = _load("cpu_protocol")
+    common = ["--model", str(tiny_model_dir), "--data-dir", str(shared_data), "--limit", "192", "--quiet"]
+    out = tmp_path / "cpu.json"
+    assert cpu.main(["--methods", "mnrl", "mixcse", "--seeds", "0", "--eval-steps", "2", "--out", str(out),
+                     "--work-dir", str(tmp_path / "w1"), *common]) == 0
+    data = json.loads(out.read_text())
+    assert [r["method"] for r in data["runs"]] == ["untrained", "mnrl", "mixcse"]
+    for run in data["runs"][1:]:
+        assert run["steps"] == 3 and [s for s, _ in run["dev_curve"]] == [2, 3]  # every 2 steps and at the end
+        assert run["stsb_dev_best"] == max(v for _, v in run["dev_curve"])
+        assert set(run["sts"]) == {*cpu.TASKS, "avg"}
+    assert "| mixcse | 0 |" in out.with_suffix(".md").read_text() and out.with_suffix(".png").is_file()
+    # resuming skips the finished runs
+    assert cpu.main(["--methods", "mnrl", "--seeds", "0", "--out", str(out), *common]) == 0
+    assert len(json.loads(out.read_text())["runs"]) == 3
+
+    tuning = _load("tuning")
+    tout = tmp_path / "tuning.json"
+    assert tuning.main(["--seed", "0", "--stop-after", "2", "--only", "mnrl", "--config", "mix_lam0.5=mixcse:lam=0.5",
+                        "--protocol-json", str(out), "--out", str(tout), "--work-dir", str(tmp_path / "w2"),
+                        *common]) == 0
+    screen = json.loads(tout.read_text())
+    assert [r["label"] for r in screen["runs"]] == ["mnrl", "mix_lam0.5"]
+    control = screen["runs"][0]
+    assert control["steps"] == 2 and [s for s, _ in control["dev_curve"]] == [2]
+    assert control["stsb_dev"] == screen["references"]["mnrl"] == data["runs"][1]["dev_curve"][0][1]
+    assert screen["runs"][1]["loss_config"]["lam"] == 0.5
+    table = tout.with_suffix(".md").read_text()
+    assert "| mix_lam0.5 | mixcse | lam=0.5 |" in table and "+0.00" in table  # the control's Δ vs mnrl
+    with pytest.raises(SystemExit):  # a different seed would mix two screens in one file
+        tuning.main(["--seed", "1", "--only", "mnrl", "--out", str(tout), *common])
