@@ -6,8 +6,9 @@ Budget and rule: one seed, one short run per configuration. Each configuration t
 (``cpu_protocol.py``: same model, corpus, batches, lr 3e-5 with the *156-step* linear schedule) but stops after
 ``--stop-after`` steps (default 50, the protocol's first dev evaluation), and is scored by STS-B dev Spearman at
 that step. A truncated run is the prefix of the full run (tested in tests/test_training.py), so its score is
-comparable with the full runs' dev score at step 50, read from their ``dev_curve`` in cpu_protocol.json; ``mnrl``
-is re-run as a control to show that. The STS test sets are not computed here.
+identical to the full runs' dev score at step 50, read from their ``dev_curve`` in cpu_protocol.json
+(tests/test_benchmarks.py checks that equality on a tiny model; ``--config mnrl=mnrl:`` re-runs it here as a
+control). The STS test sets are not computed here.
 
     python benchmarks/tuning.py --seed 1                     # the screen below
     python benchmarks/tuning.py --seed 1 --config focal_m0.4=focal:m=0.4   # an extra configuration
@@ -34,7 +35,6 @@ DEFAULT_OUT = RESULTS / "tuning.json"
 
 #: the stated budget: label → (loss, hyperparameters, what it tests)
 SCREEN: dict[str, tuple[str, dict[str, Any], str]] = {
-    "mnrl": ("mnrl", {}, "control: must equal the full mnrl run's dev score at the same step"),
     "focal_m0.5": ("focal", {"m": 0.5}, "Focal-InfoNCE: a larger hardness margin m"),
     "mixcse_lam0.4": ("mixcse", {"lam": 0.4}, "MixCSE: more of the negative in the mixed negative"),
     "mixcse+focal": ("mixcse", {"focal_m": 0.3}, "combination: focal modulation with MixCSE's mixed negatives"),

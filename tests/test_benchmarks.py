@@ -133,7 +133,7 @@ def test_cpu_protocol_and_tuning_smoke(tiny_model_dir, shared_data, tmp_path):
 
     tuning = _load("tuning")
     tout = tmp_path / "tuning.json"
-    assert tuning.main(["--seed", "0", "--stop-after", "2", "--only", "mnrl", "--config", "mix_lam0.5=mixcse:lam=0.5",
+    assert tuning.main(["--seed", "0", "--stop-after", "2", "--only", "--config", "mnrl=mnrl:", "--config", "mix_lam0.5=mixcse:lam=0.5",
                         "--protocol-json", str(out), "--out", str(tout), "--work-dir", str(tmp_path / "w2"),
                         *common]) == 0
     screen = json.loads(tout.read_text())
@@ -144,5 +144,7 @@ def test_cpu_protocol_and_tuning_smoke(tiny_model_dir, shared_data, tmp_path):
     assert screen["runs"][1]["loss_config"]["lam"] == 0.5
     table = tout.with_suffix(".md").read_text()
     assert "| mix_lam0.5 | mixcse | lam=0.5 |" in table and "+0.00" in table  # the control's Δ vs mnrl
+    with pytest.raises(SystemExit):
+        tuning.main(["--only", "no_such_config", "--out", str(tmp_path / "x.json"), *common])
     with pytest.raises(SystemExit):  # a different seed would mix two screens in one file
-        tuning.main(["--seed", "1", "--only", "mnrl", "--out", str(tout), *common])
+        tuning.main(["--seed", "1", "--only", "--config", "mnrl=mnrl:", "--out", str(tout), *common])
