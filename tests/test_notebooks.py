@@ -75,14 +75,20 @@ def test_analysis_smoke_with_partial_results(smoke_env, monkeypatch):
                 "median_step_seconds": 1.0, "train_seconds": 90.0}
 
     runs = [run("mnrl", 0, 74.0), run("mixcse", 0, 75.0), {"method": "focal", "seed": 0, "sts": {"STS12": 70.0}}]
+    runs[1]["dev_curve"] = [[50, 79.0], [100, 79.5]]  # one run with a dev curve, the others from before curves
     (results / "cpu_protocol.json").write_text(json.dumps({"protocol": {}, "runs": runs}))
+    screen = {"seed": 1, "stop_after": 50, "references": {"mnrl": 79.0, "focal": 80.0},
+              "runs": [{"label": "focal_m0.5", "loss": "focal", "changed": {"m": 0.5}, "why": "margin",
+                        "stsb_dev": 80.5}]}
+    (results / "tuning.json").write_text(json.dumps(screen))
     monkeypatch.setenv("ST_HARDNEG_RESULTS_DIR", str(results))
     notebook = execute(NOTEBOOKS / "analysis.ipynb", timeout=600)
     text = _outputs(notebook)
     assert "2 of 21 method × seed runs done" in text and "1 run(s) lack some task scores" in text
     assert "| mixcse | 0 |" in text
     assert "No overhead measurement yet" in text
-    assert "hncse_hnm" in text and _images(notebook) >= 4  # bar chart, deltas, curves, two AU plots
+    assert "| focal_m0.5 | focal | m=0.5 | 80.50 | +1.50 | +0.50 | margin |" in text  # the screen's table
+    assert "hncse_hnm" in text and _images(notebook) >= 6  # bar chart, deltas, dev curves, screen, curves, AU
 
 
 def main(names: list[str]) -> int:
