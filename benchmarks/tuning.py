@@ -43,6 +43,8 @@ SCREEN: dict[str, tuple[str, dict[str, Any], str]] = {
     "hncse_both+focal": ("hncse", {"focal_m": 0.3, "pm_threshold": 0.3},
                          "combination: PM + HNM + focal modulation"),
     "adcse_m0.99": ("adcse", {"momentum": 0.99}, "AdCSE: a faster key encoder (EMA 0.99 instead of 0.995)"),
+    "adcse_tied": ("adcse", {"untied": False},
+                   "AdCSE below mnrl at seed 0: keys from the online encoder (SimCSE + adversaries) isolates the EMA"),
 }
 
 #: the default configuration each screened loss is compared with (its row in cpu_protocol.json)

@@ -78,6 +78,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     from st_hardneg.models import resolve_model, save_inference_model
     from st_hardneg.training import TrainConfig, build_loss, train, write_json
 
+    if args.stop_after < 0:
+        raise ValueError(f"--stop-after must be >= 0 (0 = train to the end), got {args.stop_after}")
     loss_kwargs = parse_loss_args(args.loss_arg)
     corpus = Path(args.corpus) if args.corpus else default_corpus(args.data_dir)
     sentences = read_corpus(corpus)
@@ -98,6 +100,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         learning_rate=args.lr,
         epochs=args.epochs,
         max_steps=args.max_steps,
+        stop_after_steps=args.stop_after,
         warmup_ratio=args.warmup_ratio,
         seed=args.seed,
         eval_steps=args.eval_steps,
@@ -226,7 +229,11 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--lr", type=float, default=3e-5, help="learning rate (linear decay)")
     t.add_argument("--warmup-ratio", type=float, default=0.0)
     t.add_argument("--epochs", type=float, default=1.0)
-    t.add_argument("--max-steps", type=int, default=-1, help="stop after N steps (overrides --epochs)")
+    t.add_argument("--max-steps", type=int, default=-1,
+                   help="train N steps (overrides --epochs; the LR schedule is shortened to N steps)")
+    t.add_argument("--stop-after", type=int, default=0,
+                   help="keep the full run's LR schedule but stop after N steps, evaluating there: a screening run "
+                        "whose STS-B dev score equals the full run's at that step (0 = off)")
     t.add_argument("--eval-steps", type=int, default=50,
                    help="evaluate STS-B dev every N steps and at the end; the best checkpoint is kept")
     t.add_argument("--eval-batch-size", type=int, default=128)

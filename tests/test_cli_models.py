@@ -97,6 +97,32 @@ def test_cli_train_end_to_end_on_tiny_model(tiny_model_dir, tiny_sentences, shar
     assert reloaded.encode(["a man plays the guitar."]).shape == (1, 32)
 
 
+def test_cli_train_passes_stop_after_and_rejects_negative(monkeypatch, tiny_model_dir, tiny_sentences, tmp_path,
+                                                         capsys):
+    """--stop-after reaches TrainConfig.stop_after_steps (training itself is tested in test_training.py)."""
+    from st_hardneg import training
+
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n".join(tiny_sentences) + "\n")
+    seen = {}
+
+    class _Stop(Exception):
+        pass
+
+    def fake_train(model, dataset, loss, config, evaluator=None, callbacks=None):
+        seen["config"] = config
+        raise _Stop
+
+    monkeypatch.setattr(training, "train", fake_train)
+    common = ["train", "--model", str(tiny_model_dir), "--corpus", str(corpus), "--output-dir", str(tmp_path / "o"),
+              "--quiet"]
+    with pytest.raises(_Stop):
+        cli.main([*common, "--stop-after", "7"])
+    assert seen["config"].stop_after_steps == 7 and seen["config"].max_steps == -1
+    assert cli.main([*common, "--stop-after", "-1"]) == 2
+    assert "--stop-after must be >= 0" in capsys.readouterr().err
+
+
 @pytest.mark.integration
 def test_embedded_default_model(shared_data):
     """The real all-MiniLM-L6-v2 from the [demo] extra: checksum verified, CLS pooling, length 32, and an STS-B
