@@ -162,7 +162,7 @@ def summarize(data: dict[str, Any]) -> dict[str, dict[str, Any]]:
         steps = [r["median_step_seconds"] for r in runs if r.get("median_step_seconds")]
         row["step"] = statistics.median(steps) if steps else None
         secs = [r["train_seconds"] for r in runs if r.get("train_seconds")]
-        row["train_seconds"] = statistics.mean(secs) if secs else None
+        row["train_seconds"] = statistics.median(secs) if secs else None  # median: robust to one run on a busy machine
         summary[method] = row
     return summary
 
@@ -170,7 +170,7 @@ def summarize(data: dict[str, Any]) -> dict[str, dict[str, Any]]:
 def markdown(data: dict[str, Any]) -> str:
     summary = summarize(data)
     base = summary.get("mnrl")
-    header = ["method", "seeds", *TASKS, "avg", "Δavg vs mnrl", "STS-B dev", "median step (s)", "train (s)"]
+    header = ["method", "seeds", *TASKS, "avg", "Δavg vs mnrl", "STS-B dev", "median step (s)", "train (s, median)"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for method, row in summary.items():
         cells = [method, ",".join(map(str, row["seeds"])) or "–"]
