@@ -33,6 +33,7 @@ TASKS = ("STS12", "STS13", "STS14", "STS15", "STS16", "STSBenchmark", "SICKRelat
 #: the methods at their paper defaults: label → (loss name in st_hardneg.training.LOSSES, hyperparameters)
 METHODS: dict[str, tuple[str, dict[str, Any]]] = {
     "mnrl": ("mnrl", {}),
+    "mnrl_symmetric": ("mnrl_symmetric", {}),
     "mnrl_hardness": ("mnrl_hardness", {}),
     "mixcse": ("mixcse", {}),
     "focal": ("focal", {}),

@@ -28,6 +28,13 @@ def _mnrl(model, **kwargs):
     return MultipleNegativesRankingLoss(model, scale=1.0 / float(temperature), **kwargs)
 
 
+def _mnrl_symmetric(model, **kwargs):
+    from sentence_transformers.sentence_transformer.losses import MultipleNegativesSymmetricRankingLoss
+
+    temperature = kwargs.pop("temperature", 0.05)
+    return MultipleNegativesSymmetricRankingLoss(model, scale=1.0 / float(temperature), **kwargs)
+
+
 def _mnrl_hardness(model, **kwargs):
     kwargs.setdefault("hardness_mode", "in_batch_negatives")
     kwargs.setdefault("hardness_strength", 9.0)  # Lan et al. 2025's alpha, as in ST's docstring
@@ -64,6 +71,7 @@ def _adcse(model, **kwargs):
 #: method name → factory(model, **hyperparameters); every factory's defaults are its paper's
 LOSSES: dict[str, Callable] = {
     "mnrl": _mnrl,
+    "mnrl_symmetric": _mnrl_symmetric,
     "mnrl_hardness": _mnrl_hardness,
     "mixcse": _mixcse,
     "focal": _focal,
