@@ -241,6 +241,8 @@ def train(model, train_dataset, loss, config: TrainConfig, evaluator=None, callb
     """
     from sentence_transformers import SentenceTransformerTrainer
 
+    from st_hardneg.callbacks import add_stateful_loss_callback
+
     timer = StepTimer()
     stop = [StopAfterSteps(config.stop_after_steps)] if config.stop_after_steps else []
     args = training_arguments(config, with_evaluator=evaluator is not None)
@@ -252,6 +254,7 @@ def train(model, train_dataset, loss, config: TrainConfig, evaluator=None, callb
         evaluator=evaluator if args.eval_strategy != "no" else None,
         callbacks=[timer, EvaluateAtEnd(), *stop, *(callbacks or [])],
     )
+    add_stateful_loss_callback(trainer)  # stateful losses (AdCSE) restore their state on resume
     start = time.perf_counter()
     trainer.train()
     seconds = time.perf_counter() - start

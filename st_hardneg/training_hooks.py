@@ -2,7 +2,7 @@
 
 sentence-transformers never hands a loss the optimizer, the trainer or any callback, yet a loss such as
 :class:`~st_hardneg.AdversarialNegativesLoss` (AdCSE) must act once per optimizer step (EMA key encoder,
-adversary ascent) and must be checkpointed together with the optimizer. This module provides the three pieces,
+adversary ascent) and must be checkpointed together with the optimizer. This module provides the pieces,
 written against plain ``torch.optim`` so that they hold under ``model.fit``, ``SentenceTransformerTrainer`` and
 hand-written loops alike:
 
@@ -28,18 +28,33 @@ hand-written loops alike:
    it is consumed (and removed) as soon as the loss attaches, or immediately by a
    ``register_load_state_dict_post_hook`` when the loss was attached before loading.
 
-3. **Finding the Trainer's optimizer before the first forward** (:func:`find_calling_trainer`). On resume the HF
-   Trainer creates a *new* optimizer and loads ``optimizer.pt`` into it before the first training forward, but the
-   loss only sees that optimizer at its first ``step()`` — one forward too late for an exact resume. So, in
-   ``forward``, the loss looks up the Trainer that is calling it: the nearest stack frame of a method named
-   ``compute_loss`` whose ``self`` is a ``transformers.Trainer`` (``BaseTrainer.compute_loss`` calls the loss
-   directly), and attaches to ``trainer.optimizer``. Custom loops call ``loss.attach_optimizer(optimizer)``
-   before ``optimizer.load_state_dict(...)`` instead.
+3. **Flattened parameters** (:func:`is_flattened_parameter`). Losses that match parameters by identity or by name
+   (the EMA, the optimizer-ownership test) cannot follow FSDP / DeepSpeed ZeRO-3, which replace the model's
+   parameters by flat shards; this predicate lets them detect that case and fail loudly instead of never updating.
+
+**Why the per-step update is an optimizer step post-hook, not a TrainerCallback.** The update must run once per
+*completed* ``optimizer.step()``: a ``TrainerCallback.on_optimizer_step`` also fires for a step that a
+``GradScaler`` skipped, and ``model.fit`` (sentence-transformers 6.2) accepts no callbacks at all, while a torch
+step post-hook fires in every loop (Trainer, ``model.fit``, hand-written), never for a skipped step, and for every
+optimizer class (fused AdamW does not bump parameter versions). The loss acts only on optimizers that hold its
+online model's parameters. What a hook cannot do is see the optimizer *before* the first forward of a resumed run;
+that is the explicit part: :class:`st_hardneg.callbacks.StatefulLossCallback` (added by
+:func:`st_hardneg.training.train`; pass it to a plain ``SentenceTransformerTrainer``) attaches the loss at
+``on_train_begin``, right after the Trainer has loaded ``optimizer.pt``, and the state saved in it comes back
+before the first step. Custom loops call :meth:`OptimizerDrivenLoss.attach_optimizer` before
+``optimizer.load_state_dict``. Without either (``model.fit``), a checkpointed state is restored one step late,
+with a warning.
+
+**Accumulation window (AdCSE).** The adversary gradient of each training forward is added to a window that the next
+optimizer step averages and consumes. The window restarts only if a backward has run since its last micro-batch
+*and* the online gradients are cleared now (``zero_grad`` after a step a ``GradScaler`` skipped): several forwards
+before one backward all count. ``zero_grad(set_to_none=False)`` cannot be told apart from a kept window.
 """
 
 from __future__ import annotations
 
-import sys
+import logging
+import warnings
 import weakref
 from typing import Any, Protocol
 
@@ -48,6 +63,8 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 
 #: key of the st-hardneg entry inside ``optimizer.state_dict()["state"]``
 STATE_KEY = "st_hardneg"
+
+logger = logging.getLogger(__name__)
 
 
 class StatefulLoss(Protocol):
@@ -118,7 +135,14 @@ def _state_dict_post_hook(optimizer: torch.optim.Optimizer, state_dict: dict[str
 
 
 def _load_state_dict_post_hook(optimizer: torch.optim.Optimizer) -> None:
-    consume_pending_state(optimizer)
+    restored = consume_pending_state(optimizer)
+    missing = [slot for slot, loss in _live_losses(optimizer) if not any(loss is r for r in restored)]
+    if missing:
+        logger.warning(
+            "The optimizer checkpoint just loaded holds no state for %s: their key encoder, adversaries and update "
+            "counters keep their current (fresh) values and training continues from there, not from the "
+            "checkpoint.", ", ".join(missing)
+        )
 
 
 def consume_pending_state(optimizer: torch.optim.Optimizer) -> list[StatefulLoss]:
@@ -158,23 +182,103 @@ def is_attached(loss: StatefulLoss, optimizer: Any) -> bool:
     return any(ref() is loss for ref in _attached.get(unwrap_optimizer(optimizer), []))
 
 
-# --------------------------------------------------------------------------- the calling Trainer
-def find_calling_trainer(max_depth: int = 24) -> Any | None:
-    """The ``transformers.Trainer`` whose ``compute_loss`` is (directly or indirectly) calling us, if any.
+# --------------------------------------------------------------------------- flattened parameters
+def is_flattened_parameter(param: Any) -> bool:
+    """Whether ``param`` is a flat shard of FSDP (``FlatParameter``) or a DeepSpeed ZeRO-3 partitioned parameter."""
+    return (
+        type(param).__name__ == "FlatParameter"
+        or bool(getattr(param, "_is_flat_param", False))
+        or hasattr(param, "ds_id")
+    )
 
-    Only frames of functions named ``compute_loss`` are inspected, so the walk is cheap (no ``f_locals`` of other
-    frames is materialised).
+
+# --------------------------------------------------------------------------- the mixin a stateful loss uses
+_FLAT_MESSAGE = (
+    "the model's parameters are flattened (FSDP / DeepSpeed ZeRO-3), which {name} does not support: it matches the "
+    "model's own parameters (EMA, optimizer test). Use DDP or a single device."
+)
+
+
+class OptimizerDrivenLoss:
+    """Mixin (put it before ``nn.Module`` in the bases) for a loss whose state moves once per optimizer step of its
+    online model and is checkpointed inside that optimizer.
+
+    The subclass provides ``checkpoint_name``, ``online_model``, ``training_state_dict``,
+    ``load_training_state_dict``, ``_optimizer_step()`` (the update itself) and ``_has_pending_work()`` (whether
+    training forwards have run since the last step), and calls :meth:`_start_listening` at the end of ``__init__``.
+    The mixin counts the steps it acted on in ``_steps`` (the subclass saves and restores it).
     """
-    trainer_cls = None
-    frame = sys._getframe(1)
-    for _ in range(max_depth):
-        if frame is None:
-            return None
-        if frame.f_code.co_name == "compute_loss":
-            candidate = frame.f_locals.get("self")
-            if trainer_cls is None:
-                from transformers import Trainer as trainer_cls
-            if isinstance(candidate, trainer_cls):
-                return candidate
-        frame = frame.f_back
-    return None
+
+    checkpoint_name: str
+    _steps: int = 0
+
+    def _start_listening(self) -> None:
+        self._owned_optimizers: Any = weakref.WeakSet()
+        add_step_listener(self)
+
+    def __setstate__(self, state: dict[str, Any]) -> None:  # deepcopy / unpickling bypass __init__
+        super().__setstate__(state)
+        self._start_listening()
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state.pop("_owned_optimizers", None)  # weak references do not copy or pickle
+        return state
+
+    def attach_optimizer(self, optimizer: torch.optim.Optimizer) -> bool:
+        """Checkpoint this loss inside ``optimizer.state_dict()`` and restore it from ``optimizer.load_state_dict``.
+
+        In a custom loop call it before ``optimizer.load_state_dict(...)``. Returns ``True`` if a saved state was
+        waiting in the optimizer and has been restored now.
+        """
+        return attach_to_optimizer(self, optimizer)
+
+    def _owns(self, optimizer: torch.optim.Optimizer) -> bool:
+        """Whether ``optimizer`` steps the online model (cached per optimizer once true)."""
+        if optimizer in self._owned_optimizers:
+            return True
+        online_ids = {id(p) for p in self.online_model.parameters()}
+        if any(id(p) in online_ids for group in optimizer.param_groups for p in group["params"]):
+            self._owned_optimizers.add(optimizer)
+            return True
+        return False
+
+    def _flat_error(self) -> RuntimeError:
+        name = type(self).__name__
+        return RuntimeError(f"{name}: " + _FLAT_MESSAGE.format(name=name))
+
+    def on_train_begin(self, optimizer: Any, global_step: int = 0) -> None:
+        """Attach to the loop's optimizer before the first forward (called by the ``StatefulLossCallback``).
+
+        Raises if ``optimizer`` holds none of the online model's parameters; warns if the run resumes at
+        ``global_step > 0`` without a saved state for this loss (its state then restarts).
+        """
+        optimizer = unwrap_optimizer(optimizer)
+        if not self._owns(optimizer):
+            if any(is_flattened_parameter(p) for group in optimizer.param_groups for p in group["params"]):
+                raise self._flat_error()
+            raise RuntimeError(
+                f"{type(self).__name__} cannot follow this optimizer: it holds none of the online model's parameters "
+                "(an optimizer of another model?), so the loss state would never be updated.")
+        if not self.attach_optimizer(optimizer) and global_step > 0 and self._steps == 0:
+            warnings.warn(
+                f"Resuming at step {global_step} without a saved {self.checkpoint_name} state in the optimizer "
+                "checkpoint (saved with save_only_model=True, or the entry was removed): the loss state restarts "
+                "(AdCSE: the key encoder becomes a copy of the current model, the adversaries their initialisation).",
+                RuntimeWarning, stacklevel=2)
+
+    def _after_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
+        """Called after every completed ``step()`` of any optimizer; acts on those of the online model."""
+        if not self._owns(optimizer):
+            if self._has_pending_work() and any(
+                    is_flattened_parameter(p) for group in optimizer.param_groups for p in group["params"]):
+                raise self._flat_error()
+            return
+        if not is_attached(self, optimizer) and self.attach_optimizer(optimizer):
+            logger.warning(
+                "%s restored its checkpointed state only at the first optimizer step after resuming, so that step "
+                "used a fresh state. Pass StatefulLossCallback(loss) to the Trainer, or call "
+                "loss.attach_optimizer(optimizer) before optimizer.load_state_dict(...) in a custom loop.",
+                type(self).__name__)
+        self._optimizer_step()
+        self._steps += 1

@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from st_hardneg import training_hooks
+from st_hardneg.callbacks import StatefulLossCallback
 from st_hardneg.losses.adcse import AdversarialNegativesLoss
 
 DIM = 32  # hidden size of the tiny model in conftest
@@ -29,7 +30,7 @@ def _corpus(tiny_sentences, n=32):
             enumerate((tiny_sentences * (n // len(tiny_sentences) + 1))[:n])]
 
 
-def _trainer(model, loss, tmp_path, sentences, **overrides):
+def _trainer(model, loss, tmp_path, sentences, callbacks=None, **overrides):
     from datasets import Dataset
     from sentence_transformers import SentenceTransformerTrainer, SentenceTransformerTrainingArguments
 
@@ -38,7 +39,7 @@ def _trainer(model, loss, tmp_path, sentences, **overrides):
     kwargs.update(overrides)
     args = SentenceTransformerTrainingArguments(**kwargs)
     dataset = Dataset.from_dict({"anchor": sentences, "positive": sentences})
-    return SentenceTransformerTrainer(model=model, args=args, train_dataset=dataset, loss=loss)
+    return SentenceTransformerTrainer(model=model, args=args, train_dataset=dataset, loss=loss, callbacks=callbacks)
 
 
 def _optimizer_params(optimizer) -> set[int]:
@@ -95,10 +96,13 @@ def test_key_encoder_is_exact_hidden_frozen_copy(tiny_model):
     assert all(torch.equal(online_state[k], key_state[k]) for k in online_state)
     assert all(not p.requires_grad for p in key.parameters()) and key.training
     # Not a child module: no extra parameters (nothing for any optimizer), nothing for override_model_in_loss.
-    assert [name for name, _ in loss.named_children()] == ["model"]
+    # (The adversary bank is a child, but holds buffers only.)
+    assert [name for name, _ in loss.named_children()] == ["model", "adversary_bank"]
+    assert list(loss.adversary_bank.parameters()) == []
     assert {id(p) for p in loss.parameters()} == {id(p) for p in tiny_model.parameters()}
     assert {name for name, _ in loss.named_buffers() if not name.startswith("model.")} == {
-        "adversaries", "adversary_velocity"}
+        "adversary_bank.weight", "adversary_bank.velocity"}
+    assert loss.adversaries is loss.adversary_bank.weight and loss.adversary_velocity is loss.adversary_bank.velocity
     assert loss.adversaries.shape == (64, DIM)
     # Seeded initialisation.
     assert torch.equal(AdversarialNegativesLoss(tiny_model, seed=0).adversaries, loss.adversaries)
@@ -118,7 +122,7 @@ def test_loss_equals_cross_entropy_on_fixed_embeddings(tiny_model):
     assert set(stats) == {"positive", "negative", "synthetic"}
     expected_synthetic = (F.normalize(q, dim=-1) @ F.normalize(loss.adversaries, dim=-1).T).mean()
     assert stats["synthetic"] == pytest.approx(float(expected_synthetic), abs=1e-6)
-    assert loss._adversary_grad_count == 0  # no_grad: nothing accumulated
+    assert loss.adversary_bank.pending_micro_batches == 0  # no_grad: nothing accumulated
 
 
 def test_forward_uses_online_for_anchors_and_key_encoder_for_candidates(tiny_model, tiny_sentences):
@@ -204,9 +208,11 @@ def test_adversary_gradient_accumulates_over_micro_batches_and_drops_skipped_win
         w_leaf = w0.clone().requires_grad_(True)
         return torch.autograd.grad(_manual_loss(q, k, w_leaf, 0.05), w_leaf)[0]
 
-    # A skipped step: gradients accumulated, then cleared without optimizer.step (what GradScaler + zero_grad do).
-    loss.compute_loss_from_embeddings(list(batches[0]), None)
-    probe.grad = torch.zeros_like(probe)  # stands in for the encoder's backward
+    # A skipped step: gradients accumulated and backpropagated, then cleared without optimizer.step (what
+    # GradScaler + zero_grad do).
+    q0 = batches[0][0].clone().requires_grad_(True)
+    (loss.compute_loss_from_embeddings([q0, batches[0][1]], None) + probe.sum() * 0).backward()
+    assert probe.grad is not None
     optimizer.zero_grad()  # set_to_none
     # The next window: two micro-batches, then one step → the mean of their two gradients only.
     loss.compute_loss_from_embeddings(list(batches[1]), None)
@@ -356,7 +362,7 @@ def test_resume_gives_the_same_next_step_loss(tiny_model_dir, tiny_sentences, tm
         losses = []
         loss.register_forward_hook(lambda module, args, output: losses.append(float(output.detach())))
         trainer = _trainer(model, loss, tmp_path / "run", sentences, max_steps=4, save_strategy="steps",
-                           save_steps=2)
+                           save_steps=2, callbacks=[StatefulLossCallback(loss)])
         trainer.train(resume_from_checkpoint=resume_from)
         return model, loss, losses
 

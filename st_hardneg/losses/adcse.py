@@ -1,48 +1,21 @@
 """AdCSE (Li et al., DASFAA 2022): a momentum key encoder and learnable negative adversaries.
 
-This is the only *stateful* st-hardneg loss. Besides the online encoder (the model being trained) it owns
+The only *stateful* st-hardneg loss. Its pieces are reusable on their own:
 
-- a **key encoder**: an EMA copy of the online encoder, updated once per optimizer step;
-- **negative adversaries**: ``M`` free vectors trained by gradient *ascent* on the contrastive loss with their own
-  momentum-SGD, independent of the encoder's optimizer and learning-rate schedule.
+- the key encoder is a :func:`st_hardneg.momentum.frozen_copy` of the online model, moved once per optimizer step
+  by :func:`st_hardneg.momentum.update_momentum`;
+- the adversaries are a :class:`st_hardneg.losses.adversaries.NegativeAdversaries` bank (its own momentum-SGD
+  ascent, independent of the encoder's optimizer and learning-rate schedule);
+- the training-loop attachment is in :mod:`st_hardneg.training_hooks` and :mod:`st_hardneg.callbacks`.
 
-How that state follows the training loop (the parts sentence-transformers does not provide; see
-:mod:`st_hardneg.training_hooks` for the mechanisms and the library source they rely on):
-
-- **When.** Both updates run in a torch optimizer *step post-hook*, once per completed ``optimizer.step()`` of an
-  optimizer that holds the online model's parameters: never per forward, so gradient accumulation does not
-  multiply them; with any optimizer (foreach or fused; fused AdamW does not bump ``param._version``, which is why
-  versions are not used); and a step skipped by a ``GradScaler`` is not counted, because ``optimizer.step`` is
-  then never called. ``model.fit`` (which builds its own optimizer and one LR for all parameters) and
-  ``SentenceTransformerTrainer`` both end in ``optimizer.step()``, so both are covered without callbacks, which a
-  loss cannot register with sentence-transformers anyway.
-- **Adversary gradient.** Computed in ``forward`` with ``torch.autograd.grad`` of the loss at
-  ``adversary_temperature`` with respect to a detached copy of the adversaries, with detached anchors and
-  candidates, so it touches neither the encoder's graph nor its gradients and is unaffected by AMP loss scaling.
-  It is averaged over the micro-batches of an accumulation window and applied at the optimizer step; the window
-  restarts whenever the online model's gradients have been cleared (``zero_grad(set_to_none=True)``, the default
-  of the Trainer and of torch), which also discards the gradient of a step skipped by a ``GradScaler``.
-- **Out of every optimizer.** The adversaries and their velocity are buffers, not parameters, and the key encoder
-  is held outside the module tree (not a child module), so ``loss.named_parameters()`` returns only the online
-  model's parameters. This matters because the Trainer adds all ``requires_grad`` loss parameters to the
-  encoder's optimizer (``BaseTrainer.get_optimizer_cls_and_kwargs``), ``learning_rate_mapping`` matches loss
-  parameters without checking ``requires_grad``, and ``model.fit`` puts *every* ``named_parameters()`` entry of
-  the loss into its AdamW. It also keeps the key encoder away from ``override_model_in_loss`` (which swaps loss
-  children named ``model`` for the DDP-wrapped model) and out of the saved model.
-- **Checkpoints.** The key encoder, the adversaries, their velocity and the update counters are stored inside the
-  encoder optimizer's ``state_dict()``, which the HF Trainer saves as ``optimizer.pt`` in every checkpoint and
-  reloads on ``trainer.train(resume_from_checkpoint=...)`` before the first training forward; at its first forward
-  the loss finds the calling Trainer's optimizer and takes its state back. The dropout RNG needs nothing extra:
-  the Trainer checkpoints and restores the torch RNG state (``rng_state.pth``). Custom loops: call
-  :meth:`AdversarialNegativesLoss.attach_optimizer` before ``optimizer.load_state_dict``.
+The loss updates once per completed optimizer step of its online model (a torch step post-hook) and is restored
+before the first step of a resumed run by :class:`st_hardneg.callbacks.StatefulLossCallback`; the reasons for this
+design are in :mod:`st_hardneg.training_hooks`. Several forwards before one backward (gradient accumulation,
+micro-batches) all add to the adversaries' gradient of the next step.
 """
 
 from __future__ import annotations
 
-import copy
-import logging
-import math
-import operator
 import weakref
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -54,12 +27,11 @@ from torch import Tensor, nn
 
 from st_hardneg import functional as fn
 from st_hardneg import training_hooks
+from st_hardneg.losses.adversaries import NegativeAdversaries
 from st_hardneg.losses.base import HardNegativeLoss, check_temperature
-
-logger = logging.getLogger(__name__)
+from st_hardneg.momentum import frozen_copy, update_momentum
 
 _STATE_FORMAT = 1
-
 
 @dataclass
 class _NotSubmodules:
@@ -70,27 +42,7 @@ class _NotSubmodules:
     key_encoder: nn.Module | None
 
 
-def _check_unit_interval(value: float, name: str) -> float:
-    try:
-        value = float(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"{name} must be a number in [0, 1), got {value!r}") from None
-    if not 0.0 <= value < 1.0:
-        raise ValueError(f"{name} must be in [0, 1), got {value!r}")
-    return value
-
-
-def _check_non_negative(value: float, name: str) -> float:
-    try:
-        value = float(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"{name} must be a non-negative number, got {value!r}") from None
-    if not (value >= 0.0 and math.isfinite(value)):
-        raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
-    return value
-
-
-class AdversarialNegativesLoss(HardNegativeLoss):
+class AdversarialNegativesLoss(training_hooks.OptimizerDrivenLoss, HardNegativeLoss):
     #: name of this loss's entry in optimizer checkpoints (see :mod:`st_hardneg.training_hooks`)
     checkpoint_name = "AdversarialNegativesLoss"
 
@@ -106,52 +58,56 @@ class AdversarialNegativesLoss(HardNegativeLoss):
         adversary_temperature: float = 0.05,
         untied: bool = True,
         seed: int | None = None,
+        in_batch_keys: bool = True,
     ) -> None:
         """
         AdCSE: InfoNCE between an online encoder and a momentum (EMA) key encoder, with ``M`` learnable negative
         adversaries that are trained to *maximise* the same loss (Li et al., DASFAA 2022, following AdCo).
 
         With ``q_i`` the online embedding of anchor ``i``, ``k_j`` the key-encoder embedding of the positive of pair
-        ``j`` (for unsupervised training the same sentence, so the key encoder's weights and dropout are the only
-        difference) and ``n_1..n_M`` the adversaries (all L2-normalised), row ``i`` of the loss is a cross-entropy
-        with target ``i`` over::
+        ``j`` (unsupervised: the same sentence, so the key encoder's weights and dropout are the only difference) and
+        ``n_1..n_M`` the adversaries (all L2-normalised), row ``i`` is a cross-entropy with target ``i`` over::
 
             [q_i·k_1, ..., q_i·k_N, q_i·(explicit negatives), q_i·n_1, ..., q_i·n_M] / τ
 
         After every optimizer step the key encoder moves towards the online encoder,
         ``θ_k ← m·θ_k + (1-m)·θ_q``, and the adversaries take one momentum-SGD *ascent* step on the same loss
-        computed at ``adversary_temperature`` (``v ← μ·v - ∇_n L + wd·n``; ``n ← n - lr·v``, the update of the
-        authors' code). The adversaries thus chase the anchors and become ever harder negatives, while the encoder
-        learns to push them away: a min-max game over ``min_θq max_n L``.
+        at ``adversary_temperature`` (``v ← μ·v - ∇_n L + wd·n``; ``n ← n - lr·v``, as in the authors' code): a
+        min-max game ``min_θq max_n L``. See the module docstring for how this follows the training loop.
 
-        Differences from the authors' code (lirenhao1997/AdCSE), all deliberate:
+        Differences from the paper (Eq. 5) and the authors' code (lirenhao1997/AdCSE), all deliberate:
 
-        - The key encoder starts as an exact copy of the online encoder. In the released code it is copied inside
-          ``__init__``, before ``from_pretrained`` loads the pretrained weights, so it starts from random weights.
+        - **Denominator.** By default it also holds the other pairs' keys ``k_j`` (j ≠ i), as in the authors'
+          code and SimCSE; Eq. 5 has only the positive and the adversaries: ``in_batch_keys=False``.
+        - **Key-side head.** The paper's key encoder has its own pooling head ``g_θp``; here the key encoder is an
+          EMA copy of the *whole* online model, so an MLP head (``load_model(..., mlp_head=True)``) is EMA-copied
+          with it. The loss adds no head of its own (the authors' code trains one and drops it for evaluation).
+        - The key encoder starts as an exact copy of the online encoder (the released code copies it before the
+          pretrained weights are loaded, so it starts random).
         - Token type ids are the model's own; the released code builds them from the attention mask.
         - The EMA runs once per optimizer step, not once per forward (identical without gradient accumulation).
-        - The loss adds no MLP head of its own: the released code trains one on top of [CLS] and drops it for
-          evaluation; here that is a model option shared by every loss, ``load_model(..., mlp_head=True)``.
-        - Explicit negatives in extra columns are supported, as extra candidates embedded by the key encoder.
+        - Explicit negatives in extra columns are supported, embedded by the key encoder.
 
         Args:
             model: SentenceTransformer model (the online encoder ``q``).
-            num_adversaries: ``M``, the number of negative adversaries (paper: 64, the batch size). ``0`` is the
-                paper's "w/o negative adversaries" ablation (MoCo-style in-batch InfoNCE with a momentum encoder).
+            num_adversaries: ``M`` >= 0 (paper: 64, the batch size). ``0`` is the paper's "w/o negative
+                adversaries" ablation (MoCo-style in-batch InfoNCE with a momentum encoder).
             temperature: τ > 0 of the encoder's loss (paper: 0.05).
             momentum: ``m`` in [0, 1), the EMA momentum of the key encoder (paper: 0.995).
-            adversary_lr: learning rate of the adversaries' momentum-SGD (paper: 3e-3), >= 0. Independent of the
-                encoder's optimizer and learning-rate schedule (no warm-up, no decay); ``0`` freezes them.
+            adversary_lr: learning rate >= 0 of the adversaries' momentum-SGD (paper: 3e-3), with no warm-up or
+                decay; ``0`` freezes them.
             adversary_momentum: momentum μ in [0, 1) of the adversaries' SGD (paper: 0.9).
-            adversary_weight_decay: L2 weight decay of the adversaries (paper: 1e-4), >= 0.
+            adversary_weight_decay: L2 weight decay >= 0 of the adversaries (paper: 1e-4).
             adversary_temperature: τ > 0 of the loss whose gradient the adversaries ascend (paper: 0.05).
             untied: ``True`` (paper): positives (and explicit negatives) are embedded by the momentum key encoder.
-                ``False`` is the paper's "w/o untied dual-encoder" ablation: they are embedded by the online encoder
-                with its own dropout, as in SimCSE, and no key encoder is created.
-            seed: seed of the adversaries' random initialisation (standard normal, as in AdCo/AdCSE). ``None`` uses
-                torch's global generator: pass the loss to the Trainer as a factory
-                (``loss=lambda model: AdversarialNegativesLoss(model)``), which it calls after seeding with
-                ``args.seed``, or call ``transformers.set_seed`` before constructing it.
+                ``False`` is the "w/o untied dual-encoder" ablation: embedded by the online encoder with its own
+                dropout, as in SimCSE; no key encoder is created.
+            seed: seed of the adversaries' standard-normal initialisation. ``None`` uses torch's global generator:
+                pass the loss to the Trainer as a factory (``loss=lambda model: AdversarialNegativesLoss(model)``),
+                which it calls after seeding with ``args.seed``.
+            in_batch_keys: ``True`` (default): the other pairs' keys and all explicit negatives are negatives of
+                every anchor. ``False``: paper Eq. 5, row ``i`` sees only its positive, its own explicit negatives
+                and the adversaries (needs ``num_adversaries > 0``).
 
         References:
             - Li et al., "AdCSE: An Adversarial Method for Contrastive Learning of Sentence Embeddings", DASFAA 2022.
@@ -162,9 +118,10 @@ class AdversarialNegativesLoss(HardNegativeLoss):
         Requirements:
             1. (anchor, positive) pairs; for unsupervised training the same sentence twice. Optionally explicit
                negatives in further columns.
-            2. A batch of at least 2 pairs when ``num_adversaries=0`` (the in-batch keys are the only negatives).
-            3. A model whose embedding dimension is known (``model.get_embedding_dimension()``) when
-               ``num_adversaries > 0``.
+            2. A batch of at least 2 pairs when ``num_adversaries=0``.
+            3. The model's embedding dimension (``model.get_embedding_dimension()``) when ``num_adversaries > 0``.
+            4. No FSDP / DeepSpeed ZeRO-3 (flattened parameters are detected and refused); DDP is fine: the
+               adversaries' gradient is averaged over the processes, so they stay identical on all ranks.
 
         Inputs:
             +-------------------------------------------------+--------+
@@ -176,19 +133,14 @@ class AdversarialNegativesLoss(HardNegativeLoss):
             +-------------------------------------------------+--------+
 
         Recommendations:
-            - Memory: ``untied=True`` keeps one extra copy of the encoder's weights and buffers (for BERT-base
-              about 110M parameters, 440 MB in float32), on the model's device. It has no gradients and no optimizer
-              state (a trainable copy with AdamW would cost three more), and its forward runs under ``no_grad``, so
-              it stores no activations. The adversaries cost ``2·M·d`` floats.
-            - Checkpoints need nothing extra with ``SentenceTransformerTrainer`` / ``model.fit``: the loss state is
-              stored in the optimizer's ``state_dict`` (``optimizer.pt``) and restored by
-              ``trainer.train(resume_from_checkpoint=...)``. In a custom loop call :meth:`attach_optimizer` before
-              ``optimizer.load_state_dict(...)``, or save :meth:`training_state_dict` yourself. The saved model is
-              the online encoder only and loads with plain ``SentenceTransformer(path)``.
+            - Memory: ``untied=True`` keeps one frozen copy of the encoder (BERT-base: 440 MB in float32), with no
+              gradients, no optimizer state and no stored activations. The adversaries cost ``2·M·d`` floats.
+            - Checkpoints: the loss state (key encoder, adversaries, velocity, counters) is stored in the
+              optimizer's ``state_dict`` (``optimizer.pt``). Resume with ``trainer.train(resume_from_checkpoint=...)``
+              and a :class:`~st_hardneg.callbacks.StatefulLossCallback` (automatic in ``st_hardneg.training.train``).
+              A checkpoint without that state (``save_only_model=True``) resumes with a warning: the key encoder
+              and the adversaries restart. The saved model is the online encoder only.
             - Use ``BatchSamplers.NO_DUPLICATES``: a duplicate sentence in a batch is a false negative of itself.
-            - Several AdCSE losses on one optimizer are checkpointed in the order in which they first run.
-            - Under DDP the adversaries' gradient is averaged over the processes before each update, so they stay
-              identical on all ranks.
 
         Relations:
             - With ``num_adversaries=0`` and ``untied=False`` this is ST's ``MultipleNegativesRankingLoss``
@@ -201,108 +153,53 @@ class AdversarialNegativesLoss(HardNegativeLoss):
 
                 from datasets import Dataset
                 from sentence_transformers import SentenceTransformerTrainer, SentenceTransformerTrainingArguments
-                from sentence_transformers.base.sampler import BatchSamplers
                 from st_hardneg import AdversarialNegativesLoss
+                from st_hardneg.callbacks import add_stateful_loss_callback
                 from st_hardneg.models import load_default_model
 
-                model = load_default_model()  # all-MiniLM-L6-v2 with CLS pooling, max_seq_length 32
+                model = load_default_model()
                 sentences = ["A man is playing a guitar.", "A woman is slicing an onion.", "The sky is blue."]
                 train_dataset = Dataset.from_dict({"anchor": sentences, "positive": sentences})
-                args = SentenceTransformerTrainingArguments(
-                    output_dir="out", batch_sampler=BatchSamplers.NO_DUPLICATES, per_device_train_batch_size=64,
-                    learning_rate=3e-5, save_steps=125,
-                )
+                args = SentenceTransformerTrainingArguments(output_dir="out", learning_rate=3e-5, save_steps=125)
                 trainer = SentenceTransformerTrainer(
                     model=model, args=args, train_dataset=train_dataset,
                     loss=lambda m: AdversarialNegativesLoss(m, num_adversaries=64),  # seeded by args.seed
                 )
-                trainer.train()  # later: trainer.train(resume_from_checkpoint=True) restores the loss state too
+                add_stateful_loss_callback(trainer)  # restores the loss state on resume
+                trainer.train()  # later: trainer.train(resume_from_checkpoint=True)
         """
         super().__init__(model, temperature)
-        if isinstance(num_adversaries, bool):
-            raise ValueError(f"num_adversaries must be a non-negative integer, got {num_adversaries!r}")
-        try:
-            num_adversaries = operator.index(num_adversaries)
-        except TypeError:
-            raise ValueError(f"num_adversaries must be a non-negative integer, got {num_adversaries!r}") from None
-        if num_adversaries < 0:
-            raise ValueError(f"num_adversaries (M) must be >= 0, got {num_adversaries}")
-        if not isinstance(untied, bool):
-            raise ValueError(f"untied must be True or False, got {untied!r}")
+        if isinstance(num_adversaries, bool) or not isinstance(num_adversaries, int) or num_adversaries < 0:
+            raise ValueError(f"num_adversaries (M) must be a non-negative integer, got {num_adversaries!r}")
+        for flag, name in ((untied, "untied"), (in_batch_keys, "in_batch_keys")):
+            if not isinstance(flag, bool):
+                raise ValueError(f"{name} must be True or False, got {flag!r}")
+        if not in_batch_keys and not num_adversaries:
+            raise ValueError("in_batch_keys=False (paper Eq. 5) needs num_adversaries > 0: no negatives are left")
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
             raise ValueError(f"seed must be an int or None, got {seed!r}")
-        self.num_adversaries = num_adversaries
-        self.momentum = _check_unit_interval(momentum, "momentum (m, the key encoder's EMA momentum)")
-        self.adversary_lr = _check_non_negative(adversary_lr, "adversary_lr")
-        self.adversary_momentum = _check_unit_interval(adversary_momentum, "adversary_momentum")
-        self.adversary_weight_decay = _check_non_negative(adversary_weight_decay, "adversary_weight_decay")
+        if isinstance(momentum, bool) or not isinstance(momentum, (int, float)) or not 0.0 <= momentum < 1.0:
+            raise ValueError(f"momentum (m, the key encoder's EMA momentum) must be a number in [0, 1), got {momentum!r}")
+        self.num_adversaries, self.untied, self.seed, self.in_batch_keys = num_adversaries, untied, seed, in_batch_keys
+        self.momentum = float(momentum)
         self.adversary_temperature = check_temperature(adversary_temperature, "adversary_temperature")
-        self.untied = untied
-        self.seed = seed
-        # With adversaries a single pair still has negatives.
-        self.min_batch_size = 1 if num_adversaries > 0 else 2
-
-        dim = self._embedding_dimension(model)
+        self.min_batch_size = 1 if num_adversaries > 0 else 2  # with adversaries a single pair has negatives
+        dim = next((getattr(model, n)() for n in ("get_embedding_dimension", "get_sentence_embedding_dimension")
+                    if callable(getattr(model, n, None))), None)
         if num_adversaries > 0 and dim is None:
-            raise ValueError(
-                "AdversarialNegativesLoss needs the model's embedding dimension for its adversaries, but "
-                "model.get_embedding_dimension() returned None."
-            )
-        self.embedding_dim = dim or 0
-        device = self._device_of(model)
-        generator = torch.Generator().manual_seed(seed) if seed is not None else None
-        adversaries = torch.randn(num_adversaries, self.embedding_dim, generator=generator)
-        self.register_buffer("adversaries", adversaries.to(device))
-        self.register_buffer("adversary_velocity", torch.zeros_like(self.adversaries))
-
-        key_encoder = self._copy_encoder(model) if untied else None
-        self._modules_outside = _NotSubmodules(online=model, key_encoder=key_encoder)
-        self._ema_updates = 0
-        self._adversary_updates = 0
-        self._adversary_grad: Tensor | None = None
-        self._adversary_grad_count = 0
-        self._owned_optimizers: Any = weakref.WeakSet()
-        self._checked_model_id = id(model)
-        training_hooks.add_step_listener(self)
-
-    # ------------------------------------------------------------------ construction helpers
-    @staticmethod
-    def _embedding_dimension(model: nn.Module) -> int | None:
-        for name in ("get_embedding_dimension", "get_sentence_embedding_dimension"):
-            getter = getattr(model, name, None)
-            if callable(getter):
-                dim = getter()
-                if dim is not None:
-                    return int(dim)
-        return None
-
-    @staticmethod
-    def _device_of(model: nn.Module) -> torch.device:
+            raise ValueError("AdversarialNegativesLoss needs the model's embedding dimension for its adversaries, "
+                             "but model.get_embedding_dimension() returned None.")
+        self.embedding_dim = int(dim or 0)
         param = next(model.parameters(), None)
-        return param.device if param is not None else torch.device("cpu")
-
-    @staticmethod
-    def _copy_encoder(model: nn.Module) -> nn.Module:
-        """An exact, frozen copy of ``model`` in train mode (dropout on); shares only the model card data."""
-        memo = {}
-        card = getattr(model, "model_card_data", None)
-        if card is not None:
-            memo[id(card)] = card  # metadata (datasets, widget, ...) need not be copied
-        key_encoder = copy.deepcopy(model, memo)
-        key_encoder.requires_grad_(False)
-        key_encoder.train()
-        return key_encoder
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        # deepcopy / unpickling bypass __init__: keep the copy listening to optimizer steps.
-        super().__setstate__(state)
-        self._owned_optimizers = weakref.WeakSet()
-        training_hooks.add_step_listener(self)
-
-    def __getstate__(self) -> dict[str, Any]:
-        state = self.__dict__.copy()
-        state.pop("_owned_optimizers", None)  # weak references do not copy or pickle
-        return state
+        self.adversary_bank = NegativeAdversaries(
+            num_adversaries, self.embedding_dim, lr=adversary_lr, momentum=adversary_momentum,
+            weight_decay=adversary_weight_decay, device=param.device if param is not None else None,
+            generator=torch.Generator().manual_seed(seed) if seed is not None else None)
+        self._modules_outside = _NotSubmodules(online=model, key_encoder=frozen_copy(model) if untied else None)
+        self._ema_updates = self._steps = self._forwards_since_step = 0
+        self._backward_seen = False
+        self._checked_model_id = id(model)
+        self._start_listening()
 
     # ------------------------------------------------------------------ public state
     @property
@@ -316,6 +213,15 @@ class AdversarialNegativesLoss(HardNegativeLoss):
         return self._modules_outside.online
 
     @property
+    def adversaries(self) -> Tensor:
+        """(M, d) the negative adversaries (``adversary_bank.weight``)."""
+        return self.adversary_bank.weight
+
+    @property
+    def adversary_velocity(self) -> Tensor:
+        return self.adversary_bank.velocity
+
+    @property
     def ema_updates(self) -> int:
         """Number of EMA updates of the key encoder so far (= optimizer steps of the online model)."""
         return self._ema_updates
@@ -323,29 +229,14 @@ class AdversarialNegativesLoss(HardNegativeLoss):
     @property
     def adversary_updates(self) -> int:
         """Number of momentum-SGD ascent steps of the adversaries so far."""
-        return self._adversary_updates
-
-    def attach_optimizer(self, optimizer: torch.optim.Optimizer) -> bool:
-        """Checkpoint this loss inside ``optimizer.state_dict()`` and restore it from ``optimizer.load_state_dict``.
-
-        Automatic with the sentence-transformers Trainer and ``model.fit``. In a custom training loop call it once,
-        before ``optimizer.load_state_dict(...)`` when resuming. Returns ``True`` if a saved state was waiting in the
-        optimizer and has been restored now.
-        """
-        return training_hooks.attach_to_optimizer(self, optimizer)
+        return self.adversary_bank.updates
 
     def training_state_dict(self) -> dict[str, Any]:
-        """Everything that training changes besides the online model: key encoder, adversaries, their velocity,
-        update counters. The tensors are references (like ``state_dict()``), not copies."""
+        """Everything training changes besides the online model (tensors are references, like ``state_dict()``)."""
         state: dict[str, Any] = {
-            "format": _STATE_FORMAT,
-            "num_adversaries": self.num_adversaries,
-            "embedding_dim": self.embedding_dim,
-            "untied": self.untied,
-            "adversaries": self.adversaries,
-            "adversary_velocity": self.adversary_velocity,
-            "ema_updates": self._ema_updates,
-            "adversary_updates": self._adversary_updates,
+            "format": _STATE_FORMAT, "num_adversaries": self.num_adversaries, "embedding_dim": self.embedding_dim,
+            "untied": self.untied, "adversaries": self.adversaries, "adversary_velocity": self.adversary_velocity,
+            "ema_updates": self._ema_updates, "adversary_updates": self.adversary_updates, "steps": self._steps,
         }
         if self.key_encoder is not None:
             state["key_encoder"] = self.key_encoder.state_dict()
@@ -356,8 +247,7 @@ class AdversarialNegativesLoss(HardNegativeLoss):
         """Restore a :meth:`training_state_dict` (from a checkpoint of the same configuration)."""
         if state.get("format") != _STATE_FORMAT:
             raise ValueError(f"Unknown AdversarialNegativesLoss state format {state.get('format')!r}")
-        expected = {"num_adversaries": self.num_adversaries, "embedding_dim": self.embedding_dim,
-                    "untied": self.untied}
+        expected = {"num_adversaries": self.num_adversaries, "embedding_dim": self.embedding_dim, "untied": self.untied}
         found = {key: state.get(key) for key in expected}
         if found != expected:
             raise ValueError(f"The saved AdversarialNegativesLoss state was made with {found}, this loss has {expected}")
@@ -366,171 +256,101 @@ class AdversarialNegativesLoss(HardNegativeLoss):
         if self.key_encoder is not None:
             self.key_encoder.load_state_dict(state["key_encoder"])
         self._ema_updates = int(state["ema_updates"])
-        self._adversary_updates = int(state["adversary_updates"])
-        self._reset_adversary_gradient()
+        self.adversary_bank.updates = int(state["adversary_updates"])
+        self._steps = int(state.get("steps", max(self._ema_updates, self.adversary_bank.updates)))
+        self.adversary_bank.reset_window()
 
     # ------------------------------------------------------------------ forward
     def forward(self, sentence_features: Iterable[dict[str, Tensor]], labels: Tensor | None) -> Tensor:
         sentence_features = list(sentence_features)
         self._check_online_model()
-        self._attach_to_calling_trainer()
+        self._forwards_since_step += self.training and torch.is_grad_enabled()
         if not self.untied:
-            embeddings = embed_columns(self.model, sentence_features)
-        else:
-            anchors = self.model(sentence_features[0])["sentence_embedding"]
-            keys: list[Tensor] = []
-            if len(sentence_features) > 1:
-                key_encoder = self._key_encoder_on(anchors.device)
-                with torch.no_grad():
-                    keys = embed_columns(key_encoder, sentence_features[1:], separate_first=False)
-            embeddings = [anchors, *keys]
-        return self.compute_loss_from_embeddings(embeddings, labels)
+            return self.compute_loss_from_embeddings(embed_columns(self.model, sentence_features), labels)
+        anchors = self.model(sentence_features[0])["sentence_embedding"]
+        keys: list[Tensor] = []
+        if len(sentence_features) > 1:
+            key_encoder = self.key_encoder
+            param = next(key_encoder.parameters(), None)
+            if param is not None and param.device != anchors.device:
+                key_encoder.to(anchors.device)
+            key_encoder.train()
+            with torch.no_grad():
+                keys = embed_columns(key_encoder, sentence_features[1:], separate_first=False)
+        return self.compute_loss_from_embeddings([anchors, *keys], labels)
 
     def compute_loss_from_embeddings(self, embeddings: list[Tensor], labels: Tensor | None) -> Tensor:
         """The loss on given embeddings ``[anchors (online), keys, explicit negatives...]``; while training (grad
-        enabled), also accumulates the adversaries' ascent gradient for the next optimizer step."""
+        enabled), also adds the adversaries' ascent gradient to the window of the next optimizer step."""
         batch = self.split_batch(embeddings)
-        candidates = batch.candidates
-        if self.num_adversaries:
-            candidates = torch.cat([candidates, self.adversaries.detach()], dim=0)
-        cos = fn.candidate_cosines(batch.anchors, candidates)
-        loss = fn.info_nce(fn.contrastive_logits(cos, self.temperature))
+        cos, logits = self._cosines_and_logits(batch.anchors, batch.candidates, self.adversaries.detach(),
+                                               self.temperature)
+        loss = fn.info_nce(logits)
         self.record_stats(cos, num_in_batch=batch.size, num_synthetic=self.num_adversaries)
         if self.num_adversaries and self.training and torch.is_grad_enabled():
-            self._accumulate_adversary_gradient(batch.anchors.detach(), batch.candidates.detach())
+            self._accumulate(batch.anchors, batch.candidates)
         return loss
 
-    # ------------------------------------------------------------------ adversaries
     def adversary_loss(self, anchors: Tensor, candidates: Tensor, adversaries: Tensor) -> Tensor:
-        """The loss whose gradient the adversaries ascend: InfoNCE at ``adversary_temperature`` over
-        ``[anchor·candidates, anchor·normalize(adversaries)]``."""
-        cos = fn.candidate_cosines(anchors, torch.cat([candidates, adversaries], dim=0))
-        return fn.info_nce(fn.contrastive_logits(cos, self.adversary_temperature))
+        """The loss whose gradient the adversaries ascend: the encoder's loss at ``adversary_temperature``."""
+        return fn.info_nce(self._cosines_and_logits(anchors, candidates, adversaries, self.adversary_temperature)[1])
 
-    def _accumulate_adversary_gradient(self, anchors: Tensor, candidates: Tensor) -> None:
-        if self._adversary_grad_count and not self._online_has_gradients():
-            # The encoder's gradients were cleared since the last micro-batch without a step reaching us (e.g. a
-            # GradScaler-skipped step): start a new accumulation window, as the encoder does.
-            self._reset_adversary_gradient()
-        with torch.enable_grad(), torch.autocast(device_type=anchors.device.type, enabled=False):
-            adversaries = self.adversaries.detach().float().requires_grad_(True)
-            loss = self.adversary_loss(anchors.float(), candidates.float(), adversaries)
-            (grad,) = torch.autograd.grad(loss, adversaries)
-        if self._adversary_grad is None:
-            self._adversary_grad = grad
-        else:
-            self._adversary_grad += grad
-        self._adversary_grad_count += 1
+    def _cosines_and_logits(self, anchors: Tensor, candidates: Tensor, adversaries: Tensor, tau: float):
+        cos = fn.candidate_cosines(anchors, torch.cat([candidates, adversaries.to(candidates.dtype)], dim=0))
+        logits = fn.contrastive_logits(cos, tau)
+        if not self.in_batch_keys:  # paper Eq. 5: drop the other rows' keys and explicit negatives
+            n = anchors.size(0)
+            own = torch.arange(candidates.size(0), device=cos.device) % n
+            drop = own.unsqueeze(0) != torch.arange(n, device=cos.device).unsqueeze(1)
+            drop = torch.cat([drop, drop.new_zeros(n, adversaries.size(0))], dim=1)
+            logits = logits.masked_fill(drop, float("-inf"))
+        return cos, logits
 
-    def _reset_adversary_gradient(self) -> None:
-        self._adversary_grad = None
-        self._adversary_grad_count = 0
-
-    def _online_has_gradients(self) -> bool:
-        return any(p.grad is not None for p in self.online_model.parameters())
-
-    @torch.no_grad()
-    def _step_adversaries(self) -> None:
-        grad = self._adversary_grad / self._adversary_grad_count
-        if torch.distributed.is_available() and torch.distributed.is_initialized():
-            world_size = torch.distributed.get_world_size()
-            if world_size > 1:
-                torch.distributed.all_reduce(grad)
-                grad /= world_size
-        # Momentum SGD on -L (ascent), weight decay inside the velocity, as torch.optim.SGD and the authors' code.
-        direction = (-grad).add_(self.adversaries.float(), alpha=self.adversary_weight_decay)
-        self.adversary_velocity.mul_(self.adversary_momentum).add_(direction.to(self.adversary_velocity.dtype))
-        self.adversaries.sub_(self.adversary_velocity, alpha=self.adversary_lr)
-        self._adversary_updates += 1
-
-    # ------------------------------------------------------------------ key encoder
-    def _key_encoder_on(self, device: torch.device) -> nn.Module:
-        key_encoder = self.key_encoder
-        param = next(key_encoder.parameters(), None)
-        if param is not None and param.device != device:
-            key_encoder.to(device)
-        if not key_encoder.training:
-            key_encoder.train()
-        return key_encoder
-
-    @torch.no_grad()
-    def _update_key_encoder(self) -> None:
-        """θ_k ← m·θ_k + (1-m)·θ_q for every parameter (buffers are left as copied)."""
-        online = dict(self.online_model.named_parameters())
-        keys, sources = [], []
-        for name, key_param in self.key_encoder.named_parameters():
-            source = online.get(name)
-            if source is None or source.shape != key_param.shape:
-                raise RuntimeError(
-                    f"The online model no longer matches its key encoder at parameter {name!r}; was the model "
-                    "modified after AdversarialNegativesLoss was created?"
-                )
-            keys.append(key_param)
-            sources.append(source.detach().to(device=key_param.device, dtype=key_param.dtype))
-        if keys:
-            torch._foreach_lerp_(keys, sources, 1.0 - self.momentum)
-        self._ema_updates += 1
+    def _accumulate(self, anchors: Tensor, candidates: Tensor) -> None:
+        bank = self.adversary_bank
+        if bank.pending_micro_batches and self._backward_seen and not any(
+                p.grad is not None for p in self.online_model.parameters()):
+            bank.reset_window()  # gradients cleared without a step reaching us (GradScaler skip): new window
+            self._backward_seen = False
+        if anchors.requires_grad:  # a backward through this micro-batch marks the window as backpropagated
+            ref = weakref.ref(self)
+            anchors.register_hook(lambda grad: setattr(ref(), "_backward_seen", True) if ref() else None)
+        bank.accumulate(self.adversary_loss, anchors, candidates)
 
     # ------------------------------------------------------------------ training-loop integration
     def _check_online_model(self) -> None:
         """``self.model`` may be a wrapper of the online model (DDP, compile), never another model."""
         if id(self.model) == self._checked_model_id:
             return
-        if next(self.model.parameters(), None) is not next(self.online_model.parameters(), None):
+        first = next(self.model.parameters(), None)
+        if first is not next(self.online_model.parameters(), None):
+            if any(map(training_hooks.is_flattened_parameter, self.model.parameters())):
+                raise self._flat_error()
             raise RuntimeError(
                 "AdversarialNegativesLoss is asked to train another model than the one it was built for (e.g. the "
                 "Trainer's model_init replaced loss.model); its key encoder is a copy of the old model. Build the "
-                "loss for the model that is trained; model_init is not supported."
-            )
+                "loss for the model that is trained; model_init is not supported.")
         self._checked_model_id = id(self.model)
 
-    def _owns(self, optimizer: torch.optim.Optimizer) -> bool:
-        """Whether ``optimizer`` steps the online model (cached per optimizer once true)."""
-        if optimizer in self._owned_optimizers:
-            return True
-        online_ids = {id(p) for p in self.online_model.parameters()}
-        if any(id(p) in online_ids for group in optimizer.param_groups for p in group["params"]):
-            self._owned_optimizers.add(optimizer)
-            return True
-        return False
+    def _has_pending_work(self) -> bool:
+        return bool(self._forwards_since_step or self.adversary_bank.pending_micro_batches)
 
-    def _attach_to_calling_trainer(self) -> None:
-        trainer = training_hooks.find_calling_trainer()
-        optimizer = getattr(trainer, "optimizer", None) if trainer is not None else None
-        if optimizer is None:
-            return
-        optimizer = training_hooks.unwrap_optimizer(optimizer)
-        if not training_hooks.is_attached(self, optimizer) and self._owns(optimizer):
-            self.attach_optimizer(optimizer)
-
-    def _after_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
-        """Called by :mod:`st_hardneg.training_hooks` after every completed ``step()`` of any optimizer."""
-        if not self._owns(optimizer):
-            return
-        if not training_hooks.is_attached(self, optimizer) and self.attach_optimizer(optimizer):
-            logger.warning(
-                "AdversarialNegativesLoss restored its checkpointed state only at the first optimizer step after "
-                "resuming, so that step used a fresh key encoder and fresh adversaries. In a custom training loop "
-                "call loss.attach_optimizer(optimizer) before optimizer.load_state_dict(...)."
-            )
+    def _optimizer_step(self) -> None:
+        """EMA of the key encoder and one ascent step of the adversaries (after an optimizer step of the model)."""
         if self.untied:
-            self._update_key_encoder()
-        if self.num_adversaries and self._adversary_grad_count:
-            self._step_adversaries()
-        self._reset_adversary_gradient()
+            update_momentum(self.online_model, self.key_encoder, self.momentum)
+            self._ema_updates += 1
+        self.adversary_bank.step()
+        self._backward_seen, self._forwards_since_step = False, 0
 
     # ------------------------------------------------------------------ config
     def get_config_dict(self) -> dict[str, Any]:
+        bank = self.adversary_bank
         return {
-            "num_adversaries": self.num_adversaries,
-            "temperature": self.temperature,
-            "momentum": self.momentum,
-            "adversary_lr": self.adversary_lr,
-            "adversary_momentum": self.adversary_momentum,
-            "adversary_weight_decay": self.adversary_weight_decay,
-            "adversary_temperature": self.adversary_temperature,
-            "untied": self.untied,
-            "seed": self.seed,
+            "num_adversaries": self.num_adversaries, "temperature": self.temperature, "momentum": self.momentum,
+            "adversary_lr": bank.lr, "adversary_momentum": bank.momentum, "adversary_weight_decay": bank.weight_decay,
+            "adversary_temperature": self.adversary_temperature, "untied": self.untied, "seed": self.seed,
+            "in_batch_keys": self.in_batch_keys,
         }
 
     @property

@@ -1,0 +1,121 @@
+"""A bank of learnable negative adversaries (AdCo / AdCSE) with its own momentum-SGD *ascent*.
+
+The bank holds ``M`` free vectors ``n_1..n_M`` (buffers, never parameters: no optimizer ever sees them) and their
+momentum buffer. It is trained to *maximise* a contrastive loss in which the vectors are negatives:
+
+1. :meth:`NegativeAdversaries.accumulate` computes ``∂L/∂n`` for one micro-batch (detached inputs, float32, outside
+   autocast, so it touches neither the encoder's graph nor its gradients and ignores AMP loss scaling) and adds it
+   to the current accumulation window;
+2. :meth:`NegativeAdversaries.step` averages the window (and, under ``torch.distributed``, over the processes) and
+   applies one momentum-SGD ascent step, weight decay inside the velocity as in ``torch.optim.SGD``::
+
+       v ← μ·v + (-ḡ + wd·n)
+       n ← n - lr·v
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+from torch import Tensor, nn
+
+__all__ = ["NegativeAdversaries"]
+
+
+def _number(value, name: str, low: float, high: float, high_open: bool) -> float:
+    if isinstance(value, bool):
+        raise ValueError(f"{name} must be a number, got {value!r}")
+    try:
+        value = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be a number, got {value!r}") from None
+    ok = math.isfinite(value) and value >= low and (value < high if high_open else value <= high)
+    if not ok:
+        bound = f"[{low}, {high})" if high_open else (f">= {low} and finite" if high == math.inf else f"[{low}, {high}]")
+        raise ValueError(f"{name} must be {bound}, got {value!r}")
+    return value
+
+
+class NegativeAdversaries(nn.Module):
+    """``M`` learnable negatives of dimension ``d`` trained by momentum-SGD ascent on a loss given per call.
+
+    Args:
+        num: ``M`` >= 0 (``0`` gives an empty bank whose :meth:`step` does nothing).
+        dim: ``d`` >= 1 (may be 0 only when ``num`` is 0).
+        lr: learning rate >= 0 (``0`` freezes the bank).
+        momentum: μ in [0, 1).
+        weight_decay: L2 weight decay >= 0.
+        generator: random generator of the standard-normal initialisation (``None``: torch's global one).
+        device: where the vectors live.
+
+    Attributes:
+        weight: (M, d) buffer, the adversaries (not normalised; losses normalise them).
+        velocity: (M, d) buffer, the momentum.
+        updates: number of ascent steps taken.
+        pending_micro_batches: number of gradients in the current accumulation window.
+    """
+
+    def __init__(self, num: int, dim: int, lr: float = 3e-3, momentum: float = 0.9, weight_decay: float = 1e-4,
+                 generator: torch.Generator | None = None, device: torch.device | str | None = None) -> None:
+        super().__init__()
+        for value, name in ((num, "num (M)"), (dim, "dim")):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
+        if num and not dim:
+            raise ValueError("dim must be >= 1 when the bank is not empty")
+        self.lr = _number(lr, "adversary lr", 0.0, math.inf, high_open=False)
+        self.momentum = _number(momentum, "adversary momentum", 0.0, 1.0, high_open=True)
+        self.weight_decay = _number(weight_decay, "adversary weight_decay", 0.0, math.inf, high_open=False)
+        self.register_buffer("weight", torch.randn(num, dim, generator=generator).to(device))
+        self.register_buffer("velocity", torch.zeros_like(self.weight))
+        self.updates = 0
+        self._grad_sum: Tensor | None = None
+        self.pending_micro_batches = 0
+
+    def __len__(self) -> int:
+        return self.weight.size(0)
+
+    def accumulate(self, loss_fn: Callable[[Tensor], Tensor], *inputs: Tensor) -> Tensor:
+        """Add ``∂ loss_fn(*inputs, adversaries) / ∂ adversaries`` to the accumulation window and return it.
+
+        ``inputs`` are detached and cast to float32; ``loss_fn`` receives them followed by a float32 leaf copy of
+        :attr:`weight`.
+        """
+        device = self.weight.device
+        with torch.enable_grad(), torch.autocast(device_type=device.type, enabled=False):
+            leaf = self.weight.detach().float().requires_grad_(True)
+            loss = loss_fn(*(x.detach().float() for x in inputs), leaf)
+            (grad,) = torch.autograd.grad(loss, leaf)
+        self._grad_sum = grad.clone() if self._grad_sum is None else self._grad_sum.add_(grad)
+        self.pending_micro_batches += 1
+        return grad
+
+    def reset_window(self) -> None:
+        """Forget the gradients accumulated since the last :meth:`step`."""
+        self._grad_sum = None
+        self.pending_micro_batches = 0
+
+    @torch.no_grad()
+    def step(self) -> bool:
+        """One ascent step with the mean gradient of the window; returns ``False`` (no step) on an empty window."""
+        if not self.pending_micro_batches or not len(self):
+            self.reset_window()
+            return False
+        grad = self._grad_sum / self.pending_micro_batches
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            world_size = torch.distributed.get_world_size()
+            if world_size > 1:
+                torch.distributed.all_reduce(grad)
+                grad /= world_size
+        direction = (-grad).add_(self.weight.float(), alpha=self.weight_decay)
+        self.velocity.mul_(self.momentum).add_(direction.to(self.velocity.dtype))
+        self.weight.sub_(self.velocity, alpha=self.lr)
+        self.updates += 1
+        self.reset_window()
+        return True
+
+    def extra_repr(self) -> str:
+        return f"num={len(self)}, dim={self.weight.size(1)}, lr={self.lr}, momentum={self.momentum}, " \
+               f"weight_decay={self.weight_decay}"
