@@ -465,3 +465,92 @@ def test_step_listeners_do_not_outlive_their_loss(tiny_model):
     gc.collect()
     assert len(training_hooks._listeners) == count - 1
     torch.optim.SGD(tiny_model.parameters(), lr=0.1).step()  # the process-wide hook has nobody left to call
+
+
+# ----------------------------------------------------------------------------- accumulation window
+def test_two_forwards_then_one_backward_average_both_micro_batches(tiny_model):
+    torch.manual_seed(123)
+    lr, wd = 0.5, 1e-4
+    loss = AdversarialNegativesLoss(tiny_model, num_adversaries=4, adversary_lr=lr, seed=0)
+    optimizer = torch.optim.SGD(tiny_model.parameters(), lr=0.0)
+    probe = next(tiny_model.parameters())
+    w0 = loss.adversaries.clone()
+    batches = [(torch.randn(4, DIM, requires_grad=True), torch.randn(4, DIM)) for _ in range(2)]
+    outputs = [loss.compute_loss_from_embeddings(list(b), None) for b in batches]  # two forwards ...
+    (outputs[0] + outputs[1] + probe.sum() * 0).backward()  # ... one backward (online grads appear only now)
+    optimizer.step()
+
+    def grad_of(q, k):
+        w_leaf = w0.clone().requires_grad_(True)
+        return torch.autograd.grad(_manual_loss(q.detach(), k, w_leaf, 0.05), w_leaf)[0]
+
+    mean_grad = (grad_of(*batches[0]) + grad_of(*batches[1])) / 2
+    torch.testing.assert_close(loss.adversaries, w0 - lr * (-mean_grad + wd * w0), rtol=1e-5, atol=1e-6)
+    assert loss.adversary_updates == 1
+
+
+# ----------------------------------------------------------------------------- paper Eq. 5
+def test_in_batch_keys_false_is_paper_eq5(tiny_model):
+    torch.manual_seed(7)
+    tau, tau_adv, lr = 0.1, 0.2, 0.3
+    loss = AdversarialNegativesLoss(tiny_model, num_adversaries=3, temperature=tau, adversary_temperature=tau_adv,
+                                    adversary_lr=lr, adversary_momentum=0.0, adversary_weight_decay=0.0, seed=2,
+                                    in_batch_keys=False)
+    q, k, neg = torch.randn(4, DIM), torch.randn(4, DIM), torch.randn(4, DIM)
+
+    def eq5(adversaries, t, with_neg):
+        """-1/N Σ_i log e^{s(q_i,k_i)/τ} / (e^{s(q_i,k_i)/τ} [+ e^{s(q_i,neg_i)/τ}] + Σ_j e^{s(q_i,n_j)/τ})."""
+        total = 0.0
+        for i in range(q.size(0)):
+            pos = torch.exp(F.cosine_similarity(q[i], k[i], dim=0) / t)
+            den = pos + sum(torch.exp(F.cosine_similarity(q[i], a, dim=0) / t) for a in adversaries)
+            if with_neg:
+                den = den + torch.exp(F.cosine_similarity(q[i], neg[i], dim=0) / t)
+            total = total - torch.log(pos / den)
+        return total / q.size(0)
+
+    with torch.no_grad():
+        torch.testing.assert_close(loss.compute_loss_from_embeddings([q, k], None),
+                                   eq5(loss.adversaries, tau, False), rtol=1e-5, atol=1e-5)
+        # An explicit negative column: each anchor sees its own negative only.
+        torch.testing.assert_close(loss.compute_loss_from_embeddings([q, k, neg], None),
+                                   eq5(loss.adversaries, tau, True), rtol=1e-5, atol=1e-5)
+    # The adversaries ascend Eq. 5 (at adversary_temperature), too.
+    w0 = loss.adversaries.clone()
+    loss.compute_loss_from_embeddings([q.clone().requires_grad_(True), k], None)
+    torch.optim.SGD(tiny_model.parameters(), lr=0.0).step()
+    w_leaf = w0.clone().requires_grad_(True)
+    (grad,) = torch.autograd.grad(eq5(w_leaf, tau_adv, False), w_leaf)
+    torch.testing.assert_close(loss.adversaries, w0 + lr * grad, rtol=1e-5, atol=1e-6)
+    # Differs from the default denominator (with the other pairs' keys).
+    default = AdversarialNegativesLoss(tiny_model, num_adversaries=3, temperature=tau, seed=2)
+    with torch.no_grad():
+        assert float(default.compute_loss_from_embeddings([q, k], None)) > float(eq5(w0, tau, False)) + 1e-3
+
+
+# ----------------------------------------------------------------------------- the callback
+def test_train_adds_the_stateful_loss_callback(tiny_model, tiny_sentences, tmp_path):
+    from datasets import Dataset
+    from transformers import TrainerCallback
+
+    from st_hardneg.callbacks import add_stateful_loss_callback, find_stateful_losses
+    from st_hardneg.training import TrainConfig, train
+
+    loss = AdversarialNegativesLoss(tiny_model, num_adversaries=4, seed=0)
+    seen = []
+
+    class Spy(TrainerCallback):
+        def on_step_begin(self, args, state, control, optimizer=None, **kwargs):
+            seen.append(training_hooks.is_attached(loss, optimizer))  # before any step: only the callback attaches
+
+    config = TrainConfig(output_dir=str(tmp_path), batch_size=8, max_steps=2, show_progress_bar=False,
+                         save_checkpoints=False, logging_steps=1)
+    result = train(tiny_model, Dataset.from_dict({"anchor": tiny_sentences, "positive": tiny_sentences}), loss,
+                   config, callbacks=[Spy()])
+    assert seen == [True, True] and result.steps == 2 and loss.ema_updates == 2
+    # Found in a factory-built loss, a dict of losses, and a wrapping module; added only once.
+    trainer = _trainer(tiny_model, lambda m: AdversarialNegativesLoss(m, num_adversaries=2), tmp_path, tiny_sentences)
+    assert isinstance(add_stateful_loss_callback(trainer), StatefulLossCallback)
+    assert add_stateful_loss_callback(trainer) is None
+    assert find_stateful_losses({"a": loss, "b": torch.nn.Linear(2, 2)}) == [loss]
+    assert find_stateful_losses(torch.nn.ModuleList([loss])) == [loss]

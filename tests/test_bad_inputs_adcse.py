@@ -1,0 +1,148 @@
+"""AdversarialNegativesLoss on bad input: each case asserts the clear error, warning or exact result."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+from torch import nn
+
+from st_hardneg import training_hooks
+from st_hardneg.callbacks import StatefulLossCallback
+from st_hardneg.losses.adcse import AdversarialNegativesLoss
+
+DIM = 32
+
+
+def _pairs(model, sentences):
+    return [model.preprocess(sentences), model.preprocess(sentences)]
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"num_adversaries": True}, "non-negative integer"),
+    ({"num_adversaries": -3}, "non-negative integer"),
+    ({"momentum": 1.0}, r"momentum \(m"),
+    ({"momentum": float("nan")}, r"momentum \(m"),
+    ({"adversary_lr": float("nan")}, "adversary lr"),
+    ({"adversary_momentum": 1.0}, "adversary momentum"),
+    ({"untied": 1}, "untied must be True or False"),
+    ({"in_batch_keys": "no"}, "in_batch_keys must be True or False"),
+    ({"in_batch_keys": False, "num_adversaries": 0}, "needs num_adversaries > 0"),
+    ({"adversary_temperature": float("inf")}, "adversary_temperature"),
+])
+def test_rejects_bad_arguments_with_a_clear_message(tiny_model, kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        AdversarialNegativesLoss(tiny_model, **kwargs)
+
+
+def test_eq5_single_pair_is_exact(tiny_model):
+    """A batch of one pair: with M adversaries (Eq. 5) the loss is the exact cross-entropy over 1 + M logits."""
+    loss = AdversarialNegativesLoss(tiny_model, num_adversaries=2, seed=0, in_batch_keys=False)
+    q, k = torch.randn(1, DIM), torch.randn(1, DIM)
+    n = nn.functional.normalize(loss.adversaries, dim=-1)
+    qn, kn = nn.functional.normalize(q, dim=-1), nn.functional.normalize(k, dim=-1)
+    logits = torch.cat([(qn * kn).sum(-1, keepdim=True), qn @ n.T], dim=1) / 0.05
+    expected = torch.logsumexp(logits[0], 0) - logits[0, 0]
+    with torch.no_grad():
+        torch.testing.assert_close(loss.compute_loss_from_embeddings([q, k], None), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_swapped_model_is_refused(tiny_model, tiny_model_dir, tiny_sentences):
+    from st_hardneg.models import load_model
+
+    loss = AdversarialNegativesLoss(tiny_model, num_adversaries=2, seed=0)
+    loss.model = load_model(tiny_model_dir, pooling="cls", max_seq_length=32, device="cpu")
+    with pytest.raises(RuntimeError, match="another model than the one it was built for"):
+        loss(_pairs(loss.model, tiny_sentences[:4]), None)
+
+
+def _flat_parameter(model) -> nn.Parameter:
+    flat = nn.Parameter(torch.cat([p.detach().flatten() for p in model.parameters()]))
+    flat._is_flat_param = True  # what FSDP's FlatParameter carries
+    return flat
+
+
+def test_fsdp_like_flat_model_is_refused_in_forward(tiny_model, tiny_sentences):
+    loss = AdversarialNegativesLoss(tiny_model, num_adversaries=2, seed=0)
+    wrapper = nn.Module()
+    wrapper.flat = _flat_parameter(tiny_model)
+    loss.model = wrapper
+    with pytest.raises(RuntimeError, match="flattened"):
+        loss(_pairs(tiny_model, tiny_sentences[:4]), None)
+
+
+def test_fsdp_like_flat_optimizer_step_raises_instead_of_never_updating(tiny_model, tiny_sentences):
+    loss = AdversarialNegativesLoss(tiny_model, num_adversaries=2, seed=0)
+    optimizer = torch.optim.SGD([_flat_parameter(tiny_model)], lr=0.1)
+    loss(_pairs(tiny_model, tiny_sentences[:4]), None)  # a training forward is waiting for its step
+    with pytest.raises(RuntimeError, match="FSDP / DeepSpeed ZeRO-3"):
+        optimizer.step()
+    assert loss.ema_updates == 0
+
+
+def test_fsdp_like_flat_optimizer_is_refused_by_the_callback(tiny_model):
+    loss = AdversarialNegativesLoss(tiny_model, num_adversaries=2, seed=0)
+    callback = StatefulLossCallback(loss)
+    with pytest.raises(RuntimeError, match="flattened"):
+        callback.on_train_begin(None, _State(0), None, optimizer=torch.optim.SGD([_flat_parameter(tiny_model)], lr=1))
+    with pytest.raises(RuntimeError, match="holds none of the online model's parameters"):
+        callback.on_train_begin(None, _State(0), None, optimizer=torch.optim.SGD(nn.Linear(2, 2).parameters(), lr=1))
+
+
+class _State:
+    def __init__(self, global_step):
+        self.global_step = global_step
+
+
+def test_callback_needs_a_stateful_loss(tiny_model):
+    from sentence_transformers.sentence_transformer.losses import MultipleNegativesRankingLoss
+
+    with pytest.raises(ValueError, match="at least one stateful loss"):
+        StatefulLossCallback(MultipleNegativesRankingLoss(tiny_model))
+
+
+def test_state_of_another_configuration_is_refused(tiny_model):
+    saved = AdversarialNegativesLoss(tiny_model, num_adversaries=2, seed=0).training_state_dict()
+    other = AdversarialNegativesLoss(tiny_model, num_adversaries=3, seed=0)
+    with pytest.raises(ValueError, match="was made with"):
+        other.load_training_state_dict(saved)
+    with pytest.raises(ValueError, match="state format"):
+        other.load_training_state_dict({**saved, "format": 99})
+
+
+def test_custom_loop_load_without_loss_state_warns(tiny_model, caplog):
+    loss = AdversarialNegativesLoss(tiny_model, num_adversaries=2, seed=0)
+    plain = torch.optim.AdamW(tiny_model.parameters(), lr=1e-3).state_dict()  # no st-hardneg entry
+    optimizer = torch.optim.AdamW(tiny_model.parameters(), lr=1e-3)
+    loss.attach_optimizer(optimizer)
+    with caplog.at_level(logging.WARNING, logger="st_hardneg.training_hooks"):
+        optimizer.load_state_dict(plain)
+    assert "holds no state for AdversarialNegativesLoss.0" in caplog.text
+
+
+def test_resume_without_loss_state_warns_that_it_restarts(tiny_model_dir, tiny_sentences, tmp_path):
+    from datasets import Dataset
+    from sentence_transformers import SentenceTransformerTrainer, SentenceTransformerTrainingArguments
+
+    from st_hardneg.models import load_model
+
+    def trainer(max_steps):
+        model = load_model(tiny_model_dir, pooling="cls", max_seq_length=32, device="cpu")
+        loss = AdversarialNegativesLoss(model, num_adversaries=4, seed=0)
+        args = SentenceTransformerTrainingArguments(
+            output_dir=str(tmp_path), per_device_train_batch_size=8, max_steps=max_steps, save_strategy="steps",
+            save_steps=1, report_to=[], disable_tqdm=True, seed=0)
+        data = Dataset.from_dict({"anchor": tiny_sentences, "positive": tiny_sentences})
+        return loss, SentenceTransformerTrainer(model=model, args=args, train_dataset=data, loss=loss,
+                                                callbacks=[StatefulLossCallback(loss)])
+
+    trainer(1)[1].train()
+    checkpoint = tmp_path / "checkpoint-1"
+    state = torch.load(checkpoint / "optimizer.pt", weights_only=True)
+    del state["state"][training_hooks.STATE_KEY]  # what a checkpoint without the loss state looks like
+    torch.save(state, checkpoint / "optimizer.pt")
+    loss, resumed = trainer(2)
+    with pytest.warns(RuntimeWarning, match="Resuming at step 1 without a saved AdversarialNegativesLoss state"):
+        resumed.train(resume_from_checkpoint=str(checkpoint))
+    assert loss.ema_updates == 1  # the restarted state took exactly the one remaining step
