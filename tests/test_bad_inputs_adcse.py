@@ -121,7 +121,8 @@ def test_custom_loop_load_without_loss_state_warns(tiny_model, caplog):
     assert "holds no state for AdversarialNegativesLoss.0" in caplog.text
 
 
-def test_resume_without_loss_state_warns_that_it_restarts(tiny_model_dir, tiny_sentences, tmp_path):
+@pytest.mark.parametrize("save_only_model", [False, True])
+def test_resume_without_loss_state_warns_that_it_restarts(tiny_model_dir, tiny_sentences, tmp_path, save_only_model):
     from datasets import Dataset
     from sentence_transformers import SentenceTransformerTrainer, SentenceTransformerTrainingArguments
 
@@ -132,16 +133,19 @@ def test_resume_without_loss_state_warns_that_it_restarts(tiny_model_dir, tiny_s
         loss = AdversarialNegativesLoss(model, num_adversaries=4, seed=0)
         args = SentenceTransformerTrainingArguments(
             output_dir=str(tmp_path), per_device_train_batch_size=8, max_steps=max_steps, save_strategy="steps",
-            save_steps=1, report_to=[], disable_tqdm=True, seed=0)
+            save_steps=1, report_to=[], disable_tqdm=True, seed=0, save_only_model=save_only_model)
         data = Dataset.from_dict({"anchor": tiny_sentences, "positive": tiny_sentences})
         return loss, SentenceTransformerTrainer(model=model, args=args, train_dataset=data, loss=loss,
                                                 callbacks=[StatefulLossCallback(loss)])
 
     trainer(1)[1].train()
     checkpoint = tmp_path / "checkpoint-1"
-    state = torch.load(checkpoint / "optimizer.pt", weights_only=True)
-    del state["state"][training_hooks.STATE_KEY]  # what a checkpoint without the loss state looks like
-    torch.save(state, checkpoint / "optimizer.pt")
+    if save_only_model:
+        assert not (checkpoint / "optimizer.pt").exists()
+    else:
+        state = torch.load(checkpoint / "optimizer.pt", weights_only=True)
+        del state["state"][training_hooks.STATE_KEY]  # a checkpoint whose loss entry was removed
+        torch.save(state, checkpoint / "optimizer.pt")
     loss, resumed = trainer(2)
     with pytest.warns(RuntimeWarning, match="Resuming at step 1 without a saved AdversarialNegativesLoss state"):
         resumed.train(resume_from_checkpoint=str(checkpoint))
