@@ -204,13 +204,19 @@ class OptimizerDrivenLoss:
     online model and is checkpointed inside that optimizer.
 
     The subclass provides ``checkpoint_name``, ``online_model``, ``training_state_dict``,
-    ``load_training_state_dict``, ``_optimizer_step()`` (the update itself) and ``_has_pending_work()`` (whether
-    training forwards have run since the last step), and calls :meth:`_start_listening` at the end of ``__init__``.
-    The mixin counts the steps it acted on in ``_steps`` (the subclass saves and restores it).
+    ``load_training_state_dict`` and ``_optimizer_step()`` (the update itself), calls :meth:`_start_listening` at
+    the end of ``__init__`` and :meth:`_count_forward` in every ``forward``. The mixin counts the steps it acted on
+    in ``_steps`` (the subclass saves and restores it).
     """
 
     checkpoint_name: str
     _steps: int = 0
+    _forwards_since_step: int = 0
+
+    def _count_forward(self) -> None:
+        """Note a training forward (one whose step is still to come)."""
+        if self.training and torch.is_grad_enabled():
+            self._forwards_since_step += 1
 
     def _start_listening(self) -> None:
         self._owned_optimizers: Any = weakref.WeakSet()
@@ -270,7 +276,7 @@ class OptimizerDrivenLoss:
     def _after_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
         """Called after every completed ``step()`` of any optimizer; acts on those of the online model."""
         if not self._owns(optimizer):
-            if self._has_pending_work() and any(
+            if self._forwards_since_step and any(
                     is_flattened_parameter(p) for group in optimizer.param_groups for p in group["params"]):
                 raise self._flat_error()
             return
@@ -282,3 +288,4 @@ class OptimizerDrivenLoss:
                 type(self).__name__)
         self._optimizer_step()
         self._steps += 1
+        self._forwards_since_step = 0

@@ -1,24 +1,16 @@
 """AdCSE (Li et al., DASFAA 2022): a momentum key encoder and learnable negative adversaries.
 
-The only *stateful* st-hardneg loss. Its pieces are reusable on their own:
-
-- the key encoder is a :func:`st_hardneg.momentum.frozen_copy` of the online model, moved once per optimizer step
-  by :func:`st_hardneg.momentum.update_momentum`;
-- the adversaries are a :class:`st_hardneg.losses.adversaries.NegativeAdversaries` bank (its own momentum-SGD
-  ascent, independent of the encoder's optimizer and learning-rate schedule);
-- the training-loop attachment is in :mod:`st_hardneg.training_hooks` and :mod:`st_hardneg.callbacks`.
-
-The loss updates once per completed optimizer step of its online model (a torch step post-hook) and is restored
-before the first step of a resumed run by :class:`st_hardneg.callbacks.StatefulLossCallback`; the reasons for this
-design are in :mod:`st_hardneg.training_hooks`. Several forwards before one backward (gradient accumulation,
-micro-batches) all add to the adversaries' gradient of the next step.
+The only *stateful* st-hardneg loss, assembled from reusable pieces: the key encoder is a
+:func:`~st_hardneg.momentum.frozen_copy` moved by :func:`~st_hardneg.momentum.update_momentum`, the adversaries a
+:class:`~st_hardneg.losses.adversaries.NegativeAdversaries` bank, and the training-loop attachment (an optimizer
+step post-hook, plus :class:`~st_hardneg.callbacks.StatefulLossCallback` for resuming) is explained in
+:mod:`st_hardneg.training_hooks`.
 """
 
 from __future__ import annotations
 
 import weakref
 from collections.abc import Iterable
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -32,15 +24,6 @@ from st_hardneg.losses.base import HardNegativeLoss, check_temperature
 from st_hardneg.momentum import frozen_copy, update_momentum
 
 _STATE_FORMAT = 1
-
-@dataclass
-class _NotSubmodules:
-    """Modules the loss uses but must not register as children (kept out of ``parameters()``, ``state_dict()``,
-    ``override_model_in_loss`` and every optimizer)."""
-
-    online: nn.Module
-    key_encoder: nn.Module | None
-
 
 class AdversarialNegativesLoss(training_hooks.OptimizerDrivenLoss, HardNegativeLoss):
     #: name of this loss's entry in optimizer checkpoints (see :mod:`st_hardneg.training_hooks`)
@@ -82,11 +65,9 @@ class AdversarialNegativesLoss(training_hooks.OptimizerDrivenLoss, HardNegativeL
         - **Key-side head.** The paper's key encoder has its own pooling head ``g_θp``; here the key encoder is an
           EMA copy of the *whole* online model, so an MLP head (``load_model(..., mlp_head=True)``) is EMA-copied
           with it. The loss adds no head of its own (the authors' code trains one and drops it for evaluation).
-        - The key encoder starts as an exact copy of the online encoder (the released code copies it before the
-          pretrained weights are loaded, so it starts random).
-        - Token type ids are the model's own; the released code builds them from the attention mask.
-        - The EMA runs once per optimizer step, not once per forward (identical without gradient accumulation).
-        - Explicit negatives in extra columns are supported, embedded by the key encoder.
+        - The key encoder starts as an exact copy of the online encoder (the released code copies it before loading
+          the pretrained weights); token type ids are the model's own; the EMA runs once per optimizer step, not
+          per forward; explicit negatives in extra columns are supported (embedded by the key encoder).
 
         Args:
             model: SentenceTransformer model (the online encoder ``q``).
@@ -102,9 +83,8 @@ class AdversarialNegativesLoss(training_hooks.OptimizerDrivenLoss, HardNegativeL
             untied: ``True`` (paper): positives (and explicit negatives) are embedded by the momentum key encoder.
                 ``False`` is the "w/o untied dual-encoder" ablation: embedded by the online encoder with its own
                 dropout, as in SimCSE; no key encoder is created.
-            seed: seed of the adversaries' standard-normal initialisation. ``None`` uses torch's global generator:
-                pass the loss to the Trainer as a factory (``loss=lambda model: AdversarialNegativesLoss(model)``),
-                which it calls after seeding with ``args.seed``.
+            seed: seed of the adversaries' standard-normal initialisation; ``None``: torch's global generator (a
+                loss factory ``loss=lambda m: AdversarialNegativesLoss(m)`` is built after the Trainer seeds it).
             in_batch_keys: ``True`` (default): the other pairs' keys and all explicit negatives are negatives of
                 every anchor. ``False``: paper Eq. 5, row ``i`` sees only its positive, its own explicit negatives
                 and the adversaries (needs ``num_adversaries > 0``).
@@ -133,8 +113,8 @@ class AdversarialNegativesLoss(training_hooks.OptimizerDrivenLoss, HardNegativeL
             +-------------------------------------------------+--------+
 
         Recommendations:
-            - Memory: ``untied=True`` keeps one frozen copy of the encoder (BERT-base: 440 MB in float32), with no
-              gradients, no optimizer state and no stored activations. The adversaries cost ``2·M·d`` floats.
+            - Memory: ``untied=True`` keeps one frozen copy of the encoder (no gradients, optimizer state or
+              activations); the adversaries cost ``2·M·d`` floats.
             - Checkpoints: the loss state (key encoder, adversaries, velocity, counters) is stored in the
               optimizer's ``state_dict`` (``optimizer.pt``). Resume with ``trainer.train(resume_from_checkpoint=...)``
               and a :class:`~st_hardneg.callbacks.StatefulLossCallback` (automatic in ``st_hardneg.training.train``).
@@ -143,10 +123,8 @@ class AdversarialNegativesLoss(training_hooks.OptimizerDrivenLoss, HardNegativeL
             - Use ``BatchSamplers.NO_DUPLICATES``: a duplicate sentence in a batch is a false negative of itself.
 
         Relations:
-            - With ``num_adversaries=0`` and ``untied=False`` this is ST's ``MultipleNegativesRankingLoss``
-              (unsupervised SimCSE) with ``scale = 1/τ``.
-            - :class:`~st_hardneg.MixCSELoss` and :class:`~st_hardneg.HNCSELoss` *construct* hard negatives from the
-              batch; here they are *learned* adversarially and shared by all anchors.
+            - With ``num_adversaries=0`` and ``untied=False`` this is ST's ``MultipleNegativesRankingLoss`` (SimCSE).
+            - MixCSE and HNCSE *construct* hard negatives from the batch; here they are *learned* adversarially.
 
         Example:
             ::
@@ -181,7 +159,7 @@ class AdversarialNegativesLoss(training_hooks.OptimizerDrivenLoss, HardNegativeL
         if isinstance(momentum, bool) or not isinstance(momentum, (int, float)) or not 0.0 <= momentum < 1.0:
             raise ValueError(f"momentum (m, the key encoder's EMA momentum) must be a number in [0, 1), got {momentum!r}")
         self.num_adversaries, self.untied, self.seed, self.in_batch_keys = num_adversaries, untied, seed, in_batch_keys
-        self.momentum = float(momentum)
+        self.momentum, self._ema_updates, self._backward_seen = float(momentum), 0, False
         self.adversary_temperature = check_temperature(adversary_temperature, "adversary_temperature")
         self.min_batch_size = 1 if num_adversaries > 0 else 2  # with adversaries a single pair has negatives
         dim = next((getattr(model, n)() for n in ("get_embedding_dimension", "get_sentence_embedding_dimension")
@@ -195,9 +173,8 @@ class AdversarialNegativesLoss(training_hooks.OptimizerDrivenLoss, HardNegativeL
             num_adversaries, self.embedding_dim, lr=adversary_lr, momentum=adversary_momentum,
             weight_decay=adversary_weight_decay, device=param.device if param is not None else None,
             generator=torch.Generator().manual_seed(seed) if seed is not None else None)
-        self._modules_outside = _NotSubmodules(online=model, key_encoder=frozen_copy(model) if untied else None)
-        self._ema_updates = self._steps = self._forwards_since_step = 0
-        self._backward_seen = False
+        # Not child modules (set in __dict__): out of parameters(), state_dict(), override_model_in_loss, optimizers.
+        vars(self).update(_online=model, _key_encoder=frozen_copy(model) if untied else None)
         self._checked_model_id = id(model)
         self._start_listening()
 
@@ -205,12 +182,12 @@ class AdversarialNegativesLoss(training_hooks.OptimizerDrivenLoss, HardNegativeL
     @property
     def key_encoder(self) -> nn.Module | None:
         """The momentum (EMA) key encoder; ``None`` when ``untied=False``. Frozen, always in train mode."""
-        return self._modules_outside.key_encoder
+        return self._key_encoder
 
     @property
     def online_model(self) -> nn.Module:
         """The (unwrapped) online encoder this loss was built for."""
-        return self._modules_outside.online
+        return self._online
 
     @property
     def adversaries(self) -> Tensor:
@@ -233,14 +210,11 @@ class AdversarialNegativesLoss(training_hooks.OptimizerDrivenLoss, HardNegativeL
 
     def training_state_dict(self) -> dict[str, Any]:
         """Everything training changes besides the online model (tensors are references, like ``state_dict()``)."""
-        state: dict[str, Any] = {
-            "format": _STATE_FORMAT, "num_adversaries": self.num_adversaries, "embedding_dim": self.embedding_dim,
-            "untied": self.untied, "adversaries": self.adversaries, "adversary_velocity": self.adversary_velocity,
-            "ema_updates": self._ema_updates, "adversary_updates": self.adversary_updates, "steps": self._steps,
-        }
-        if self.key_encoder is not None:
-            state["key_encoder"] = self.key_encoder.state_dict()
-        return state
+        key = {"key_encoder": self.key_encoder.state_dict()} if self.key_encoder is not None else {}
+        return {"format": _STATE_FORMAT, "num_adversaries": self.num_adversaries, "embedding_dim": self.embedding_dim,
+                "untied": self.untied, "adversaries": self.adversaries, "adversary_velocity": self.adversary_velocity,
+                "ema_updates": self._ema_updates, "adversary_updates": self.adversary_updates, "steps": self._steps,
+                **key}
 
     @torch.no_grad()
     def load_training_state_dict(self, state: dict[str, Any]) -> None:
@@ -264,7 +238,7 @@ class AdversarialNegativesLoss(training_hooks.OptimizerDrivenLoss, HardNegativeL
     def forward(self, sentence_features: Iterable[dict[str, Tensor]], labels: Tensor | None) -> Tensor:
         sentence_features = list(sentence_features)
         self._check_online_model()
-        self._forwards_since_step += self.training and torch.is_grad_enabled()
+        self._count_forward()
         if not self.untied:
             return self.compute_loss_from_embeddings(embed_columns(self.model, sentence_features), labels)
         anchors = self.model(sentence_features[0])["sentence_embedding"]
@@ -332,16 +306,13 @@ class AdversarialNegativesLoss(training_hooks.OptimizerDrivenLoss, HardNegativeL
                 "loss for the model that is trained; model_init is not supported.")
         self._checked_model_id = id(self.model)
 
-    def _has_pending_work(self) -> bool:
-        return bool(self._forwards_since_step or self.adversary_bank.pending_micro_batches)
-
     def _optimizer_step(self) -> None:
         """EMA of the key encoder and one ascent step of the adversaries (after an optimizer step of the model)."""
         if self.untied:
             update_momentum(self.online_model, self.key_encoder, self.momentum)
             self._ema_updates += 1
         self.adversary_bank.step()
-        self._backward_seen, self._forwards_since_step = False, 0
+        self._backward_seen = False
 
     # ------------------------------------------------------------------ config
     def get_config_dict(self) -> dict[str, Any]:
