@@ -203,10 +203,10 @@ class OptimizerDrivenLoss:
     """Mixin (put it before ``nn.Module`` in the bases) for a loss whose state moves once per optimizer step of its
     online model and is checkpointed inside that optimizer.
 
-    The subclass provides ``checkpoint_name``, ``online_model``, ``training_state_dict``,
-    ``load_training_state_dict`` and ``_optimizer_step()`` (the update itself), calls :meth:`_start_listening` at
-    the end of ``__init__`` and :meth:`_count_forward` in every ``forward``. The mixin counts the steps it acted on
-    in ``_steps`` (the subclass saves and restores it).
+    The subclass provides ``checkpoint_name``, ``model``, ``online_model``, ``training_state_dict``,
+    ``load_training_state_dict`` and ``_optimizer_step()`` (the update itself); it calls :meth:`_start_listening`
+    at the end of ``__init__``, and :meth:`_check_online_model` and :meth:`_count_forward` in every ``forward``.
+    The mixin counts the steps it acted on in ``_steps`` (the subclass saves and restores it).
     """
 
     checkpoint_name: str
@@ -217,6 +217,19 @@ class OptimizerDrivenLoss:
         """Note a training forward (one whose step is still to come)."""
         if self.training and torch.is_grad_enabled():
             self._forwards_since_step += 1
+
+    def _check_online_model(self) -> None:
+        """``self.model`` may be a wrapper of the online model (DDP, compile), never another model (or shards)."""
+        if id(self.model) == getattr(self, "_checked_model_id", None):
+            return
+        if next(self.model.parameters(), None) is not next(self.online_model.parameters(), None):
+            if any(map(is_flattened_parameter, self.model.parameters())):
+                raise self._flat_error()
+            raise RuntimeError(
+                f"{type(self).__name__} is asked to train another model than the one it was built for (e.g. the "
+                "Trainer's model_init replaced loss.model), while its state (AdCSE: the key encoder) belongs to the "
+                "old model. Build the loss for the model that is trained; model_init is not supported.")
+        self._checked_model_id = id(self.model)
 
     def _start_listening(self) -> None:
         self._owned_optimizers: Any = weakref.WeakSet()

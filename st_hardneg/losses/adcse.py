@@ -175,7 +175,6 @@ class AdversarialNegativesLoss(training_hooks.OptimizerDrivenLoss, HardNegativeL
             generator=torch.Generator().manual_seed(seed) if seed is not None else None)
         # Not child modules (set in __dict__): out of parameters(), state_dict(), override_model_in_loss, optimizers.
         vars(self).update(_online=model, _key_encoder=frozen_copy(model) if untied else None)
-        self._checked_model_id = id(model)
         self._start_listening()
 
     # ------------------------------------------------------------------ public state
@@ -292,20 +291,6 @@ class AdversarialNegativesLoss(training_hooks.OptimizerDrivenLoss, HardNegativeL
         bank.accumulate(self.adversary_loss, anchors, candidates)
 
     # ------------------------------------------------------------------ training-loop integration
-    def _check_online_model(self) -> None:
-        """``self.model`` may be a wrapper of the online model (DDP, compile), never another model."""
-        if id(self.model) == self._checked_model_id:
-            return
-        first = next(self.model.parameters(), None)
-        if first is not next(self.online_model.parameters(), None):
-            if any(map(training_hooks.is_flattened_parameter, self.model.parameters())):
-                raise self._flat_error()
-            raise RuntimeError(
-                "AdversarialNegativesLoss is asked to train another model than the one it was built for (e.g. the "
-                "Trainer's model_init replaced loss.model); its key encoder is a copy of the old model. Build the "
-                "loss for the model that is trained; model_init is not supported.")
-        self._checked_model_id = id(self.model)
-
     def _optimizer_step(self) -> None:
         """EMA of the key encoder and one ascent step of the adversaries (after an optimizer step of the model)."""
         if self.untied:
