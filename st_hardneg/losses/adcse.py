@@ -157,7 +157,7 @@ class AdversarialNegativesLoss(training_hooks.OptimizerDrivenLoss, HardNegativeL
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
             raise ValueError(f"seed must be an int or None, got {seed!r}")
         if isinstance(momentum, bool) or not isinstance(momentum, (int, float)) or not 0.0 <= momentum < 1.0:
-            raise ValueError(f"momentum (m, the key encoder's EMA momentum) must be a number in [0, 1), got {momentum!r}")
+            raise ValueError(f"momentum (m, the key encoder's EMA momentum) must be in [0, 1), got {momentum!r}")
         self.num_adversaries, self.untied, self.seed, self.in_batch_keys = num_adversaries, untied, seed, in_batch_keys
         self.momentum, self._ema_updates, self._backward_seen = float(momentum), 0, False
         self.adversary_temperature = check_temperature(adversary_temperature, "adversary_temperature")
@@ -223,7 +223,7 @@ class AdversarialNegativesLoss(training_hooks.OptimizerDrivenLoss, HardNegativeL
         expected = {"num_adversaries": self.num_adversaries, "embedding_dim": self.embedding_dim, "untied": self.untied}
         found = {key: state.get(key) for key in expected}
         if found != expected:
-            raise ValueError(f"The saved AdversarialNegativesLoss state was made with {found}, this loss has {expected}")
+            raise ValueError(f"The saved AdversarialNegativesLoss state was made with {found}, this one has {expected}")
         self.adversaries.copy_(state["adversaries"])
         self.adversary_velocity.copy_(state["adversary_velocity"])
         if self.key_encoder is not None:

@@ -33,7 +33,7 @@ def _number(value, name: str, low: float, high: float, high_open: bool) -> float
         raise ValueError(f"{name} must be a number, got {value!r}") from None
     ok = math.isfinite(value) and value >= low and (value < high if high_open else value <= high)
     if not ok:
-        bound = f"[{low}, {high})" if high_open else (f">= {low} and finite" if high == math.inf else f"[{low}, {high}]")
+        bound = f"in [{low}, {high})" if high_open else f">= {low} and finite"
         raise ValueError(f"{name} must be {bound}, got {value!r}")
     return value
 
