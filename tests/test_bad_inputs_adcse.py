@@ -150,3 +150,25 @@ def test_resume_without_loss_state_warns_that_it_restarts(tiny_model_dir, tiny_s
     with pytest.warns(RuntimeWarning, match="Resuming at step 1 without a saved AdversarialNegativesLoss state"):
         resumed.train(resume_from_checkpoint=str(checkpoint))
     assert loss.ema_updates == 1  # the restarted state took exactly the one remaining step
+
+
+def test_state_met_only_at_the_first_step_is_restored_late_with_a_warning(tiny_model_dir, tiny_sentences, caplog):
+    """Without the callback / attach_optimizer (e.g. model.fit), a checkpointed state comes back one step late."""
+    from st_hardneg.models import load_model
+
+    model = load_model(tiny_model_dir, pooling="cls", max_seq_length=32, device="cpu")
+    loss = AdversarialNegativesLoss(model, num_adversaries=2, seed=0)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    loss(_pairs(model, tiny_sentences[:4]), None).backward()
+    optimizer.step()
+    saved = optimizer.state_dict()
+    assert loss.ema_updates == 1
+    fresh = AdversarialNegativesLoss(model, num_adversaries=2, seed=1)
+    optimizer2 = torch.optim.SGD(model.parameters(), lr=0.1)
+    optimizer2.load_state_dict(saved)  # fresh has not met optimizer2: the entry waits in optimizer2.state
+    assert fresh.ema_updates == 0 and training_hooks.STATE_KEY in optimizer2.state
+    fresh(_pairs(model, tiny_sentences[4:8]), None).backward()
+    with caplog.at_level(logging.WARNING, logger="st_hardneg.training_hooks"):
+        optimizer2.step()
+    assert "only at the first optimizer step after resuming" in caplog.text
+    assert fresh.ema_updates == 2 and training_hooks.STATE_KEY not in optimizer2.state
