@@ -30,11 +30,13 @@ from typing import Any
 from torch import nn
 from transformers import TrainerCallback
 
+from st_hardneg.training_hooks import OptimizerDrivenLoss
+
 __all__ = ["StatefulLossCallback", "add_stateful_loss_callback", "find_stateful_losses"]
 
 
 def _is_stateful(module: Any) -> bool:
-    return callable(getattr(module, "on_train_begin", None)) and hasattr(module, "checkpoint_name")
+    return isinstance(module, OptimizerDrivenLoss)
 
 
 def find_stateful_losses(loss: Any) -> list[nn.Module]:

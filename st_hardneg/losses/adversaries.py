@@ -65,9 +65,9 @@ class NegativeAdversaries(nn.Module):
                 raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
         if num and not dim:
             raise ValueError("dim must be >= 1 when the bank is not empty")
-        self.lr = _number(lr, "adversary lr", 0.0, math.inf, high_open=False)
-        self.momentum = _number(momentum, "adversary momentum", 0.0, 1.0, high_open=True)
-        self.weight_decay = _number(weight_decay, "adversary weight_decay", 0.0, math.inf, high_open=False)
+        self.lr = _number(lr, "adversary_lr", 0.0, math.inf, high_open=False)
+        self.momentum = _number(momentum, "adversary_momentum", 0.0, 1.0, high_open=True)
+        self.weight_decay = _number(weight_decay, "adversary_weight_decay", 0.0, math.inf, high_open=False)
         self.register_buffer("weight", torch.randn(num, dim, generator=generator).to(device))
         self.register_buffer("velocity", torch.zeros_like(self.weight))
         self.updates = 0
