@@ -25,6 +25,7 @@ from st_hardneg.momentum import frozen_copy, update_momentum
 
 _STATE_FORMAT = 1
 
+
 class AdversarialNegativesLoss(training_hooks.OptimizerDrivenLoss, HardNegativeLoss):
     #: name of this loss's entry in optimizer checkpoints (see :mod:`st_hardneg.training_hooks`)
     checkpoint_name = "AdversarialNegativesLoss"
@@ -120,6 +121,10 @@ class AdversarialNegativesLoss(training_hooks.OptimizerDrivenLoss, HardNegativeL
               and a :class:`~st_hardneg.callbacks.StatefulLossCallback` (automatic in ``st_hardneg.training.train``).
               A checkpoint without that state (``save_only_model=True``) resumes with a warning: the key encoder
               and the adversaries restart. The saved model is the online encoder only.
+            - ``model.fit`` takes no callbacks: it trains the same, but a resume restores the loss state at the
+              first optimizer step (one step late, with a warning). Prefer the Trainer for resumable runs.
+            - Gradient accumulation: every training forward until the optimizer step adds to the adversaries'
+              gradient (their mean is used), also several forwards before a single backward.
             - Use ``BatchSamplers.NO_DUPLICATES``: a duplicate sentence in a batch is a false negative of itself.
 
         Relations:
