@@ -75,7 +75,7 @@ def test_install_commands_use_the_constraints_file():
     assert '-c constraints/cpu.txt' in ci and "python -m pytest -q" in ci
     readme = (REPO / "README.md").read_text()
     setup = readme[readme.index("## Set-up"):].split("\n## ", 1)[0]
-    installs = [ln for ln in setup.splitlines() if "pip install" in ln]
+    installs = [ln for ln in setup.splitlines() if ln.startswith("pip install")]
     assert len(installs) == 2, installs
     assert all("-c constraints/cpu.txt" in ln for ln in installs), installs
 
