@@ -191,7 +191,7 @@ def cmd_download(args: argparse.Namespace) -> int:
 
 # --------------------------------------------------------------------------- parser
 def build_parser() -> argparse.ArgumentParser:
-    from st_hardneg.training import LOSSES
+    from st_hardneg.registry import LOSSES
 
     parser = argparse.ArgumentParser(
         prog="st-hardneg",

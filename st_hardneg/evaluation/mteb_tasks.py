@@ -69,8 +69,20 @@ def _local_equivalents_message(names: Sequence[str]) -> str:
     return text
 
 
+def require_mteb():
+    """The ``mteb`` module, or an ImportError saying how to install it (it is the optional ``[mteb]`` extra)."""
+    try:
+        import mteb
+    except ImportError as exc:
+        raise ImportError(
+            "MTEB evaluation needs the optional 'mteb' package: pip install 'st-hardneg[mteb]'"
+        ) from exc
+    return mteb
+
+
 @cache
 def _local_task_base():
+    require_mteb()
     from datasets import Dataset, DatasetDict
     from mteb.abstasks.sts import AbsTaskSTS
 
@@ -123,6 +135,7 @@ def local_sts_task(name: str, data_dir: str | Path | None = None):
             task = local_sts_task("STSBenchmark-local", "path/to/senteval")
             result = mteb.evaluate(model, task, cache=None)
     """
+    require_mteb()
     from mteb.abstasks.task_metadata import TaskMetadata
 
     if name not in LOCAL_MTEB_TASKS:
@@ -162,6 +175,7 @@ def local_sts_task(name: str, data_dir: str | Path | None = None):
 
 
 def _encoder_class():
+    require_mteb()
     from mteb.models import SentenceTransformerEncoderWrapper
 
     class _Encoder(SentenceTransformerEncoderWrapper):
@@ -339,6 +353,7 @@ def run_mteb(
         and subsets when a task has several), x 100 like :func:`~st_hardneg.evaluation.evaluate_sts`.
 
     Raises:
+        ImportError: the optional ``mteb`` package is not installed (``pip install 'st-hardneg[mteb]'``).
         ValueError: an unknown task name (the message lists the local tasks).
         MTEBOfflineError: an official task's data cannot be downloaded.
         DataNotFoundError: a local task's SentEval files are missing.
@@ -353,7 +368,7 @@ def run_mteb(
             result = run_mteb(model, "local", data_dir="path/to/senteval", output_dir="mteb-results")
             print(format_mteb_table({"MiniLM (CLS)": result}))
     """
-    import mteb
+    mteb = require_mteb()
     from mteb.cache import ResultCache
 
     names = _parse_tasks(tasks)
