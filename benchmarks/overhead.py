@@ -187,20 +187,21 @@ def summarize(step_times: dict[str, list[float]], loss_times: dict[str, list[flo
 
 
 def markdown(results: dict[str, Any]) -> str:
+    from st_hardneg.reporting import markdown_table
+
     meta = results.get("_meta", {})
-    lines = [
-        "| method | step ratio vs mnrl (median, IQR) | median step (ms) | loss only + backward (ms) | loss share of step"
-        " | target | met |",
-        "|---|---|---|---|---|---|---|",
-    ]
+    header = ["method", "step ratio vs mnrl (median, IQR)", "median step (ms)", "loss only + backward (ms)",
+              "loss share of step", "target", "met"]
+    body = []
     for name, row in results.items():
         if name.startswith("_"):
             continue
         target = f"≤ {row['target']:.2f}×" if "target" in row else "–"
         met = ("yes" if row["meets_target"] else "**no**") if "meets_target" in row else "–"
         iqr = row["step_ratio_iqr"]
-        lines.append(f"| {name} | {row['step_ratio_vs_mnrl']:.3f}× ({iqr[0]:.2f}–{iqr[1]:.2f}) | {row['step_ms']:.0f} | "
-                     f"{row['loss_only_ms']:.2f} | {100 * row['loss_only_share_of_step']:.2f}% | {target} | {met} |")
+        body.append([name, f"{row['step_ratio_vs_mnrl']:.3f}× ({iqr[0]:.2f}–{iqr[1]:.2f})", f"{row['step_ms']:.0f}",
+                     f"{row['loss_only_ms']:.2f}", f"{100 * row['loss_only_share_of_step']:.2f}%", target, met])
+    lines = markdown_table(header, body).rstrip("\n").split("\n")
     if meta:
         lines += ["", f"{meta.get('model')}, batch {meta.get('batch_size')}, max_seq_length "
                       f"{meta.get('max_seq_length')}, {meta.get('steps_measured')} interleaved steps per method after "

@@ -167,6 +167,8 @@ def run_one(method: str, seed: int, args, evaluate_transfer) -> dict[str, Any]:
 
 # --------------------------------------------------------------------------- report
 def paper_table(runs: list[dict[str, Any]], key: str, columns: tuple[tuple[str, str], ...]) -> str:
+    from st_hardneg.reporting import markdown_table
+
     """A markdown table in a paper's layout: one row per (method, seed), the papers' column names, then Avg.
     (the mean over the columns present). Missing scores show as ``–``; returns ``""`` if no run has ``key``."""
     rows = [r for r in runs if r.get(key)]
@@ -174,15 +176,15 @@ def paper_table(runs: list[dict[str, Any]], key: str, columns: tuple[tuple[str, 
         return ""
     present = [(k, name) for k, name in columns if any(k in r[key] for r in rows)]
     header = ["Method", *(name for _, name in present), "Avg."]
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    body = []
     one_seed = len({r.get("seed") for r in rows}) == 1
     for r in rows:
         scores = r[key]
         label = r["method"] if one_seed else f"{r['method']} (seed {r.get('seed')})"
         cells = [f"{scores[k]:.2f}" if k in scores else "–" for k, _ in present]
         avg = scores.get("avg")
-        lines.append("| " + " | ".join([label, *cells, f"{avg:.2f}" if avg is not None else "–"]) + " |")
-    return "\n".join(lines)
+        body.append([label, *cells, f"{avg:.2f}" if avg is not None else "–"])
+    return markdown_table(header, body).rstrip("\n")
 
 
 def report(data: dict[str, Any]) -> str:
@@ -196,7 +198,7 @@ def report(data: dict[str, Any]) -> str:
 
 
 def write_results(data: dict[str, Any], out: Path) -> None:
-    from st_hardneg.training import write_json
+    from st_hardneg.reporting import write_json
 
     write_json(out, data)
     out.with_suffix(".md").write_text(report(data))

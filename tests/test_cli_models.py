@@ -115,7 +115,7 @@ def test_cli_train_passes_stop_after_and_rejects_negative(monkeypatch, tiny_mode
 
     monkeypatch.setattr(training, "train", fake_train)
     common = ["train", "--model", str(tiny_model_dir), "--corpus", str(corpus), "--output-dir", str(tmp_path / "o"),
-              "--quiet"]
+              "--batch-size", "8", "--quiet"]
     with pytest.raises(_Stop):
         cli.main([*common, "--stop-after", "7"])
     assert seen["config"].stop_after_steps == 7 and seen["config"].max_steps == -1

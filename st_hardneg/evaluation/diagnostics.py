@@ -18,6 +18,7 @@ from transformers import TrainerCallback
 
 from st_hardneg.data import read_sts_pairs, resolve_senteval_dir
 from st_hardneg.evaluation.encoding import check_embeddings, encode_unique
+from st_hardneg.reporting import markdown_table
 
 logger = logging.getLogger(__name__)
 
@@ -127,11 +128,10 @@ def format_alignment_table(rows: Mapping[str, Mapping[str, Any]]) -> str:
     """A markdown table, one row per model: ``{name: alignment_uniformity(...) result}``."""
     if not rows:
         return ""
-    lines = ["| model | alignment | uniformity | STS-B split | positive pairs | sentences |", "|---|---|---|---|---|---|"]
-    for name, r in rows.items():
-        lines.append(f"| {name} | {r['alignment']:.4f} | {r['uniformity']:.4f} | {r.get('split', '–')} | "
-                     f"{r.get('n_pairs', '–')} | {r.get('n_sentences', '–')} |")
-    return "\n".join(lines)
+    header = ["model", "alignment", "uniformity", "STS-B split", "positive pairs", "sentences"]
+    body = [[name, f"{r['alignment']:.4f}", f"{r['uniformity']:.4f}", r.get("split", "–"), r.get("n_pairs", "–"),
+             r.get("n_sentences", "–")] for name, r in rows.items()]
+    return markdown_table(header, body).rstrip("\n")
 
 
 class LossDiagnosticsCallback(TrainerCallback):

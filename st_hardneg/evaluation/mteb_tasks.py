@@ -26,6 +26,7 @@ import numpy as np
 
 from st_hardneg.data import STS_YEAR_SUBSETS, check_sts_data, read_sts_pairs, resolve_senteval_dir, sts_files
 from st_hardneg.evaluation.encoding import encode_unique, full_length
+from st_hardneg.reporting import markdown_table
 
 logger = logging.getLogger(__name__)
 
@@ -429,8 +430,8 @@ def format_mteb_table(rows: dict[str, dict[str, Any]], tasks: Sequence[str] | No
     if tasks is None:
         tasks = list(dict.fromkeys(t for row in rows.values() for t in row["scores"]))
     header = ["model", *tasks, "avg"]
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    body = []
     for name, row in rows.items():
         cells = [f"{row['scores'][t]:.2f}" if t in row["scores"] else "–" for t in tasks]
-        lines.append("| " + " | ".join([name, *cells, f"{row['avg']:.2f}"]) + " |")
-    return "\n".join(lines)
+        body.append([name, *cells, f"{row['avg']:.2f}"])
+    return markdown_table(header, body).rstrip("\n")

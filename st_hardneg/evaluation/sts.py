@@ -13,6 +13,7 @@ from sentence_transformers.base.evaluation.evaluator import BaseEvaluator
 
 from st_hardneg.data import STS_DEV_TASKS, STS_TASKS, check_sts_data, read_sts_pairs, resolve_senteval_dir
 from st_hardneg.evaluation.encoding import DegenerateEmbeddingsError, encode_unique
+from st_hardneg.reporting import markdown_table
 
 logger = logging.getLogger(__name__)
 
@@ -114,11 +115,9 @@ def format_sts_table(rows: dict[str, dict[str, float]], tasks: Sequence[str] | N
         first = next(iter(rows.values()))
         tasks = [t for t in (*STS_TASKS, *STS_DEV_TASKS) if t in first]
     header = ["model", *tasks, "avg"]
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    for name, scores in rows.items():
-        cells = [f"{scores[t]:.2f}" if t in scores else "–" for t in (*tasks, "avg")]
-        lines.append("| " + " | ".join([name, *cells]) + " |")
-    return "\n".join(lines)
+    body = [[name, *(f"{scores[t]:.2f}" if t in scores else "–" for t in (*tasks, "avg"))]
+            for name, scores in rows.items()]
+    return markdown_table(header, body).rstrip("\n")
 
 
 class SentEvalSTSEvaluator(BaseEvaluator):
