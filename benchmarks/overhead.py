@@ -21,7 +21,7 @@ Writes ``benchmarks/results/overhead.json``::
 
     {"mixcse": {"step_ratio_vs_mnrl": 1.01, "step_ms": 812.3, "loss_only_ms": 0.41, ...}, ..., "_meta": {...}}
 
-and a markdown table next to it (``overhead.md``). Targets (issue 6): <= 1.05x for mixcse, focal and hncse,
+and a markdown table next to it (``overhead.md``). Targets: <= 1.05x for mixcse, focal and hncse,
 <= 1.45x for adcse.
 """
 
@@ -43,9 +43,9 @@ REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
 DEFAULT_OUT = RESULTS / "overhead.json"
 DEFAULT_CORPUS = REPO.parent / "shared" / "data" / "corpus" / "wiki10k.txt"
-#: step-ratio targets of issue 6 (methods without a target are reported only)
+#: the project's step-ratio targets (methods without a target are reported only)
 TARGETS = {"mixcse": 1.05, "focal": 1.05, "hncse_pm": 1.05, "hncse_hnm": 1.05, "hncse": 1.05, "adcse": 1.45}
-#: the methods of issue 6 (``hncse``, PM and HNM together, on request with --methods)
+#: the methods measured by default (``hncse``, PM and HNM together, on request with --methods)
 DEFAULT_METHODS = ["mnrl", "mnrl_hardness", "mixcse", "focal", "hncse_pm", "hncse_hnm", "adcse"]
 
 
