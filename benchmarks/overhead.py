@@ -50,11 +50,9 @@ DEFAULT_METHODS = ["mnrl", "mnrl_hardness", "mixcse", "focal", "hncse_pm", "hncs
 
 
 def load_encoder(model_path: str | None, max_seq_length: int):
-    from st_hardneg.models import load_default_model, load_model
+    from st_hardneg.models import resolve_model
 
-    if model_path:
-        return load_model(model_path, pooling="cls", max_seq_length=max_seq_length, device="cpu")
-    return load_default_model(pooling="cls", max_seq_length=max_seq_length, device="cpu")
+    return resolve_model(model_path, pooling="cls", max_seq_length=max_seq_length, device="cpu")
 
 
 def make_batches(model, sentences: list[str], batch_size: int, count: int) -> list[dict]:
