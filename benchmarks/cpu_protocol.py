@@ -74,17 +74,10 @@ def load(path: Path) -> dict[str, Any]:
     return {"protocol": PROTOCOL, "runs": []}
 
 
-def dev_curve(log_history: list[dict[str, Any]]) -> list[list[float]]:
-    """``[[step, STS-B dev spearman], ...]`` from the Trainer's log history."""
-    return [[row["step"], row["eval_sts-dev_spearman"]] for row in log_history if "eval_sts-dev_spearman" in row]
-
-
 def _model(args):
-    from st_hardneg.models import load_default_model, load_model
+    from st_hardneg.models import resolve_model
 
-    if getattr(args, "model", None):
-        return load_model(args.model, pooling="cls", max_seq_length=32)
-    return load_default_model(pooling="cls", max_seq_length=32)
+    return resolve_model(getattr(args, "model", None), pooling="cls", max_seq_length=32)
 
 
 def run_one(label: str, loss_name: str, loss_kwargs: dict, seed: int, args) -> dict[str, Any]:
@@ -93,37 +86,32 @@ def run_one(label: str, loss_name: str, loss_kwargs: dict, seed: int, args) -> d
     import torch
     from transformers import set_seed
 
-    from st_hardneg.data import pair_dataset, read_corpus
-    from st_hardneg.evaluation import SentEvalSTSEvaluator, evaluate_sts
-    from st_hardneg.training import TrainConfig, build_loss, train
+    from st_hardneg.data import read_corpus
+    from st_hardneg.experiment import run_experiment
+    from st_hardneg.training import TrainConfig
 
     sentences = read_corpus(args.corpus)
     if args.limit:
         sentences = sentences[: args.limit]
     work = Path(args.work_dir) / f"{label}-seed{seed}"
     shutil.rmtree(work, ignore_errors=True)
-    set_seed(seed)
-    model = _model(args)
-    loss = build_loss(loss_name, model, **loss_kwargs)
-    dev = SentEvalSTSEvaluator(args.data_dir, batch_size=128)
     stop_after = getattr(args, "stop_after", 0)
     config = TrainConfig(output_dir=str(work), batch_size=64, learning_rate=3e-5, epochs=1, seed=seed,
                          eval_steps=args.eval_steps, max_steps=args.max_steps, stop_after_steps=stop_after,
                          show_progress_bar=not args.quiet)
-    result = train(model, pair_dataset(sentences), loss, config, evaluator=dev)
-    sts = None
-    if not getattr(args, "dev_only", False):
-        sts = evaluate_sts(model, args.data_dir, batch_size=128, show_progress_bar=not args.quiet)
-    shutil.rmtree(work, ignore_errors=True)
-    config_dict = loss.get_config_dict() if hasattr(loss, "get_config_dict") else {}
+    set_seed(seed)
+    model = _model(args)
+    run = run_experiment(model, loss_name, loss_kwargs, sentences, config, args.data_dir,
+                         evaluate_test=not getattr(args, "dev_only", False), keep_checkpoints=False)
+    result = run.train
     return {
         "method": label,
         "loss": loss_name,
-        "loss_config": json.loads(json.dumps(config_dict, default=str)),
+        "loss_config": run.loss_config,
         "seed": seed,
-        "sts": sts,
+        "sts": run.sts,
         "stsb_dev_best": result.best_metric,
-        "dev_curve": dev_curve(result.log_history),
+        "dev_curve": run.dev_curve(),
         "train_seconds": round(result.train_seconds, 1),
         "median_step_seconds": result.median_step_seconds,
         "steps": result.steps,
@@ -168,21 +156,28 @@ def summarize(data: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return summary
 
 
+#: the baselines every method's average is compared with (a column each, when the baseline has runs)
+BASELINES = ("mnrl", "mnrl_symmetric")
+
+
 def markdown(data: dict[str, Any]) -> str:
+    from st_hardneg.reporting import markdown_table
+
     summary = summarize(data)
-    base = summary.get("mnrl")
-    header = ["method", "seeds", *TASKS, "avg", "Δavg vs mnrl", "STS-B dev", "median step (s)", "train (s, median)"]
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    baselines = [b for b in BASELINES if b in summary]
+    header = ["method", "seeds", *TASKS, "avg", *(f"Δavg vs {b}" for b in baselines), "STS-B dev", "median step (s)",
+              "train (s, median)"]
+    rows = []
     for method, row in summary.items():
         cells = [method, ",".join(map(str, row["seeds"])) or "–"]
         cells += [f"{row[t][0]:.2f} ± {row[t][1]:.2f}" for t in (*TASKS, "avg")]
-        delta = row["avg"][0] - base["avg"][0] if base and method != "mnrl" else None
-        cells.append(f"{delta:+.2f}" if delta is not None else "–")
+        for base in baselines:
+            cells.append(f"{row['avg'][0] - summary[base]['avg'][0]:+.2f}" if method != base else "–")
         cells.append(f"{row['dev'][0]:.2f} ± {row['dev'][1]:.2f}" if "dev" in row else "–")
         cells.append(f"{row['step']:.3f}" if row["step"] else "–")
         cells.append(f"{row['train_seconds']:.0f}" if row["train_seconds"] else "–")
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
+        rows.append(cells)
+    return markdown_table(header, rows)
 
 
 def plot(data: dict[str, Any], path: Path) -> Path:
@@ -216,7 +211,7 @@ def plot(data: dict[str, Any], path: Path) -> Path:
 
 
 def write_report(data: dict[str, Any], out: Path) -> None:
-    from st_hardneg.training import write_json
+    from st_hardneg.reporting import write_json
 
     write_json(out, data)
     if data["runs"]:

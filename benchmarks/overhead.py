@@ -21,7 +21,7 @@ Writes ``benchmarks/results/overhead.json``::
 
     {"mixcse": {"step_ratio_vs_mnrl": 1.01, "step_ms": 812.3, "loss_only_ms": 0.41, ...}, ..., "_meta": {...}}
 
-and a markdown table next to it (``overhead.md``). Targets (issue 6): <= 1.05x for mixcse, focal and hncse,
+and a markdown table next to it (``overhead.md``). Targets: <= 1.05x for mixcse, focal and hncse,
 <= 1.45x for adcse.
 """
 
@@ -43,18 +43,16 @@ REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
 DEFAULT_OUT = RESULTS / "overhead.json"
 DEFAULT_CORPUS = REPO.parent / "shared" / "data" / "corpus" / "wiki10k.txt"
-#: step-ratio targets of issue 6 (methods without a target are reported only)
+#: the project's step-ratio targets (methods without a target are reported only)
 TARGETS = {"mixcse": 1.05, "focal": 1.05, "hncse_pm": 1.05, "hncse_hnm": 1.05, "hncse": 1.05, "adcse": 1.45}
-#: the methods of issue 6 (``hncse``, PM and HNM together, on request with --methods)
+#: the methods measured by default (``hncse``, PM and HNM together, on request with --methods)
 DEFAULT_METHODS = ["mnrl", "mnrl_hardness", "mixcse", "focal", "hncse_pm", "hncse_hnm", "adcse"]
 
 
 def load_encoder(model_path: str | None, max_seq_length: int):
-    from st_hardneg.models import load_default_model, load_model
+    from st_hardneg.models import resolve_model
 
-    if model_path:
-        return load_model(model_path, pooling="cls", max_seq_length=max_seq_length, device="cpu")
-    return load_default_model(pooling="cls", max_seq_length=max_seq_length, device="cpu")
+    return resolve_model(model_path, pooling="cls", max_seq_length=max_seq_length, device="cpu")
 
 
 def make_batches(model, sentences: list[str], batch_size: int, count: int) -> list[dict]:
@@ -187,20 +185,21 @@ def summarize(step_times: dict[str, list[float]], loss_times: dict[str, list[flo
 
 
 def markdown(results: dict[str, Any]) -> str:
+    from st_hardneg.reporting import markdown_table
+
     meta = results.get("_meta", {})
-    lines = [
-        "| method | step ratio vs mnrl (median, IQR) | median step (ms) | loss only + backward (ms) | loss share of step"
-        " | target | met |",
-        "|---|---|---|---|---|---|---|",
-    ]
+    header = ["method", "step ratio vs mnrl (median, IQR)", "median step (ms)", "loss only + backward (ms)",
+              "loss share of step", "target", "met"]
+    body = []
     for name, row in results.items():
         if name.startswith("_"):
             continue
         target = f"≤ {row['target']:.2f}×" if "target" in row else "–"
         met = ("yes" if row["meets_target"] else "**no**") if "meets_target" in row else "–"
         iqr = row["step_ratio_iqr"]
-        lines.append(f"| {name} | {row['step_ratio_vs_mnrl']:.3f}× ({iqr[0]:.2f}–{iqr[1]:.2f}) | {row['step_ms']:.0f} | "
-                     f"{row['loss_only_ms']:.2f} | {100 * row['loss_only_share_of_step']:.2f}% | {target} | {met} |")
+        body.append([name, f"{row['step_ratio_vs_mnrl']:.3f}× ({iqr[0]:.2f}–{iqr[1]:.2f})", f"{row['step_ms']:.0f}",
+                     f"{row['loss_only_ms']:.2f}", f"{100 * row['loss_only_share_of_step']:.2f}%", target, met])
+    lines = markdown_table(header, body).rstrip("\n").split("\n")
     if meta:
         lines += ["", f"{meta.get('model')}, batch {meta.get('batch_size')}, max_seq_length "
                       f"{meta.get('max_seq_length')}, {meta.get('steps_measured')} interleaved steps per method after "

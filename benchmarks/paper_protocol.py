@@ -117,26 +117,26 @@ def run_one(method: str, seed: int, args, evaluate_transfer) -> dict[str, Any]:
     import torch
     from transformers import set_seed
 
-    from st_hardneg.data import pair_dataset, read_corpus
-    from st_hardneg.evaluation import SentEvalSTSEvaluator, evaluate_sts
+    from st_hardneg.data import read_corpus
+    from st_hardneg.experiment import run_experiment
     from st_hardneg.models import resolve_model, save_inference_model
-    from st_hardneg.training import TrainConfig, build_loss, train
+    from st_hardneg.training import TrainConfig
 
     sentences = read_corpus(args.corpus)
     if args.limit:
         sentences = sentences[: args.limit]
     work = Path(args.work_dir) / f"{method}-seed{seed}"
     shutil.rmtree(work, ignore_errors=True)
-    set_seed(seed)
-    model = resolve_model(args.model, pooling="cls", max_seq_length=args.max_seq_length,
-                          mlp_head=not args.no_mlp_head)
-    loss = build_loss(method, model)
-    dev = SentEvalSTSEvaluator(args.data_dir, batch_size=args.eval_batch_size)
     config = TrainConfig(output_dir=str(work), batch_size=args.batch_size, learning_rate=args.lr, epochs=args.epochs,
                          max_steps=args.max_steps, seed=seed, eval_steps=args.eval_steps,
                          no_duplicates=args.no_duplicates, fp16=args.fp16, bf16=args.bf16,
                          show_progress_bar=not args.quiet)
-    result = train(model, pair_dataset(sentences), loss, config, evaluator=dev)
+    set_seed(seed)
+    model = resolve_model(args.model, pooling="cls", max_seq_length=args.max_seq_length,
+                          mlp_head=not args.no_mlp_head)
+    experiment = run_experiment(model, method, None, sentences, config, args.data_dir, sts_tasks=args.sts_tasks,
+                                eval_batch_size=args.eval_batch_size)
+    result = experiment.train
     if args.save_models:
         save_inference_model(model, Path(args.save_models) / f"{method}-seed{seed}")
     show = not args.quiet
@@ -145,10 +145,8 @@ def run_one(method: str, seed: int, args, evaluate_transfer) -> dict[str, Any]:
         "seed": seed,
         "model": args.model if not args.dry_run else "tiny random BERT (dry run)",
         "mlp_head": not args.no_mlp_head,
-        "loss_config": json.loads(json.dumps(loss.get_config_dict() if hasattr(loss, "get_config_dict") else {},
-                                             default=str)),
-        "sts": evaluate_sts(model, args.data_dir, tasks=args.sts_tasks, batch_size=args.eval_batch_size,
-                            show_progress_bar=show),
+        "loss_config": experiment.loss_config,
+        "sts": experiment.sts,
         "transfer": None,
         "stsb_dev_best": result.best_metric,
         "train_seconds": round(result.train_seconds, 1),
@@ -167,6 +165,8 @@ def run_one(method: str, seed: int, args, evaluate_transfer) -> dict[str, Any]:
 
 # --------------------------------------------------------------------------- report
 def paper_table(runs: list[dict[str, Any]], key: str, columns: tuple[tuple[str, str], ...]) -> str:
+    from st_hardneg.reporting import markdown_table
+
     """A markdown table in a paper's layout: one row per (method, seed), the papers' column names, then Avg.
     (the mean over the columns present). Missing scores show as ``–``; returns ``""`` if no run has ``key``."""
     rows = [r for r in runs if r.get(key)]
@@ -174,15 +174,15 @@ def paper_table(runs: list[dict[str, Any]], key: str, columns: tuple[tuple[str, 
         return ""
     present = [(k, name) for k, name in columns if any(k in r[key] for r in rows)]
     header = ["Method", *(name for _, name in present), "Avg."]
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    body = []
     one_seed = len({r.get("seed") for r in rows}) == 1
     for r in rows:
         scores = r[key]
         label = r["method"] if one_seed else f"{r['method']} (seed {r.get('seed')})"
         cells = [f"{scores[k]:.2f}" if k in scores else "–" for k, _ in present]
         avg = scores.get("avg")
-        lines.append("| " + " | ".join([label, *cells, f"{avg:.2f}" if avg is not None else "–"]) + " |")
-    return "\n".join(lines)
+        body.append([label, *cells, f"{avg:.2f}" if avg is not None else "–"])
+    return markdown_table(header, body).rstrip("\n")
 
 
 def report(data: dict[str, Any]) -> str:
@@ -196,7 +196,7 @@ def report(data: dict[str, Any]) -> str:
 
 
 def write_results(data: dict[str, Any], out: Path) -> None:
-    from st_hardneg.training import write_json
+    from st_hardneg.reporting import write_json
 
     write_json(out, data)
     out.with_suffix(".md").write_text(report(data))

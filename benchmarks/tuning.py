@@ -1,6 +1,7 @@
 """Screen hyperparameters and combinations on STS-B dev (never on a test set), with a small stated budget.
 
-Why: after the CPU protocol no method beat mnrl by 1.5 points (issue 6 asks to investigate rather than stop).
+Why: after the CPU protocol no method beat mnrl by 1.5 points; the screen looks for settings that do before
+concluding.
 
 Budget and rule: one seed, one short run per configuration. Each configuration trains on exactly the CPU protocol
 (``cpu_protocol.py``: same model, corpus, batches, lr 3e-5 with the *156-step* linear schedule) but stops after
@@ -70,21 +71,22 @@ def reference_scores(protocol_json: Path, seed: int, step: int) -> dict[str, flo
 
 
 def markdown(data: dict[str, Any]) -> str:
+    from st_hardneg.reporting import markdown_table
+
     refs = data.get("references", {})
     base = refs.get("mnrl")
     header = ["configuration", "loss", "changed", "dev@step", "Δ vs mnrl", "Δ vs own default", "what it tests"]
-    lines = [f"Seed {data.get('seed')}, STS-B dev Spearman x 100 after {data.get('stop_after')} of 156 steps "
-             f"(full-run references at that step: "
-             + ", ".join(f"{k} {v:.2f}" for k, v in sorted(refs.items())) + ").", "",
-             "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    intro = (f"Seed {data.get('seed')}, STS-B dev Spearman x 100 after {data.get('stop_after')} of 156 steps "
+             "(full-run references at that step: " + ", ".join(f"{k} {v:.2f}" for k, v in sorted(refs.items())) + ").")
+    body = []
     for run in sorted(data["runs"], key=lambda r: -(r["stsb_dev"] or 0)):
         score = run["stsb_dev"]
         own = refs.get(DEFAULT_METHOD.get(run["loss"], run["loss"]))
         cells = [run["label"], run["loss"], ", ".join(f"{k}={v}" for k, v in run["changed"].items()) or "–",
                  f"{score:.2f}", f"{score - base:+.2f}" if base is not None else "–",
                  f"{score - own:+.2f}" if own is not None else "–", run["why"]]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
+        body.append(cells)
+    return intro + "\n\n" + markdown_table(header, body)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -148,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _write(data: dict[str, Any], out: Path) -> None:
-    from st_hardneg.training import write_json
+    from st_hardneg.reporting import write_json
 
     write_json(out, data)
     if data["runs"]:

@@ -59,13 +59,11 @@ def default_corpus(data_dir: str | None) -> Path:
 
 
 def load_for_eval(name: str | None, pooling: str):
-    """A saved SentenceTransformer directory as saved (its own pooling; a training checkpoint with SimCSE's
-    train-only MLP head loads too, the head being inactive in evaluation), else :func:`resolve_model`."""
-    from st_hardneg.models import load_checkpoint, resolve_model
+    """A saved SentenceTransformer directory as saved (its own pooling), else an encoder with ``pooling``: see
+    :func:`st_hardneg.models.resolve_model` (``saved="as_is"``)."""
+    from st_hardneg.models import resolve_model
 
-    if name and (Path(name) / "modules.json").is_file():
-        return load_checkpoint(name)
-    return resolve_model(name, pooling=pooling, max_seq_length=None)
+    return resolve_model(name, pooling=pooling, max_seq_length=None, saved="as_is")
 
 
 # --------------------------------------------------------------------------- commands
@@ -73,26 +71,25 @@ def cmd_train(args: argparse.Namespace) -> int:
     import torch
     from transformers import set_seed
 
-    from st_hardneg.data import pair_dataset, read_corpus
-    from st_hardneg.evaluation import SentEvalSTSEvaluator, evaluate_sts, format_sts_table
+    from st_hardneg.data import read_corpus
+    from st_hardneg.evaluation import format_sts_table
+    from st_hardneg.experiment import planned_steps, run_experiment
     from st_hardneg.models import resolve_model, save_inference_model
-    from st_hardneg.training import TrainConfig, build_loss, train, write_json
+    from st_hardneg.reporting import write_json
+    from st_hardneg.training import TrainConfig
 
     if args.stop_after < 0:
         raise ValueError(f"--stop-after must be >= 0 (0 = train to the end), got {args.stop_after}")
+    if args.max_steps == 0 or args.max_steps < -1:
+        raise ValueError(f"--max-steps must be a positive number of steps (or -1: use --epochs), got {args.max_steps}")
+    if args.batch_size < 1:
+        raise ValueError(f"--batch-size must be >= 1, got {args.batch_size}")
     loss_kwargs = parse_loss_args(args.loss_arg)
     corpus = Path(args.corpus) if args.corpus else default_corpus(args.data_dir)
     sentences = read_corpus(corpus)
     if args.limit:
         sentences = sentences[: args.limit]
     logger.info("corpus %s: %d sentences", corpus, len(sentences))
-    dev = SentEvalSTSEvaluator(args.data_dir, tasks=("STSBenchmark-dev",), batch_size=args.eval_batch_size)
-
-    set_seed(args.seed)
-    torch.set_num_threads(max(1, torch.get_num_threads()))
-    model = resolve_model(args.model, pooling=args.pooling, max_seq_length=args.max_seq_length,
-                          mlp_head=args.mlp_head)
-    loss = build_loss(args.loss, model, **loss_kwargs)
     output_dir = Path(args.output_dir)
     config = TrainConfig(
         output_dir=str(output_dir / "checkpoints"),
@@ -107,14 +104,24 @@ def cmd_train(args: argparse.Namespace) -> int:
         no_duplicates=not args.allow_duplicates,
         show_progress_bar=not args.quiet,
     )
-    result = train(model, pair_dataset(sentences), loss, config, evaluator=dev)
+    try:
+        planned_steps(len(sentences), config)  # before loading the model: a too-small corpus fails fast
+    except ValueError as exc:
+        raise ValueError(f"{corpus}: {exc}") from None
+
+    set_seed(args.seed)
+    torch.set_num_threads(max(1, torch.get_num_threads()))
+    model = resolve_model(args.model, pooling=args.pooling, max_seq_length=args.max_seq_length,
+                          mlp_head=args.mlp_head)
+    run = run_experiment(model, args.loss, loss_kwargs, sentences, config, args.data_dir,
+                         eval_batch_size=args.eval_batch_size)
+    result, scores = run.train, run.sts
     final = output_dir / "final"
     save_inference_model(model, final)  # without a train-only MLP head: loads with plain SentenceTransformer()
     logger.info("saved the selected model to %s", final)
-    scores = evaluate_sts(model, args.data_dir, batch_size=args.eval_batch_size, show_progress_bar=not args.quiet)
     payload = {
         "loss": args.loss,
-        "loss_config": loss.get_config_dict() if hasattr(loss, "get_config_dict") else loss_kwargs,
+        "loss_config": run.loss.get_config_dict() if hasattr(run.loss, "get_config_dict") else loss_kwargs,
         "model": args.model or "default (all-MiniLM-L6-v2, embedded)",
         "pooling": args.pooling,
         "mlp_head": args.mlp_head,
@@ -129,15 +136,16 @@ def cmd_train(args: argparse.Namespace) -> int:
     }
     write_json(output_dir / "results.json", payload)
     print(format_sts_table({args.loss: scores}))
+    step = f"{result.median_step_seconds:.3f} s" if result.median_step_seconds is not None else "–"
     print(f"\nSTS-B dev (best): {result.best_metric}  steps: {result.steps}  train time: {result.train_seconds:.0f} s  "
-          f"median step: {result.median_step_seconds:.3f} s")
+          f"median step: {step}")
     print(f"model: {final}\nresults: {output_dir / 'results.json'}")
     return 0
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
     from st_hardneg.evaluation import evaluate_sts, format_sts_table
-    from st_hardneg.training import write_json
+    from st_hardneg.reporting import write_json
 
     groups = [g.strip() for g in args.tasks.split(",") if g.strip()]
     unknown = [g for g in groups if g not in EVAL_TASK_GROUPS]
@@ -191,7 +199,7 @@ def cmd_download(args: argparse.Namespace) -> int:
 
 # --------------------------------------------------------------------------- parser
 def build_parser() -> argparse.ArgumentParser:
-    from st_hardneg.training import LOSSES
+    from st_hardneg.registry import LOSSES
 
     parser = argparse.ArgumentParser(
         prog="st-hardneg",
@@ -268,8 +276,14 @@ def main(argv: list[str] | None = None) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         return args.func(args)
-    except (DataNotFoundError, FileNotFoundError, ValueError, ImportError, RuntimeError) as exc:
-        print(f"st-hardneg {args.command}: error: {exc}", file=sys.stderr)
+    except (DataNotFoundError, OSError, ValueError, ImportError, RuntimeError) as exc:
+        # one clear message, no traceback (--verbose shows it); OSError covers a model name that cannot be loaded
+        if args.verbose:
+            logger.exception("st-hardneg %s failed", args.command)
+        message = str(exc).strip() or type(exc).__name__
+        if isinstance(exc, OSError) and not isinstance(exc, FileNotFoundError):
+            message = message.splitlines()[0]
+        print(f"st-hardneg {args.command}: error: {message}", file=sys.stderr)
         return 2
 
 

@@ -15,6 +15,7 @@ originals with :func:`download_senteval` / :func:`download_wiki1m` (``st-hardneg
 from __future__ import annotations
 
 import logging
+import math
 import os
 import shutil
 import tarfile
@@ -124,6 +125,54 @@ def _whitespace(text: str) -> str:
     return " ".join(text.split())
 
 
+class DataFormatError(ValueError):
+    """A data file that cannot be read as its format says: the message names the file and the line."""
+
+
+def read_text_lines(path: str | Path, what: str = "file", allow_empty: bool = False) -> list[str]:
+    """The lines of a UTF-8 text file, refusing what would otherwise be read wrongly without a word.
+
+    Raises:
+        DataFormatError: the file is empty (no non-blank line), binary (contains a NUL byte) or not UTF-8; the
+            message names the file and, for binary or undecodable content, the line.
+    """
+    path = Path(path)
+    data = path.read_bytes()
+    nul = data.find(b"\x00")
+    if nul >= 0:
+        line = data[:nul].count(b"\n") + 1
+        raise DataFormatError(f"{path}, line {line}: binary content (a NUL byte); expected a UTF-8 text {what}")
+    try:
+        text = data.decode("utf8")
+    except UnicodeDecodeError as exc:
+        line = data[: exc.start].count(b"\n") + 1
+        raise DataFormatError(f"{path}, line {line}: not UTF-8 text ({exc.reason} at byte {exc.start})") from exc
+    lines = text.splitlines()
+    if not allow_empty and not any(line.strip() for line in lines):
+        raise DataFormatError(f"{path} is empty: expected a {what}")
+    return lines
+
+
+def _score(path: Path, number: int, raw: str) -> float:
+    try:
+        value = float(raw)
+    except ValueError:
+        raise DataFormatError(f"{path}, line {number}: the gold score {raw.strip()!r} is not a number") from None
+    if not math.isfinite(value):
+        raise DataFormatError(f"{path}, line {number}: the gold score {raw.strip()!r} is not finite")
+    return value
+
+
+def _fields(path: Path, number: int, line: str, needed: int, layout: str) -> list[str]:
+    fields = line.split("\t")
+    if len(fields) < needed:
+        raise DataFormatError(
+            f"{path}, line {number}: {len(fields)} tab-separated field(s), expected at least {needed} ({layout}); "
+            "the file is truncated or not tab-separated"
+        )
+    return fields
+
+
 def read_sts_pairs(root: str | Path, task: str) -> tuple[list[str], list[str], list[float]]:
     """Scored sentence pairs of one STS task, as SentEval reads them.
 
@@ -131,8 +180,17 @@ def read_sts_pairs(root: str | Path, task: str) -> tuple[list[str], list[str], l
     score is empty are unscored and skipped. STS-B reads ``sts-test.csv`` (``sts-dev.csv`` for
     ``"STSBenchmark-dev"``): score in column 5, sentences in columns 6 and 7. SICK-R reads the test file.
 
+    Every line is checked, so a damaged file is never scored on a silently smaller set of pairs: an input file
+    and its gold file must have the same number of lines, every input line needs two tab-separated sentences,
+    every STS-B line seven fields and every SICK line four, and every gold score must be a finite number.
+
     Returns:
         (sentences1, sentences2, gold scores)
+
+    Raises:
+        DataNotFoundError: a file of the task is missing.
+        DataFormatError: an empty, binary or non-UTF-8 file, a line with too few fields, a non-numeric score, or
+            input and gold files of different lengths; the message names the file and the line.
     """
     root = Path(root)
     check_sts_data(root, [task])
@@ -142,37 +200,49 @@ def read_sts_pairs(root: str | Path, task: str) -> tuple[list[str], list[str], l
     if task in STS_YEAR_SUBSETS:
         folder = root / "STS" / f"{task}-en-test"
         for name in STS_YEAR_SUBSETS[task]:
-            inputs = (folder / f"STS.input.{name}.txt").read_text(encoding="utf8").splitlines()
-            scores = (folder / f"STS.gs.{name}.txt").read_text(encoding="utf8").splitlines()
+            input_path, gold_path = folder / f"STS.input.{name}.txt", folder / f"STS.gs.{name}.txt"
+            inputs = read_text_lines(input_path, "file of sentence pairs")
+            scores = read_text_lines(gold_path, "gold score file")
             if len(inputs) != len(scores):
-                raise ValueError(f"{task}/{name}: {len(inputs)} input lines but {len(scores)} gold lines")
-            for line, score in zip(inputs, scores, strict=True):
+                shorter = input_path if len(inputs) < len(scores) else gold_path
+                raise DataFormatError(
+                    f"{input_path} has {len(inputs)} lines but {gold_path} has {len(scores)}: one line per pair in "
+                    f"both; {shorter} ends early at line {min(len(inputs), len(scores))}"
+                )
+            for number, (line, score) in enumerate(zip(inputs, scores, strict=True), start=1):
+                a, b = _fields(input_path, number, line, 2, "sentence 1, sentence 2")[:2]
                 if not score.strip():
                     continue
-                a, b = line.split("\t")[:2]
+                value = _score(gold_path, number, score)
                 s1.append(_whitespace(a))
                 s2.append(_whitespace(b))
-                gold.append(float(score))
+                gold.append(value)
     elif task in ("STSBenchmark", "STSBenchmark-dev"):
         split = "test" if task == "STSBenchmark" else "dev"
-        for line in (root / "STS" / "STSBenchmark" / f"sts-{split}.csv").read_text(encoding="utf8").splitlines():
-            fields = line.split("\t")
-            if len(fields) < 7:
+        path = root / "STS" / "STSBenchmark" / f"sts-{split}.csv"
+        for number, line in enumerate(read_text_lines(path, "STS-B file"), start=1):
+            if not line.strip():
                 continue
+            fields = _fields(path, number, line, 7, "genre, file, year, id, score, sentence 1, sentence 2")
+            gold.append(_score(path, number, fields[4]))
             s1.append(_whitespace(fields[5]))
             s2.append(_whitespace(fields[6]))
-            gold.append(float(fields[4]))
     elif task == "SICKRelatedness":
-        lines = (root / "SICK" / "SICK_test_annotated.txt").read_text(encoding="utf8").splitlines()
-        for line in lines[1:]:
-            fields = line.split("\t")
-            if len(fields) < 4:
+        path = root / "SICK" / "SICK_test_annotated.txt"
+        lines = read_text_lines(path, "SICK file")
+        for number, line in enumerate(lines[1:], start=2):
+            if not line.strip():
                 continue
+            fields = _fields(path, number, line, 4, "pair id, sentence A, sentence B, relatedness score")
+            gold.append(_score(path, number, fields[3]))
             s1.append(_whitespace(fields[1]))
             s2.append(_whitespace(fields[2]))
-            gold.append(float(fields[3]))
+        if not gold:
+            raise DataFormatError(f"{path} has a header but no sentence pairs")
     else:
         sts_files(task)  # raises the "unknown task" error
+    if not gold:
+        raise DataFormatError(f"{task}: no scored sentence pairs under {root}")
     return s1, s2, gold
 
 
@@ -191,7 +261,7 @@ def read_corpus(path: str | Path, min_chars: int = 0, dedupe: bool = False) -> l
             f"corpus file {str(path)!r} not found. Pass a text file with one sentence per line; the papers' corpus "
             f"can be fetched with `st-hardneg download wiki1m --dest DIR` ({WIKI1M_URL})."
         )
-    sentences = [line.strip() for line in path.read_text(encoding="utf8").splitlines()]
+    sentences = [line.strip() for line in read_text_lines(path, "corpus file", allow_empty=True)]
     sentences = [s for s in sentences if s and len(s) >= min_chars]
     if dedupe:
         sentences = list(dict.fromkeys(sentences))

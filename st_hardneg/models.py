@@ -308,10 +308,38 @@ def load_default_model(
     return model
 
 
-def resolve_model(name_or_path: str | None, pooling: str = "cls", max_seq_length: int | None = 32,
-                  device: str | None = None, mlp_head: bool = False) -> SentenceTransformer:
-    """The embedded default when ``name_or_path`` is ``None`` or ``"default"``, else :func:`load_model`."""
+def _check_local_path(name_or_path: str | Path) -> None:
+    text = str(name_or_path)
+    looks_local = isinstance(name_or_path, Path) or text.startswith(("/", "./", "../", "~", "\\")) or (
+        len(text) > 1 and text[1] == ":")
+    if looks_local and not Path(text).expanduser().exists():
+        raise FileNotFoundError(f"model not found: {text} does not exist (pass a model directory or a Hugging Face "
+                                "model name)")
+
+
+def resolve_model(name_or_path: str | Path | None, pooling: str = "cls", max_seq_length: int | None = 32,
+                  device: str | None = None, mlp_head: bool = False, saved: str = "rebuild") -> SentenceTransformer:
+    """The one place a model is chosen from a name: the embedded default, a saved model, or an encoder.
+
+    Args:
+        name_or_path: ``None``, ``""`` or ``"default"`` for the embedded all-MiniLM-L6-v2
+            (:func:`load_default_model`); a local directory; or a Hugging Face model name.
+        pooling, max_seq_length, device, mlp_head: see :func:`load_model`.
+        saved: what to do with a saved SentenceTransformer directory (one with ``modules.json``): ``"rebuild"``
+            takes its encoder and adds a fresh pooling (for training, :func:`load_model`); ``"as_is"`` loads it
+            with its own modules (for evaluation, :func:`load_checkpoint`; a training checkpoint with the train-only
+            MLP head loads too, the head being inactive in evaluation).
+
+    Raises:
+        FileNotFoundError: a path (``/…``, ``./…``, ``~…``) that does not exist.
+        ValueError: an unknown ``saved`` mode or a bad pooling / length.
+    """
+    if saved not in ("rebuild", "as_is"):
+        raise ValueError(f"saved must be 'rebuild' or 'as_is', got {saved!r}")
     if name_or_path in (None, "", "default"):
         return load_default_model(pooling=pooling, max_seq_length=max_seq_length, device=device, mlp_head=mlp_head)
+    _check_local_path(name_or_path)
+    if saved == "as_is" and (Path(str(name_or_path)).expanduser() / "modules.json").is_file():
+        return load_checkpoint(Path(str(name_or_path)).expanduser(), device=device)
     return load_model(name_or_path, pooling=pooling, max_seq_length=max_seq_length, device=device,
                       mlp_head=mlp_head)

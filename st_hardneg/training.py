@@ -6,90 +6,21 @@ sentence-transformers Trainer, with STS-B dev model selection and honest step ti
 
 from __future__ import annotations
 
-import json
 import logging
 import statistics
 import time
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 
 from transformers import TrainerCallback
 
+from st_hardneg.registry import LOSSES, build_loss
+from st_hardneg.reporting import write_json
+
 logger = logging.getLogger(__name__)
 
-
-# --------------------------------------------------------------------------- losses by name
-def _mnrl(model, **kwargs):
-    from sentence_transformers.sentence_transformer.losses import MultipleNegativesRankingLoss
-
-    temperature = kwargs.pop("temperature", 0.05)
-    return MultipleNegativesRankingLoss(model, scale=1.0 / float(temperature), **kwargs)
-
-
-def _mnrl_symmetric(model, **kwargs):
-    from sentence_transformers.sentence_transformer.losses import MultipleNegativesSymmetricRankingLoss
-
-    temperature = kwargs.pop("temperature", 0.05)
-    return MultipleNegativesSymmetricRankingLoss(model, scale=1.0 / float(temperature), **kwargs)
-
-
-def _mnrl_hardness(model, **kwargs):
-    kwargs.setdefault("hardness_mode", "in_batch_negatives")
-    kwargs.setdefault("hardness_strength", 9.0)  # Lan et al. 2025's alpha, as in ST's docstring
-    return _mnrl(model, **kwargs)
-
-
-def _mixcse(model, **kwargs):
-    from st_hardneg.losses.mixcse import MixCSELoss
-
-    return MixCSELoss(model, **kwargs)
-
-
-def _focal(model, **kwargs):
-    from st_hardneg.losses.focal import FocalInfoNCELoss
-
-    return FocalInfoNCELoss(model, **kwargs)
-
-
-def _hncse(mode: str) -> Callable:
-    def build(model, **kwargs):
-        from st_hardneg.losses.hncse import HNCSELoss
-
-        return HNCSELoss(model, mode=mode, **kwargs)
-
-    return build
-
-
-def _adcse(model, **kwargs):
-    from st_hardneg.losses.adcse import AdversarialNegativesLoss
-
-    return AdversarialNegativesLoss(model, **kwargs)
-
-
-#: method name → factory(model, **hyperparameters); every factory's defaults are its paper's
-LOSSES: dict[str, Callable] = {
-    "mnrl": _mnrl,
-    "mnrl_symmetric": _mnrl_symmetric,
-    "mnrl_hardness": _mnrl_hardness,
-    "mixcse": _mixcse,
-    "focal": _focal,
-    "hncse_pm": _hncse("pm"),
-    "hncse_hnm": _hncse("hnm"),
-    "hncse": _hncse("both"),
-    "adcse": _adcse,
-}
-
-
-def build_loss(name: str, model, **kwargs):
-    """The loss called ``name`` (see :data:`LOSSES`) for ``model``, with hyperparameters ``kwargs``."""
-    if name not in LOSSES:
-        raise ValueError(f"unknown loss {name!r}; choose from {', '.join(LOSSES)}")
-    try:
-        return LOSSES[name](model, **kwargs)
-    except TypeError as exc:  # an unknown keyword: say which loss rejected it
-        raise ValueError(f"loss {name!r} rejected its arguments {kwargs}: {exc}") from exc
+__all__ = ["LOSSES", "EvaluateAtEnd", "StepTimer", "StopAfterSteps", "TrainConfig", "TrainResult", "build_loss",
+           "train", "training_arguments", "write_json"]
 
 
 # --------------------------------------------------------------------------- callbacks
@@ -267,13 +198,3 @@ def train(model, train_dataset, loss, config: TrainConfig, evaluator=None, callb
         best_checkpoint=trainer.state.best_model_checkpoint,
         log_history=list(trainer.state.log_history),
     )
-
-
-def write_json(path: str | Path, payload: dict[str, Any]) -> Path:
-    """Write ``payload`` as indented JSON, atomically (a crash never leaves half a file)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(payload, indent=2, sort_keys=False) + "\n")
-    tmp.replace(path)
-    return path

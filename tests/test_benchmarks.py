@@ -148,3 +148,36 @@ def test_cpu_protocol_and_tuning_smoke(tiny_model_dir, shared_data, tmp_path):
         tuning.main(["--only", "no_such_config", "--out", str(tmp_path / "x.json"), *common])
     with pytest.raises(SystemExit):  # a different seed would mix two screens in one file
         tuning.main(["--seed", "1", "--only", "--config", "mnrl=mnrl:", "--out", str(tout), *common])
+
+
+RESULTS = BENCHMARKS / "results"
+
+
+@pytest.mark.parametrize("name", ["cpu_protocol", "tuning", "untrained_eval", "overhead"])
+def test_reports_regenerate_byte_identical_from_the_committed_json(name):
+    """The report code (one markdown-table helper for all) renders the committed results exactly as committed."""
+    module = _load(name)
+    data = json.loads((RESULTS / f"{name}.json").read_text())
+    assert module.markdown(data) == (RESULTS / f"{name}.md").read_text()
+
+
+def _run(method, seed, avg):
+    tasks = ("STS12", "STS13", "STS14", "STS15", "STS16", "STSBenchmark", "SICKRelatedness")
+    return {"method": method, "seed": seed, "sts": {**dict.fromkeys(tasks, avg), "avg": avg}, "stsb_dev_best": avg}
+
+
+def test_cpu_protocol_compares_with_both_baselines_when_present():
+    cpu = _load("cpu_protocol")
+    runs = [_run("mnrl", 0, 70.0), _run("mnrl", 1, 72.0), _run("mixcse", 0, 73.5), _run("mixcse", 1, 74.5)]
+    table = cpu.markdown({"runs": runs}).splitlines()
+    assert "Δavg vs mnrl_symmetric" not in table[0] and table[0].count("Δavg vs mnrl") == 1
+    with_sym = cpu.markdown({"runs": [*runs, _run("mnrl_symmetric", 0, 73.0), _run("mnrl_symmetric", 1, 73.4)]})
+    lines = with_sym.splitlines()
+    header = [c.strip() for c in lines[0].strip("|").split("|")]
+    assert header[10:12] == ["Δavg vs mnrl", "Δavg vs mnrl_symmetric"]
+    rows = {cells[0]: cells for cells in ([c.strip() for c in ln.strip("|").split("|")] for ln in lines[2:])}
+    # mixcse mean 74.0; mnrl mean 71.0; mnrl_symmetric mean 73.2
+    assert rows["mixcse"][10:12] == ["+3.00", "+0.80"]
+    assert rows["mnrl"][10:12] == ["–", "-2.20"]
+    assert rows["mnrl_symmetric"][10:12] == ["+2.20", "–"]
+    assert lines[1] == "|" + "---|" * len(header)

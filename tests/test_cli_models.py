@@ -115,7 +115,7 @@ def test_cli_train_passes_stop_after_and_rejects_negative(monkeypatch, tiny_mode
 
     monkeypatch.setattr(training, "train", fake_train)
     common = ["train", "--model", str(tiny_model_dir), "--corpus", str(corpus), "--output-dir", str(tmp_path / "o"),
-              "--quiet"]
+              "--batch-size", "8", "--quiet"]
     with pytest.raises(_Stop):
         cli.main([*common, "--stop-after", "7"])
     assert seen["config"].stop_after_steps == 7 and seen["config"].max_steps == -1
@@ -149,3 +149,32 @@ def test_cli_eval_prints_tables_for_every_group_but_transfer(tiny_model_dir, sha
     assert results["align"]["split"] == "dev" and results["align"]["uniformity"] < 0
     # MTEB's own evaluator on the local STS-B equals evaluate_sts
     assert results["mteb"]["scores"]["STSBenchmark-local"] == pytest.approx(results["sts"]["STSBenchmark"], abs=1e-4)
+
+
+HEAVY = ("torch", "transformers", "sentence_transformers", "mteb", "datasets", "sklearn", "scipy")
+
+
+def test_cli_parser_imports_no_heavy_module():
+    """``import st_hardneg.cli`` + ``build_parser()`` (what ``--help`` runs) loads none of the heavy libraries."""
+    import subprocess
+
+    code = ("import sys, st_hardneg.cli as c; c.build_parser(); "
+            f"print(','.join(m for m in {HEAVY!r} if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    assert out.stdout.strip() == "", f"imported at parser build: {out.stdout.strip()}"
+    lazy = subprocess.run([sys.executable, "-c", "import sys, st_hardneg; from st_hardneg import MixCSELoss; "
+                           "print(MixCSELoss.__module__, 'torch' in sys.modules)"],
+                          capture_output=True, text=True, timeout=120, check=True)
+    assert lazy.stdout.split() == ["st_hardneg.losses.mixcse", "True"]
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["train", "--help"], ["eval", "--help"], ["download", "--help"]])
+def test_cli_help_is_fast(argv):
+    import subprocess
+    import time
+
+    start = time.perf_counter()
+    out = subprocess.run([sys.executable, "-m", "st_hardneg.cli", *argv], capture_output=True, text=True, timeout=60)
+    seconds = time.perf_counter() - start
+    assert out.returncode == 0 and "usage: st-hardneg" in out.stdout, out.stderr
+    assert seconds < 1.5, f"st-hardneg {' '.join(argv)} took {seconds:.2f} s"

@@ -188,3 +188,19 @@ def test_local_task_names_and_table():
     table = format_mteb_table({"x": row})
     assert table.splitlines()[0] == "| model | STS12-local | STSBenchmark-local | avg |"
     assert "| x | 50.00 | 70.00 | 60.00 |" in table
+
+
+def test_missing_mteb_says_how_to_install(monkeypatch, tmp_path):
+    """mteb is the optional [mteb] extra: without it, every entry point names the install command."""
+    import sys
+
+    from st_hardneg.evaluation import mteb_tasks
+
+    monkeypatch.setitem(sys.modules, "mteb", None)  # makes `import mteb` raise ImportError
+    expected = r"MTEB evaluation needs the optional 'mteb' package: pip install 'st-hardneg\[mteb\]'"
+    with pytest.raises(ImportError, match=expected):
+        mteb_tasks.require_mteb()
+    with pytest.raises(ImportError, match=expected):
+        run_mteb(object(), ["STSBenchmark-local"], data_dir=tmp_path)
+    with pytest.raises(ImportError, match=expected):
+        local_sts_task("STSBenchmark-local", tmp_path)

@@ -7,7 +7,7 @@ from st_hardneg.evaluation.diagnostics import (
     format_alignment_table,
     uniformity,
 )
-from st_hardneg.evaluation.encoding import encode_unique, full_length
+from st_hardneg.evaluation.encoding import DegenerateEmbeddingsError, check_embeddings, encode_unique, full_length
 from st_hardneg.evaluation.mteb_tasks import (
     LOCAL_MTEB_TASKS,
     MTEBOfflineError,
@@ -15,10 +15,19 @@ from st_hardneg.evaluation.mteb_tasks import (
     local_sts_task,
     run_mteb,
 )
-from st_hardneg.evaluation.sts import SentEvalSTSEvaluator, cosine_spearman, evaluate_sts, format_sts_table
+from st_hardneg.evaluation.sts import (
+    INVALID_SCORE,
+    SentEvalSTSEvaluator,
+    cosine_spearman,
+    evaluate_sts,
+    format_sts_table,
+)
 from st_hardneg.evaluation.transfer import TRANSFER_TASKS, evaluate_transfer, format_transfer_table
 
 __all__ = [
+    "INVALID_SCORE",
+    "DegenerateEmbeddingsError",
+    "check_embeddings",
     "LOCAL_MTEB_TASKS",
     "TRANSFER_TASKS",
     "LossDiagnosticsCallback",

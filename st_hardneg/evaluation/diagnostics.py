@@ -17,7 +17,8 @@ import numpy as np
 from transformers import TrainerCallback
 
 from st_hardneg.data import read_sts_pairs, resolve_senteval_dir
-from st_hardneg.evaluation.encoding import encode_unique
+from st_hardneg.evaluation.encoding import check_embeddings, encode_unique
+from st_hardneg.reporting import markdown_table
 
 logger = logging.getLogger(__name__)
 
@@ -31,20 +32,31 @@ def _normalize(x: np.ndarray) -> np.ndarray:
 
 def alignment(x: np.ndarray, y: np.ndarray, alpha: float = 2.0) -> float:
     """Wang & Isola's alignment ``E ||f(x) − f(y)||^alpha`` over positive pairs (rows of ``x`` and ``y``), on
-    L2-normalised embeddings (the inputs are normalised here). Lower is better."""
-    x, y = _normalize(x), _normalize(y)
+    L2-normalised embeddings (the inputs are normalised here). Lower is better.
+
+    Raises:
+        DegenerateEmbeddingsError: NaN, infinite or zero embeddings, or all identical (a collapsed encoder would
+            otherwise get a "perfect" alignment of 0).
+    """
     if len(x) != len(y) or len(x) == 0:
         raise ValueError(f"alignment needs two non-empty arrays of the same length, got {len(x)} and {len(y)}")
+    check_embeddings(np.concatenate([np.asarray(x), np.asarray(y)]), "the positive pairs")
+    x, y = _normalize(x), _normalize(y)
     return float(np.mean(np.linalg.norm(x - y, axis=1) ** alpha))
 
 
 def uniformity(x: np.ndarray, t: float = 2.0) -> float:
     """Wang & Isola's uniformity ``log E_{i<j} exp(−t ||f(x_i) − f(x_j)||²)`` over all distinct pairs of rows, on
-    L2-normalised embeddings (the inputs are normalised here). Lower is better."""
-    x = _normalize(x)
+    L2-normalised embeddings (the inputs are normalised here). Lower is better.
+
+    Raises:
+        DegenerateEmbeddingsError: NaN, infinite or zero embeddings, or all identical.
+    """
     n = len(x)
     if n < 2:
         raise ValueError(f"uniformity needs at least 2 embeddings, got {n}")
+    check_embeddings(x, "the uniformity sample")
+    x = _normalize(x)
     # ||a − b||² = 2 − 2 a·b for unit vectors; rows are processed in blocks to bound memory. Every term lies in
     # [exp(−4t), 1] (t = 2: [3e-4, 1]), so a plain float64 sum is accurate.
     total, count, block = 0.0, n * (n - 1) // 2, 2048
@@ -116,11 +128,10 @@ def format_alignment_table(rows: Mapping[str, Mapping[str, Any]]) -> str:
     """A markdown table, one row per model: ``{name: alignment_uniformity(...) result}``."""
     if not rows:
         return ""
-    lines = ["| model | alignment | uniformity | STS-B split | positive pairs | sentences |", "|---|---|---|---|---|---|"]
-    for name, r in rows.items():
-        lines.append(f"| {name} | {r['alignment']:.4f} | {r['uniformity']:.4f} | {r.get('split', '–')} | "
-                     f"{r.get('n_pairs', '–')} | {r.get('n_sentences', '–')} |")
-    return "\n".join(lines)
+    header = ["model", "alignment", "uniformity", "STS-B split", "positive pairs", "sentences"]
+    body = [[name, f"{r['alignment']:.4f}", f"{r['uniformity']:.4f}", r.get("split", "–"), r.get("n_pairs", "–"),
+             r.get("n_sentences", "–")] for name, r in rows.items()]
+    return markdown_table(header, body).rstrip("\n")
 
 
 class LossDiagnosticsCallback(TrainerCallback):

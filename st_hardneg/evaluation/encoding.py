@@ -40,8 +40,39 @@ def full_length(model) -> Iterator[None]:
             model.max_seq_length = original
 
 
+class DegenerateEmbeddingsError(ValueError):
+    """The model's embeddings carry no information (non-finite, zero or all identical): any score would be
+    meaningless (``nan``, or a "perfect" alignment), so evaluations refuse them."""
+
+
+def check_embeddings(embeddings: np.ndarray, what: str = "the evaluated sentences") -> None:
+    """Raise :class:`DegenerateEmbeddingsError` if ``embeddings`` (one row per distinct sentence) contain NaN or
+    infinite values, an all-zero row, or (with at least two rows) only one distinct row."""
+    x = np.asarray(embeddings)
+    if x.ndim != 2 or len(x) == 0:
+        raise DegenerateEmbeddingsError(f"expected a non-empty 2-d embedding matrix for {what}, got shape {x.shape}")
+    bad = ~np.isfinite(x).all(axis=1)
+    if bad.any():
+        raise DegenerateEmbeddingsError(
+            f"the model produced non-finite (NaN or infinite) embeddings for {int(bad.sum())} of {len(x)} distinct "
+            f"sentences of {what}; the model's weights or inputs are broken"
+        )
+    zero = ~np.any(x != 0, axis=1)
+    if zero.any():
+        raise DegenerateEmbeddingsError(
+            f"the model produced all-zero embeddings for {int(zero.sum())} of {len(x)} distinct sentences of {what}; "
+            "cosine similarity is undefined for them"
+        )
+    if len(x) > 1 and np.all(x == x[0]):
+        raise DegenerateEmbeddingsError(
+            f"the model produced the same embedding for all {len(x)} distinct sentences of {what} (a collapsed or "
+            "constant encoder); its scores would be meaningless"
+        )
+
+
 def encode_unique(
-    model, sentences: Iterable[str], batch_size: int = 64, show_progress_bar: bool = False, whole: bool = True
+    model, sentences: Iterable[str], batch_size: int = 64, show_progress_bar: bool = False, whole: bool = True,
+    check: bool = True,
 ) -> dict[str, np.ndarray]:
     """Encode each distinct sentence once; returns ``{sentence: float32 embedding}``.
 
@@ -51,6 +82,10 @@ def encode_unique(
         batch_size: encoding batch size.
         show_progress_bar: show ST's progress bar.
         whole: encode at the model's full length (see :func:`full_length`); ``False`` keeps ``max_seq_length``.
+        check: refuse degenerate embeddings (see :func:`check_embeddings`).
+
+    Raises:
+        DegenerateEmbeddingsError: with ``check``, the embeddings are non-finite, zero or all identical.
     """
     unique = list(dict.fromkeys(sentences))
     if not unique:
@@ -66,6 +101,8 @@ def encode_unique(
         if was_training:
             model.train()
     embeddings = np.asarray(embeddings, dtype=np.float32)
+    if check:
+        check_embeddings(embeddings)
     return dict(zip(unique, embeddings, strict=True))
 
 

@@ -26,6 +26,7 @@ import numpy as np
 
 from st_hardneg.data import STS_YEAR_SUBSETS, check_sts_data, read_sts_pairs, resolve_senteval_dir, sts_files
 from st_hardneg.evaluation.encoding import encode_unique, full_length
+from st_hardneg.reporting import markdown_table
 
 logger = logging.getLogger(__name__)
 
@@ -69,8 +70,20 @@ def _local_equivalents_message(names: Sequence[str]) -> str:
     return text
 
 
+def require_mteb():
+    """The ``mteb`` module, or an ImportError saying how to install it (it is the optional ``[mteb]`` extra)."""
+    try:
+        import mteb
+    except ImportError as exc:
+        raise ImportError(
+            "MTEB evaluation needs the optional 'mteb' package: pip install 'st-hardneg[mteb]'"
+        ) from exc
+    return mteb
+
+
 @cache
 def _local_task_base():
+    require_mteb()
     from datasets import Dataset, DatasetDict
     from mteb.abstasks.sts import AbsTaskSTS
 
@@ -123,6 +136,7 @@ def local_sts_task(name: str, data_dir: str | Path | None = None):
             task = local_sts_task("STSBenchmark-local", "path/to/senteval")
             result = mteb.evaluate(model, task, cache=None)
     """
+    require_mteb()
     from mteb.abstasks.task_metadata import TaskMetadata
 
     if name not in LOCAL_MTEB_TASKS:
@@ -162,6 +176,7 @@ def local_sts_task(name: str, data_dir: str | Path | None = None):
 
 
 def _encoder_class():
+    require_mteb()
     from mteb.models import SentenceTransformerEncoderWrapper
 
     class _Encoder(SentenceTransformerEncoderWrapper):
@@ -339,6 +354,7 @@ def run_mteb(
         and subsets when a task has several), x 100 like :func:`~st_hardneg.evaluation.evaluate_sts`.
 
     Raises:
+        ImportError: the optional ``mteb`` package is not installed (``pip install 'st-hardneg[mteb]'``).
         ValueError: an unknown task name (the message lists the local tasks).
         MTEBOfflineError: an official task's data cannot be downloaded.
         DataNotFoundError: a local task's SentEval files are missing.
@@ -353,7 +369,7 @@ def run_mteb(
             result = run_mteb(model, "local", data_dir="path/to/senteval", output_dir="mteb-results")
             print(format_mteb_table({"MiniLM (CLS)": result}))
     """
-    import mteb
+    mteb = require_mteb()
     from mteb.cache import ResultCache
 
     names = _parse_tasks(tasks)
@@ -414,8 +430,8 @@ def format_mteb_table(rows: dict[str, dict[str, Any]], tasks: Sequence[str] | No
     if tasks is None:
         tasks = list(dict.fromkeys(t for row in rows.values() for t in row["scores"]))
     header = ["model", *tasks, "avg"]
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    body = []
     for name, row in rows.items():
         cells = [f"{row['scores'][t]:.2f}" if t in row["scores"] else "–" for t in tasks]
-        lines.append("| " + " | ".join([name, *cells, f"{row['avg']:.2f}"]) + " |")
-    return "\n".join(lines)
+        body.append([name, *cells, f"{row['avg']:.2f}"])
+    return markdown_table(header, body).rstrip("\n")

@@ -12,18 +12,44 @@ from scipy.stats import spearmanr
 from sentence_transformers.base.evaluation.evaluator import BaseEvaluator
 
 from st_hardneg.data import STS_DEV_TASKS, STS_TASKS, check_sts_data, read_sts_pairs, resolve_senteval_dir
-from st_hardneg.evaluation.encoding import encode_unique
+from st_hardneg.evaluation.encoding import DegenerateEmbeddingsError, encode_unique
+from st_hardneg.reporting import markdown_table
 
 logger = logging.getLogger(__name__)
 
 
+#: the STS-B dev score a degenerate model gets during training: the lowest possible Spearman x 100, so it can never
+#: be selected as the best checkpoint (a ``nan`` would: the Trainer never replaces a ``nan`` best metric)
+INVALID_SCORE = -100.0
+
+
 def cosine_spearman(embeddings1: np.ndarray, embeddings2: np.ndarray, gold: Sequence[float]) -> float:
-    """Spearman correlation × 100 between the row-wise cosine of two embedding matrices and the gold scores."""
+    """Spearman correlation × 100 between the row-wise cosine of two embedding matrices and the gold scores.
+
+    Raises:
+        DegenerateEmbeddingsError: a non-finite or zero embedding, or all cosines equal (Spearman is undefined).
+        ValueError: fewer than two pairs, mismatched lengths, or constant gold scores.
+    """
     a = np.asarray(embeddings1, dtype=np.float64)
     b = np.asarray(embeddings2, dtype=np.float64)
+    y = np.asarray(gold, dtype=np.float64)
+    if not (len(a) == len(b) == len(y)) or len(y) < 2:
+        raise ValueError(f"cosine_spearman needs >= 2 pairs of equal length, got {len(a)}, {len(b)}, {len(y)}")
+    if not (np.isfinite(a).all() and np.isfinite(b).all()):
+        raise DegenerateEmbeddingsError("non-finite (NaN or infinite) embeddings: the Spearman score is undefined")
     norms = np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1)
-    cos = (a * b).sum(axis=1) / np.maximum(norms, 1e-12)
-    return float(spearmanr(cos, np.asarray(gold, dtype=np.float64)).statistic * 100)
+    if (norms == 0).any():
+        raise DegenerateEmbeddingsError(f"{int((norms == 0).sum())} pair(s) with an all-zero embedding: cosine is "
+                                        "undefined")
+    if np.all(y == y[0]):
+        raise ValueError("all gold scores are equal: the Spearman correlation is undefined")
+    cos = (a * b).sum(axis=1) / norms
+    if np.all(cos == cos[0]):
+        raise DegenerateEmbeddingsError(
+            f"all {len(cos)} cosine similarities equal {cos[0]:.6g} (constant embeddings?): the Spearman correlation is "
+            "undefined"
+        )
+    return float(spearmanr(cos, y).statistic * 100)
 
 
 def _check_tasks(tasks: Sequence[str] | None) -> list[str]:
@@ -62,6 +88,11 @@ def evaluate_sts(
 
     Returns:
         ``{task: score, ..., "avg": mean}``.
+
+    Raises:
+        DegenerateEmbeddingsError: the model's embeddings are non-finite, zero or all identical (no score is
+            meaningful; see :func:`~st_hardneg.evaluation.encoding.check_embeddings`).
+        DataFormatError: a damaged data file (see :func:`st_hardneg.data.read_sts_pairs`).
     """
     tasks = _check_tasks(tasks)
     root = resolve_senteval_dir(data_dir)
@@ -84,11 +115,9 @@ def format_sts_table(rows: dict[str, dict[str, float]], tasks: Sequence[str] | N
         first = next(iter(rows.values()))
         tasks = [t for t in (*STS_TASKS, *STS_DEV_TASKS) if t in first]
     header = ["model", *tasks, "avg"]
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    for name, scores in rows.items():
-        cells = [f"{scores[t]:.2f}" if t in scores else "–" for t in (*tasks, "avg")]
-        lines.append("| " + " | ".join([name, *cells]) + " |")
-    return "\n".join(lines)
+    body = [[name, *(f"{scores[t]:.2f}" if t in scores else "–" for t in (*tasks, "avg"))]
+            for name, scores in rows.items()]
+    return markdown_table(header, body).rstrip("\n")
 
 
 class SentEvalSTSEvaluator(BaseEvaluator):
@@ -98,6 +127,11 @@ class SentEvalSTSEvaluator(BaseEvaluator):
     Pass it to the Trainer as ``evaluator=`` with ``eval_strategy="steps"``: the papers evaluate STS-B dev every
     125 steps (250 in SimCSE) and keep the best checkpoint. Select on ``STSBenchmark-dev`` only, never on a test set.
     The data is read once, at construction; each call encodes each distinct sentence once at full length.
+
+    Degenerate embeddings (NaN, zero or all identical, e.g. after a diverged step) do not raise here, since an
+    exception would end the training run: the call logs a warning and returns :data:`INVALID_SCORE` (-100, the
+    lowest Spearman x 100) for every metric plus ``{name}_invalid = 1``, so that step can never be selected as the
+    best checkpoint. :func:`evaluate_sts` raises instead.
 
     Args:
         data_dir: the SentEval directory (see :func:`st_hardneg.data.resolve_senteval_dir`).
@@ -141,12 +175,22 @@ class SentEvalSTSEvaluator(BaseEvaluator):
 
     def __call__(self, model, output_path: str | None = None, epoch: int = -1, steps: int = -1) -> dict[str, float]:
         sentences = (s for s1, s2, _ in self.pairs.values() for s in (*s1, *s2))
-        table = encode_unique(model, sentences, batch_size=self.batch_size, show_progress_bar=self.show_progress_bar)
         metrics: dict[str, float] = {}
-        for task, (s1, s2, gold) in self.pairs.items():
-            score = cosine_spearman(np.stack([table[s] for s in s1]), np.stack([table[s] for s in s2]), gold)
-            metrics[f"spearman_{task}"] = score
-        metrics["spearman"] = float(np.mean(list(metrics.values())))
+        try:
+            table = encode_unique(model, sentences, batch_size=self.batch_size,
+                                  show_progress_bar=self.show_progress_bar)
+            for task, (s1, s2, gold) in self.pairs.items():
+                score = cosine_spearman(np.stack([table[s] for s in s1]), np.stack([table[s] for s in s2]), gold)
+                metrics[f"spearman_{task}"] = score
+            metrics["spearman"] = float(np.mean(list(metrics.values())))
+        except DegenerateEmbeddingsError as exc:
+            # During training an exception would end the run and lose its earlier checkpoints: the step gets the
+            # lowest possible score instead, so it can never be the selected checkpoint, and a loud warning.
+            logger.warning("SentEval STS (%s) after %s steps is INVALID, scored %s: %s", ", ".join(self.tasks),
+                           steps, INVALID_SCORE, exc)
+            metrics = {f"spearman_{task}": INVALID_SCORE for task in self.tasks}
+            metrics["spearman"] = INVALID_SCORE
+            metrics["invalid"] = 1.0
         logger.info("SentEval STS (%s) after %s steps: %s", ", ".join(self.tasks), steps,
                     ", ".join(f"{k}={v:.2f}" for k, v in metrics.items()))
         metrics = self.prefix_name_to_metrics(metrics, self.name)

@@ -24,6 +24,7 @@ from tqdm.auto import tqdm
 
 from st_hardneg.data import DataNotFoundError, _how_to_get, resolve_senteval_dir
 from st_hardneg.evaluation.encoding import encode_unique
+from st_hardneg.reporting import markdown_table
 
 logger = logging.getLogger(__name__)
 
@@ -416,7 +417,7 @@ def format_transfer_table(rows: dict[str, dict[str, Any]], tasks: Sequence[str] 
         first = next(iter(rows.values()))
         tasks = [t for t in TRANSFER_TASKS if t in first]
     header = ["model", *tasks, "avg"]
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    body = []
     for name, scores in rows.items():
         cells = []
         for task in (*tasks, "avg"):
@@ -426,5 +427,5 @@ def format_transfer_table(rows: dict[str, dict[str, Any]], tasks: Sequence[str] 
                 cells.append(f"{scores[task]:.2f} / {scores[f'{task}_f1']:.2f}")
             else:
                 cells.append(f"{scores[task]:.2f}")
-        lines.append("| " + " | ".join([name, *cells]) + " |")
-    return "\n".join(lines)
+        body.append([name, *cells])
+    return markdown_table(header, body).rstrip("\n")

@@ -1,0 +1,127 @@
+"""One experiment: train a model with a loss, select on STS-B dev, score the SentEval STS test sets.
+
+The command line (``st-hardneg train``) and every benchmark script run their experiments through
+:func:`run_experiment`, so a train-then-evaluate run is defined once.
+
+>>> from st_hardneg.experiment import run_experiment
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import shutil
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from st_hardneg.training import TrainConfig, TrainResult
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class ExperimentResult:
+    """What :func:`run_experiment` produced: the trained model (modified in place), its loss and the scores."""
+
+    model: Any
+    loss: Any
+    train: TrainResult
+    sts: dict[str, float] | None
+
+    @property
+    def loss_config(self) -> dict[str, Any]:
+        """The loss's ``get_config_dict()`` as plain JSON values (non-JSON values become strings)."""
+        config = self.loss.get_config_dict() if hasattr(self.loss, "get_config_dict") else {}
+        return json.loads(json.dumps(config, default=str))
+
+    def dev_curve(self) -> list[list[float]]:
+        """``[[step, STS-B dev spearman], ...]`` from the Trainer's log history."""
+        return dev_curve(self.train.log_history)
+
+
+def dev_curve(log_history: list[dict[str, Any]]) -> list[list[float]]:
+    """``[[step, STS-B dev spearman], ...]`` from the Trainer's log history."""
+    return [[row["step"], row["eval_sts-dev_spearman"]] for row in log_history if "eval_sts-dev_spearman" in row]
+
+
+def planned_steps(num_examples: int, config: TrainConfig) -> int:
+    """Optimizer steps the Trainer will run on ``num_examples`` pairs under ``config`` (one device, no gradient
+    accumulation).
+
+    Raises:
+        ValueError: the corpus is smaller than one batch while the last partial batch is dropped, or the run has
+            zero steps (``epochs`` too small); the message says what to change.
+    """
+    if num_examples < 1:
+        raise ValueError("no training sentences: the corpus is empty")
+    batches = num_examples // config.batch_size if config.drop_last else math.ceil(num_examples / config.batch_size)
+    if batches == 0:
+        raise ValueError(
+            f"the corpus has {num_examples} sentence(s), fewer than one batch of {config.batch_size}, and the last "
+            "partial batch is dropped: use a larger corpus or a smaller --batch-size"
+        )
+    if config.max_steps and config.max_steps > 0:
+        return config.max_steps
+    steps = int(batches * config.epochs) if config.epochs else 0
+    if steps < 1:
+        raise ValueError(f"{config.epochs} epoch(s) of {batches} batch(es) is zero training steps: raise --epochs "
+                         "or set --max-steps")
+    return steps
+
+
+def run_experiment(
+    model,
+    loss_name: str,
+    loss_kwargs: dict[str, Any] | None,
+    sentences: Sequence[str],
+    config: TrainConfig,
+    data_dir: str | Path | None = None,
+    *,
+    evaluate_test: bool = True,
+    sts_tasks: Sequence[str] | None = None,
+    eval_batch_size: int = 128,
+    callbacks: list | None = None,
+    keep_checkpoints: bool = True,
+) -> ExperimentResult:
+    """Train ``model`` with the loss ``loss_name`` on ``sentences`` (unsupervised pairs), selecting the best
+    checkpoint on STS-B dev every ``config.eval_steps`` steps and at the end, then score the STS test sets.
+
+    Args:
+        model: a SentenceTransformer (e.g. from :func:`st_hardneg.models.resolve_model`); trained in place.
+        loss_name: a name in :data:`st_hardneg.registry.LOSSES`.
+        loss_kwargs: the loss's hyperparameters (``None``: its paper defaults).
+        sentences: training sentences.
+        config: the training protocol (``config.output_dir`` holds the checkpoints).
+        data_dir: the SentEval directory (see :func:`st_hardneg.data.resolve_senteval_dir`).
+        evaluate_test: score the STS test sets after training (``False``: ``sts`` is ``None``, for screening).
+        sts_tasks: the test tasks (default: the seven SentEval STS tasks).
+        eval_batch_size: encoding batch size of the evaluations.
+        callbacks: extra Trainer callbacks.
+        keep_checkpoints: ``False`` deletes ``config.output_dir`` after the run.
+
+    Raises:
+        ValueError: a corpus smaller than one batch or a run of zero steps (checked before the model is touched),
+            an unknown loss or hyperparameter.
+        DegenerateEmbeddingsError: the trained model's embeddings are NaN, zero or constant (from the test scoring).
+    """
+    from st_hardneg.data import pair_dataset
+    from st_hardneg.evaluation import SentEvalSTSEvaluator, evaluate_sts
+    from st_hardneg.registry import build_loss
+    from st_hardneg.training import train
+
+    planned_steps(len(sentences), config)
+    dev = SentEvalSTSEvaluator(data_dir, batch_size=eval_batch_size)  # reads the data: missing files fail here
+    loss = build_loss(loss_name, model, **(loss_kwargs or {}))
+    result = train(model, pair_dataset(list(sentences)), loss, config, evaluator=dev, callbacks=callbacks)
+    if result.steps < 1:
+        raise RuntimeError(f"training ran 0 steps on {len(sentences)} sentences; the model is untrained")
+    sts = None
+    if evaluate_test:
+        sts = evaluate_sts(model, data_dir, tasks=sts_tasks, batch_size=eval_batch_size,
+                           show_progress_bar=config.show_progress_bar)
+    if not keep_checkpoints:
+        shutil.rmtree(config.output_dir, ignore_errors=True)
+    return ExperimentResult(model=model, loss=loss, train=result, sts=sts)
