@@ -54,16 +54,17 @@ def reference_paper(h, hp, negs, lam, tau, partner, symmetric, focal_m=None):
 
 
 def reference_official(h, hp, lam, tau, symmetric):
-    """The released code's N×3N layout with shift partners, zeroed (not removed) entries."""
+    """The released code's N×3N layout with shift partners, zeroed (not removed) entries; like the released code it
+    mixes the RAW vectors z2_b, z2_{b+1} (resp. z1_a, z1_{a+1}) and only the cosine normalises."""
     n = h.size(0)
     total = 0.0
     for a in range(n):
         row = [dot(h[a], hp[b]) / tau for b in range(n)]
         for b in range(n):
-            mix_b = lam * unit(hp[b]) + (1 - lam) * unit(hp[(b + 1) % n])
+            mix_b = lam * hp[b] + (1 - lam) * hp[(b + 1) % n]
             row.append(0.0 if b == (a - 1) % n else dot(h[a], mix_b) / tau)
         if symmetric:
-            mix_a = lam * unit(h[a]) + (1 - lam) * unit(h[(a + 1) % n])
+            mix_a = lam * h[a] + (1 - lam) * h[(a + 1) % n]
             for b in range(n):
                 row.append(0.0 if b == (a + 1) % n else dot(mix_a, hp[b]) / tau)
         total += row_ce(row, a)
@@ -132,9 +133,35 @@ def test_random_partner_is_a_seeded_derangement(emb):
 @pytest.mark.parametrize("symmetric", [True, False])
 def test_official_layout_matches_released_code(emb, symmetric):
     h, hp, *_ = emb
+    # the embeddings' norms differ from row to row, so mixing raw and mixing normalised vectors differ
+    h, hp = h * torch.linspace(0.5, 3.0, 6).unsqueeze(1), hp * torch.linspace(2.0, 0.3, 6).unsqueeze(1)
     loss = MixCSELoss(DUMMY, layout="official", symmetric=symmetric)
     got = loss.compute_loss_from_embeddings([h, hp], None).item()
     assert got == pytest.approx(reference_official(h, hp, 0.2, 0.05, symmetric), rel=1e-5)
+    # the released script's λ = 0.6 (run_unsup_example.sh: --lambdas 0.6)
+    got = MixCSELoss(DUMMY, layout="official", lam=0.6, symmetric=symmetric).compute_loss_from_embeddings([h, hp], None)
+    assert got.item() == pytest.approx(reference_official(h, hp, 0.6, 0.05, symmetric), rel=1e-5)
+    # with unit-norm inputs raw and normalised mixing coincide (the numbers of earlier versions)
+    hn, hpn = torch.nn.functional.normalize(h, dim=1), torch.nn.functional.normalize(hp, dim=1)
+    got = MixCSELoss(DUMMY, layout="official", symmetric=symmetric).compute_loss_from_embeddings([hn, hpn], None)
+    assert got.item() == pytest.approx(reference_official(hn, hpn, 0.2, 0.05, symmetric), rel=1e-5)
+
+
+def test_official_layout_reverse_mix_controls_block_3(emb):
+    h, hp, *_ = emb
+    no_block3 = MixCSELoss(DUMMY, layout="official", reverse_mix=False).compute_loss_from_embeddings([h, hp], None)
+    assert no_block3.item() == pytest.approx(reference_official(h, hp, 0.2, 0.05, False), rel=1e-5)
+
+
+def test_official_layout_is_device_correct():
+    """Partners, masks and logits live on the embeddings' device (the meta device has no data: any CPU index tensor
+    mixed with it raises)."""
+    h = torch.randn(6, 8, device="meta")
+    for partner in ("shift", "random"):
+        for layout in ("official", "paper"):
+            loss = MixCSELoss(DUMMY, layout=layout, partner=partner)  # no generator exists on meta: global RNG
+            value = loss.compute_loss_from_embeddings([h, h.clone()], None)
+            assert value.device.type == "meta" and value.shape == ()
 
 
 def test_official_layout_needs_a_permutation():
@@ -159,7 +186,8 @@ def test_stop_gradient_blocks_the_mix(emb, layout):
     hp_ = hp.clone().requires_grad_(True)
     hn, hpn = torch.nn.functional.normalize(h, dim=1), torch.nn.functional.normalize(hp_, dim=1)
     with torch.no_grad():
-        hpd = torch.nn.functional.normalize(hp, dim=1)
+        # the paper mixes normalised vectors, the released code ("official") the raw ones
+        hpd = torch.nn.functional.normalize(hp, dim=1) if layout == "paper" else hp
         mix = torch.nn.functional.normalize(0.5 * hpd + 0.5 * hpd.roll(-1, 0), dim=1)
     if layout == "paper":
         extra = (hn * mix).sum(1, keepdim=True)
@@ -173,13 +201,56 @@ def test_stop_gradient_blocks_the_mix(emb, layout):
     assert torch.allclose(with_sg, hp_.grad, atol=1e-5)
 
 
+def reference_gradients(h, hp, lam, layout, stop_gradient, tau=0.05):
+    """d loss / d h' of the one-directional loss (layout "paper") or the released code without block 3 ("official"),
+    written with plain tensor ops and explicit loops, with or without detaching the mixes."""
+    n = h.size(0)
+    hp_ = hp.clone().requires_grad_(True)
+    source = hp_.detach() if stop_gradient else hp_
+    total = 0.0
+    for a in range(n):
+        row = [torch.dot(unit(h[a]), unit(hp_[b])) / tau for b in range(n)]
+        if layout == "paper":
+            mixed = unit(lam * unit(source[a]) + (1 - lam) * unit(source[(a + 1) % n]))
+            row.append(torch.dot(unit(h[a]), mixed) / tau)
+        else:
+            for b in range(n):
+                mixed = unit(lam * source[b] + (1 - lam) * source[(b + 1) % n])
+                row.append(torch.zeros(()) if b == (a - 1) % n else torch.dot(unit(h[a]), mixed) / tau)
+        logits = torch.stack(row)
+        total = total - (logits[a] - torch.logsumexp(logits, 0))
+    (total / n).backward()
+    return hp_.grad
+
+
+@pytest.mark.parametrize("layout", ["paper", "official"])
+@pytest.mark.parametrize("stop_gradient", [True, False])
+def test_stop_gradient_gradients_match_reference(emb, layout, stop_gradient):
+    """The gradient into h' with and without sg equals an independent reference (mixes detached or not)."""
+    h, hp, *_ = emb
+    hp = hp * torch.linspace(0.5, 2.0, 6).unsqueeze(1)  # unequal norms: raw and normalised mixing differ
+    hp_ = hp.clone().requires_grad_(True)
+    loss = MixCSELoss(DUMMY, lam=0.5, symmetric=False, stop_gradient=stop_gradient, layout=layout)
+    loss.compute_loss_from_embeddings([h, hp_], None).backward()
+    torch.testing.assert_close(hp_.grad, reference_gradients(h, hp, 0.5, layout, stop_gradient), rtol=1e-4, atol=1e-6)
+    other = reference_gradients(h, hp, 0.5, layout, not stop_gradient)
+    assert (hp_.grad - other).abs().max() > 1e-3  # sg changes the gradient: the check above can fail
+
+
 def test_mix_gradient_flows_without_stop_gradient(emb):
     h, hp, *_ = emb
     hp_ = hp.clone().requires_grad_(True)
+    hn = torch.nn.functional.normalize(hp_, dim=1)
     loss = MixCSELoss(DUMMY, symmetric=False, stop_gradient=False)
-    mixed_only = loss._mix(torch.nn.functional.normalize(hp_, dim=1), torch.tensor([1, 2, 3, 4, 5, 0]))
+    mixed_only = loss._mix(hn, torch.tensor([1, 2, 3, 4, 5, 0]))
     assert mixed_only.requires_grad
-    assert not MixCSELoss(DUMMY)._mix(hp_, torch.tensor([1, 2, 3, 4, 5, 0])).requires_grad
+    mixed_only[0].sum().backward()
+    # d/dh' of sum(normalize(0.2 ĥ'_0 + 0.8 ĥ'_1)) by hand: only rows 0 and 1 receive a gradient
+    ref = hp.clone().requires_grad_(True)
+    unit(0.2 * unit(ref[0]) + 0.8 * unit(ref[1])).sum().backward()
+    torch.testing.assert_close(hp_.grad, ref.grad, rtol=1e-4, atol=1e-6)
+    assert hp_.grad[2:].abs().sum() == 0 and hp_.grad[:2].abs().sum() > 0
+    assert not MixCSELoss(DUMMY)._mix(hn, torch.tensor([1, 2, 3, 4, 5, 0])).requires_grad
 
 
 def test_focal_modulation_inside_mixcse(emb):
