@@ -115,19 +115,75 @@ def test_hardest_partner(emb):
     assert got == pytest.approx(reference_paper(h, hp, [], 0.2, 0.05, hardest, True), rel=1e-5)
 
 
-def test_random_partner_is_a_seeded_derangement(emb):
-    h, hp, *_ = emb
-    a = MixCSELoss(DUMMY, partner="random", seed=3)
-    b = MixCSELoss(DUMMY, partner="random", seed=3)
-    assert a.compute_loss_from_embeddings([h, hp], None).item() == b.compute_loss_from_embeddings([h, hp], None).item()
-    # the loss equals the reference for the permutation the generator draws
-    from st_hardneg.functional import random_derangement
+def all_derangements(n):
+    import itertools
 
-    perm = random_derangement(6, torch.Generator().manual_seed(3))
-    assert all(perm[i] != i for i in range(6)) and sorted(perm.tolist()) == list(range(6))
-    got = MixCSELoss(DUMMY, partner="random", seed=3).compute_loss_from_embeddings([h, hp], None).item()
-    want = reference_paper(h, hp, [], 0.2, 0.05, lambda i, *_: int(perm[i]), True)
-    assert got == pytest.approx(want, rel=1e-5)
+    return [p for p in itertools.permutations(range(n)) if all(p[i] != i for i in range(n))]
+
+
+def test_random_partner_is_a_seeded_derangement():
+    """The loss equals the reference for exactly one derangement of the 6 rows (found by enumerating all 265, not by
+    asking the implementation), the same one for the same seed, and the generator advances between batches.
+    (3-dimensional embeddings, λ = 0.5 and τ = 0.5 make the 265 candidate losses distinguishable.)"""
+    g = torch.Generator().manual_seed(0)
+    h = torch.randn(6, 3, generator=g)
+    hp = h + 0.3 * torch.randn(6, 3, generator=g)
+
+    def make():
+        return MixCSELoss(DUMMY, partner="random", seed=3, lam=0.5, temperature=0.5)
+
+    references = {p: reference_paper(h, hp, [], 0.5, 0.5, lambda i, *_, p=p: p[i], True) for p in all_derangements(6)}
+
+    def matching(value):
+        return [p for p, want in references.items() if want == pytest.approx(value, rel=2e-6)]
+
+    seen = []
+    loss = make()
+    for _ in range(6):
+        found = matching(loss.compute_loss_from_embeddings([h, hp], None).item())
+        assert len(found) == 1  # a derangement (no anchor mixed with itself), and one we can name
+        seen.append(found[0])
+    assert len(set(seen)) > 1  # the draws advance from batch to batch
+    assert matching(make().compute_loss_from_embeddings([h, hp], None).item()) == [seen[0]]
+
+
+def test_mixcse_single_drops_only_the_reverse_mixed_negative(emb):
+    """The paper's MixCSE_single: both InfoNCE directions, the forward mixed negative only."""
+    h, hp, n1, _ = emb
+    single = MixCSELoss(DUMMY, symmetric=True, reverse_mix=False).compute_loss_from_embeddings([h, hp, n1], None)
+    n = h.size(0)
+    forward = reference_paper(h, hp, list(n1), 0.2, 0.05, shift, False)
+    reverse = 0.0
+    for i in range(n):  # h'_i as the anchor over h_1..h_N, no mixed negative
+        reverse += row_ce([dot(hp[i], h[b]) / 0.05 for b in range(n)], i)
+    assert single.item() == pytest.approx((forward + reverse / n) / 2, rel=1e-5)
+    # the old symmetric=False (one direction with its mix) stays reachable
+    one_way = MixCSELoss(DUMMY, symmetric=False).compute_loss_from_embeddings([h, hp, n1], None)
+    assert one_way.item() == pytest.approx(forward, rel=1e-5)
+    with pytest.raises(ValueError, match="reverse_mix"):
+        MixCSELoss(DUMMY, symmetric=False, reverse_mix=True)
+    assert MixCSELoss(DUMMY, reverse_mix=False).get_config_dict()["reverse_mix"] is False
+
+
+@pytest.mark.parametrize(("layout", "partner"), [("paper", "shift"), ("paper", "hardest"), ("official", "shift")])
+def test_bf16_autocast_equals_float32(emb, layout, partner):
+    """Under bf16 autocast the loss math still runs in float32: same value (1e-6) and gradient as without autocast on
+    the same (bf16-representable) embeddings, and the same hardest partners."""
+    g = torch.Generator().manual_seed(5)
+    h = torch.randn(32, 64, generator=g).bfloat16().float()
+    hp = (h + 0.2 * torch.randn(32, 64, generator=g)).bfloat16().float()
+    values, grads = [], []
+    for autocast in (False, True):
+        hp_ = hp.clone().requires_grad_(True)
+        loss = MixCSELoss(DUMMY, layout=layout, partner=partner)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            value = loss.compute_loss_from_embeddings([h, hp_], None)
+        value.backward()
+        values.append(value)
+        grads.append(hp_.grad)
+    assert values[1].dtype == torch.float32
+    assert values[1].item() == pytest.approx(values[0].item(), abs=1e-6)
+    torch.testing.assert_close(grads[1], grads[0], rtol=1e-5, atol=1e-7)
 
 
 @pytest.mark.parametrize("symmetric", [True, False])
