@@ -128,6 +128,22 @@ def test_focal_bf16_autocast_is_finite():
     assert all(torch.isfinite(t.grad).all() for t in (h, hp, neg))
 
 
+@pytest.mark.parametrize("symmetric", [False, True])
+def test_focal_bf16_autocast_equals_float32(symmetric):
+    """Under bf16 autocast the loss math runs in float32: same loss (1e-6) and gradients as without autocast."""
+    h, hp, neg = (c.float().bfloat16().float() for c in embeddings(n=16, d=32, columns=3))
+    values, grads = [], []
+    for autocast in (False, True):
+        hp_ = hp.clone().requires_grad_(True)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            value = FocalInfoNCELoss(None, symmetric=symmetric).compute_loss_from_embeddings([h, hp_, neg], None)
+        value.backward()
+        values.append(value)
+        grads.append(hp_.grad)
+    assert values[1].dtype == torch.float32 and values[1].item() == pytest.approx(values[0].item(), abs=1e-6)
+    torch.testing.assert_close(grads[1], grads[0], rtol=1e-5, atol=1e-7)
+
+
 def test_focal_bf16_autocast_with_model(tiny_model, tiny_sentences):
     features = tiny_model.tokenize(tiny_sentences[:8])
     loss = FocalInfoNCELoss(tiny_model)

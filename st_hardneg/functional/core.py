@@ -7,7 +7,10 @@ rows say so; the losses normalise each embedding exactly once (:func:`normalize`
 
 from __future__ import annotations
 
-from typing import Literal
+import contextlib
+import functools
+from collections.abc import Callable
+from typing import Any, Literal, TypeVar
 
 import torch
 import torch.nn.functional as F
@@ -18,6 +21,31 @@ PartnerMode = Literal["shift", "random", "hardest"]
 #: the norm below which a row is scaled by ``1 / NORM_EPS`` instead of ``1 / ||x||``. It bounds the gradient of the
 #: normalisation: ``||∂L/∂x|| <= ||∂L/∂x̂|| / NORM_EPS`` for every row, zero rows included.
 NORM_EPS = 1e-6
+
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def autocast_disabled(tensors: Any) -> contextlib.AbstractContextManager:
+    """A context that disables autocast on the device type of the first tensor in ``tensors`` (a tensor or a
+    sequence), so the math inside runs in the dtype of its inputs (float32 here) under bf16/fp16 mixed precision."""
+    if isinstance(tensors, list | tuple):
+        tensors = next((t for t in tensors if isinstance(t, Tensor)), None)
+    device_type = tensors.device.type if isinstance(tensors, Tensor) else "cpu"
+    if torch.amp.is_autocast_available(device_type):
+        return torch.autocast(device_type=device_type, enabled=False)
+    return contextlib.nullcontext()
+
+
+def float32_math(func: _F) -> _F:
+    """Run ``func`` with autocast disabled on its first argument's device (its inputs are cast to float32 inside)."""
+
+    @functools.wraps(func)
+    def wrapper(first, *args, **kwargs):
+        with autocast_disabled(first):
+            return func(first, *args, **kwargs)
+
+    return wrapper  # type: ignore[return-value]
 
 
 def row_norms(x: Tensor) -> Tensor:
@@ -134,6 +162,7 @@ def partner_indices(
     raise ValueError(f"partner must be one of 'shift', 'random', 'hardest'; got {mode!r}")
 
 
+@float32_math
 def candidate_cosines(anchors: Tensor, candidates: Tensor, row_candidates: Tensor | None = None,
                       assume_normalized: bool = False) -> Tensor:
     """Cosines of each anchor with the shared candidates and with its own row candidates.
@@ -150,6 +179,8 @@ def candidate_cosines(anchors: Tensor, candidates: Tensor, row_candidates: Tenso
     """
     if not assume_normalized:
         anchors, candidates = normalize(anchors), normalize(candidates)
+    else:
+        anchors, candidates = anchors.float(), candidates.float()
         if row_candidates is not None:
             row_candidates = normalize(row_candidates)
     cos = anchors @ candidates.T

@@ -12,7 +12,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from st_hardneg.functional.core import NORM_EPS, hardest_negatives, mix, normalize
+from st_hardneg.functional.core import NORM_EPS, float32_math, hardest_negatives, mix, normalize
 from st_hardneg.validation import check_weights_tensor
 
 Alpha = float | Callable[[Tensor], Tensor | float]
@@ -88,6 +88,7 @@ def positive_mixing_weights(
     return weights, cases, near | mix_inverted
 
 
+@float32_math
 def positive_mixing(
     anchors: Tensor,
     positives: Tensor,
@@ -200,6 +201,7 @@ def hard_negative_pairs(hard: Tensor, num_mixed: int, generator: torch.Generator
     return hard.gather(1, first), hard.gather(1, second)
 
 
+@float32_math
 def mix_hard_negatives(
     pool: Tensor, hard: Tensor, num_mixed: int, alpha: Alpha = 0.5, generator: torch.Generator | None = None,
     assume_normalized: bool = False,
@@ -230,6 +232,7 @@ def mix_hard_negatives(
     return mix(g_a, g_b, weight, assume_normalized=True)
 
 
+@float32_math
 def hard_negative_mixing(
     anchors: Tensor, pool: Tensor, k: int, num_mixed: int, alpha: Alpha = 0.5,
     generator: torch.Generator | None = None, single: bool = False,
@@ -257,6 +260,7 @@ def hard_negative_mixing(
     return mix_hard_negatives(unit, hard, num_mixed, alpha=alpha, generator=generator, assume_normalized=True)
 
 
+@float32_math
 def mixed_negative_cosines(
     anchors: Tensor, pool: Tensor, parents_a: Tensor, parents_b: Tensor, alpha: Alpha = 0.5,
     detach_pool: bool = False, similarity: Tensor | None = None, assume_normalized: bool = False,
@@ -298,6 +302,7 @@ def mixed_negative_cosines(
     return numerator / squared_norm.clamp_min(NORM_EPS * NORM_EPS).sqrt()
 
 
+@float32_math
 def hard_negative_mixing_cosines(
     anchors: Tensor, pool: Tensor, k: int, num_mixed: int, alpha: Alpha = 0.5,
     generator: torch.Generator | None = None, detach_pool: bool = False, similarity: Tensor | None = None,

@@ -3,7 +3,6 @@ the diagnostics it records."""
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import warnings
 from collections.abc import Iterable
@@ -66,15 +65,6 @@ def column_name(index: int) -> str:
     return ("anchor", "positive")[index] if index < 2 else f"negative_{index - 1}"
 
 
-def _autocast_off(embeddings: Any) -> contextlib.AbstractContextManager:
-    """A context that disables autocast on the embeddings' device type (the loss math runs in float32)."""
-    first = next((e for e in embeddings if isinstance(e, Tensor)), None) if isinstance(embeddings, list | tuple) else None
-    device_type = first.device.type if first is not None else "cpu"
-    if torch.amp.is_autocast_available(device_type):
-        return torch.autocast(device_type=device_type, enabled=False)
-    return contextlib.nullcontext()
-
-
 class HardNegativeLoss(nn.Module):
     """Base class of the st-hardneg losses.
 
@@ -105,7 +95,7 @@ class HardNegativeLoss(nn.Module):
         @functools.wraps(method)
         def compute_loss_from_embeddings(self, embeddings, labels=None, *args, **kw):
             self.check_labels(labels)
-            with _autocast_off(embeddings):
+            with fn.autocast_disabled(embeddings):
                 return method(self, embeddings, labels, *args, **kw)
 
         compute_loss_from_embeddings._float32_loss = True
