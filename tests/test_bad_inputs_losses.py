@@ -276,3 +276,18 @@ def test_trainer_without_label_column_does_not_warn(tiny_model, tiny_sentences, 
                                 "score": [0.5] * 8})
     with pytest.warns(UserWarning, match="does not use labels"):
         SentenceTransformerTrainer(model=tiny_model, args=args, train_dataset=scored, loss=loss).train()
+
+
+def test_matryoshka_truncation_is_not_a_size_change(tiny_model, tiny_sentences):
+    """MatryoshkaLoss truncates the model's output during its call; that is not the model changing size. A model that
+    did change size (a different recorded dimension) still raises."""
+    from sentence_transformers.sentence_transformer.losses import MatryoshkaLoss
+
+    dim = tiny_model.get_embedding_dimension()
+    features = tiny_model.tokenize(tiny_sentences[:8])
+    inner = MixCSELoss(tiny_model)
+    value = MatryoshkaLoss(tiny_model, inner, [dim, dim // 2])([features, features], None)
+    assert math.isfinite(value.item())
+    inner.embedding_dimension = dim + 1
+    with pytest.raises(ValueError, match="output size changed"):
+        inner([features, features], None)
