@@ -291,3 +291,18 @@ def test_matryoshka_truncation_is_not_a_size_change(tiny_model, tiny_sentences):
     inner.embedding_dimension = dim + 1
     with pytest.raises(ValueError, match="output size changed"):
         inner([features, features], None)
+
+
+# ---------------------------------------------------------------------------------------------- the base-class contract
+@pytest.mark.parametrize("name", NAMES)
+def test_loss_is_the_reduction_of_per_row_losses(name):
+    """compute_loss_from_embeddings = reduce(per-row losses): a subclass that sums instead of averaging gets N times
+    the mean (what gathering across devices and GradCache rely on), for every loss and layout."""
+    cols = columns()
+    mean = make(name).compute_loss_from_embeddings(cols, None)
+    rows = []
+    summing = make(name)  # a fresh loss: the same seed gives the same random draws (HNM pairs)
+    summing.reduce = lambda r: rows.append(r) or r.sum()
+    total = summing.compute_loss_from_embeddings(cols, None)
+    assert rows[0].shape == (6,)
+    assert total.item() == pytest.approx(6 * mean.item(), rel=1e-5)

@@ -258,10 +258,22 @@ def test_hnm_mixtures_are_pairs_of_top_k(alpha):
         for u in synthetic[i].double():
             assert torch.min((allowed - u).abs().amax(dim=1)) < 1e-5
 
-    # and the loss uses exactly these synthetic negatives as per-anchor extra candidates
+    # and the loss uses these synthetic negatives as per-anchor extra candidates: mixtures built here by hand from the
+    # hand-mined top-k and the documented pair draws of a generator seeded like the loss's
+    first, second = redraw_pairs(5, h.shape[0], k, m)
+    extras = []
+    for i in range(h.shape[0]):
+        top = ref_top_k(h, hp, i, k)
+        row = []
+        for o in range(m):
+            a, b = top[int(first[i, o])], top[int(second[i, o])]
+            w = weight(cos(hp[a], hp[b]).item()) if callable(weight) else weight
+            row.append(unit(w * unit(hp[a]) + (1 - w) * unit(hp[b])))
+        extras.append(row)
+    torch.testing.assert_close(synthetic.double(), torch.stack([torch.stack(r) for r in extras]), rtol=1e-5, atol=1e-6)
     loss = HNCSELoss(None, mode="hnm", k=k, num_mixed=m, alpha=alpha, seed=5)
     got = loss.compute_loss_from_embeddings([h, hp], None)
-    assert got.item() == pytest.approx(ref_loss(h, list(hp), extras=synthetic.double()).item(), rel=1e-5, abs=1e-6)
+    assert got.item() == pytest.approx(ref_loss(h, list(hp), extras=extras).item(), rel=1e-5, abs=1e-6)
 
 
 def test_hnm_alpha_extremes_and_callables():

@@ -186,7 +186,7 @@ class HardNegativeLoss(nn.Module):
                     f"{name}: all columns must have the same embedding size; the anchor column has "
                     f"{embeddings[0].size(1)} dimensions, column {i} ({column_name(i)}) has {column.size(1)}"
                 )
-            if not (column.is_floating_point() or column.is_complex()):
+            if not column.is_floating_point():
                 raise ValueError(f"{name}: column {i} ({column_name(i)}) must be a floating-point tensor, "
                                  f"got {column.dtype}")
         width = embeddings[0].size(1)

@@ -96,7 +96,7 @@ class HNCSELoss(HardNegativeLoss):
                 ``p_i`` stays closer to ``h'_i`` than to the negative (any ``w1 > w2``), while 0.2 on the hard negative
                 is the mixing share MixCSE found effective (``λ = 0.2``) and keeps ``cos(p_i, h'_i) >= 0.97`` for
                 ``cos(h'_i, h'_j*) >= 0``; it sits between the ``d1 <= d2`` case at the boundary (weights ≈ 1/2) and no
-                mixing (weight 1). To be selected on STS-B dev by the benchmark issue.
+                mixing (weight 1). Tune it on STS-B dev for a new setting.
             w2: weight of ``h'_j*`` in that case, >= 0 (``w1 + w2 > 0``). Provisional default 0.2, see ``w1``.
             pm_gradient: let gradients flow through the mixed positives into ``h'_i`` and ``h'_j*`` (the authors' code
                 does). ``False`` detaches the mixed rows (the rows that are not mixed keep their gradient).
