@@ -26,8 +26,9 @@ def unit(a: torch.Tensor) -> torch.Tensor:
     return a / torch.sqrt((a * a).sum())
 
 
-def ref_positive_mixing(h, hp, threshold=0.1, w1=W1, w2=W2, single=False, detach=False):
+def ref_positive_mixing(h, hp, threshold=0.1, w1=W1, w2=W2, single=False, detach=False, weight_gradient=False):
     """Paper Eq. 2 with the convex d1 <= d2 case and the d1 <= 0 / d1 + d2 <= 0 fallback, one anchor at a time.
+    ``weight_gradient``: the d1 <= d2 weights d1/(d1+d2) are autograd tensors (the authors' code), else floats.
 
     Returns the list of p_i, the list of case names, and the list of j*."""
     n = h.shape[0]
@@ -48,6 +49,8 @@ def ref_positive_mixing(h, hp, threshold=0.1, w1=W1, w2=W2, single=False, detach
                 case, p = "far", keep
         else:
             case = "inverted"
+            if weight_gradient:
+                d1, d2 = cos(h[i], hp[i]), cos(h[i], hp[j_star])
             p = keep if single else unit(d1 / (d1 + d2) * unit(source[i]) + d2 / (d1 + d2) * unit(source[j_star]))
         ps.append(p)
         cases.append(case)
@@ -180,7 +183,8 @@ def test_pm_gradient_flow(pm_gradient):
         sims = [cos(h[i], hp[j]).item() for j in range(n)]
         d1, d2 = sims[i], max(sims[j] for j in range(n) if j != i)
         rs.append((d1 - d2) / d1)
-    threshold = sorted(rs)[n // 2]
+    ordered = sorted(rs)
+    threshold = (ordered[n // 2 - 1] + ordered[n // 2]) / 2  # between two rows: no row sits on the boundary
     loss = HNCSELoss(None, mode="pm", pm_threshold=threshold, pm_gradient=pm_gradient)
     loss.compute_loss_from_embeddings([h, hp], None).backward()
     got_h, got_hp = h.grad.clone(), hp.grad.clone()
@@ -254,10 +258,22 @@ def test_hnm_mixtures_are_pairs_of_top_k(alpha):
         for u in synthetic[i].double():
             assert torch.min((allowed - u).abs().amax(dim=1)) < 1e-5
 
-    # and the loss uses exactly these synthetic negatives as per-anchor extra candidates
+    # and the loss uses these synthetic negatives as per-anchor extra candidates: mixtures built here by hand from the
+    # hand-mined top-k and the documented pair draws of a generator seeded like the loss's
+    first, second = redraw_pairs(5, h.shape[0], k, m)
+    extras = []
+    for i in range(h.shape[0]):
+        top = ref_top_k(h, hp, i, k)
+        row = []
+        for o in range(m):
+            a, b = top[int(first[i, o])], top[int(second[i, o])]
+            w = weight(cos(hp[a], hp[b]).item()) if callable(weight) else weight
+            row.append(unit(w * unit(hp[a]) + (1 - w) * unit(hp[b])))
+        extras.append(row)
+    torch.testing.assert_close(synthetic.double(), torch.stack([torch.stack(r) for r in extras]), rtol=1e-5, atol=1e-6)
     loss = HNCSELoss(None, mode="hnm", k=k, num_mixed=m, alpha=alpha, seed=5)
     got = loss.compute_loss_from_embeddings([h, hp], None)
-    assert got.item() == pytest.approx(ref_loss(h, list(hp), extras=synthetic.double()).item(), rel=1e-5, abs=1e-6)
+    assert got.item() == pytest.approx(ref_loss(h, list(hp), extras=extras).item(), rel=1e-5, abs=1e-6)
 
 
 def test_hnm_alpha_extremes_and_callables():
@@ -349,6 +365,80 @@ def test_hnm_gradient_flow(hnm_gradient):
     ref_loss(h, list(hp), extras=extras).backward()
     torch.testing.assert_close(got_h.double(), h.grad, rtol=1e-4, atol=1e-6)
     torch.testing.assert_close(got_hp.double(), hp.grad, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("pm_weight_gradient", [True, False])
+def test_pm_weight_gradient_matches_autograd_through_the_weights(pm_weight_gradient):
+    """pm_weight_gradient=True differentiates through d1/(d1+d2) of the inverted rows, as the authors' code does;
+    checked against a reference whose weights are autograd tensors (or floats)."""
+    h, hp = random_columns(seed=3, requires_grad=True, noise=2.0)
+    _, cases, _ = ref_positive_mixing(h, hp, threshold=0.1)
+    assert "inverted" in cases  # the weights only carry a gradient in this case
+    loss = HNCSELoss(None, mode="pm", pm_weight_gradient=pm_weight_gradient)
+    loss.compute_loss_from_embeddings([h, hp], None).backward()
+    got = h.grad.clone(), hp.grad.clone()
+    h.grad = hp.grad = None
+    ps, _, _ = ref_positive_mixing(h, hp, threshold=0.1, weight_gradient=pm_weight_gradient)
+    ref_loss(h, ps).backward()
+    torch.testing.assert_close(got[0].double(), h.grad, rtol=1e-4, atol=1e-6)
+    torch.testing.assert_close(got[1].double(), hp.grad, rtol=1e-4, atol=1e-6)
+    h.grad = hp.grad = None
+    ps, _, _ = ref_positive_mixing(h, hp, threshold=0.1, weight_gradient=not pm_weight_gradient)
+    ref_loss(h, ps).backward()
+    assert (got[0].double() - h.grad).abs().max() > 1e-4  # the option changes the gradient
+    assert HNCSELoss(None, pm_weight_gradient=True).get_config_dict()["pm_weight_gradient"] is True
+
+
+def redraw_pairs(seed, n, k, m):
+    """The documented sampling scheme written out: a uniform in [0, k), b = (a + o) mod k with o uniform in [1, k),
+    from a generator seeded like the loss's."""
+    g = torch.Generator().manual_seed(seed)
+    first = torch.randint(k, (n, m), generator=g)
+    second = (first + torch.randint(1, k, (n, m), generator=g)) % k
+    return first, second
+
+
+@pytest.mark.parametrize("alpha", [0.3, ref_adaptive])
+def test_hnm_loss_with_hand_built_mixtures(alpha):
+    """The HNM loss against mixtures built in the test from the hand-mined top-k and the re-drawn pairs."""
+    h, hp, neg = random_columns(n=7, d=6, seed=1, columns=3)
+    k, m, seed = 4, 5, 11
+    first, second = redraw_pairs(seed, 7, k, m)
+    extras = []
+    for i in range(7):
+        top = ref_top_k(h, hp, i, k)
+        row = []
+        for o in range(m):
+            a, b = top[int(first[i, o])], top[int(second[i, o])]
+            w = alpha(cos(hp[a], hp[b]).item()) if callable(alpha) else alpha
+            row.append(unit(w * unit(hp[a]) + (1 - w) * unit(hp[b])))
+        extras.append(row)
+    loss = HNCSELoss(None, mode="hnm", k=k, num_mixed=m, alpha=alpha, seed=seed)
+    got = loss.compute_loss_from_embeddings([h, hp, neg], None)
+    assert got.item() == pytest.approx(ref_loss(h, list(hp), list(neg), extras).item(), rel=1e-5, abs=1e-6)
+
+
+@pytest.mark.parametrize("mode", ["pm", "hnm", "both"])
+def test_bf16_autocast_equals_float32(mode):
+    """Under bf16 autocast the loss math runs in float32: the same loss (1e-6) and the same PM partners and cases as
+    without autocast, on the same bf16-representable embeddings."""
+    # realistic geometry: every embedding near a common direction, in-batch cosines ~0.95 with small gaps (bf16
+    # cosines are only resolved to 0.004 there: computed in bf16, about half of the hardest partners change)
+    g = torch.Generator().manual_seed(0)
+    common = torch.randn(1, 64, generator=g)
+    h = (common + 0.15 * torch.randn(64, 64, generator=g)).bfloat16().float()
+    hp = (h + 0.05 * torch.randn(64, 64, generator=g)).bfloat16().float()
+    neg = (common + 0.15 * torch.randn(64, 64, generator=g)).bfloat16().float()
+    results = []
+    for autocast in (False, True):
+        loss = HNCSELoss(None, mode=mode, k=4, num_mixed=8, pm_threshold=0.3, alpha="adaptive", seed=0)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            value = loss.compute_loss_from_embeddings([h, hp, neg], None)
+            pm = loss.mixed_positives(h, hp)
+        results.append((value, pm))
+    (v32, pm32), (v16, pm16) = results
+    assert v16.dtype == torch.float32 and v16.item() == pytest.approx(v32.item(), abs=1e-6)
+    assert torch.equal(pm16.partners, pm32.partners) and torch.equal(pm16.cases, pm32.cases)
 
 
 # ---------------------------------------------------------------------------------------------- k, batch size, seeds

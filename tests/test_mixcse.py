@@ -54,16 +54,17 @@ def reference_paper(h, hp, negs, lam, tau, partner, symmetric, focal_m=None):
 
 
 def reference_official(h, hp, lam, tau, symmetric):
-    """The released code's N×3N layout with shift partners, zeroed (not removed) entries."""
+    """The released code's N×3N layout with shift partners, zeroed (not removed) entries; like the released code it
+    mixes the RAW vectors z2_b, z2_{b+1} (resp. z1_a, z1_{a+1}) and only the cosine normalises."""
     n = h.size(0)
     total = 0.0
     for a in range(n):
         row = [dot(h[a], hp[b]) / tau for b in range(n)]
         for b in range(n):
-            mix_b = lam * unit(hp[b]) + (1 - lam) * unit(hp[(b + 1) % n])
+            mix_b = lam * hp[b] + (1 - lam) * hp[(b + 1) % n]
             row.append(0.0 if b == (a - 1) % n else dot(h[a], mix_b) / tau)
         if symmetric:
-            mix_a = lam * unit(h[a]) + (1 - lam) * unit(h[(a + 1) % n])
+            mix_a = lam * h[a] + (1 - lam) * h[(a + 1) % n]
             for b in range(n):
                 row.append(0.0 if b == (a + 1) % n else dot(mix_a, hp[b]) / tau)
         total += row_ce(row, a)
@@ -114,27 +115,112 @@ def test_hardest_partner(emb):
     assert got == pytest.approx(reference_paper(h, hp, [], 0.2, 0.05, hardest, True), rel=1e-5)
 
 
-def test_random_partner_is_a_seeded_derangement(emb):
-    h, hp, *_ = emb
-    a = MixCSELoss(DUMMY, partner="random", seed=3)
-    b = MixCSELoss(DUMMY, partner="random", seed=3)
-    assert a.compute_loss_from_embeddings([h, hp], None).item() == b.compute_loss_from_embeddings([h, hp], None).item()
-    # the loss equals the reference for the permutation the generator draws
-    from st_hardneg.functional import random_derangement
+def all_derangements(n):
+    import itertools
 
-    perm = random_derangement(6, torch.Generator().manual_seed(3))
-    assert all(perm[i] != i for i in range(6)) and sorted(perm.tolist()) == list(range(6))
-    got = MixCSELoss(DUMMY, partner="random", seed=3).compute_loss_from_embeddings([h, hp], None).item()
-    want = reference_paper(h, hp, [], 0.2, 0.05, lambda i, *_: int(perm[i]), True)
-    assert got == pytest.approx(want, rel=1e-5)
+    return [p for p in itertools.permutations(range(n)) if all(p[i] != i for i in range(n))]
+
+
+def test_random_partner_is_a_seeded_derangement():
+    """The loss equals the reference for exactly one derangement of the 6 rows (found by enumerating all 265, not by
+    asking the implementation), the same one for the same seed, and the generator advances between batches.
+    (3-dimensional embeddings, λ = 0.5 and τ = 0.5 make the 265 candidate losses distinguishable.)"""
+    g = torch.Generator().manual_seed(0)
+    h = torch.randn(6, 3, generator=g)
+    hp = h + 0.3 * torch.randn(6, 3, generator=g)
+
+    def make():
+        return MixCSELoss(DUMMY, partner="random", seed=3, lam=0.5, temperature=0.5)
+
+    references = {p: reference_paper(h, hp, [], 0.5, 0.5, lambda i, *_, p=p: p[i], True) for p in all_derangements(6)}
+
+    def matching(value):
+        return [p for p, want in references.items() if want == pytest.approx(value, rel=2e-6)]
+
+    seen = []
+    loss = make()
+    for _ in range(6):
+        found = matching(loss.compute_loss_from_embeddings([h, hp], None).item())
+        assert len(found) == 1  # a derangement (no anchor mixed with itself), and one we can name
+        seen.append(found[0])
+    assert len(set(seen)) > 1  # the draws advance from batch to batch
+    assert matching(make().compute_loss_from_embeddings([h, hp], None).item()) == [seen[0]]
+
+
+def test_mixcse_single_drops_only_the_reverse_mixed_negative(emb):
+    """The paper's MixCSE_single: both InfoNCE directions, the forward mixed negative only."""
+    h, hp, n1, _ = emb
+    single = MixCSELoss(DUMMY, symmetric=True, reverse_mix=False).compute_loss_from_embeddings([h, hp, n1], None)
+    n = h.size(0)
+    forward = reference_paper(h, hp, list(n1), 0.2, 0.05, shift, False)
+    reverse = 0.0
+    for i in range(n):  # h'_i as the anchor over h_1..h_N, no mixed negative
+        reverse += row_ce([dot(hp[i], h[b]) / 0.05 for b in range(n)], i)
+    assert single.item() == pytest.approx((forward + reverse / n) / 2, rel=1e-5)
+    # the old symmetric=False (one direction with its mix) stays reachable
+    one_way = MixCSELoss(DUMMY, symmetric=False).compute_loss_from_embeddings([h, hp, n1], None)
+    assert one_way.item() == pytest.approx(forward, rel=1e-5)
+    with pytest.raises(ValueError, match="reverse_mix"):
+        MixCSELoss(DUMMY, symmetric=False, reverse_mix=True)
+    assert MixCSELoss(DUMMY, reverse_mix=False).get_config_dict()["reverse_mix"] is False
+
+
+@pytest.mark.parametrize(("layout", "partner"), [("paper", "shift"), ("paper", "hardest"), ("official", "shift")])
+def test_bf16_autocast_equals_float32(emb, layout, partner):
+    """Under bf16 autocast the loss math still runs in float32: same value (1e-6) and gradient as without autocast on
+    the same (bf16-representable) embeddings, and the same hardest partners."""
+    # realistic geometry (every embedding near a common direction, cosines ~0.95): the loss is O(1) and bf16 cosines
+    # would move it by ~0.02
+    g = torch.Generator().manual_seed(0)
+    common = torch.randn(1, 64, generator=g)
+    h = (common + 0.15 * torch.randn(32, 64, generator=g)).bfloat16().float()
+    hp = (h + 0.05 * torch.randn(32, 64, generator=g)).bfloat16().float()
+    values, grads = [], []
+    for autocast in (False, True):
+        hp_ = hp.clone().requires_grad_(True)
+        loss = MixCSELoss(DUMMY, layout=layout, partner=partner)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            value = loss.compute_loss_from_embeddings([h, hp_], None)
+        value.backward()
+        values.append(value)
+        grads.append(hp_.grad)
+    assert values[1].dtype == torch.float32 and values[0].item() > 1.0
+    assert values[1].item() == pytest.approx(values[0].item(), abs=1e-6)
+    torch.testing.assert_close(grads[1], grads[0], rtol=1e-5, atol=1e-7)
 
 
 @pytest.mark.parametrize("symmetric", [True, False])
 def test_official_layout_matches_released_code(emb, symmetric):
     h, hp, *_ = emb
+    # the embeddings' norms differ from row to row, so mixing raw and mixing normalised vectors differ
+    h, hp = h * torch.linspace(0.5, 3.0, 6).unsqueeze(1), hp * torch.linspace(2.0, 0.3, 6).unsqueeze(1)
     loss = MixCSELoss(DUMMY, layout="official", symmetric=symmetric)
     got = loss.compute_loss_from_embeddings([h, hp], None).item()
     assert got == pytest.approx(reference_official(h, hp, 0.2, 0.05, symmetric), rel=1e-5)
+    # the released script's λ = 0.6 (run_unsup_example.sh: --lambdas 0.6)
+    got = MixCSELoss(DUMMY, layout="official", lam=0.6, symmetric=symmetric).compute_loss_from_embeddings([h, hp], None)
+    assert got.item() == pytest.approx(reference_official(h, hp, 0.6, 0.05, symmetric), rel=1e-5)
+    # with unit-norm inputs raw and normalised mixing coincide (the numbers of earlier versions)
+    hn, hpn = torch.nn.functional.normalize(h, dim=1), torch.nn.functional.normalize(hp, dim=1)
+    got = MixCSELoss(DUMMY, layout="official", symmetric=symmetric).compute_loss_from_embeddings([hn, hpn], None)
+    assert got.item() == pytest.approx(reference_official(hn, hpn, 0.2, 0.05, symmetric), rel=1e-5)
+
+
+def test_official_layout_reverse_mix_controls_block_3(emb):
+    h, hp, *_ = emb
+    no_block3 = MixCSELoss(DUMMY, layout="official", reverse_mix=False).compute_loss_from_embeddings([h, hp], None)
+    assert no_block3.item() == pytest.approx(reference_official(h, hp, 0.2, 0.05, False), rel=1e-5)
+
+
+def test_official_layout_is_device_correct():
+    """Partners, masks and logits live on the embeddings' device (the meta device has no data: any CPU index tensor
+    mixed with it raises)."""
+    h = torch.randn(6, 8, device="meta")
+    for partner in ("shift", "random"):
+        for layout in ("official", "paper"):
+            loss = MixCSELoss(DUMMY, layout=layout, partner=partner)  # no generator exists on meta: global RNG
+            value = loss.compute_loss_from_embeddings([h, h.clone()], None)
+            assert value.device.type == "meta" and value.shape == ()
 
 
 def test_official_layout_needs_a_permutation():
@@ -159,7 +245,8 @@ def test_stop_gradient_blocks_the_mix(emb, layout):
     hp_ = hp.clone().requires_grad_(True)
     hn, hpn = torch.nn.functional.normalize(h, dim=1), torch.nn.functional.normalize(hp_, dim=1)
     with torch.no_grad():
-        hpd = torch.nn.functional.normalize(hp, dim=1)
+        # the paper mixes normalised vectors, the released code ("official") the raw ones
+        hpd = torch.nn.functional.normalize(hp, dim=1) if layout == "paper" else hp
         mix = torch.nn.functional.normalize(0.5 * hpd + 0.5 * hpd.roll(-1, 0), dim=1)
     if layout == "paper":
         extra = (hn * mix).sum(1, keepdim=True)
@@ -173,13 +260,56 @@ def test_stop_gradient_blocks_the_mix(emb, layout):
     assert torch.allclose(with_sg, hp_.grad, atol=1e-5)
 
 
+def reference_gradients(h, hp, lam, layout, stop_gradient, tau=0.05):
+    """d loss / d h' of the one-directional loss (layout "paper") or the released code without block 3 ("official"),
+    written with plain tensor ops and explicit loops, with or without detaching the mixes."""
+    n = h.size(0)
+    hp_ = hp.clone().requires_grad_(True)
+    source = hp_.detach() if stop_gradient else hp_
+    total = 0.0
+    for a in range(n):
+        row = [torch.dot(unit(h[a]), unit(hp_[b])) / tau for b in range(n)]
+        if layout == "paper":
+            mixed = unit(lam * unit(source[a]) + (1 - lam) * unit(source[(a + 1) % n]))
+            row.append(torch.dot(unit(h[a]), mixed) / tau)
+        else:
+            for b in range(n):
+                mixed = unit(lam * source[b] + (1 - lam) * source[(b + 1) % n])
+                row.append(torch.zeros(()) if b == (a - 1) % n else torch.dot(unit(h[a]), mixed) / tau)
+        logits = torch.stack(row)
+        total = total - (logits[a] - torch.logsumexp(logits, 0))
+    (total / n).backward()
+    return hp_.grad
+
+
+@pytest.mark.parametrize("layout", ["paper", "official"])
+@pytest.mark.parametrize("stop_gradient", [True, False])
+def test_stop_gradient_gradients_match_reference(emb, layout, stop_gradient):
+    """The gradient into h' with and without sg equals an independent reference (mixes detached or not)."""
+    h, hp, *_ = emb
+    hp = hp * torch.linspace(0.5, 2.0, 6).unsqueeze(1)  # unequal norms: raw and normalised mixing differ
+    hp_ = hp.clone().requires_grad_(True)
+    loss = MixCSELoss(DUMMY, lam=0.5, symmetric=False, stop_gradient=stop_gradient, layout=layout)
+    loss.compute_loss_from_embeddings([h, hp_], None).backward()
+    torch.testing.assert_close(hp_.grad, reference_gradients(h, hp, 0.5, layout, stop_gradient), rtol=1e-4, atol=1e-6)
+    other = reference_gradients(h, hp, 0.5, layout, not stop_gradient)
+    assert (hp_.grad - other).abs().max() > 1e-3  # sg changes the gradient: the check above can fail
+
+
 def test_mix_gradient_flows_without_stop_gradient(emb):
     h, hp, *_ = emb
     hp_ = hp.clone().requires_grad_(True)
+    hn = torch.nn.functional.normalize(hp_, dim=1)
     loss = MixCSELoss(DUMMY, symmetric=False, stop_gradient=False)
-    mixed_only = loss._mix(torch.nn.functional.normalize(hp_, dim=1), torch.tensor([1, 2, 3, 4, 5, 0]))
+    mixed_only = loss._mix(hn, torch.tensor([1, 2, 3, 4, 5, 0]))
     assert mixed_only.requires_grad
-    assert not MixCSELoss(DUMMY)._mix(hp_, torch.tensor([1, 2, 3, 4, 5, 0])).requires_grad
+    mixed_only[0].sum().backward()
+    # d/dh' of sum(normalize(0.2 ĥ'_0 + 0.8 ĥ'_1)) by hand: only rows 0 and 1 receive a gradient
+    ref = hp.clone().requires_grad_(True)
+    unit(0.2 * unit(ref[0]) + 0.8 * unit(ref[1])).sum().backward()
+    torch.testing.assert_close(hp_.grad, ref.grad, rtol=1e-4, atol=1e-6)
+    assert hp_.grad[2:].abs().sum() == 0 and hp_.grad[:2].abs().sum() > 0
+    assert not MixCSELoss(DUMMY)._mix(hn, torch.tensor([1, 2, 3, 4, 5, 0])).requires_grad
 
 
 def test_focal_modulation_inside_mixcse(emb):

@@ -5,15 +5,13 @@ from typing import Any
 from torch import Tensor
 
 from st_hardneg import functional as fn
-from st_hardneg.losses.base import HardNegativeLoss, check_focal_m
+from st_hardneg import validation
+from st_hardneg.losses.base import HardNegativeLoss
 
 
 def check_margin(value: float, name: str = "m") -> float:
     """Return the Focal-InfoNCE margin as a float if it is a finite number >= 0, else raise ``ValueError``."""
-    try:
-        return check_focal_m(float(value))
-    except (TypeError, ValueError):
-        raise ValueError(f"{name} (the Focal-InfoNCE margin) must be a finite number >= 0, got {value!r}") from None
+    return validation.check_non_negative(value, f"{name} (the Focal-InfoNCE margin)")
 
 
 class FocalInfoNCELoss(HardNegativeLoss):
@@ -108,21 +106,28 @@ class FocalInfoNCELoss(HardNegativeLoss):
         """
         super().__init__(model, temperature)
         self.m = check_margin(m)
-        self.symmetric = bool(symmetric)
+        self.symmetric = validation.check_bool(symmetric, "symmetric")
+        self.check_logit_range(1.0 + self.m)  # the largest negative logit is (1 + m) / τ
 
-    def _direction(self, anchors: Tensor, candidates: Tensor) -> tuple[Tensor, Tensor]:
-        cos = fn.candidate_cosines(anchors, candidates)
-        return fn.info_nce(fn.contrastive_logits(cos, self.temperature, self.m)), cos
+    def _direction(self, anchors: Tensor, similarity: Tensor) -> Tensor:
+        """Per-row focal InfoNCE of ``anchors`` given their cosines with the candidates (positive on the diagonal)."""
+        return fn.info_nce_rows(fn.contrastive_logits(similarity, self.temperature, self.m))
 
     def compute_loss_from_embeddings(self, embeddings: list[Tensor], labels: Tensor | None) -> Tensor:
-        batch = self.split_batch(embeddings)
-        loss, cos = self._direction(batch.anchors, batch.candidates)
+        """Focal-InfoNCE (paper Eq. 2), row i, with ``s_p = cos(h_i, h'_i)`` and ``s_n`` the other candidates::
+
+            ℓ_i = -log  e^{s_p² / τ} / (e^{s_p² / τ} + Σ_n e^{s_n (s_n + m) / τ})
+
+        ``symmetric``: each row is the mean of ℓ_i and the same loss with ``h'_i`` as the anchor over ``h_1..h_N``.
+        """
+        batch = self.prepare_batch(embeddings, labels)
+        cos = batch.anchors @ batch.candidates.T  # computed once; its in-batch block transposed is the reverse side
+        rows = self._direction(batch.anchors, cos)
         self.record_stats(cos, num_in_batch=batch.size)
-        if not self.symmetric:
-            return loss
-        # h'_i as the anchor: candidates h_1..h_N, positive h_i; explicit negatives stay on the forward side.
-        reverse_loss, _ = self._direction(batch.positives, batch.anchors)
-        return (loss + reverse_loss) / 2
+        if self.symmetric:
+            # h'_i as the anchor: candidates h_1..h_N, positive h_i; explicit negatives stay on the forward side.
+            rows = (rows + self._direction(batch.positives, cos[:, : batch.size].T)) / 2
+        return self.reduce(rows)
 
     def get_config_dict(self) -> dict[str, Any]:
         return {"temperature": self.temperature, "m": self.m, "symmetric": self.symmetric}

@@ -1,7 +1,5 @@
 from __future__ import annotations
 
-import math
-import operator
 import warnings
 from collections.abc import Callable
 from dataclasses import replace
@@ -11,30 +9,11 @@ import torch
 from torch import Tensor
 
 from st_hardneg import functional as fn
+from st_hardneg import validation
 from st_hardneg.losses.base import HardNegativeLoss, check_focal_m
 
 Mode = Literal["pm", "hnm", "both"]
 Alpha = float | str | Callable[[Tensor], Tensor | float]
-
-
-def _check_number(value: Any, name: str, minimum: float = 0.0) -> float:
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"{name} must be a finite number >= {minimum:g}, got {value!r}") from None
-    if not (math.isfinite(number) and number >= minimum):
-        raise ValueError(f"{name} must be a finite number >= {minimum:g}, got {value!r}")
-    return number
-
-
-def _check_count(value: Any, name: str, minimum: int = 1) -> int:
-    try:
-        count = operator.index(value)
-    except TypeError:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}") from None
-    if count < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
-    return count
 
 
 class HNCSELoss(HardNegativeLoss):
@@ -48,6 +27,7 @@ class HNCSELoss(HardNegativeLoss):
         w2: float = 0.2,
         pm_gradient: bool = True,
         pm_single: bool = False,
+        pm_weight_gradient: bool = False,
         k: int = 10,
         num_mixed: int = 40,
         alpha: Alpha = 0.5,
@@ -80,7 +60,7 @@ class HNCSELoss(HardNegativeLoss):
 
         The mixed ``p`` replaces ``h'`` everywhere: as the positive of its anchor and as the in-batch negative of the
         other anchors (as in the authors' code, so ``p_j`` can contain ``h'_i`` when ``j* = i`` for anchor ``j``). The
-        case, ``j*`` and the weights are constants: no gradient flows through the selection or the weights.
+        case and ``j*`` are constants; so are the weights unless ``pm_weight_gradient=True``.
 
         **Hard-negative mixing** (``mode="hnm"`` or ``"both"``; paper §3.2, Eq. 7-8). For anchor ``i``, ``G`` = its
         top-``k`` in-batch negatives by ``cos(h_i, p_j)``, ``j ≠ i``. ``num_mixed`` ordered pairs ``(a, b)`` of distinct
@@ -91,6 +71,11 @@ class HNCSELoss(HardNegativeLoss):
 
         **mode="both"** (not reported in the paper, which evaluates PM and HNM separately) composes them in order: PM
         rewrites the in-batch candidates, then HNM mines the top-``k`` among the rewritten ``p_j`` and mixes those.
+
+        **Deviations from the authors' code**, each documented where it applies: PM treats the mixing weights
+        ``d1/(d1+d2)`` as constants by default (the code differentiates through them: ``pm_weight_gradient=True``);
+        PM and HNM mix the *normalised* vectors (the code mixes raw ones); HNM mines the top-``k`` in the *current*
+        batch (the code mines the previous batch's embeddings); the ``d1 <= 0`` / ``d1 + d2 <= 0`` rows are kept.
 
         HNCSE is one-directional (the paper's Eq. 1 and 3; no ``symmetric`` option). Explicit negatives (third column
         on) are shared candidates, as in ST's ``MultipleNegativesRankingLoss``; they are not mixed into the positive
@@ -111,10 +96,12 @@ class HNCSELoss(HardNegativeLoss):
                 ``p_i`` stays closer to ``h'_i`` than to the negative (any ``w1 > w2``), while 0.2 on the hard negative
                 is the mixing share MixCSE found effective (``λ = 0.2``) and keeps ``cos(p_i, h'_i) >= 0.97`` for
                 ``cos(h'_i, h'_j*) >= 0``; it sits between the ``d1 <= d2`` case at the boundary (weights ≈ 1/2) and no
-                mixing (weight 1). To be selected on STS-B dev by the benchmark issue.
+                mixing (weight 1). Tune it on STS-B dev for a new setting.
             w2: weight of ``h'_j*`` in that case, >= 0 (``w1 + w2 > 0``). Provisional default 0.2, see ``w1``.
             pm_gradient: let gradients flow through the mixed positives into ``h'_i`` and ``h'_j*`` (the authors' code
                 does). ``False`` detaches the mixed rows (the rows that are not mixed keep their gradient).
+            pm_weight_gradient: let gradients flow through the ``d1 <= d2`` case's weights ``d1/(d1+d2)`` into the
+                cosines ``d1``, ``d2`` (the authors' code does). ``False`` (default) treats them as constants.
             pm_single: the paper's HNCSE-PM_single ablation: only the ``d1 > d2`` case mixes; rows with ``d1 <= d2``
                 keep ``h'_i`` (they stay in the loss).
             k: how many hard negatives per anchor are mined (paper: 10), >= 1 (>= 2 for mixing). **If the batch has
@@ -190,45 +177,27 @@ class HNCSELoss(HardNegativeLoss):
                 trainer = SentenceTransformerTrainer(model=model, args=args, train_dataset=train_dataset, loss=loss)
                 trainer.train()
         """
-        super().__init__(model, temperature)
-        if mode not in ("pm", "hnm", "both"):
-            raise ValueError(f"mode must be 'pm', 'hnm' or 'both', got {mode!r}")
-        self.mode = mode
-        self.pm_threshold = _check_number(pm_threshold, "pm_threshold")
-        self.w1 = _check_number(w1, "w1")
-        self.w2 = _check_number(w2, "w2")
+        super().__init__(model, temperature, seed=seed)
+        self.mode = validation.check_choice(mode, "mode", ("pm", "hnm", "both"))
+        self.pm_threshold = validation.check_non_negative(pm_threshold, "pm_threshold")
+        self.w1 = validation.check_non_negative(w1, "w1")
+        self.w2 = validation.check_non_negative(w2, "w2")
         if self.w1 + self.w2 <= 0:
             raise ValueError(f"w1 + w2 must be positive (the mix is normalised by it), got w1={w1!r}, w2={w2!r}")
-        self.pm_gradient = bool(pm_gradient)
-        self.pm_single = bool(pm_single)
-        self.hnm_single = bool(hnm_single)
-        self.k = _check_count(k, "k", minimum=1 if self.hnm_single else 2)
-        self.num_mixed = _check_count(num_mixed, "num_mixed")
-        self.alpha = self._check_alpha(alpha)
-        self.hnm_gradient = bool(hnm_gradient)
+        self.pm_gradient = validation.check_bool(pm_gradient, "pm_gradient")
+        self.pm_single = validation.check_bool(pm_single, "pm_single")
+        self.pm_weight_gradient = validation.check_bool(pm_weight_gradient, "pm_weight_gradient")
+        self.hnm_single = validation.check_bool(hnm_single, "hnm_single")
+        self.k = validation.check_count(k, "k", minimum=1 if self.hnm_single else 2)
+        self.num_mixed = validation.check_count(num_mixed, "num_mixed")
+        self.alpha = validation.check_weight_or_callable(alpha, "alpha (the weight of G_a in the mix)",
+                                                         names=fn.ALPHA_FUNCTIONS)
+        self.hnm_gradient = validation.check_bool(hnm_gradient, "hnm_gradient")
         self.focal_m = check_focal_m(focal_m)
-        self.seed = seed
-        self._generator: torch.Generator | None = None
+        self.check_logit_range(1.0 + (self.focal_m or 0.0))
         self._warned_k = False
         # a pair of distinct in-batch negatives needs two other pairs in the batch
         self.min_batch_size = 3 if self.uses_hnm and not self.hnm_single else 2
-
-    @staticmethod
-    def _check_alpha(alpha: Alpha) -> Alpha:
-        if isinstance(alpha, str):
-            if alpha not in fn.ALPHA_FUNCTIONS:
-                raise ValueError(f"alpha must be a float in [0, 1], a callable or one of {sorted(fn.ALPHA_FUNCTIONS)}, "
-                                 f"got {alpha!r}")
-            return alpha
-        if callable(alpha):
-            return alpha
-        try:
-            value = float(alpha)
-        except (TypeError, ValueError):
-            raise ValueError(f"alpha must be a float in [0, 1], a callable or a name, got {alpha!r}") from None
-        if not 0.0 <= value <= 1.0:
-            raise ValueError(f"alpha (the weight of G_a in the mix) must be in [0, 1], got {alpha!r}")
-        return value
 
     @property
     def uses_pm(self) -> bool:
@@ -238,14 +207,11 @@ class HNCSELoss(HardNegativeLoss):
     def uses_hnm(self) -> bool:
         return self.mode in ("hnm", "both")
 
-    # ------------------------------------------------------------------ helpers
-    def _generator_for(self, device: torch.device) -> torch.Generator | None:
-        if self.seed is None:
-            return None
-        if self._generator is None or self._generator.device != torch.device(device):
-            self._generator = torch.Generator(device=device).manual_seed(self.seed)
-        return self._generator
+    @property
+    def _alpha_function(self) -> fn.Alpha:
+        return fn.ALPHA_FUNCTIONS[self.alpha] if isinstance(self.alpha, str) else self.alpha
 
+    # ------------------------------------------------------------------ helpers
     def effective_k(self, batch_size: int) -> int:
         """``k`` clamped to the ``batch_size - 1`` in-batch negatives (warns once per loss when it clamps)."""
         available = batch_size - 1
@@ -261,55 +227,67 @@ class HNCSELoss(HardNegativeLoss):
             self._warned_k = True
         return available
 
-    def mixed_positives(self, anchors: Tensor, positives: Tensor) -> fn.PositiveMix:
-        """Positive mixing of normalised ``anchors`` and ``positives`` (see :func:`st_hardneg.functional.positive_mixing`)."""
+    def mixed_positives(self, anchors: Tensor, positives: Tensor, similarity: Tensor | None = None,
+                        assume_normalized: bool = False) -> fn.PositiveMix:
+        """Positive mixing of ``anchors`` and ``positives`` (see :func:`st_hardneg.functional.positive_mixing`)."""
         return fn.positive_mixing(
             anchors, positives, self.pm_threshold, self.w1, self.w2, single=self.pm_single,
-            detach_mix=not self.pm_gradient,
+            detach_mix=not self.pm_gradient, weight_gradient=self.pm_weight_gradient, similarity=similarity,
+            assume_normalized=assume_normalized,
         )
 
     def synthetic_negatives(self, anchors: Tensor, pool: Tensor) -> Tensor:
         """The (N, S, d) synthetic hard negatives of each anchor, mined among the in-batch candidates ``pool``."""
-        alpha = fn.ALPHA_FUNCTIONS[self.alpha] if isinstance(self.alpha, str) else self.alpha
         synthetic = fn.hard_negative_mixing(
-            anchors, pool, self.effective_k(anchors.size(0)), self.num_mixed, alpha=alpha,
-            generator=self._generator_for(anchors.device), single=self.hnm_single,
+            anchors, pool, self.effective_k(anchors.size(0)), self.num_mixed, alpha=self._alpha_function,
+            generator=self.generator(anchors.device), single=self.hnm_single,
         )
         return synthetic if self.hnm_gradient else synthetic.detach()
 
-    def synthetic_cosines(self, anchors: Tensor, pool: Tensor) -> Tensor:
-        """The (N, S) cosines of each anchor with its synthetic hard negatives, i.e. with
-        :meth:`synthetic_negatives` (same random draws), computed without building the (N, S, d) mixtures
-        (:func:`st_hardneg.functional.mixed_negative_cosines`): the loss math then costs about as much as SimCSE's."""
+    def synthetic_cosines(self, anchors: Tensor, pool: Tensor, similarity: Tensor | None = None,
+                          assume_normalized: bool = False) -> Tensor:
+        """The (N, S) cosines of each anchor with its synthetic hard negatives, i.e. with :meth:`synthetic_negatives`
+        (same random draws), computed without building the (N, S, d) mixtures
+        (:func:`st_hardneg.functional.mixed_negative_cosines`): the loss math then costs about as much as SimCSE's.
+        ``similarity``: the (N, ≥N) anchor-pool cosines if already computed."""
+        if not assume_normalized:
+            anchors, pool = fn.normalize(anchors), fn.normalize(pool)
+        if similarity is None:
+            similarity = anchors @ pool.T
+        k = self.effective_k(anchors.size(0))
         if self.hnm_single:
-            synthetic = self.synthetic_negatives(anchors, pool)
-            return torch.einsum("nd,nsd->ns", fn.normalize(anchors), synthetic)
-        alpha = fn.ALPHA_FUNCTIONS[self.alpha] if isinstance(self.alpha, str) else self.alpha
+            hard = fn.hardest_negatives(similarity, k)
+            cos = similarity.gather(1, hard)
+            if not self.hnm_gradient:  # the mined negatives are constants: the gradient reaches the anchors only
+                cos = torch.einsum("nd,nkd->nk", anchors, pool.detach()[hard])
+            return cos
         return fn.hard_negative_mixing_cosines(
-            anchors, pool, self.effective_k(anchors.size(0)), self.num_mixed, alpha=alpha,
-            generator=self._generator_for(anchors.device), detach_pool=not self.hnm_gradient,
+            anchors, pool, k, self.num_mixed, alpha=self._alpha_function, generator=self.generator(anchors.device),
+            detach_pool=not self.hnm_gradient, similarity=similarity, assume_normalized=True,
         )
 
     # ------------------------------------------------------------------ loss
     def compute_loss_from_embeddings(self, embeddings: list[Tensor], labels: Tensor | None) -> Tensor:
-        batch = self.split_batch(embeddings)
-        mixed_fraction = None
+        """HNCSE (paper Eq. 1-3, 7), row i, with ``s(a, b) = cos(a, b) / τ``, ``p`` the positives after PM (``h'``
+        without PM) and ``u_i1..u_im`` the HNM mixtures of anchor i (none without HNM)::
+
+            ℓ_i = -log  e^{s(h_i, p_i)} / (Σ_j e^{s(h_i, p_j)} + Σ_k e^{s(h_i, n_k)} + Σ_o e^{s(h_i, u_io)})
+        """
+        batch = self.prepare_batch(embeddings, labels)
+        cos = batch.anchors @ batch.candidates.T
+        extra = {}
         if self.uses_pm:
-            pm = self.mixed_positives(batch.anchors, batch.positives)
+            pm = self.mixed_positives(batch.anchors, batch.positives, similarity=cos, assume_normalized=True)
             batch = replace(batch, positives=pm.positives)
-            mixed_fraction = pm.mixed.float().mean()
-        cos = fn.candidate_cosines(batch.anchors, batch.candidates)
+            extra["pm_mixed"] = pm.mixed.float().mean()  # share of the anchors whose positive was mixed
+            cos = batch.anchors @ batch.candidates.T  # the in-batch candidates changed
         num_synthetic = 0
         if self.uses_hnm:
-            synthetic_cos = self.synthetic_cosines(batch.anchors, batch.positives)
-            cos = torch.cat([cos, synthetic_cos], dim=1)
-            num_synthetic = synthetic_cos.size(1)
-        loss = fn.info_nce(fn.contrastive_logits(cos, self.temperature, self.focal_m))
-        self.record_stats(cos, num_in_batch=batch.size, num_synthetic=num_synthetic)
-        if mixed_fraction is not None:
-            # share of the anchors whose positive was mixed in this batch
-            self._last_stats["pm_mixed"] = mixed_fraction.detach()
-        return loss
+            synthetic = self.synthetic_cosines(batch.anchors, batch.positives, similarity=cos, assume_normalized=True)
+            cos = torch.cat([cos, synthetic], dim=1)
+            num_synthetic = synthetic.size(1)
+        self.record_stats(cos, num_in_batch=batch.size, num_synthetic=num_synthetic, extra=extra)
+        return self.reduce(fn.info_nce_rows(fn.contrastive_logits(cos, self.temperature, self.focal_m)))
 
     def get_config_dict(self) -> dict[str, Any]:
         alpha = self.alpha if isinstance(self.alpha, str | float) else getattr(self.alpha, "__name__", repr(self.alpha))
@@ -321,6 +299,7 @@ class HNCSELoss(HardNegativeLoss):
             "w2": self.w2,
             "pm_gradient": self.pm_gradient,
             "pm_single": self.pm_single,
+            "pm_weight_gradient": self.pm_weight_gradient,
             "k": self.k,
             "num_mixed": self.num_mixed,
             "alpha": alpha,

@@ -6,6 +6,7 @@ import torch
 from torch import Tensor
 
 from st_hardneg import functional as fn
+from st_hardneg import validation
 from st_hardneg.losses.base import Batch, HardNegativeLoss, check_focal_m
 
 Layout = Literal["paper", "official"]
@@ -23,6 +24,7 @@ class MixCSELoss(HardNegativeLoss):
         layout: Layout = "paper",
         focal_m: float | None = None,
         seed: int | None = None,
+        reverse_mix: bool | None = None,
     ) -> None:
         """
         MixCSE: InfoNCE with in-batch negatives plus, for every anchor, one synthetic hard negative made by
@@ -42,28 +44,45 @@ class MixCSELoss(HardNegativeLoss):
         Args:
             model: SentenceTransformer model.
             lam: λ, the weight of the positive in the mix, in [0, 1]. The paper uses 0.2 and warns that a large λ
-                can turn the "negative" into a second positive.
+                can turn the "negative" into a second positive; the released training script
+                (``run_unsup_example.sh``, ``--lambdas 0.6``) uses 0.6, with the same meaning (weight of the positive).
             temperature: τ > 0 (paper: 0.05, i.e. ``scale=20`` in ST terms).
-            symmetric: also treat ``h'_i`` as an anchor, with candidates ``h_1..h_N`` and mixed negative
-                ``normalize(λ·h_i + (1-λ)·h_π(i))``; the loss is the mean of both directions (the paper's full model).
-                ``False`` is the paper's MixCSE_single ablation. Explicit negatives are candidates of the
-                anchor → positive direction only (as in ST's ``MultipleNegativesRankingLoss`` ``doc_to_query``).
+            symmetric: both InfoNCE directions: also treat ``h'_i`` as an anchor, with candidates ``h_1..h_N``; each
+                row is the mean of its two directions. ``False``: the anchor → positive direction only. Explicit
+                negatives are candidates of the anchor → positive direction only (as in ST's
+                ``MultipleNegativesRankingLoss`` ``doc_to_query``). No effect on ``layout="official"`` (one
+                cross-entropy, see ``reverse_mix``).
+            reverse_mix: the mixed negative of the reverse direction, ``normalize(λ·h_i + (1-λ)·h_π(i))`` (block 3 of
+                ``layout="official"``). Default: equal to ``symmetric``. Mapping to the paper's ablations:
+                full MixCSE = ``symmetric=True, reverse_mix=True`` (default); **MixCSE_single** (drop the second mixed
+                negative, keep both InfoNCE directions) = ``symmetric=True, reverse_mix=False``;
+                ``symmetric=False`` = one direction with its mixed negative (the behaviour of ``symmetric=False`` in
+                earlier versions). ``reverse_mix=True`` with ``symmetric=False`` is rejected for ``layout="paper"``.
             stop_gradient: detach the mixed negatives (paper). ``False`` is the "w/o sg" ablation.
             partner: how ``π(i)`` is chosen: ``"shift"`` (``i+1 mod N``, the authors' code), ``"random"`` (a random
-                derangement per batch) or ``"hardest"`` (the in-batch negative most similar to the anchor).
+                derangement per batch, drawn from :meth:`generator`) or ``"hardest"`` (the in-batch negative most
+                similar to the anchor).
             layout: ``"paper"`` (the equation above, one mixed negative per anchor) or ``"official"``, the loss as the
-                released code (BDBC-KG-NLP/MixCSE_AAAI2022) computes it, for reproducing the published numbers: a
-                single N×3N cross-entropy over ``[cos(h_a, h'_b) | cos(h_a, mix_b) | cos(mix'_a, h'_b)] / τ`` with
-                ``mix_b = λh'_b + (1-λ)h'_π(b)`` and ``mix'_a = λh_a + (1-λ)h_π(a)``, where the entries in which the
-                anchor's own sample enters a mix at weight 1-λ (``π(b) = a`` in block 2, ``b = π(a)`` in block 3)
-                are set to logit 0 rather than removed. Every anchor therefore sees all N mixes as negatives
-                (not only its own), and block 3 compares a *mixed anchor* with the positives. ``symmetric=False``
-                drops block 3. Needs a permutation partner (``"shift"`` or ``"random"``).
+                released code (BDBC-KG-NLP/MixCSE_AAAI2022, ``mixcse/models_mix.py``) computes it, for reproducing the
+                published numbers: a single N×3N cross-entropy over
+                ``[cos(z1_a, z2_b) | cos(z1_a, mix_b) | cos(mix'_a, z2_b)] / τ`` with ``mix_b = λ z2_b + (1-λ) z2_π(b)``
+                and ``mix'_a = λ z1_a + (1-λ) z1_π(a)`` mixing the **raw, unnormalised** embeddings (the released code
+                mixes the pooler outputs and only the cosine normalises), where the entries in which the anchor's own
+                sample enters a mix at weight 1-λ (``π(b) = a`` in block 2, ``b = π(a)`` in block 3) are set to logit
+                0 rather than removed. Every anchor therefore sees all N mixes as negatives (not only its own), and
+                block 3 compares a *mixed anchor* with the positives. ``reverse_mix=False`` (or ``symmetric=False``)
+                drops block 3. Needs a permutation partner (``"shift"`` as released, or ``"random"``).
             focal_m: if set, apply the Focal-InfoNCE modulation (positive ``s²/τ``, negatives ``s(s+m)/τ``, also to the
                 mixed negatives) with margin ``m``; ``None`` (default) = the paper's plain InfoNCE. Combining hardness
-                weighting with synthetic hard negatives is an st-hardneg extension.
+                weighting with synthetic hard negatives is an st-hardneg extension. τ must keep ``(1 + m) / τ``
+                representable (tiny temperatures are rejected).
             seed: seed of the generator used by ``partner="random"``; ``None`` uses torch's global generator
                 (seeded by the Trainer's ``seed``).
+
+        Deviations from the paper:
+            - ``layout="paper"`` mixes the normalised embeddings (the paper's equation); ``layout="official"`` mixes
+              the raw ones like the released code.
+            - ``partner="random"`` / ``"hardest"`` and ``focal_m`` are st-hardneg extensions.
 
         References:
             - Zhang et al., "Unsupervised Sentence Representation via Contrastive Learning with Mixing Negatives",
@@ -113,100 +132,111 @@ class MixCSELoss(HardNegativeLoss):
                 trainer = SentenceTransformerTrainer(model=model, args=args, train_dataset=train_dataset, loss=loss)
                 trainer.train()
         """
-        super().__init__(model, temperature)
-        try:
-            lam = float(lam)
-        except (TypeError, ValueError):
-            raise ValueError(f"lam must be a number in [0, 1], got {lam!r}") from None
-        if not 0.0 <= lam <= 1.0:
-            raise ValueError(f"lam (λ, the weight of the positive in the mix) must be in [0, 1], got {lam}")
-        if partner not in ("shift", "random", "hardest"):
-            raise ValueError(f"partner must be 'shift', 'random' or 'hardest', got {partner!r}")
-        if layout not in ("paper", "official"):
-            raise ValueError(f"layout must be 'paper' or 'official', got {layout!r}")
-        if layout == "official" and partner == "hardest":
+        super().__init__(model, temperature, seed=seed)
+        self.lam = validation.check_unit_interval(lam, "lam (λ, the weight of the positive in the mix)")
+        self.symmetric = validation.check_bool(symmetric, "symmetric")
+        self.stop_gradient = validation.check_bool(stop_gradient, "stop_gradient")
+        self.partner = validation.check_choice(partner, "partner", ("shift", "random", "hardest"))
+        self.layout = validation.check_choice(layout, "layout", ("paper", "official"))
+        if reverse_mix is None:
+            reverse_mix = self.symmetric
+        self.reverse_mix = validation.check_bool(reverse_mix, "reverse_mix")
+        if self.reverse_mix and not self.symmetric and self.layout == "paper":
+            raise ValueError(
+                "reverse_mix=True needs symmetric=True with layout='paper': the reverse mixed negative belongs to the "
+                "reverse (positive → anchor) InfoNCE direction. Use symmetric=True, reverse_mix=False for MixCSE_single."
+            )
+        if self.layout == "official" and self.partner == "hardest":
             raise ValueError(
                 "layout='official' needs the mixing partners to form a permutation (partner='shift' or 'random'); "
                 "partner='hardest' can pick the same partner for several anchors."
             )
-        self.lam = lam
-        self.symmetric = bool(symmetric)
-        self.stop_gradient = bool(stop_gradient)
-        self.partner = partner
-        self.layout = layout
         self.focal_m = check_focal_m(focal_m)
-        self.seed = seed
-        self._generator: torch.Generator | None = None
+        self.check_logit_range(1.0 + (self.focal_m or 0.0))
 
     # ------------------------------------------------------------------ helpers
-    def _partners(self, n: int, similarity: Tensor | None, shared: Tensor | None = None) -> Tensor:
-        if self.partner == "hardest":
-            return fn.partner_indices(n, "hardest", similarity=similarity)
-        if shared is not None:
-            return shared
-        generator = None
-        if self.partner == "random" and self.seed is not None:
-            device = similarity.device if similarity is not None else "cpu"
-            if self._generator is None or self._generator.device != torch.device(device):
-                self._generator = torch.Generator(device=device).manual_seed(self.seed)
-            generator = self._generator
-        device = similarity.device if similarity is not None else None
-        return fn.partner_indices(n, self.partner, generator=generator, device=device)
+    def _partners(self, batch: Batch, similarity: Tensor | None) -> Tensor:
+        """π: the mixing partner of each anchor, on the batch's device; ``similarity`` is needed for "hardest"."""
+        generator = self.generator(batch.device) if self.partner == "random" else None
+        return fn.partner_indices(batch.size, self.partner, similarity=similarity, generator=generator,
+                                  device=batch.device)
 
     def _mix(self, source: Tensor, partners: Tensor) -> Tensor:
-        mixed = fn.mix(source, source[partners], self.lam)
+        """``normalize(λ·source_i + (1-λ)·source_π(i))`` for unit rows ``source``, detached under stop-gradient."""
+        mixed = fn.mix(source, source[partners], self.lam, assume_normalized=True)
         return mixed.detach() if self.stop_gradient else mixed
 
-    def _direction(self, anchors: Tensor, candidates: Tensor, mixed: Tensor) -> tuple[Tensor, Tensor]:
-        cos = fn.candidate_cosines(anchors, candidates, mixed.unsqueeze(1))
-        return fn.info_nce(fn.contrastive_logits(cos, self.temperature, self.focal_m)), cos
+    def _direction(self, anchors: Tensor, candidates: Tensor, mixed: Tensor | None,
+                   similarity: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """Per-row InfoNCE of unit ``anchors`` over ``[candidates | own mixed negative]`` and the cosines."""
+        cos = anchors @ candidates.T if similarity is None else similarity
+        if mixed is not None:
+            cos = torch.cat([cos, (anchors * mixed).sum(-1, keepdim=True)], dim=1)
+        return fn.info_nce_rows(fn.contrastive_logits(cos, self.temperature, self.focal_m)), cos
 
     # ------------------------------------------------------------------ loss
     def compute_loss_from_embeddings(self, embeddings: list[Tensor], labels: Tensor | None) -> Tensor:
-        batch = self.split_batch(embeddings)
-        if self.layout == "official":
-            return self._official(batch)
-        return self._paper(batch)
+        """MixCSE (paper Eq. 2-3), row i of the anchor → positive direction, with ``s(a, b) = cos(a, b) / τ``::
 
-    def _paper(self, batch: Batch) -> Tensor:
+            mix_i = normalize(λ h'_i + (1-λ) h'_π(i))                                      (SG: detached)
+            ℓ_i   = -log  e^{s(h_i, h'_i)} / (Σ_j e^{s(h_i, h'_j)} + Σ_k e^{s(h_i, n_k)} + e^{s(h_i, SG(mix_i))})
+
+        ``symmetric`` adds the reverse direction (h'_i as anchor, h as candidates, mixed negative
+        ``normalize(λ h_i + (1-λ) h_π(i))`` if ``reverse_mix``); each row is then the mean of its two directions.
+        ``layout="official"``: row i of the released code's N×3N cross-entropy (see the class docstring).
+        """
+        batch = self.prepare_batch(embeddings, labels)
+        rows = self._official_rows(batch) if self.layout == "official" else self._paper_rows(batch)
+        return self.reduce(rows)
+
+    def _paper_rows(self, batch: Batch) -> Tensor:
         h, h_pos, n = batch.anchors, batch.positives, batch.size
-        forward_sim = h @ h_pos.T
-        partners = self._partners(n, forward_sim.detach())
-        loss, cos = self._direction(h, batch.candidates, self._mix(h_pos, partners))
+        candidate_cos = h @ batch.candidates.T  # computed once: logits, hardest partner and its transpose
+        in_batch = candidate_cos[:, :n].detach()
+        partners = self._partners(batch, in_batch)
+        rows, cos = self._direction(h, batch.candidates, self._mix(h_pos, partners), similarity=candidate_cos)
         self.record_stats(cos, num_in_batch=n, num_synthetic=1)
         if not self.symmetric:
-            return loss
+            return rows
         # h'_i as the anchor: candidates h_1..h_N, mixed negative normalize(λ h_i + (1-λ) h_π(i)).
-        reverse_partners = self._partners(n, forward_sim.T.detach(), shared=partners)
-        reverse_loss, _ = self._direction(h_pos, h, self._mix(h, reverse_partners))
-        return (loss + reverse_loss) / 2
+        reverse_partners = partners if self.partner != "hardest" else self._partners(batch, in_batch.T)
+        reverse_mixed = self._mix(h, reverse_partners) if self.reverse_mix else None
+        reverse_rows, _ = self._direction(h_pos, h, reverse_mixed, similarity=candidate_cos[:, :n].T)
+        return (rows + reverse_rows) / 2
 
-    def _official(self, batch: Batch) -> Tensor:
+    def _official_rows(self, batch: Batch) -> Tensor:
+        """Row a of ``CE([cos(z1_a, z2_b) | cos(z1_a, mix_b) | cos(mix'_a, z2_b)] / τ)``, mixes of the RAW vectors."""
         z1, z2, n = batch.anchors, batch.positives, batch.size
-        partners = self._partners(n, None)
-        rows = torch.arange(n, device=z1.device)
+        partners = self._partners(batch, None)
+        rows = torch.arange(n, device=batch.device)
+        num_shared = n + batch.negatives.size(0)
         # Block 1 (+ explicit negatives): the SimCSE logits.
         blocks = [z1 @ batch.candidates.T]
-        # Block 2: anchor a vs every mix_b = λ z2_b + (1-λ) z2_π(b); mix_b contains a's own positive when π(b) = a.
-        block2 = z1 @ self._mix(z2, partners).T
+        # Block 2: anchor a vs every mix_b = λ z2_b + (1-λ) z2_π(b) (raw, then normalised once for the cosine);
+        # mix_b contains a's own positive when π(b) = a: that entry's logit is set to 0.
+        block2 = z1 @ self._raw_mix(batch.raw_positives, partners).T
         blocks.append(block2)
         inverse = torch.empty_like(partners)
         inverse[partners] = rows
-        zeroed = [(rows, n + batch.negatives.size(0) + inverse)]
-        if self.symmetric:
+        zeroed = [(rows, num_shared + inverse)]
+        if self.reverse_mix:
             # Block 3: mixed anchor mix'_a = λ z1_a + (1-λ) z1_π(a) vs every positive z2_b; zero b = π(a).
-            blocks.append(self._mix(z1, partners) @ z2.T)
-            zeroed.append((rows, n + batch.negatives.size(0) + n + partners))
+            blocks.append(self._raw_mix(batch.raw_anchors, partners) @ z2.T)
+            zeroed.append((rows, num_shared + n + partners))
         cos = torch.cat(blocks, dim=1)
         logits = fn.contrastive_logits(cos, self.temperature, self.focal_m)
         keep = torch.ones_like(logits, dtype=torch.bool)
         for r, c in zeroed:
             keep[r, c] = False
         logits = logits.masked_fill(~keep, 0.0)
-        num_shared = n + batch.negatives.size(0)
         own_mix = block2[rows, rows].unsqueeze(1)
         self.record_stats(torch.cat([cos[:, :num_shared], own_mix], dim=1), num_in_batch=n, num_synthetic=1)
-        return fn.info_nce(logits)
+        return fn.info_nce_rows(logits)
+
+    def _raw_mix(self, raw: Tensor, partners: Tensor) -> Tensor:
+        """``normalize(λ x_b + (1-λ) x_π(b))`` of the unnormalised rows ``x`` (the released code mixes raw vectors)."""
+        mixed = fn.normalize(self.lam * raw + (1.0 - self.lam) * raw[partners])
+        return mixed.detach() if self.stop_gradient else mixed
 
     def get_config_dict(self) -> dict[str, Any]:
         return {
@@ -218,6 +248,7 @@ class MixCSELoss(HardNegativeLoss):
             "layout": self.layout,
             "focal_m": self.focal_m,
             "seed": self.seed,
+            "reverse_mix": self.reverse_mix,
         }
 
     @property
