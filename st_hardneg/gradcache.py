@@ -1,0 +1,197 @@
+"""GradCache for any loss that scores embeddings, built on sentence-transformers' ``CachedLossMixin``.
+
+sentence-transformers 6.2 implements GradCache (Gao et al., 2021) once, in
+``sentence_transformers.base.losses.gradcache.CachedLossMixin``: (1) embed every mini-batch without a graph, keeping
+each mini-batch's RNG state; (2) compute the loss on the whole batch from those detached embeddings and back-propagate
+it to them, caching their gradients; (3) in a hook on the returned loss, re-embed each mini-batch with a graph under
+the replayed RNG state and back-propagate the cached gradient through it. Only one mini-batch of activations is alive
+at a time, so any batch fits in the memory of a ``mini_batch_size`` batch, and the gradients are those of the full
+batch (exactly, up to float summation order, when the replay reproduces the embeddings).
+
+:class:`GradCacheMixin` plugs a loss into that machinery: the mixin's ``calculate_loss`` concatenates the
+mini-batch embeddings column by column and calls the loss's own ``compute_loss_from_embeddings(embeddings, labels)``,
+so the cached and the uncached loss share one implementation. Cross-device gathering composes for free: the gather
+happens inside ``compute_loss_from_embeddings``, step (2) back-propagates through it (each process receives the
+gradient of its own embeddings from every process's loss), and step (3) is purely local.
+
+Columns embedded without gradient by another module (AdCSE's momentum key encoder) are declared through
+:meth:`GradCacheMixin.frozen_column_model`; they are embedded once, mini-batch by mini-batch under ``no_grad``, and
+only the other columns go through the cache.
+
+A loss that cannot use the mixin directly wraps itself in :class:`GradCached`::
+
+    loss = GradCached(MultipleNegativesRankingLoss(model), mini_batch_size=32)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+from sentence_transformers.base.losses.gradcache import (
+    CachedLossMixin,
+    _create_minibatch,
+    _minibatch_ranges,
+    _validate_mini_batch_num_tokens,
+    has_static_embedding_input,
+)
+from torch import Tensor, nn
+
+__all__ = ["GradCacheMixin", "GradCached", "check_mini_batch_size", "check_cacheable_model"]
+
+
+def check_mini_batch_size(value: int | None, name: str = "mini_batch_size") -> int | None:
+    """``None`` (no caching) or a positive int, else ``ValueError``."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"{name} must be a positive integer or None, got {value!r}")
+    return value
+
+
+def check_cacheable_model(model: Any, loss_name: str) -> None:
+    """Raise ``ValueError`` if ``model``'s inputs cannot be split into mini-batches (a StaticEmbedding model)."""
+    if has_static_embedding_input(model):
+        raise ValueError(
+            f"{loss_name} with mini_batch_size / mini_batch_num_tokens needs inputs that can be split along the batch "
+            "dimension; a StaticEmbedding model's cannot. Leave mini_batch_size=None for this model."
+        )
+
+
+class GradCacheMixin(CachedLossMixin):
+    """GradCache for a loss ``nn.Module`` with a ``model`` and ``compute_loss_from_embeddings(embeddings, labels)``.
+
+    The loss sets ``self.mini_batch_size`` (and optionally ``self.mini_batch_num_tokens``) and calls
+    :meth:`cached_forward` from its ``forward`` when :attr:`uses_gradient_cache` is true. Put the mixin before
+    ``nn.Module`` in the bases.
+
+    ``compute_loss_from_embeddings`` receives detached leaf embeddings (float as the model returns them), one per
+    input column, in column order, with the full batch; it must return the scalar loss of the batch. It runs once
+    per forward (step 2), so any side effect there (statistics, the adversary gradient of AdCSE, random draws)
+    happens once per batch, as in the uncached forward. With ``gather_across_devices`` the gather stays inside it.
+    """
+
+    mini_batch_size: int | None = None
+    mini_batch_num_tokens: int | None = None
+    _gradcache_frozen: tuple[int, dict[int, Tensor]] | None = None
+
+    @property
+    def uses_gradient_cache(self) -> bool:  # type: ignore[override]  # per instance: caching is optional here
+        return self.mini_batch_size is not None or self.mini_batch_num_tokens is not None
+
+    def frozen_column_model(self, column: int) -> nn.Module | None:
+        """The module that embeds input column ``column`` without gradient, or ``None`` (default) for a column
+        embedded by ``self.model`` and cached with gradient. AdCSE with an untied key encoder returns the key encoder
+        for every column but the first."""
+        return None
+
+    def compute_loss_from_embeddings(self, embeddings: list[Tensor], labels: Tensor | None) -> Tensor:
+        raise NotImplementedError
+
+    def cached_forward(self, sentence_features: Iterable[dict[str, Tensor]], labels: Tensor | None) -> Tensor:
+        """The GradCache forward pass: returns the (detached, hooked) loss; ``loss.backward()`` fills the gradients."""
+        if not self.uses_gradient_cache:
+            raise RuntimeError(f"{type(self).__name__}: cached_forward needs mini_batch_size or mini_batch_num_tokens")
+        check_mini_batch_size(self.mini_batch_size)
+        _validate_mini_batch_num_tokens(self.mini_batch_num_tokens)
+        sentence_features = list(sentence_features)
+        frozen: dict[int, Tensor] = {}
+        for column, features in enumerate(sentence_features):
+            module = self.frozen_column_model(column)
+            if module is not None:
+                frozen[column] = self._embed_without_grad(module, features)
+        cached = [features for column, features in enumerate(sentence_features) if column not in frozen]
+        if not cached:
+            raise ValueError(f"{type(self).__name__}: every input column is frozen; nothing to train")
+        self._gradcache_frozen = (len(sentence_features), frozen)
+        try:
+            # ST's range splitter reads mini_batch_size only when mini_batch_num_tokens is None.
+            return self.forward_cached(cached, labels)
+        finally:
+            self._gradcache_frozen = None
+
+    def _embed_without_grad(self, module: nn.Module, features: dict[str, Tensor]) -> Tensor:
+        ranges = _minibatch_ranges(features, self.mini_batch_size, self.mini_batch_num_tokens)
+        with torch.no_grad():
+            parts = [module(_create_minibatch(features, begin, end))["sentence_embedding"] for begin, end in ranges]
+        return torch.cat(parts).detach()
+
+    def calculate_loss(
+        self, reps: list[list[Tensor]], labels: Tensor | None = None, *, with_backward: bool = False
+    ) -> Tensor:
+        """Step (2) of ``CachedLossMixin``: the loss of the whole batch from the per-mini-batch embeddings, through
+        ``compute_loss_from_embeddings``; with ``with_backward``, back-propagated to the embeddings and detached."""
+        cached = [torch.cat(mini_batches) for mini_batches in reps]
+        embeddings = cached
+        if self._gradcache_frozen is not None:
+            num_columns, frozen = self._gradcache_frozen
+            it = iter(cached)
+            embeddings = [frozen[column] if column in frozen else next(it) for column in range(num_columns)]
+        loss = self.compute_loss_from_embeddings(embeddings, labels)
+        if loss.dim() != 0:
+            raise ValueError(f"{type(self).__name__}.compute_loss_from_embeddings must return a scalar loss")
+        if with_backward:
+            loss.backward()
+            loss = loss.detach()
+        return loss
+
+
+class GradCached(GradCacheMixin, nn.Module):
+    """Wrap any loss with ``model`` and ``compute_loss_from_embeddings(embeddings, labels)`` (e.g.
+    sentence-transformers' ``MultipleNegativesRankingLoss``) into its GradCache version.
+
+    Args:
+        loss: the loss to cache; its hyperparameters (``gather_across_devices`` included) keep their meaning.
+        mini_batch_size: sequences per mini-batch in the embedding passes.
+        mini_batch_num_tokens: alternatively, a budget of non-padding tokens per mini-batch.
+        frozen_columns: ``{column: module}`` for columns embedded without gradient by another module.
+
+    Example::
+
+        loss = GradCached(MultipleNegativesRankingLoss(model, gather_across_devices=True), mini_batch_size=32)
+    """
+
+    def __init__(
+        self,
+        loss: nn.Module,
+        mini_batch_size: int | None = 32,
+        mini_batch_num_tokens: int | None = None,
+        frozen_columns: dict[int, nn.Module] | None = None,
+    ) -> None:
+        super().__init__()
+        if not callable(getattr(loss, "compute_loss_from_embeddings", None)) or getattr(loss, "model", None) is None:
+            raise ValueError("GradCached needs a loss with a `model` and a `compute_loss_from_embeddings` method")
+        self.loss = loss
+        self.mini_batch_size = check_mini_batch_size(mini_batch_size)
+        _validate_mini_batch_num_tokens(mini_batch_num_tokens)
+        self.mini_batch_num_tokens = mini_batch_num_tokens
+        if not self.uses_gradient_cache:
+            raise ValueError("GradCached needs mini_batch_size or mini_batch_num_tokens")
+        check_cacheable_model(loss.model, type(loss).__name__)
+        self._frozen_columns = dict(frozen_columns or {})
+
+    @property
+    def model(self) -> nn.Module:
+        return self.loss.model
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        # The trainer re-points `loss.model`; nn.Module.__setattr__ would register the module here instead.
+        if name == "model" and isinstance(getattr(self, "loss", None), nn.Module):
+            setattr(self.loss, name, value)
+        else:
+            super().__setattr__(name, value)
+
+    def frozen_column_model(self, column: int) -> nn.Module | None:
+        return self._frozen_columns.get(column)
+
+    def compute_loss_from_embeddings(self, embeddings: list[Tensor], labels: Tensor | None) -> Tensor:
+        return self.loss.compute_loss_from_embeddings(embeddings, labels)
+
+    def forward(self, sentence_features: Iterable[dict[str, Tensor]], labels: Tensor | None) -> Tensor:
+        return self.cached_forward(sentence_features, labels)
+
+    def get_config_dict(self) -> dict[str, Any]:
+        config = dict(self.loss.get_config_dict()) if hasattr(self.loss, "get_config_dict") else {}
+        config.update(mini_batch_size=self.mini_batch_size, mini_batch_num_tokens=self.mini_batch_num_tokens)
+        return config
