@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import logging
 
 import pytest
@@ -163,6 +164,10 @@ def test_state_met_only_at_the_first_step_is_restored_late_with_a_warning(tiny_m
     optimizer.step()
     saved = optimizer.state_dict()
     assert loss.ema_updates == 1
+    # a resumed run has no live loss of the first run: another live AdCSE loss of the same model would also listen
+    # to optimizer2 and could claim the checkpointed slot first (listeners run in WeakSet order)
+    del loss
+    gc.collect()
     fresh = AdversarialNegativesLoss(model, num_adversaries=2, seed=1)
     optimizer2 = torch.optim.SGD(model.parameters(), lr=0.1)
     optimizer2.load_state_dict(saved)  # fresh has not met optimizer2: the entry waits in optimizer2.state
