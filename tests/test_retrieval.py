@@ -288,3 +288,66 @@ def test_mining_refuses_test_sentences_and_bad_arguments(tmp_path, text_model):
         mine_training_negatives(text_model, data.train_pairs, data.train_corpus, num_candidates=0)
     with pytest.raises(ValueError, match="no \\(anchor, positive\\) pair"):
         mine_training_negatives(text_model, [], data.train_corpus)
+
+
+# --------------------------------------------------------------------------- benchmark smoke
+def _load_benchmark():
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "retrieval.py"
+    spec = importlib.util.spec_from_file_location("benchmarks_retrieval", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.integration
+def test_retrieval_benchmark_smoke_and_resume(shared_data, text_model_dir, tmp_path, capsys):
+    bench = _load_benchmark()
+    out = tmp_path / "retrieval.json"
+    argv = ["--model", str(text_model_dir), "--data-dir", str(shared_data), "--out", str(out), "--quiet",
+            "--work-dir", str(tmp_path / "work"), "--cache-dir", str(tmp_path / "cache"), "--limit", "160",
+            "--max-steps", "2", "--seeds", "0", "--methods", "mnrl", "gist", "--no-sts",
+            "--relative-margin", "none"]  # the random tiny model scores every pair alike: no margin filter
+    assert bench.main(argv) == 0
+    data = json.loads(out.read_text())
+    assert [r["method"] for r in data["runs"]] == ["untrained", "mnrl", "gist"]
+    for run in data["runs"][1:]:
+        assert run["steps"] == 2 and run["seed"] == 0
+        assert set(run["retrieval"]) >= {"ndcg@10", "mrr@10", "recall@1"}
+        assert run["sts"] is None and run["retrieval"]["queries"] > 1000
+    assert data["runs"][2]["loss_config"]["guide"]  # GISTEmbedLoss with its guide model
+    assert data["training_data"]["pairs"] == 160 and 128 <= data["training_data"]["triplets"] <= 160
+    assert data["training_data"]["mining"]["relative_margin"] is None
+    cached = list((tmp_path / "cache").glob("mrpc-mined-*.json"))
+    assert len(cached) == 1
+    table = out.with_suffix(".md").read_text()
+    assert "| mnrl | 0 |" in table and "best ST built-in" in table
+    assert out.with_suffix(".png").is_file()
+    # resumable: a finished (method, seed) is skipped, the cached mined data is reused
+    capsys.readouterr()
+    assert bench.main(argv) == 0
+    assert "skip mnrl seed 0" in capsys.readouterr().out
+    assert len(json.loads(out.read_text())["runs"]) == 3
+    # mining that keeps less than one batch is an error, not a silent zero-step run
+    with pytest.raises(ValueError, match="fewer than one batch"):
+        bench.main([*argv[:-2], "--relative-margin", "0.99", "--out", str(tmp_path / "other.json")])
+
+
+def test_benchmark_target_check_by_hand():
+    bench = _load_benchmark()
+
+    def run(method, seed, ndcg):
+        return {"method": method, "seed": seed, "retrieval": {"ndcg@10": ndcg, "mrr@10": ndcg, "recall@1": ndcg},
+                "sts": {"avg": 70.0}}
+
+    runs = [run("mnrl", 0, 80.0), run("mnrl", 1, 82.0), run("gist", 0, 81.0), run("gist", 1, 81.5),
+            run("mixcse", 0, 82.5), run("mixcse", 1, 82.1)]
+    check = bench.target_check(runs)
+    # best built-in by mean: gist 81.25 > mnrl 81.0; mixcse mean 82.3 → Δ = 1.05, paired +1.5 / +0.6
+    assert check["best_builtin"] == "gist" and check["best_st_hardneg"] == "mixcse"
+    assert check["delta_ndcg@10"] == pytest.approx(1.05)
+    assert check["paired_delta_per_seed"] == pytest.approx({0: 1.5, 1: 0.6})
+    assert check["met"] is True
+    runs[-1] = run("mixcse", 1, 81.0)  # Δ = 0.5: not met
+    assert bench.target_check(runs)["met"] is False
