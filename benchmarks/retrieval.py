@@ -354,6 +354,10 @@ def untrained_markdown(row: dict[str, Any], data_stats: dict[str, int]) -> str:
         f"{row['torch_threads']} torch thread(s) on a shared 2-core machine; {row['finished']}.",
         "",
         "Data construction (st_hardneg.retrieval_data): " + ", ".join(f"{k} {v}" for k, v in data_stats.items()) + ".",
+        "",
+        f"Saturation check: MRR@10 = {r['mrr@10']:.2f} "
+        + ("> 95: saturated, a harder task is needed." if r["mrr@10"] > 95 else
+           "≤ 95: not saturated (R@1 leaves room to improve), so MRPC paraphrase retrieval is the task."),
     ]
     return "\n".join(lines) + "\n"
 
