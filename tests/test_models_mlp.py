@@ -143,7 +143,7 @@ def test_cli_train_with_mlp_head(tiny_model_dir, tiny_sentences, shared_data, tm
     # the 7-task table is not what this test is about: score STS-B test only
     full = evaluation.evaluate_sts
     monkeypatch.setattr(evaluation, "evaluate_sts",
-                        lambda model, data_dir, **kw: full(model, data_dir, tasks=["STSBenchmark"], **kw))
+                        lambda model, data_dir, **kw: full(model, data_dir, **{**kw, "tasks": ["STSBenchmark"]}))
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("\n".join(tiny_sentences * 2) + "\n")
     out = tmp_path / "run"

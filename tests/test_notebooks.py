@@ -84,7 +84,7 @@ def test_analysis_smoke_with_partial_results(smoke_env, monkeypatch):
     monkeypatch.setenv("ST_HARDNEG_RESULTS_DIR", str(results))
     notebook = execute(NOTEBOOKS / "analysis.ipynb", timeout=600)
     text = _outputs(notebook)
-    assert "2 of 21 method × seed runs done" in text and "1 run(s) lack some task scores" in text
+    assert "2 of 24 method × seed runs done" in text and "1 run(s) lack some task scores" in text
     assert "| mixcse | 0 |" in text
     assert "No overhead measurement yet" in text
     assert "| focal_m0.5 | focal | m=0.5 | 80.50 | +1.50 | +0.50 | margin |" in text  # the screen's table

@@ -1,4 +1,4 @@
-"""Evaluation: SentEval STS (the papers' protocol) and shared encoding helpers."""
+"""Evaluation: SentEval STS (the papers' protocol), local retrieval tasks, MTEB and shared encoding helpers."""
 
 from st_hardneg.evaluation.diagnostics import (
     LossDiagnosticsCallback,
@@ -10,10 +10,19 @@ from st_hardneg.evaluation.diagnostics import (
 from st_hardneg.evaluation.encoding import DegenerateEmbeddingsError, check_embeddings, encode_unique, full_length
 from st_hardneg.evaluation.mteb_tasks import (
     LOCAL_MTEB_TASKS,
+    LOCAL_RETRIEVAL_TASKS,
     MTEBOfflineError,
     format_mteb_table,
+    local_retrieval_task,
     local_sts_task,
     run_mteb,
+)
+from st_hardneg.evaluation.retrieval import (
+    RETRIEVAL_METRICS,
+    LocalRetrievalEvaluator,
+    evaluate_retrieval,
+    mrpc_retrieval_evaluator,
+    retrieval_evaluator,
 )
 from st_hardneg.evaluation.sts import (
     INVALID_SCORE,
@@ -29,16 +38,23 @@ __all__ = [
     "DegenerateEmbeddingsError",
     "check_embeddings",
     "LOCAL_MTEB_TASKS",
+    "LOCAL_RETRIEVAL_TASKS",
+    "RETRIEVAL_METRICS",
+    "LocalRetrievalEvaluator",
     "TRANSFER_TASKS",
     "LossDiagnosticsCallback",
     "MTEBOfflineError",
     "alignment",
     "alignment_uniformity",
+    "evaluate_retrieval",
     "evaluate_transfer",
     "format_alignment_table",
     "format_mteb_table",
     "format_transfer_table",
+    "local_retrieval_task",
     "local_sts_task",
+    "mrpc_retrieval_evaluator",
+    "retrieval_evaluator",
     "run_mteb",
     "uniformity",
     "SentEvalSTSEvaluator",

@@ -1,0 +1,386 @@
+"""Retrieval data from the MSR paraphrase corpus (MRPC): a test retrieval task and leak-free training triplets.
+
+The **test task** is paraphrase retrieval:
+
+- queries: sentence 1 of every paraphrase pair (label 1) of the MRPC *test* file;
+- corpus: every distinct MRPC sentence of both files (train and test, paraphrases or not), except the query
+  sentences themselves (a query would otherwise retrieve its own text at rank 1). The sentences 2 of the
+  non-paraphrase pairs stay in the corpus: they are near-duplicates of their sentence 1, i.e. natural hard
+  distractors;
+- relevant: the sentence(s) 2 of the query's test paraphrase pairs. A sentence 2 that is also another pair's query
+  sentence is not in the corpus; a query left with no relevant document is dropped (counted in
+  :attr:`MRPCRetrieval.stats`).
+
+The **training data** are the paraphrase pairs of the MRPC *train* file, minus every pair that contains a sentence
+of the test task (a query or one of its relevant documents): MRPC's two files share no pair, but they do share some
+sentences. Hard negatives are mined from the train sentences (same exclusion) with sentence-transformers'
+``mine_hard_negatives`` (see :func:`mine_training_negatives`). The exclusion is asserted in code, not only
+documented.
+
+Sentences are whitespace-normalised (``" ".join(text.split())``), as :mod:`st_hardneg.data` reads SentEval.
+Identifiers are deterministic: ``q<MRPC id of sentence 1>`` for queries and ``d<smallest MRPC id of the text>`` for
+documents.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from st_hardneg.data import DataNotFoundError, resolve_senteval_dir
+
+MRPC_FILES = {"train": "MRPC/msr_paraphrase_train.txt", "test": "MRPC/msr_paraphrase_test.txt"}
+MRPC_HEADER = ("Quality", "#1 ID", "#2 ID", "#1 String", "#2 String")
+
+
+class MRPCFormatError(ValueError):
+    """A malformed MRPC file; the message names the file and the line."""
+
+
+@dataclass(frozen=True)
+class MRPCPair:
+    """One line of an MRPC file."""
+
+    label: int
+    id1: str
+    id2: str
+    sentence1: str
+    sentence2: str
+
+
+@dataclass
+class RetrievalTask:
+    """A retrieval task in sentence-transformers' ``InformationRetrievalEvaluator`` format."""
+
+    name: str
+    queries: dict[str, str]
+    corpus: dict[str, str]
+    relevant_docs: dict[str, set[str]]
+
+    def sentences(self) -> list[str]:
+        """Every text of the task (queries, then documents)."""
+        return [*self.queries.values(), *self.corpus.values()]
+
+
+@dataclass
+class MRPCRetrieval:
+    """The MRPC test retrieval task, the leak-free training split and what was excluded.
+
+    Attributes:
+        task: the test :class:`RetrievalTask`.
+        train_pairs: (anchor, positive) = (sentence 1, sentence 2) of the kept MRPC train paraphrase pairs.
+        train_corpus: the distinct train sentences allowed as mined negatives (no test-task sentence).
+        known_paraphrases: every train sentence → the set of sentences it is labelled a paraphrase of (both
+            directions; used to keep mined negatives free of known positives).
+        stats: counts (queries, corpus size, excluded pairs / sentences, dropped queries …).
+    """
+
+    task: RetrievalTask
+    train_pairs: list[tuple[str, str]]
+    train_corpus: list[str]
+    known_paraphrases: dict[str, set[str]]
+    stats: dict[str, int] = field(default_factory=dict)
+
+    def protected_sentences(self) -> set[str]:
+        """The texts that must never appear in training data: the queries and their relevant documents."""
+        texts = set(self.task.queries.values())
+        texts.update(self.task.corpus[d] for docs in self.task.relevant_docs.values() for d in docs)
+        return texts
+
+    def train_dataset(self):
+        """The training pairs as a ``datasets.Dataset`` with columns ``anchor``, ``positive``."""
+        from datasets import Dataset
+
+        return Dataset.from_dict({"anchor": [a for a, _ in self.train_pairs],
+                                  "positive": [p for _, p in self.train_pairs]})
+
+
+def _normalise(text: str) -> str:
+    return " ".join(text.split())
+
+
+def senteval_root(data_dir: str | Path | None = None) -> Path:
+    """The SentEval directory holding ``MRPC/``: ``data_dir`` itself or its ``senteval/`` child when either contains
+    ``MRPC/``, else :func:`st_hardneg.data.resolve_senteval_dir` (which recognises a directory by its STS, SICK or
+    MR folders)."""
+    if data_dir is not None:
+        path = Path(data_dir).expanduser()
+        for candidate in (path, path / "senteval"):
+            if (candidate / "MRPC").is_dir():
+                return candidate
+    return resolve_senteval_dir(data_dir)
+
+
+def mrpc_files(data_dir: str | Path | None = None) -> dict[str, Path]:
+    """Paths of the two MRPC files under the SentEval directory; raises :class:`DataNotFoundError` naming the
+    missing ones."""
+    root = senteval_root(data_dir)
+    paths = {split: root / rel for split, rel in MRPC_FILES.items()}
+    missing = [str(p) for p in paths.values() if not p.is_file()]
+    if missing:
+        raise DataNotFoundError(
+            "Missing MRPC files: " + ", ".join(missing) + ". They are the MSR paraphrase corpus TSV files "
+            "(msr_paraphrase_train.txt / msr_paraphrase_test.txt) that SentEval's get_transfer_data.bash downloads "
+            "into its MRPC/ folder."
+        )
+    return paths
+
+
+def read_mrpc(path: str | Path) -> list[MRPCPair]:
+    """Read one MRPC file: a header line, then ``Quality<TAB>#1 ID<TAB>#2 ID<TAB>#1 String<TAB>#2 String``.
+
+    Raises:
+        DataNotFoundError: the file does not exist.
+        MRPCFormatError: wrong header, wrong number of fields, a label other than 0/1, an empty sentence or id
+            (the message names the file and the 1-based line number).
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise DataNotFoundError(f"MRPC file not found: {path}")
+    lines = path.read_text(encoding="utf-8-sig").splitlines()
+    if not lines:
+        raise MRPCFormatError(f"{path}: empty file (expected the header {' / '.join(MRPC_HEADER)})")
+    header = tuple(field.strip() for field in lines[0].split("\t"))
+    if header != MRPC_HEADER:
+        raise MRPCFormatError(f"{path}, line 1: expected the header {'<TAB>'.join(MRPC_HEADER)!r}, got {lines[0]!r}")
+    pairs: list[MRPCPair] = []
+    for number, line in enumerate(lines[1:], start=2):
+        if not line.strip():
+            continue
+        fields = line.split("\t")
+        if len(fields) != 5:
+            raise MRPCFormatError(f"{path}, line {number}: expected 5 tab-separated fields, got {len(fields)}: "
+                                  f"{line[:120]!r}")
+        label, id1, id2, s1, s2 = (f.strip() for f in fields)
+        if label not in ("0", "1"):
+            raise MRPCFormatError(f"{path}, line {number}: the label (Quality) must be 0 or 1, got {label!r}")
+        s1, s2 = _normalise(s1), _normalise(s2)
+        if not (id1 and id2 and s1 and s2):
+            raise MRPCFormatError(f"{path}, line {number}: empty sentence id or sentence")
+        pairs.append(MRPCPair(int(label), id1, id2, s1, s2))
+    if not pairs:
+        raise MRPCFormatError(f"{path}: no sentence pair after the header")
+    return pairs
+
+
+def _doc_ids(pairs: Iterable[MRPCPair]) -> dict[str, str]:
+    """text → ``d<smallest MRPC id of the text>`` (ids compared numerically when they are numbers)."""
+    ids: dict[str, list[str]] = {}
+    for pair in pairs:
+        ids.setdefault(pair.sentence1, []).append(pair.id1)
+        ids.setdefault(pair.sentence2, []).append(pair.id2)
+
+    def key(value: str):
+        return (0, int(value), "") if value.isdigit() else (1, 0, value)
+
+    result = {text: "d" + min(found, key=key) for text, found in ids.items()}
+    if len(set(result.values())) != len(result):  # two texts share their smallest id: disambiguate by a counter
+        seen: dict[str, int] = {}
+        for text in sorted(result, key=lambda t: (key(result[t][1:]), t)):
+            base = result[text]
+            seen[base] = seen.get(base, 0) + 1
+            if seen[base] > 1:
+                result[text] = f"{base}-{seen[base]}"
+    return result
+
+
+def build_mrpc_retrieval(data_dir: str | Path | None = None, name: str = "MRPC-paraphrase-retrieval"
+                         ) -> MRPCRetrieval:
+    """The MRPC paraphrase-retrieval test task and the leak-free training split (see the module docstring).
+
+    Args:
+        data_dir: the SentEval directory (see :func:`st_hardneg.data.resolve_senteval_dir`).
+        name: the task name (used by the evaluator's metric prefix).
+    """
+    files = mrpc_files(data_dir)
+    train = read_mrpc(files["train"])
+    test = read_mrpc(files["test"])
+    doc_id = _doc_ids([*train, *test])
+
+    query_text: dict[str, str] = {}
+    relevant_texts: dict[str, list[str]] = {}
+    text_to_qid: dict[str, str] = {}
+    for pair in test:
+        if pair.label != 1:
+            continue
+        qid = text_to_qid.setdefault(pair.sentence1, f"q{pair.id1}")
+        query_text.setdefault(qid, pair.sentence1)
+        relevant_texts.setdefault(qid, [])
+        if pair.sentence2 != pair.sentence1 and pair.sentence2 not in relevant_texts[qid]:
+            relevant_texts[qid].append(pair.sentence2)
+    query_set = set(query_text.values())
+    corpus = {doc_id[t]: t for t in doc_id if t not in query_set}
+    corpus = dict(sorted(corpus.items(), key=lambda item: item[0]))
+    queries: dict[str, str] = {}
+    relevant: dict[str, set[str]] = {}
+    dropped_relevant = 0
+    for qid, text in query_text.items():
+        kept = {doc_id[t] for t in relevant_texts[qid] if t not in query_set}
+        dropped_relevant += len(relevant_texts[qid]) - len(kept)
+        if kept:
+            queries[qid] = text
+            relevant[qid] = kept
+    task = RetrievalTask(name=name, queries=queries, corpus=corpus, relevant_docs=relevant)
+
+    protected = set(queries.values()) | {corpus[d] for docs in relevant.values() for d in docs}
+    train_pairs: list[tuple[str, str]] = []
+    seen_pairs: set[tuple[str, str]] = set()
+    excluded_pairs = 0
+    known: dict[str, set[str]] = {}
+    for pair in train:
+        if pair.label != 1:
+            continue
+        if pair.sentence1 in protected or pair.sentence2 in protected:
+            excluded_pairs += 1
+            continue
+        known.setdefault(pair.sentence1, set()).add(pair.sentence2)
+        known.setdefault(pair.sentence2, set()).add(pair.sentence1)
+        if pair.sentence1 != pair.sentence2 and (pair.sentence1, pair.sentence2) not in seen_pairs:
+            seen_pairs.add((pair.sentence1, pair.sentence2))
+            train_pairs.append((pair.sentence1, pair.sentence2))
+    train_sentences = list(dict.fromkeys(s for pair in train for s in (pair.sentence1, pair.sentence2)))
+    train_corpus = [s for s in train_sentences if s not in protected]
+    result = MRPCRetrieval(
+        task=task,
+        train_pairs=train_pairs,
+        train_corpus=train_corpus,
+        known_paraphrases=known,
+        stats={
+            "test_paraphrase_pairs": sum(p.label for p in test),
+            "queries": len(queries),
+            "queries_dropped_no_relevant_left": len(query_text) - len(queries),
+            "relevant_docs_dropped_as_queries": dropped_relevant,
+            "corpus": len(corpus),
+            "distinct_sentences_both_files": len(doc_id),
+            "train_paraphrase_pairs": sum(p.label for p in train),
+            "train_pairs_kept": len(train_pairs),
+            "train_pairs_excluded_test_overlap": excluded_pairs,
+            "train_sentences": len(train_sentences),
+            "train_sentences_excluded_test_overlap": len(train_sentences) - len(train_corpus),
+        },
+    )
+    assert_no_test_leak(result, [s for pair in train_pairs for s in pair] + train_corpus)
+    return result
+
+
+def assert_no_test_leak(data: MRPCRetrieval, texts: Iterable[str]) -> None:
+    """Raise ``ValueError`` if any of ``texts`` is a test query or one of its relevant documents."""
+    protected = data.protected_sentences()
+    leaked = sorted({t for t in texts if t in protected})
+    if leaked:
+        raise ValueError(f"{len(leaked)} test-task sentence(s) found in training data, e.g. {leaked[0]!r}")
+
+
+def mine_training_negatives(
+    model,
+    pairs: Sequence[tuple[str, str]] | Any,
+    corpus: Sequence[str],
+    *,
+    known_positives: dict[str, set[str]] | None = None,
+    forbidden: Iterable[str] | None = None,
+    num_candidates: int = 5,
+    relative_margin: float | None = 0.05,
+    range_min: int = 0,
+    range_max: int | None = None,
+    batch_size: int = 64,
+    verbose: bool = False,
+):
+    """One mined hard negative per (anchor, positive) pair, with sentence-transformers' ``mine_hard_negatives``.
+
+    ``mine_hard_negatives`` ranks ``corpus`` by cosine to each anchor and keeps the ``num_candidates`` best
+    candidates ("top" sampling) that pass its filters; by default ``relative_margin=0.05``, NV-Retriever's
+    TopK-PercPos (95 %) rule: a candidate must score below 95 % of the anchor-positive score, which removes most
+    unlabelled paraphrases (false negatives). Among those candidates, the first one that is not the anchor, not the
+    positive, not a labelled paraphrase of the anchor (``known_positives``) and not ``forbidden`` becomes the
+    negative. Pairs with no valid candidate are dropped.
+
+    Args:
+        model: the SentenceTransformer that ranks the candidates (the model to be trained, before training).
+        pairs: (anchor, positive) tuples or a ``datasets.Dataset`` whose first two columns are anchor, positive.
+        corpus: candidate negatives (e.g. :attr:`MRPCRetrieval.train_corpus`; never test sentences).
+        known_positives: text → texts known to be its paraphrases (never used as its negative).
+        forbidden: texts that must never be a negative (e.g. the test task's sentences); ``ValueError`` if any is in
+            ``corpus`` or ``pairs``, since they should have been removed before mining.
+        num_candidates: candidates per anchor passed on by ``mine_hard_negatives``.
+        relative_margin, range_min, range_max: as in ``mine_hard_negatives`` (``range_max`` default:
+            ``num_candidates + range_min + 10``).
+        batch_size: encoding batch size.
+        verbose: print ``mine_hard_negatives``' statistics.
+
+    Returns:
+        ``datasets.Dataset`` with columns ``anchor``, ``positive``, ``negative`` (pairs in input order).
+    """
+    from datasets import Dataset
+    from sentence_transformers.util import mine_hard_negatives
+
+    if num_candidates < 1:
+        raise ValueError(f"num_candidates must be >= 1, got {num_candidates!r}")
+    if isinstance(pairs, Dataset):
+        if len(pairs.column_names) < 2:
+            raise ValueError(f"pairs needs two columns (anchor, positive), got {pairs.column_names}")
+        first, second = pairs.column_names[:2]
+        pairs = list(zip(pairs[first], pairs[second], strict=True))
+    pairs = [(str(a), str(p)) for a, p in pairs]
+    if not pairs:
+        raise ValueError("no (anchor, positive) pair to mine negatives for")
+    corpus = list(dict.fromkeys(corpus))
+    if len(corpus) < 2:
+        raise ValueError(f"the mining corpus needs at least 2 sentences, got {len(corpus)}")
+    forbidden = set(forbidden or ())
+    leaked = sorted(forbidden.intersection(corpus) | forbidden.intersection(s for pair in pairs for s in pair))
+    if leaked:
+        raise ValueError(f"{len(leaked)} forbidden sentence(s) in the pairs or the mining corpus, e.g. {leaked[0]!r}")
+    known_positives = known_positives or {}
+    if range_max is None:
+        range_max = range_min + num_candidates + 10
+    range_max = min(range_max, len(corpus) + len(pairs))
+    if range_max - range_min < num_candidates:
+        raise ValueError(f"range_max - range_min must leave at least num_candidates={num_candidates} candidates, "
+                         f"got range_min={range_min}, range_max={range_max}")
+    dataset = Dataset.from_dict({"anchor": [a for a, _ in pairs], "positive": [p for _, p in pairs]})
+    mined = mine_hard_negatives(
+        dataset, model, corpus=corpus, range_min=range_min, range_max=range_max,
+        relative_margin=relative_margin, num_negatives=num_candidates, sampling_strategy="top",
+        output_format="triplet", batch_size=batch_size, verbose=verbose,
+    )
+    # triplet rows come per anchor in decreasing similarity of the negative; candidates without a valid score are
+    # already left out
+    candidates: dict[tuple[str, str], list[str]] = {}
+    for anchor, positive, negative in zip(mined["anchor"], mined["positive"], mined["negative"], strict=True):
+        candidates.setdefault((anchor, positive), []).append(negative)
+    anchors, positives, negatives = [], [], []
+    for anchor, positive in pairs:
+        for negative in candidates.get((anchor, positive), []):
+            if negative in (anchor, positive) or negative in known_positives.get(anchor, ()):
+                continue
+            anchors.append(anchor)
+            positives.append(positive)
+            negatives.append(negative)
+            break
+    return Dataset.from_dict({"anchor": anchors, "positive": positives, "negative": negatives})
+
+
+#: local retrieval tasks: name → (builder(data_dir) → RetrievalTask, files relative to the SentEval root)
+RETRIEVAL_TASKS: dict[str, tuple[Any, tuple[str, ...]]] = {
+    "MRPC": (lambda data_dir: build_mrpc_retrieval(data_dir).task, tuple(MRPC_FILES.values())),
+}
+
+
+def retrieval_task_files(name: str, data_dir: str | Path | None = None) -> list[Path]:
+    """The files a local retrieval task reads; raises :class:`DataNotFoundError` naming the missing ones."""
+    if name not in RETRIEVAL_TASKS:
+        raise ValueError(f"unknown retrieval task {name!r}; choose from {', '.join(RETRIEVAL_TASKS)}")
+    root = senteval_root(data_dir)
+    paths = [root / rel for rel in RETRIEVAL_TASKS[name][1]]
+    missing = [str(p) for p in paths if not p.is_file()]
+    if missing:
+        raise DataNotFoundError(f"Missing files of the retrieval task {name}: {', '.join(missing)}")
+    return paths
+
+
+def build_retrieval_task(name: str, data_dir: str | Path | None = None) -> RetrievalTask:
+    """The local retrieval task ``name`` (see :data:`RETRIEVAL_TASKS`)."""
+    retrieval_task_files(name, data_dir)
+    return RETRIEVAL_TASKS[name][0](data_dir)
