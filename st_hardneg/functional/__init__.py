@@ -14,6 +14,7 @@ computation:
 from st_hardneg.functional.core import (
     NORM_EPS,
     PartnerMode,
+    allowed_partners,
     autocast_disabled,
     candidate_cosines,
     contrastive_logits,
@@ -22,12 +23,14 @@ from st_hardneg.functional.core import (
     hardest_negatives,
     info_nce,
     info_nce_rows,
+    mask_columns,
     mix,
     normalize,
     offdiagonal_mask,
     partner_indices,
     random_derangement,
     row_norms,
+    top_candidates,
 )
 from st_hardneg.functional.hncse import (
     ALPHA_FUNCTIONS,
@@ -56,5 +59,5 @@ __all__ = [
     "contrastive_stats", "hard_negative_mixing", "hard_negative_mixing_cosines", "hard_negative_pairs",
     "hardest_negatives", "info_nce", "info_nce_rows", "mix", "mix_hard_negatives", "mixed_negative_cosines",
     "normalize", "offdiagonal_mask", "partner_indices", "positive_mixing", "positive_mixing_weights",
-    "random_derangement", "row_norms", "sample_distinct_pairs",
+    "random_derangement", "row_norms", "sample_distinct_pairs", "allowed_partners", "mask_columns", "top_candidates",
 ]
