@@ -315,12 +315,18 @@ class HardNegativeLoss(nn.Module):
         self._false_negative_stats: dict[str, Tensor] = {}
 
     def false_negative_config(self) -> dict[str, Any]:
-        """The false-negative options for :meth:`get_config_dict`."""
-        guide = self.guide
-        name = None if guide is None else (getattr(getattr(guide, "model_card_data", None), "base_model", None)
-                                           or type(guide).__name__)
-        return {"mask_duplicates": self.mask_duplicates, "false_negative_margin": self.false_negative_margin,
-                "margin_strategy": self.margin_strategy, "guide": name}
+        """The false-negative options for :meth:`get_config_dict`: those that differ from their defaults (so the
+        configuration of a loss that uses the defaults reads as before these options existed)."""
+        config: dict[str, Any] = {}
+        if not self.mask_duplicates:
+            config["mask_duplicates"] = False
+        if self.false_negative_margin is not None:
+            config["false_negative_margin"] = self.false_negative_margin
+            config["margin_strategy"] = self.margin_strategy
+        if self.guide is not None:
+            card = getattr(self.guide, "model_card_data", None)
+            config["guide"] = getattr(card, "base_model", None) or type(self.guide).__name__
+        return config
 
     @property
     def controls_false_negatives(self) -> bool:
