@@ -79,7 +79,8 @@ def text_keys(sentence_features: list[dict[str, Tensor]]) -> Tensor | None:
         attention = features.get("attention_mask")
         tokens = input_ids.tolist()
         if isinstance(attention, Tensor) and attention.shape == input_ids.shape:
-            tokens = [[t for t, a in zip(row, keep) if a] for row, keep in zip(tokens, attention.tolist())]
+            tokens = [[t for t, a in zip(row, keep, strict=True) if a]
+                      for row, keep in zip(tokens, attention.tolist(), strict=True)]
         keys.append([ids.setdefault(tuple(row), len(ids)) for row in tokens])
     return torch.tensor(keys, dtype=torch.long)
 
@@ -309,7 +310,8 @@ class HardNegativeLoss(nn.Module):
             if self._must_retokenize and not hasattr(model_tok, "batch_decode"):
                 raise ValueError("guide: the guide's tokenizer differs from the model's, and the model's tokenizer "
                                  "cannot decode token ids back to text (no batch_decode)")
-        self.guide = guide
+        # kept out of the module tree (as AdCSE's key encoder): not trained, not in state_dict(), not in the optimizer
+        vars(self)["guide"] = guide
         self._reports_false_negatives = False
         self._false_negative_inputs: dict[str, Any] | None = None
         self._false_negative_stats: dict[str, Tensor] = {}
@@ -358,19 +360,21 @@ class HardNegativeLoss(nn.Module):
 
     @torch.no_grad()
     def _guide_embeddings(self, sentence_features: list[dict[str, Tensor]]) -> list[Tensor]:
-        guide = self.guide
-        if not self._must_retokenize:
-            # shallow copies: the guide writes its outputs into the dicts it is given
-            return embed_columns(guide, [dict(features) for features in sentence_features])
         from sentence_transformers.util import batch_to_device
 
+        guide = self.guide
+        device = getattr(guide, "device", None)
+        if not self._must_retokenize:
+            # shallow copies: the guide writes its outputs into the dicts it is given
+            features = [dict(f) if device is None else batch_to_device(dict(f), device) for f in sentence_features]
+            return embed_columns(guide, features)
         columns = []
         for features in sentence_features:
             if "input_ids" not in features or "cu_seq_lens_q" in features:
                 raise ValueError("guide: re-tokenising for a guide with another tokenizer needs padded `input_ids` "
                                  "in the features")
             texts = self.model.tokenizer.batch_decode(features["input_ids"], skip_special_tokens=True)
-            guide_features = batch_to_device(guide.preprocess(texts), features["input_ids"].device)
+            guide_features = batch_to_device(guide.preprocess(texts), device or features["input_ids"].device)
             columns.append(guide(guide_features)["sentence_embedding"])
         return columns
 
