@@ -142,7 +142,8 @@ class AdversarialNegativesLoss(training_hooks.OptimizerDrivenLoss, HardNegativeL
               first optimizer step (one step late, with a warning). Prefer the Trainer for resumable runs.
             - Gradient accumulation: every training forward until the optimizer step adds to the adversaries'
               gradient (their mean is used), also several forwards before a single backward.
-            - Use ``BatchSamplers.NO_DUPLICATES``: a duplicate sentence in a batch is a false negative of itself.
+            - Use ``BatchSamplers.NO_DUPLICATES``: a duplicate sentence in a batch is a false negative of itself
+              (``mask_duplicates``, on by default, removes exact duplicates from the denominator).
 
         Relations:
             - With ``num_adversaries=0`` and ``untied=False`` this is ST's ``MultipleNegativesRankingLoss`` (SimCSE).

@@ -471,7 +471,10 @@ class HardNegativeLoss(nn.Module):
     @property
     def diagnostics(self) -> dict[str, float]:
         """Mean cosines of the last batch seen in training: ``positive``, ``negative`` and, for losses that
-        synthesise negatives, ``synthetic`` (MixCSE Fig. 4a). Empty before the first batch."""
+        synthesise negatives, ``synthetic`` (MixCSE Fig. 4a). Empty before the first batch. With false-negative
+        control also ``masked_false_negatives`` (masked candidates per anchor, mean) and
+        ``masked_false_negatives_total``: always when ``false_negative_margin`` is set, and from the first batch in
+        which ``mask_duplicates`` masked something on."""
         return {key: float(value) for key, value in self._last_stats.items()}
 
     def get_config_dict(self) -> dict[str, Any]:

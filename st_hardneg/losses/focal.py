@@ -90,7 +90,8 @@ class FocalInfoNCELoss(HardNegativeLoss):
 
         Recommendations:
             - Use ``BatchSamplers.NO_DUPLICATES``: a duplicate of the anchor in the batch is a false negative, and
-              Focal-InfoNCE weights it up because it is the hardest one.
+              Focal-InfoNCE weights it up because it is the hardest one. ``mask_duplicates`` (default) removes exact
+              duplicates; ``false_negative_margin`` also removes near-duplicates and false mined negatives.
 
         Relations:
             - With ``m`` irrelevant and plain ``s / τ`` logits this is ST's ``MultipleNegativesRankingLoss`` (SimCSE).

@@ -174,7 +174,10 @@ class HNCSELoss(HardNegativeLoss):
 
         Recommendations:
             - Use ``BatchSamplers.NO_DUPLICATES``: a duplicate of the anchor is its hardest in-batch negative, so PM
-              would mix it into the positive and HNM would mix it into the synthetic negatives.
+              would mix it into the positive and HNM would mix it into the synthetic negatives. ``mask_duplicates``
+              (default) keeps exact duplicates out of PM and HNM; ``false_negative_margin`` also near-duplicates.
+            - With mined negatives, ``hnm_pool="hard_negatives"`` (or ``"all_negatives"``) mixes them into the
+              synthetic negatives.
             - Batch size 64, the paper's best (its Fig. 4a) and well above ``k + 1``.
 
         Relations:

@@ -127,8 +127,12 @@ class MixCSELoss(HardNegativeLoss):
 
         Recommendations:
             - Use ``BatchSamplers.NO_DUPLICATES``: a sentence that occurs twice in a batch is a false negative of
-              itself, and with ``partner="hardest"`` it would even be chosen as the mixing partner. Unsupervised
-              corpora such as wiki1m contain duplicate lines.
+              itself, and with ``partner="hardest"`` it would even be chosen as the mixing partner (unsupervised
+              corpora such as wiki1m contain duplicate lines). ``mask_duplicates`` (default) catches exact duplicates
+              in the batch; near-duplicates and false mined negatives need ``false_negative_margin`` (optionally
+              with a ``guide``).
+            - With mined negatives, ``partner="explicit"`` makes each anchor's own mined negative the source of
+              hardness: the mix lies between the positive and that negative.
 
         Relations:
             - With ``lam`` irrelevant and no mixed negative this is ST's ``MultipleNegativesRankingLoss`` (SimCSE).
