@@ -5,8 +5,9 @@ computation:
 
 - :mod:`st_hardneg.functional.core`: float32, overflow-safe normalisation (:func:`normalize`, :func:`row_norms`),
   :func:`mix`, mixing partners (:func:`partner_indices`), top-k negatives (:func:`hardest_negatives`),
-  :func:`candidate_cosines`, :func:`contrastive_logits` (plain or Focal-InfoNCE), :func:`info_nce_rows` and the
-  diagnostics :func:`contrastive_stats`;
+  :func:`candidate_cosines`, :func:`contrastive_logits` (plain or Focal-InfoNCE), :func:`info_nce_rows`, the
+  diagnostics :func:`contrastive_stats`, and the false-negative helpers :func:`mask_columns` (drop masked candidates
+  from the denominator), :func:`top_candidates` (top-k among the allowed candidates) and :func:`allowed_partners`;
 - :mod:`st_hardneg.functional.hncse`: HNCSE's positive mixing (:func:`positive_mixing`) and hard-negative mixing
   (:func:`hard_negative_mixing`, :func:`mixed_negative_cosines`).
 """
