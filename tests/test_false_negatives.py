@@ -192,7 +192,10 @@ def test_text_keys_from_token_ids_ignore_padding():
 
 def test_forward_masks_duplicate_texts_of_the_positive_column(tiny_model):
     texts = ["a man plays the guitar.", "the sky is blue.", "a man plays the guitar.", "snow is cold."]
+    tiny_model.train()  # dropout: the two copies get different embeddings, only their text is identical
     features = [tiny_model.tokenize(texts), tiny_model.tokenize(texts)]
+    keys = text_keys(features)  # the tokenizer's own output type (a BatchEncoding, not a dict)
+    assert keys is not None and keys[1, 0] == keys[1, 2] and keys[1, 0] != keys[1, 1]
     loss = FocalInfoNCELoss(tiny_model, m=0.3)
     loss(features, None).backward()
     # rows 0 and 2 hold the same sentence: each is a false negative of the other, the own positive never
@@ -200,6 +203,19 @@ def test_forward_masks_duplicate_texts_of_the_positive_column(tiny_model):
     clean = FocalInfoNCELoss(tiny_model, m=0.3)
     clean([tiny_model.tokenize(texts[:2] + texts[3:])] * 2, None)
     assert clean.diagnostics.get("masked_false_negatives_total", 0.0) == 0.0
+
+
+@pytest.mark.parametrize("factory", [
+    lambda m: MixCSELoss(m, partner="hardest"),
+    lambda m: HNCSELoss(m, mode="both", k=2, num_mixed=3, seed=0),
+    lambda m: AdversarialNegativesLoss(m, num_adversaries=2, seed=0),
+], ids=["mixcse", "hncse", "adcse"])
+def test_every_loss_forward_masks_duplicate_texts(tiny_model, factory):
+    texts = ["the sky is blue.", "snow is cold.", "the cat eats food.", "snow is cold.", "the sun is hot."]
+    tiny_model.train()  # dropout: duplicates differ in embedding, only the text check can find them
+    loss = factory(tiny_model)
+    loss([tiny_model.tokenize(texts), tiny_model.tokenize(texts)], None).backward()
+    assert loss.diagnostics["masked_false_negatives_total"] == 2  # rows 1 and 3 mask each other, never themselves
 
 
 def test_forward_with_a_guide_that_must_retokenize(tiny_model, tiny_model_dir):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import functools
 import warnings
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -73,7 +73,7 @@ def text_keys(sentence_features: list[dict[str, Tensor]]) -> Tensor | None:
     ids: dict[tuple[int, ...], int] = {}
     keys = []
     for features in sentence_features:
-        input_ids = features.get("input_ids") if isinstance(features, dict) else None
+        input_ids = features.get("input_ids") if isinstance(features, Mapping) else None  # dict or BatchEncoding
         if not isinstance(input_ids, Tensor) or input_ids.dim() != 2 or "cu_seq_lens_q" in features:
             return None
         attention = features.get("attention_mask")
