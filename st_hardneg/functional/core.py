@@ -162,6 +162,53 @@ def partner_indices(
     raise ValueError(f"partner must be one of 'shift', 'random', 'hardest'; got {mode!r}")
 
 
+def top_candidates(similarity: Tensor, k: int, exclude: Tensor) -> tuple[Tensor, Tensor]:
+    """The ``k`` most similar candidates of each row that are not excluded.
+
+    Args:
+        similarity: (N, C) similarities (read without gradient).
+        k: how many, ``1 <= k <= C``.
+        exclude: (N, C) bool, True for candidates that may not be chosen (the positive, masked false negatives).
+
+    Returns:
+        ``(indices, valid)``: (N, k) LongTensor, most similar first, and (N, k) bool, False where a row has fewer than
+        ``k`` allowed candidates (those positions point at excluded candidates and must not be used).
+    """
+    if not 1 <= k <= similarity.size(1):
+        raise ValueError(f"k must be between 1 and the number of candidates ({similarity.size(1)}), got {k}")
+    scores = similarity.detach().masked_fill(exclude, float("-inf"))
+    values, indices = scores.topk(k, dim=1)
+    return indices, values > float("-inf")
+
+
+def allowed_partners(partners: Tensor, exclude: Tensor) -> tuple[Tensor, Tensor]:
+    """Replace each excluded partner by the first allowed in-batch candidate after it, in cyclic order.
+
+    Args:
+        partners: (N,) proposed partner of each row (from ``"shift"`` or ``"random"``).
+        exclude: (N, N) bool, True for candidates that may not be partners (the diagonal, masked false negatives).
+
+    Returns:
+        ``(partners, valid)``: (N,) partners (unchanged where allowed) and (N,) bool, False for rows without any
+        allowed candidate (their partner is meaningless).
+    """
+    n = exclude.size(0)
+    order = (partners.unsqueeze(1) + torch.arange(n, device=partners.device).unsqueeze(0)) % n
+    allowed = ~exclude.gather(1, order)
+    first = allowed.to(torch.uint8).argmax(dim=1, keepdim=True)
+    return order.gather(1, first).squeeze(1), allowed.any(dim=1)
+
+
+def mask_columns(logits: Tensor, exclude: Tensor | None) -> Tensor:
+    """``logits`` with the entries where ``exclude`` (its first columns; missing trailing columns are kept) is True
+    set to ``-inf``: those candidates leave the softmax denominator."""
+    if exclude is None:
+        return logits
+    if exclude.size(1) < logits.size(1):
+        exclude = torch.cat([exclude, exclude.new_zeros(exclude.size(0), logits.size(1) - exclude.size(1))], dim=1)
+    return logits.masked_fill(exclude, float("-inf"))
+
+
 @float32_math
 def candidate_cosines(anchors: Tensor, candidates: Tensor, row_candidates: Tensor | None = None,
                       assume_normalized: bool = False) -> Tensor:

@@ -12,7 +12,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from st_hardneg.functional.core import NORM_EPS, float32_math, hardest_negatives, mix, normalize
+from st_hardneg.functional.core import NORM_EPS, float32_math, hardest_negatives, mix, normalize, top_candidates
 from st_hardneg.validation import check_weights_tensor
 
 Alpha = float | Callable[[Tensor], Tensor | float]
@@ -100,6 +100,7 @@ def positive_mixing(
     weight_gradient: bool = False,
     similarity: Tensor | None = None,
     assume_normalized: bool = False,
+    exclude: Tensor | None = None,
 ) -> PositiveMix:
     """HNCSE's positive mixing (paper §3.1, Eq. 2): mix each positive with the anchor's hardest in-batch negative.
 
@@ -114,6 +115,9 @@ def positive_mixing(
         detach_mix: no gradient through the mixed rows (the rows that are not mixed keep their gradient).
         similarity: the (N, ≥N) cosines ``ĥ_i · ĥ'_j`` if already computed (first N columns used).
         assume_normalized: ``anchors`` and ``positives`` are unit rows.
+        exclude: optional (N, ≥N) bool mask of in-batch candidates that are not negatives (masked false negatives;
+            first N columns used): ``j*`` is the hardest *unmasked* negative, and a row without one keeps ``ĥ'_i``
+            (reported as the "unsafe", i.e. kept, case).
 
     Returns:
         A :class:`PositiveMix`.
@@ -124,10 +128,20 @@ def positive_mixing(
     if similarity is None:
         similarity = anchors @ positives.T
     similarity = similarity[:, :n]
-    partners = hardest_negatives(similarity, k=1).squeeze(1)
+    has_partner = None
+    if exclude is None:
+        partners = hardest_negatives(similarity, k=1).squeeze(1)
+    else:
+        eye = torch.eye(n, dtype=torch.bool, device=similarity.device)
+        partners, has_partner = top_candidates(similarity, 1, exclude[:, :n] | eye)
+        partners, has_partner = partners.squeeze(1), has_partner.squeeze(1)
     rows = torch.arange(n, device=similarity.device)
     d1, d2 = similarity[rows, rows], similarity[rows, partners]
     weights, cases, mixed = positive_mixing_weights(d1, d2, threshold, w1, w2, single, weight_gradient)
+    if has_partner is not None:
+        mixed = mixed & has_partner
+        weights = torch.where(has_partner, weights, torch.ones_like(weights))
+        cases = torch.where(has_partner, cases, torch.full_like(cases, PM_UNSAFE))
     mixture = mix(positives, positives[partners], weights.unsqueeze(1), assume_normalized=True)
     if detach_mix:
         mixture = mixture.detach()

@@ -9,6 +9,7 @@ step post-hook, plus :class:`~st_hardneg.callbacks.StatefulLossCallback` for res
 
 from __future__ import annotations
 
+import functools
 import weakref
 from collections.abc import Iterable
 from typing import Any
@@ -43,6 +44,10 @@ class AdversarialNegativesLoss(training_hooks.OptimizerDrivenLoss, HardNegativeL
         untied: bool = True,
         seed: int | None = None,
         in_batch_keys: bool = True,
+        mask_duplicates: bool = True,
+        false_negative_margin: float | None = None,
+        margin_strategy: str = "absolute",
+        guide=None,
     ) -> None:
         """
         AdCSE: InfoNCE between an online encoder and a momentum (EMA) key encoder, with ``M`` learnable negative
@@ -89,6 +94,18 @@ class AdversarialNegativesLoss(training_hooks.OptimizerDrivenLoss, HardNegativeL
             in_batch_keys: ``True`` (default): the other pairs' keys and all explicit negatives are negatives of
                 every anchor. ``False``: paper Eq. 5, row ``i`` sees only its positive, its own explicit negatives
                 and the adversaries (needs ``num_adversaries > 0``).
+            mask_duplicates: false-negative control: a key or explicit negative whose embedding, or whose text when
+                called through ``forward``, is identical to anchor ``i``'s positive is not a negative of anchor ``i``
+                (it leaves the denominator of the encoder's and of the adversaries' loss). The positive itself and the
+                adversaries are never masked. Default on.
+            false_negative_margin: ``None`` (off) or a margin >= 0: also mask every key / explicit negative whose
+                similarity to the anchor exceeds the positive's similarity minus the margin
+                (``margin_strategy="absolute"``) or minus ``|positive similarity|·margin`` (``"relative"``), as in
+                ``GISTEmbedLoss``. :attr:`diagnostics` reports ``masked_false_negatives`` (mean per anchor) and
+                ``masked_false_negatives_total``.
+            margin_strategy: ``"absolute"`` or ``"relative"``.
+            guide: optional SentenceTransformer whose embeddings (no gradient; re-tokenised if its tokenizer differs)
+                give the similarities of the threshold instead of the online encoder's.
 
         References:
             - Li et al., "AdCSE: An Adversarial Method for Contrastive Learning of Sentence Embeddings", DASFAA 2022.
@@ -125,7 +142,8 @@ class AdversarialNegativesLoss(training_hooks.OptimizerDrivenLoss, HardNegativeL
               first optimizer step (one step late, with a warning). Prefer the Trainer for resumable runs.
             - Gradient accumulation: every training forward until the optimizer step adds to the adversaries'
               gradient (their mean is used), also several forwards before a single backward.
-            - Use ``BatchSamplers.NO_DUPLICATES``: a duplicate sentence in a batch is a false negative of itself.
+            - Use ``BatchSamplers.NO_DUPLICATES``: a duplicate sentence in a batch is a false negative of itself
+              (``mask_duplicates``, on by default, removes exact duplicates from the denominator).
 
         Relations:
             - With ``num_adversaries=0`` and ``untied=False`` this is ST's ``MultipleNegativesRankingLoss`` (SimCSE).
@@ -180,6 +198,7 @@ class AdversarialNegativesLoss(training_hooks.OptimizerDrivenLoss, HardNegativeL
             generator=torch.Generator().manual_seed(seed) if seed is not None else None)
         # Not child modules (set in __dict__): out of parameters(), state_dict(), override_model_in_loss, optimizers.
         vars(self).update(_online=model, _key_encoder=frozen_copy(model) if untied else None)
+        self.configure_false_negatives(mask_duplicates, false_negative_margin, margin_strategy, guide)
         self._start_listening()
 
     # ------------------------------------------------------------------ public state
@@ -240,7 +259,7 @@ class AdversarialNegativesLoss(training_hooks.OptimizerDrivenLoss, HardNegativeL
 
     # ------------------------------------------------------------------ forward
     def forward(self, sentence_features: Iterable[dict[str, Tensor]], labels: Tensor | None) -> Tensor:
-        sentence_features = list(sentence_features)
+        sentence_features = self.remember_false_negative_inputs(sentence_features)
         self._check_online_model()
         self._count_forward()
         if not self.untied:
@@ -261,21 +280,26 @@ class AdversarialNegativesLoss(training_hooks.OptimizerDrivenLoss, HardNegativeL
         """The loss on given embeddings ``[anchors (online), keys, explicit negatives...]``; while training (grad
         enabled), also adds the adversaries' ascent gradient to the window of the next optimizer step."""
         batch = self.split_batch(embeddings)
+        masked = batch.false_negatives
         cos, logits = self._cosines_and_logits(batch.anchors, batch.candidates, self.adversaries.detach(),
-                                               self.temperature)
+                                               self.temperature, masked)
         loss = fn.info_nce(logits)
         self.record_stats(cos, num_in_batch=batch.size, num_synthetic=self.num_adversaries)
         if self.num_adversaries and self.training and torch.is_grad_enabled():
-            self._accumulate(batch.anchors, batch.candidates)
+            self._accumulate(batch.anchors, batch.candidates, masked)
         return loss
 
-    def adversary_loss(self, anchors: Tensor, candidates: Tensor, adversaries: Tensor) -> Tensor:
-        """The loss whose gradient the adversaries ascend: the encoder's loss at ``adversary_temperature``."""
-        return fn.info_nce(self._cosines_and_logits(anchors, candidates, adversaries, self.adversary_temperature)[1])
+    def adversary_loss(self, anchors: Tensor, candidates: Tensor, adversaries: Tensor,
+                       exclude: Tensor | None = None) -> Tensor:
+        """The loss whose gradient the adversaries ascend: the encoder's loss at ``adversary_temperature`` (with the
+        same masked false negatives ``exclude``)."""
+        return fn.info_nce(self._cosines_and_logits(anchors, candidates, adversaries, self.adversary_temperature,
+                                                    exclude)[1])
 
-    def _cosines_and_logits(self, anchors: Tensor, candidates: Tensor, adversaries: Tensor, tau: float):
+    def _cosines_and_logits(self, anchors: Tensor, candidates: Tensor, adversaries: Tensor, tau: float,
+                            exclude: Tensor | None = None):
         cos = fn.candidate_cosines(anchors, torch.cat([candidates, adversaries.to(candidates.dtype)], dim=0))
-        logits = fn.contrastive_logits(cos, tau)
+        logits = fn.mask_columns(fn.contrastive_logits(cos, tau), exclude)  # adversaries are never masked
         if not self.in_batch_keys:  # paper Eq. 5: drop the other rows' keys and explicit negatives
             n = anchors.size(0)
             own = torch.arange(candidates.size(0), device=cos.device) % n
@@ -284,7 +308,7 @@ class AdversarialNegativesLoss(training_hooks.OptimizerDrivenLoss, HardNegativeL
             logits = logits.masked_fill(drop, float("-inf"))
         return cos, logits
 
-    def _accumulate(self, anchors: Tensor, candidates: Tensor) -> None:
+    def _accumulate(self, anchors: Tensor, candidates: Tensor, exclude: Tensor | None = None) -> None:
         bank = self.adversary_bank
         if bank.pending_micro_batches and self._backward_seen and not any(
                 p.grad is not None for p in self.online_model.parameters()):
@@ -293,7 +317,8 @@ class AdversarialNegativesLoss(training_hooks.OptimizerDrivenLoss, HardNegativeL
         if anchors.requires_grad:  # a backward through this micro-batch marks the window as backpropagated
             ref = weakref.ref(self)
             anchors.register_hook(lambda grad: setattr(ref(), "_backward_seen", True) if ref() else None)
-        bank.accumulate(self.adversary_loss, anchors, candidates)
+        loss_fn = self.adversary_loss if exclude is None else functools.partial(self.adversary_loss, exclude=exclude)
+        bank.accumulate(loss_fn, anchors, candidates)
 
     # ------------------------------------------------------------------ training-loop integration
     def _optimizer_step(self) -> None:
@@ -311,7 +336,7 @@ class AdversarialNegativesLoss(training_hooks.OptimizerDrivenLoss, HardNegativeL
             "num_adversaries": self.num_adversaries, "temperature": self.temperature, "momentum": self.momentum,
             "adversary_lr": bank.lr, "adversary_momentum": bank.momentum, "adversary_weight_decay": bank.weight_decay,
             "adversary_temperature": self.adversary_temperature, "untied": self.untied, "seed": self.seed,
-            "in_batch_keys": self.in_batch_keys,
+            "in_batch_keys": self.in_batch_keys, **self.false_negative_config(),
         }
 
     @property

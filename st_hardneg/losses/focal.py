@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from torch import Tensor
 
@@ -15,7 +15,17 @@ def check_margin(value: float, name: str = "m") -> float:
 
 
 class FocalInfoNCELoss(HardNegativeLoss):
-    def __init__(self, model, temperature: float = 0.05, m: float = 0.3, symmetric: bool = False) -> None:
+    def __init__(
+        self,
+        model,
+        temperature: float = 0.05,
+        m: float = 0.3,
+        symmetric: bool = False,
+        mask_duplicates: bool = True,
+        false_negative_margin: float | None = None,
+        margin_strategy: Literal["absolute", "relative"] = "absolute",
+        guide=None,
+    ) -> None:
         """
         Focal-InfoNCE: InfoNCE with self-paced modulation terms that weight hard negatives up and easy negatives down
         (Hou & Li, EMNLP Findings 2023).
@@ -45,6 +55,18 @@ class FocalInfoNCELoss(HardNegativeLoss):
                 modulation, and average both directions. ``False`` (default) is the paper's one-directional loss.
                 Explicit negatives are candidates of the anchor → positive direction only (as in MixCSELoss and ST's
                 ``MultipleNegativesRankingLoss`` ``doc_to_query``).
+            mask_duplicates: false-negative control: a candidate (another pair's positive or an explicit negative)
+                whose embedding, or whose text when called through ``forward``, is identical to anchor ``i``'s positive
+                is not a negative of anchor ``i``: it leaves the denominator (so it is not weighted up as the hardest
+                negative). The positive itself is never masked. Default on.
+            false_negative_margin: ``None`` (off) or a margin >= 0: also mask every candidate whose similarity to the
+                anchor exceeds the positive's similarity minus the margin (``margin_strategy="absolute"``) or minus
+                ``|positive similarity|·margin`` (``"relative"``), as in ``GISTEmbedLoss``. Under ``symmetric`` the
+                reverse direction uses the transposed mask. :attr:`diagnostics` reports ``masked_false_negatives``
+                (mean per anchor) and ``masked_false_negatives_total``.
+            margin_strategy: ``"absolute"`` or ``"relative"``.
+            guide: optional SentenceTransformer whose embeddings (no gradient; re-tokenised if its tokenizer differs)
+                give the similarities of the threshold instead of the trained model's.
 
         References:
             - Hou & Li, "Improving Contrastive Learning of Sentence Embeddings with Focal-InfoNCE", Findings of EMNLP
@@ -68,7 +90,8 @@ class FocalInfoNCELoss(HardNegativeLoss):
 
         Recommendations:
             - Use ``BatchSamplers.NO_DUPLICATES``: a duplicate of the anchor in the batch is a false negative, and
-              Focal-InfoNCE weights it up because it is the hardest one.
+              Focal-InfoNCE weights it up because it is the hardest one. ``mask_duplicates`` (default) removes exact
+              duplicates; ``false_negative_margin`` also removes near-duplicates and false mined negatives.
 
         Relations:
             - With ``m`` irrelevant and plain ``s / τ`` logits this is ST's ``MultipleNegativesRankingLoss`` (SimCSE).
@@ -108,10 +131,12 @@ class FocalInfoNCELoss(HardNegativeLoss):
         self.m = check_margin(m)
         self.symmetric = validation.check_bool(symmetric, "symmetric")
         self.check_logit_range(1.0 + self.m)  # the largest negative logit is (1 + m) / τ
+        self.configure_false_negatives(mask_duplicates, false_negative_margin, margin_strategy, guide)
 
-    def _direction(self, anchors: Tensor, similarity: Tensor) -> Tensor:
-        """Per-row focal InfoNCE of ``anchors`` given their cosines with the candidates (positive on the diagonal)."""
-        return fn.info_nce_rows(fn.contrastive_logits(similarity, self.temperature, self.m))
+    def _direction(self, anchors: Tensor, similarity: Tensor, exclude: Tensor | None = None) -> Tensor:
+        """Per-row focal InfoNCE of ``anchors`` given their cosines with the candidates (positive on the diagonal);
+        ``exclude`` removes masked false negatives from the denominator."""
+        return fn.info_nce_rows(fn.mask_columns(fn.contrastive_logits(similarity, self.temperature, self.m), exclude))
 
     def compute_loss_from_embeddings(self, embeddings: list[Tensor], labels: Tensor | None) -> Tensor:
         """Focal-InfoNCE (paper Eq. 2), row i, with ``s_p = cos(h_i, h'_i)`` and ``s_n`` the other candidates::
@@ -122,15 +147,18 @@ class FocalInfoNCELoss(HardNegativeLoss):
         """
         batch = self.prepare_batch(embeddings, labels)
         cos = batch.anchors @ batch.candidates.T  # computed once; its in-batch block transposed is the reverse side
-        rows = self._direction(batch.anchors, cos)
+        masked = batch.false_negatives
+        rows = self._direction(batch.anchors, cos, masked)
         self.record_stats(cos, num_in_batch=batch.size)
         if self.symmetric:
             # h'_i as the anchor: candidates h_1..h_N, positive h_i; explicit negatives stay on the forward side.
-            rows = (rows + self._direction(batch.positives, cos[:, : batch.size].T)) / 2
+            reverse_masked = masked[:, : batch.size].T if masked is not None else None
+            rows = (rows + self._direction(batch.positives, cos[:, : batch.size].T, reverse_masked)) / 2
         return self.reduce(rows)
 
     def get_config_dict(self) -> dict[str, Any]:
-        return {"temperature": self.temperature, "m": self.m, "symmetric": self.symmetric}
+        return {"temperature": self.temperature, "m": self.m, "symmetric": self.symmetric,
+                **self.false_negative_config()}
 
     @property
     def citation(self) -> str:

@@ -13,6 +13,7 @@ from st_hardneg import validation
 from st_hardneg.losses.base import HardNegativeLoss, check_focal_m
 
 Mode = Literal["pm", "hnm", "both"]
+HnmPool = Literal["in_batch_negatives", "hard_negatives", "all_negatives"]
 Alpha = float | str | Callable[[Tensor], Tensor | float]
 
 
@@ -35,6 +36,11 @@ class HNCSELoss(HardNegativeLoss):
         hnm_gradient: bool = True,
         focal_m: float | None = None,
         seed: int | None = None,
+        hnm_pool: HnmPool = "in_batch_negatives",
+        mask_duplicates: bool = True,
+        false_negative_margin: float | None = None,
+        margin_strategy: Literal["absolute", "relative"] = "absolute",
+        guide=None,
     ) -> None:
         """
         HNCSE: SimCSE's InfoNCE with the hardest in-batch negatives used twice: mixed into the positive (positive
@@ -78,8 +84,9 @@ class HNCSELoss(HardNegativeLoss):
         batch (the code mines the previous batch's embeddings); the ``d1 <= 0`` / ``d1 + d2 <= 0`` rows are kept.
 
         HNCSE is one-directional (the paper's Eq. 1 and 3; no ``symmetric`` option). Explicit negatives (third column
-        on) are shared candidates, as in ST's ``MultipleNegativesRankingLoss``; they are not mixed into the positive
-        and not mined for HNM, whose definitions use in-batch negatives only.
+        on) are shared candidates, as in ST's ``MultipleNegativesRankingLoss``; they are not mixed into the positive,
+        and HNM mines them only with ``hnm_pool="hard_negatives"`` or ``"all_negatives"`` (the paper's definition
+        uses in-batch negatives only).
 
         :attr:`diagnostics` reports, besides the mean ``positive`` (``cos(h_i, p_i)``), ``negative`` and ``synthetic``
         cosines, ``pm_mixed``: the share of the anchors whose positive was mixed in the last batch.
@@ -123,6 +130,25 @@ class HNCSELoss(HardNegativeLoss):
                 extension.
             seed: seed of the generator of the HNM pairs, created on the embeddings' device at the first batch;
                 ``None`` uses torch's global generator (seeded by the Trainer's ``seed``).
+            hnm_pool: where HNM mines its top-``k`` (the ``hardness_mode`` vocabulary of sentence-transformers'
+                ``MultipleNegativesRankingLoss``): ``"in_batch_negatives"`` (default, the paper: the other pairs'
+                positives ``p_j``), ``"hard_negatives"`` (the explicit, e.g. mined, negatives of the batch: every
+                negative column of every pair, as they are shared candidates; needs a negative column) or
+                ``"all_negatives"`` (both). ``k`` is clamped to the size of the pool.
+            mask_duplicates: false-negative control: a candidate (another pair's positive or an explicit negative)
+                whose embedding, or whose text when called through ``forward``, is identical to anchor ``i``'s positive
+                is not a negative of anchor ``i``. Masked candidates leave the denominator, are never PM's ``j*``
+                (the hardest *unmasked* negative is used; a row without one keeps its positive) and never enter the
+                HNM pool (a row with fewer unmasked candidates than the mixing needs loses the synthetic negatives
+                that would use a masked one). The positive itself is never masked. Default on.
+            false_negative_margin: ``None`` (off) or a margin >= 0: also mask every candidate whose similarity to the
+                anchor exceeds the positive's similarity minus the margin (``margin_strategy="absolute"``) or minus
+                ``|positive similarity|·margin`` (``"relative"``), as in ``GISTEmbedLoss``; computed on the
+                embeddings before PM. :attr:`diagnostics` reports ``masked_false_negatives`` (mean per anchor) and
+                ``masked_false_negatives_total``.
+            margin_strategy: ``"absolute"`` or ``"relative"``.
+            guide: optional SentenceTransformer whose embeddings (no gradient; re-tokenised if its tokenizer differs)
+                give the similarities of the threshold instead of the trained model's.
 
         References:
             - Liu et al., "HNCSE: Advancing Sentence Embeddings via Hybrid Contrastive Learning with Hard Negatives",
@@ -148,7 +174,10 @@ class HNCSELoss(HardNegativeLoss):
 
         Recommendations:
             - Use ``BatchSamplers.NO_DUPLICATES``: a duplicate of the anchor is its hardest in-batch negative, so PM
-              would mix it into the positive and HNM would mix it into the synthetic negatives.
+              would mix it into the positive and HNM would mix it into the synthetic negatives. ``mask_duplicates``
+              (default) keeps exact duplicates out of PM and HNM; ``false_negative_margin`` also near-duplicates.
+            - With mined negatives, ``hnm_pool="hard_negatives"`` (or ``"all_negatives"``) mixes them into the
+              synthetic negatives.
             - Batch size 64, the paper's best (its Fig. 4a) and well above ``k + 1``.
 
         Relations:
@@ -196,6 +225,9 @@ class HNCSELoss(HardNegativeLoss):
         self.focal_m = check_focal_m(focal_m)
         self.check_logit_range(1.0 + (self.focal_m or 0.0))
         self._warned_k = False
+        self.hnm_pool = validation.check_choice(hnm_pool, "hnm_pool",
+                                                ("in_batch_negatives", "hard_negatives", "all_negatives"))
+        self.configure_false_negatives(mask_duplicates, false_negative_margin, margin_strategy, guide)
         # a pair of distinct in-batch negatives needs two other pairs in the batch
         self.min_batch_size = 3 if self.uses_hnm and not self.hnm_single else 2
 
@@ -212,15 +244,19 @@ class HNCSELoss(HardNegativeLoss):
         return fn.ALPHA_FUNCTIONS[self.alpha] if isinstance(self.alpha, str) else self.alpha
 
     # ------------------------------------------------------------------ helpers
-    def effective_k(self, batch_size: int) -> int:
-        """``k`` clamped to the ``batch_size - 1`` in-batch negatives (warns once per loss when it clamps)."""
-        available = batch_size - 1
+    def effective_k(self, batch_size: int, available: int | None = None) -> int:
+        """``k`` clamped to the ``available`` negatives of the HNM pool (default ``batch_size - 1``, the in-batch
+        negatives); warns once per loss when it clamps."""
+        in_batch = available is None
+        available = batch_size - 1 if in_batch else available
         if self.k <= available:
             return self.k
         if not self._warned_k:
+            what = (f"a batch of {batch_size} pairs has only {available} in-batch negatives per anchor" if in_batch
+                    else f"the HNM pool ({self.hnm_pool}) has only {available} negatives per anchor")
             warnings.warn(
-                f"HNCSELoss: k={self.k} but a batch of {batch_size} pairs has only {available} in-batch negatives per "
-                f"anchor; using k={available}. Increase the batch size or lower k (this warning is shown once).",
+                f"HNCSELoss: k={self.k} but {what}; using k={available}. Increase the batch size or lower k (this "
+                "warning is shown once).",
                 UserWarning,
                 stacklevel=3,
             )
@@ -274,20 +310,59 @@ class HNCSELoss(HardNegativeLoss):
             ℓ_i = -log  e^{s(h_i, p_i)} / (Σ_j e^{s(h_i, p_j)} + Σ_k e^{s(h_i, n_k)} + Σ_o e^{s(h_i, u_io)})
         """
         batch = self.prepare_batch(embeddings, labels)
+        if self.uses_hnm and self.hnm_pool == "hard_negatives" and batch.negatives.size(0) == 0:
+            raise ValueError("HNCSELoss(hnm_pool='hard_negatives') mines the explicit negatives, but the batch has no "
+                             "negative column: pass (anchor, positive, negative...) or use "
+                             "hnm_pool='in_batch_negatives'.")
+        masked = batch.false_negatives
         cos = batch.anchors @ batch.candidates.T
         extra = {}
         if self.uses_pm:
-            pm = self.mixed_positives(batch.anchors, batch.positives, similarity=cos, assume_normalized=True)
+            pm = fn.positive_mixing(
+                batch.anchors, batch.positives, self.pm_threshold, self.w1, self.w2, single=self.pm_single,
+                detach_mix=not self.pm_gradient, weight_gradient=self.pm_weight_gradient, similarity=cos,
+                assume_normalized=True, exclude=masked,
+            )
             batch = replace(batch, positives=pm.positives)
             extra["pm_mixed"] = pm.mixed.float().mean()  # share of the anchors whose positive was mixed
             cos = batch.anchors @ batch.candidates.T  # the in-batch candidates changed
+        exclude = masked
         num_synthetic = 0
         if self.uses_hnm:
-            synthetic = self.synthetic_cosines(batch.anchors, batch.positives, similarity=cos, assume_normalized=True)
+            synthetic, dropped = self._hnm_cosines(batch, cos, masked)
             cos = torch.cat([cos, synthetic], dim=1)
             num_synthetic = synthetic.size(1)
+            if masked is not None:
+                exclude = torch.cat([masked, dropped], dim=1)
         self.record_stats(cos, num_in_batch=batch.size, num_synthetic=num_synthetic, extra=extra)
-        return self.reduce(fn.info_nce_rows(fn.contrastive_logits(cos, self.temperature, self.focal_m)))
+        logits = fn.mask_columns(fn.contrastive_logits(cos, self.temperature, self.focal_m), exclude)
+        return self.reduce(fn.info_nce_rows(logits))
+
+    def _hnm_cosines(self, batch, cos: Tensor, masked: Tensor | None) -> tuple[Tensor, Tensor]:
+        """The (N, S) cosines with the synthetic negatives mined in :attr:`hnm_pool` (unmasked candidates only) and
+        the (N, S) bool mask of those that use a masked candidate (rows with too few unmasked ones)."""
+        n, num_explicit = batch.size, batch.negatives.size(0)
+        start, stop = {"in_batch_negatives": (0, n), "hard_negatives": (n, n + num_explicit),
+                       "all_negatives": (0, n + num_explicit)}[self.hnm_pool]
+        pool, similarity = batch.candidates[start:stop], cos[:, start:stop]
+        exclude = torch.zeros(n, stop - start, dtype=torch.bool, device=batch.device)
+        if start == 0:  # the pool holds the in-batch candidates: the own positive is not a negative
+            exclude[:, :n] = torch.eye(n, dtype=torch.bool, device=batch.device)
+        if masked is not None:
+            exclude |= masked[:, start:stop]
+        k = self.effective_k(n, None if self.hnm_pool == "in_batch_negatives" else stop - start - (start == 0))
+        hard, _ = fn.top_candidates(similarity, k, exclude)
+        if self.hnm_single:
+            synthetic = similarity.gather(1, hard)
+            if not self.hnm_gradient:  # the mined negatives are constants: the gradient reaches the anchors only
+                synthetic = torch.einsum("nd,nkd->nk", batch.anchors, pool.detach()[hard])
+            return synthetic, exclude.gather(1, hard)
+        parents_a, parents_b = fn.hard_negative_pairs(hard, self.num_mixed, generator=self.generator(batch.device))
+        synthetic = fn.mixed_negative_cosines(
+            batch.anchors, pool, parents_a, parents_b, alpha=self._alpha_function, detach_pool=not self.hnm_gradient,
+            similarity=similarity, assume_normalized=True,
+        )
+        return synthetic, exclude.gather(1, parents_a) | exclude.gather(1, parents_b)
 
     def get_config_dict(self) -> dict[str, Any]:
         alpha = self.alpha if isinstance(self.alpha, str | float) else getattr(self.alpha, "__name__", repr(self.alpha))
@@ -307,6 +382,8 @@ class HNCSELoss(HardNegativeLoss):
             "hnm_gradient": self.hnm_gradient,
             "focal_m": self.focal_m,
             "seed": self.seed,
+            "hnm_pool": self.hnm_pool,
+            **self.false_negative_config(),
         }
 
     @property

@@ -25,6 +25,10 @@ class MixCSELoss(HardNegativeLoss):
         focal_m: float | None = None,
         seed: int | None = None,
         reverse_mix: bool | None = None,
+        mask_duplicates: bool = True,
+        false_negative_margin: float | None = None,
+        margin_strategy: Literal["absolute", "relative"] = "absolute",
+        guide=None,
     ) -> None:
         """
         MixCSE: InfoNCE with in-batch negatives plus, for every anchor, one synthetic hard negative made by
@@ -60,8 +64,14 @@ class MixCSELoss(HardNegativeLoss):
                 earlier versions). ``reverse_mix=True`` with ``symmetric=False`` is rejected for ``layout="paper"``.
             stop_gradient: detach the mixed negatives (paper). ``False`` is the "w/o sg" ablation.
             partner: how ``π(i)`` is chosen: ``"shift"`` (``i+1 mod N``, the authors' code), ``"random"`` (a random
-                derangement per batch, drawn from :meth:`generator`) or ``"hardest"`` (the in-batch negative most
-                similar to the anchor).
+                derangement per batch, drawn from :meth:`generator`), ``"hardest"`` (the in-batch negative most
+                similar to the anchor) or ``"explicit"``: the anchor's own mined negative (its ``negative_1`` column)
+                is the partner, ``mix_i = normalize(λ·h'_i + (1-λ)·n_i)`` (reverse direction:
+                ``normalize(λ·h_i + (1-λ)·n_i)``); needs at least one negative column. Masked false negatives (see
+                ``mask_duplicates``) are never partners: ``"hardest"`` takes the most similar unmasked negative,
+                ``"shift"`` / ``"random"`` move a masked partner on to the next unmasked in-batch negative (cyclic
+                order), and a row with no unmasked partner (or whose explicit negative is masked) gets no mixed
+                negative in that batch (its mixed column leaves the denominator).
             layout: ``"paper"`` (the equation above, one mixed negative per anchor) or ``"official"``, the loss as the
                 released code (BDBC-KG-NLP/MixCSE_AAAI2022, ``mixcse/models_mix.py``) computes it, for reproducing the
                 published numbers: a single N×3N cross-entropy over
@@ -78,6 +88,18 @@ class MixCSELoss(HardNegativeLoss):
                 representable (tiny temperatures are rejected).
             seed: seed of the generator used by ``partner="random"``; ``None`` uses torch's global generator
                 (seeded by the Trainer's ``seed``).
+            mask_duplicates: false-negative control: a candidate (another pair's positive or an explicit negative)
+                whose embedding, or whose text when called through ``forward``, is identical to anchor ``i``'s positive
+                is not a negative of anchor ``i``: it leaves the denominator and cannot be a mixing partner. The
+                positive itself is never masked (unsupervised ``(sentence, sentence)`` pairs are fine). Default on.
+            false_negative_margin: ``None`` (off) or a margin >= 0: also mask every candidate whose similarity to the
+                anchor exceeds the positive's similarity minus the margin (``margin_strategy="absolute"``) or minus
+                ``|positive similarity|·margin`` (``"relative"``), as in ``GISTEmbedLoss``. Under ``symmetric`` the
+                reverse direction uses the transposed mask. :attr:`diagnostics` reports ``masked_false_negatives``
+                (mean per anchor) and ``masked_false_negatives_total``.
+            margin_strategy: ``"absolute"`` or ``"relative"``.
+            guide: optional SentenceTransformer whose embeddings (no gradient; re-tokenised if its tokenizer differs)
+                give the similarities of the threshold instead of the trained model's.
 
         Deviations from the paper:
             - ``layout="paper"`` mixes the normalised embeddings (the paper's equation); ``layout="official"`` mixes
@@ -105,8 +127,12 @@ class MixCSELoss(HardNegativeLoss):
 
         Recommendations:
             - Use ``BatchSamplers.NO_DUPLICATES``: a sentence that occurs twice in a batch is a false negative of
-              itself, and with ``partner="hardest"`` it would even be chosen as the mixing partner. Unsupervised
-              corpora such as wiki1m contain duplicate lines.
+              itself, and with ``partner="hardest"`` it would even be chosen as the mixing partner (unsupervised
+              corpora such as wiki1m contain duplicate lines). ``mask_duplicates`` (default) catches exact duplicates
+              in the batch; near-duplicates and false mined negatives need ``false_negative_margin`` (optionally
+              with a ``guide``).
+            - With mined negatives, ``partner="explicit"`` makes each anchor's own mined negative the source of
+              hardness: the mix lies between the positive and that negative.
 
         Relations:
             - With ``lam`` irrelevant and no mixed negative this is ST's ``MultipleNegativesRankingLoss`` (SimCSE).
@@ -136,7 +162,7 @@ class MixCSELoss(HardNegativeLoss):
         self.lam = validation.check_unit_interval(lam, "lam (λ, the weight of the positive in the mix)")
         self.symmetric = validation.check_bool(symmetric, "symmetric")
         self.stop_gradient = validation.check_bool(stop_gradient, "stop_gradient")
-        self.partner = validation.check_choice(partner, "partner", ("shift", "random", "hardest"))
+        self.partner = validation.check_choice(partner, "partner", ("shift", "random", "hardest", "explicit"))
         self.layout = validation.check_choice(layout, "layout", ("paper", "official"))
         if reverse_mix is None:
             reverse_mix = self.symmetric
@@ -146,13 +172,14 @@ class MixCSELoss(HardNegativeLoss):
                 "reverse_mix=True needs symmetric=True with layout='paper': the reverse mixed negative belongs to the "
                 "reverse (positive → anchor) InfoNCE direction. Use symmetric=True, reverse_mix=False for MixCSE_single."
             )
-        if self.layout == "official" and self.partner == "hardest":
+        if self.layout == "official" and self.partner in ("hardest", "explicit"):
             raise ValueError(
                 "layout='official' needs the mixing partners to form a permutation (partner='shift' or 'random'); "
-                "partner='hardest' can pick the same partner for several anchors."
+                f"partner={self.partner!r} does not."
             )
         self.focal_m = check_focal_m(focal_m)
         self.check_logit_range(1.0 + (self.focal_m or 0.0))
+        self.configure_false_negatives(mask_duplicates, false_negative_margin, margin_strategy, guide)
 
     # ------------------------------------------------------------------ helpers
     def _partners(self, batch: Batch, similarity: Tensor | None) -> Tensor:
@@ -161,18 +188,35 @@ class MixCSELoss(HardNegativeLoss):
         return fn.partner_indices(batch.size, self.partner, similarity=similarity, generator=generator,
                                   device=batch.device)
 
+    def _allowed_partners(self, batch: Batch, similarity: Tensor, exclude: Tensor | None,
+                          proposed: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """π and whether each row has one, given the (N, N) in-batch ``exclude`` mask of masked false negatives.
+        ``proposed``: the shift / random partners already drawn (the reverse direction reuses them)."""
+        if self.partner != "hardest" and proposed is None:
+            proposed = self._partners(batch, similarity)
+        if exclude is None:
+            partners = proposed if proposed is not None else self._partners(batch, similarity)
+            return partners, torch.ones_like(partners, dtype=torch.bool)
+        exclude = exclude | torch.eye(batch.size, dtype=torch.bool, device=batch.device)
+        if self.partner == "hardest":
+            partners, valid = fn.top_candidates(similarity, 1, exclude)
+            return partners.squeeze(1), valid.squeeze(1)
+        return fn.allowed_partners(proposed, exclude)
+
     def _mix(self, source: Tensor, partners: Tensor) -> Tensor:
         """``normalize(λ·source_i + (1-λ)·source_π(i))`` for unit rows ``source``, detached under stop-gradient."""
         mixed = fn.mix(source, source[partners], self.lam, assume_normalized=True)
         return mixed.detach() if self.stop_gradient else mixed
 
     def _direction(self, anchors: Tensor, candidates: Tensor, mixed: Tensor | None,
-                   similarity: Tensor | None = None) -> tuple[Tensor, Tensor]:
-        """Per-row InfoNCE of unit ``anchors`` over ``[candidates | own mixed negative]`` and the cosines."""
+                   similarity: Tensor | None = None, exclude: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """Per-row InfoNCE of unit ``anchors`` over ``[candidates | own mixed negative]`` and the cosines; ``exclude``
+        ((N, K) or (N, K + 1) bool) removes entries from the denominator."""
         cos = anchors @ candidates.T if similarity is None else similarity
         if mixed is not None:
             cos = torch.cat([cos, (anchors * mixed).sum(-1, keepdim=True)], dim=1)
-        return fn.info_nce_rows(fn.contrastive_logits(cos, self.temperature, self.focal_m)), cos
+        logits = fn.mask_columns(fn.contrastive_logits(cos, self.temperature, self.focal_m), exclude)
+        return fn.info_nce_rows(logits), cos
 
     # ------------------------------------------------------------------ loss
     def compute_loss_from_embeddings(self, embeddings: list[Tensor], labels: Tensor | None) -> Tensor:
@@ -193,16 +237,53 @@ class MixCSELoss(HardNegativeLoss):
         h, h_pos, n = batch.anchors, batch.positives, batch.size
         candidate_cos = h @ batch.candidates.T  # computed once: logits, hardest partner and its transpose
         in_batch = candidate_cos[:, :n].detach()
-        partners = self._partners(batch, in_batch)
-        rows, cos = self._direction(h, batch.candidates, self._mix(h_pos, partners), similarity=candidate_cos)
+        masked = batch.false_negatives  # (N, N + N·k) or None
+        in_batch_masked = masked[:, :n] if masked is not None else None
+        if self.partner == "explicit":
+            if batch.negatives.size(0) == 0:
+                raise ValueError("MixCSELoss(partner='explicit') mixes each positive with the anchor's own mined "
+                                 "negative, but the batch has no negative column: pass (anchor, positive, negative) "
+                                 "triplets or use partner='shift' / 'random' / 'hardest'.")
+            own_negatives = batch.negatives[:n]
+            has_partner = torch.ones(n, dtype=torch.bool, device=batch.device)
+            if masked is not None:
+                has_partner = ~masked[torch.arange(n, device=batch.device), n + torch.arange(n, device=batch.device)]
+            mixed = fn.mix(h_pos, own_negatives, self.lam, assume_normalized=True)
+            mixed = mixed.detach() if self.stop_gradient else mixed
+        else:
+            proposed = self._partners(batch, in_batch) if self.partner != "hardest" else None
+            partners, has_partner = self._allowed_partners(batch, in_batch, in_batch_masked, proposed)
+            mixed = self._mix(h_pos, partners)
+        rows, cos = self._direction(h, batch.candidates, mixed, similarity=candidate_cos,
+                                    exclude=self._with_mix_column(masked, has_partner))
         self.record_stats(cos, num_in_batch=n, num_synthetic=1)
         if not self.symmetric:
             return rows
-        # h'_i as the anchor: candidates h_1..h_N, mixed negative normalize(λ h_i + (1-λ) h_π(i)).
-        reverse_partners = partners if self.partner != "hardest" else self._partners(batch, in_batch.T)
-        reverse_mixed = self._mix(h, reverse_partners) if self.reverse_mix else None
-        reverse_rows, _ = self._direction(h_pos, h, reverse_mixed, similarity=candidate_cos[:, :n].T)
+        # h'_i as the anchor: candidates h_1..h_N, mixed negative normalize(λ h_i + (1-λ) h_π(i)); its false
+        # negatives are the transposed in-batch mask.
+        reverse_masked = in_batch_masked.T if in_batch_masked is not None else None
+        reverse_has_partner = has_partner
+        if not self.reverse_mix:
+            reverse_mixed = None
+        elif self.partner == "explicit":
+            reverse_mixed = fn.mix(h, own_negatives, self.lam, assume_normalized=True)
+            reverse_mixed = reverse_mixed.detach() if self.stop_gradient else reverse_mixed
+        else:
+            reverse_partners, reverse_has_partner = self._allowed_partners(batch, in_batch.T, reverse_masked,
+                                                                           proposed)
+            reverse_mixed = self._mix(h, reverse_partners)
+        reverse_exclude = self._with_mix_column(reverse_masked, reverse_has_partner) if reverse_mixed is not None \
+            else reverse_masked
+        reverse_rows, _ = self._direction(h_pos, h, reverse_mixed, similarity=candidate_cos[:, :n].T,
+                                          exclude=reverse_exclude)
         return (rows + reverse_rows) / 2
+
+    @staticmethod
+    def _with_mix_column(masked: Tensor | None, has_partner: Tensor) -> Tensor | None:
+        """The exclude mask over ``[candidates | mixed negative]``: rows without a partner lose their mix."""
+        if masked is None:  # no false-negative control: every row has its partner
+            return None
+        return torch.cat([masked, (~has_partner).unsqueeze(1)], dim=1)
 
     def _official_rows(self, batch: Batch) -> Tensor:
         """Row a of ``CE([cos(z1_a, z2_b) | cos(z1_a, mix_b) | cos(mix'_a, z2_b)] / τ)``, mixes of the RAW vectors."""
@@ -229,6 +310,15 @@ class MixCSELoss(HardNegativeLoss):
         for r, c in zeroed:
             keep[r, c] = False
         logits = logits.masked_fill(~keep, 0.0)
+        masked = batch.false_negatives
+        if masked is not None:
+            # Masked false negatives leave the denominator: in block 1 directly; in block 2 every mix_b built from a
+            # false negative of a (b or π(b)); in block 3 the positives z2_b that are false negatives of a.
+            in_batch = masked[:, :n]
+            exclude = [masked, in_batch | in_batch[:, partners]]
+            if self.reverse_mix:
+                exclude.append(in_batch)
+            logits = fn.mask_columns(logits, torch.cat(exclude, dim=1))
         own_mix = block2[rows, rows].unsqueeze(1)
         self.record_stats(torch.cat([cos[:, :num_shared], own_mix], dim=1), num_in_batch=n, num_synthetic=1)
         return fn.info_nce_rows(logits)
@@ -249,6 +339,7 @@ class MixCSELoss(HardNegativeLoss):
             "focal_m": self.focal_m,
             "seed": self.seed,
             "reverse_mix": self.reverse_mix,
+            **self.false_negative_config(),
         }
 
     @property
