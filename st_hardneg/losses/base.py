@@ -120,8 +120,12 @@ class HardNegativeLoss(nn.Module):
         @functools.wraps(method)
         def compute_loss_from_embeddings(self, embeddings, labels=None, *args, **kw):
             self.check_labels(labels)
-            with fn.autocast_disabled(embeddings):
-                return method(self, embeddings, labels, *args, **kw)
+            try:
+                with fn.autocast_disabled(embeddings):
+                    return method(self, embeddings, labels, *args, **kw)
+            finally:
+                # what forward remembered for the false-negative mask serves this one call, also when it raised
+                self._false_negative_inputs = None
 
         compute_loss_from_embeddings._float32_loss = True
         cls.compute_loss_from_embeddings = compute_loss_from_embeddings
