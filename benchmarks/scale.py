@@ -36,20 +36,26 @@ all-MiniLM-L6-v2 needs about 1.4 GB of activations per 64 pairs at length 32 (1.
 about 22 GB at batch 1024, more than a 23 GB machine has. A loss found "not supported" is not started again at the
 next batch size.
 
-Model and grid. The default is the embedded all-MiniLM-L6-v2 (CLS pooling, max_seq_length 32), batches 64, 256, 1024,
-the methods ``mnrl``, ``cached_mnrl``, ``mixcse``, ``focal``, ``hncse_hnm``, ``adcse`` (``hncse_pm`` and ``hncse`` on
-request: their cached path is that of ``hncse_hnm``), 3 steps each, 2 torch threads, and the 2-process comparison at
-global batch 256, cached. Measured on the shared 2-core machine (load about 4): a fresh worker needs about 12 s to import
-and load; a batch-64 step takes about 4-7 s with 1 thread. Extrapolating linearly (about 0.05 s per pair with 2
-threads on a quiet machine, GradCache about 1.3x), the default grid costs about 5 min at batch 64, 9 min at 256,
-15 min at 1024 (cached only; uncached is skipped for memory) and 4 min for the 2-process part: about 30 min on a
-quiet machine, roughly twice that under load. ``--model tiny`` (a random 2-layer BERT, hidden 32) runs the whole
-grid in about 5 min, dominated by process start-up; its peaks are tens of MB, too small to check the memory target
-against allocator noise, so the committed results should come from the default model.
+Model and grid. The default grid is ``mnrl``, ``cached_mnrl``, ``mixcse``, ``focal``, ``hncse_pm``,
+``hncse_hnm`` and ``adcse`` at batches 64, 256 and 1024, both variants, 3 steps, 1 torch thread, and the 2-process comparison at global batch 256, cached, on ``--model tiny`` (a
+random 2-layer BERT, hidden 32, CLS pooling, max_seq_length 32): about 40 subprocesses of roughly 10-15 s each, most
+of it importing sentence-transformers, i.e. about 10 min on 2 cores. Its peaks are small (tens to hundreds of MB) and
+the B x B similarity matrices weigh more in them than they would next to a real encoder.
 
-    python benchmarks/scale.py                                  # the default grid (all-MiniLM-L6-v2, ~30 min)
-    python benchmarks/scale.py --model tiny --out /tmp/scale-tiny.json       # the same grid on the tiny model
-    python benchmarks/scale.py --methods mnrl cached_mnrl --batch-sizes 8 16 --steps 2 --model tiny --out /tmp/s.json
+all-MiniLM-L6-v2 (``--model default``) is far more expensive on 2 CPU cores. Measured on the shared machine (load
+about 4-5): uncached batch 64, 1 thread, 6.6 s a step and a 1.66 GB peak (258 MB of it gradients + AdamW state);
+cached (``cached_mnrl``) batch 64, 4.0 s and 0.73 GB; batch 256, 2 threads, 115 s a step and 0.78 GB. The full grid
+would take hours, so for the real model run the memory and time targets only: the cached variant at batches 64 and
+1024, 2 steps (one warm-up)::
+
+    python benchmarks/scale.py --model default --variants cached --batch-sizes 64 1024 --steps 2 \
+        --methods cached_mnrl mixcse focal hncse_hnm adcse --ddp-methods --out benchmarks/results/scale_minilm.json
+
+about 5 x (2 x 60-120 s) at 1024 plus 2 min at 64, i.e. 12-22 min on a quiet machine with 1 thread (measured only
+under load; an estimate).
+
+    python benchmarks/scale.py                                  # the default grid (tiny model, ~10 min)
+    python benchmarks/scale.py --methods mnrl cached_mnrl --batch-sizes 8 16 --steps 2 --out /tmp/s.json  # smoke
     python benchmarks/scale.py --report                         # only rewrite scale.md and scale.png
 
 Writes ``benchmarks/results/scale.json`` after every configuration (``{"runs": {key: result}, "_meta": ...}``); a
@@ -79,7 +85,7 @@ DEFAULT_OUT = RESULTS / "scale.json"
 DEFAULT_CORPUS = REPO.parent / "shared" / "data" / "corpus" / "wiki10k.txt"
 #: ST's CachedMultipleNegativesRankingLoss, the reference of the cached step time
 REFERENCE = "cached_mnrl"
-DEFAULT_METHODS = ["mnrl", REFERENCE, "mixcse", "focal", "hncse_hnm", "adcse"]
+DEFAULT_METHODS = ["mnrl", REFERENCE, "mixcse", "focal", "hncse_pm", "hncse_hnm", "adcse"]
 VARIANTS = ("uncached", "cached")
 #: targets: cached peak(1024) / cached peak(64), and cached step / cached_mnrl step at the same batch
 MEMORY_TARGET = 1.3
@@ -243,12 +249,12 @@ def config_key(method: str, variant: str, batch: int, processes: int = 1) -> str
 
 
 def plan(methods: list[str], batch_sizes: list[int], ddp_methods: list[str], ddp_batch_sizes: list[int],
-         ddp_variants: list[str]) -> list[dict[str, Any]]:
-    """Every configuration to run: 1 process (both variants; ``cached_mnrl`` cached only), then 2 processes."""
+         ddp_variants: list[str], variants: list[str] = VARIANTS) -> list[dict[str, Any]]:
+    """Every configuration to run: 1 process (``variants``; ``cached_mnrl`` cached only), then 2 processes."""
     configs = []
     for batch in batch_sizes:
         for method in methods:
-            for variant in VARIANTS:
+            for variant in variants:
                 if method == REFERENCE and variant == "uncached":
                     continue
                 configs.append({"method": method, "variant": variant, "batch_size": batch, "processes": 1})
@@ -474,12 +480,14 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"names of st_hardneg.registry.LOSSES and {REFERENCE} (default: {DEFAULT_METHODS})")
     parser.add_argument("--batch-sizes", nargs="*", type=int, default=[64, 256, 1024])
     parser.add_argument("--mini-batch-size", type=int, default=32, help="of the cached variant")
-    parser.add_argument("--model", default="default",
+    parser.add_argument("--variants", nargs="*", default=list(VARIANTS), choices=VARIANTS,
+                        help="variants of the 1-process grid")
+    parser.add_argument("--model", default="tiny",
                         help="'tiny' (a random 2-layer BERT, hidden 32), 'default' (the embedded all-MiniLM-L6-v2) "
                              "or a model directory")
     parser.add_argument("--max-seq-length", type=int, default=32)
     parser.add_argument("--steps", type=int, default=3, help="steps per configuration, the first a warm-up")
-    parser.add_argument("--threads", type=int, default=2,
+    parser.add_argument("--threads", type=int, default=1,
                         help="torch threads of a 1-process configuration; the 2-process ones get threads // 2 each "
                              "(at least 1), so that both use the same cores")
     parser.add_argument("--seed", type=int, default=0)
@@ -540,7 +548,8 @@ def main(argv: list[str] | None = None) -> int:
         "cpu_count": os.cpu_count(), "platform": platform.platform(), "corpus": Path(args.corpus).name,
         "targets": {"cached_peak_1024_vs_64": MEMORY_TARGET, "cached_step_vs_cached_mnrl": TIME_TARGET},
     }
-    configs = plan(args.methods, args.batch_sizes, args.ddp_methods, args.ddp_batch_sizes, args.ddp_variants)
+    configs = plan(args.methods, args.batch_sizes, args.ddp_methods, args.ddp_batch_sizes, args.ddp_variants,
+                   args.variants)
     start = time.perf_counter()
     for number, cfg in enumerate(configs, 1):
         key = config_key(cfg["method"], cfg["variant"], cfg["batch_size"], cfg["processes"])

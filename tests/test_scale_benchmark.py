@@ -95,6 +95,10 @@ def test_plan_and_bad_inputs(tmp_path):
     keys = [scale.config_key(c["method"], c["variant"], c["batch_size"], c["processes"]) for c in configs]
     assert keys == ["mnrl/uncached/b8", "mnrl/cached/b8", "cached_mnrl/cached/b8", "mnrl/uncached/b16",
                     "mnrl/cached/b16", "cached_mnrl/cached/b16", "cached_mnrl/cached/b16/p2"]
+    cached_only = scale.plan(["mixcse", "cached_mnrl"], [64, 1024], [], [], [], variants=["cached"])
+    assert [(c["method"], c["variant"], c["batch_size"]) for c in cached_only] == [
+        ("mixcse", "cached", 64), ("cached_mnrl", "cached", 64), ("mixcse", "cached", 1024),
+        ("cached_mnrl", "cached", 1024)]
     with pytest.raises(ValueError, match="always cached"):
         scale.build_benchmark_loss("cached_mnrl", None, cached=False, mini_batch_size=4, gather=False)
     with pytest.raises(SystemExit):
