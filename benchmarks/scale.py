@@ -1,0 +1,585 @@
+"""Scaling with the batch size: peak memory and step time, uncached vs GradCache (``mini_batch_size``), 1 vs 2 processes.
+
+For every method and batch size (default 64, 256, 1024) one configuration trains a few steps and reports
+
+* ``step_ms``: the median wall time of a full training step after one warm-up step (zero_grad, forward of both
+  columns, loss, backward, gradient clipping at 1.0 and an AdamW step, as in ``benchmarks/overhead.py``), with
+  ``torch.set_num_threads`` fixed (``--threads``, recorded);
+* ``peak_mb``: the peak resident memory during those steps minus the resident memory just before them (model loaded,
+  batches tokenised, loss and optimizer built, garbage collected), i.e. what training the batch adds: gradients,
+  AdamW's two moments (``state_mb``, reported separately: it does not depend on the batch) and the activations.
+
+Variants: ``uncached`` builds the loss as registered; ``cached`` passes ``mini_batch_size`` (``--mini-batch-size``,
+default 32, GradCache). A loss that rejects the argument is reported as "not supported", not run.
+sentence-transformers' ``CachedMultipleNegativesRankingLoss`` (``cached_mnrl``, scale 20 as our ``mnrl``) is the
+reference of the cached step time. Targets: the cached peak at batch 1024 within 1.3x of the cached peak at batch 64,
+and the cached step time within 1.25x of ``cached_mnrl``'s at the same batch.
+
+The distributed part runs the same step in 2 processes under ``torch.distributed.run`` (gloo, CPU, each process half
+the global batch, the loss with ``gather_across_devices=True``, the gradients averaged with one all-reduce after the
+backward pass, which is what DistributedDataParallel computes, without its overlap of communication and backward),
+and compares its step time (the slower rank's) with 1 process at the same global batch.
+
+Why resident memory: PyTorch has no allocator statistics on the CPU (``torch.cuda.max_memory_allocated`` is CUDA
+only, and profiling every allocation with ``torch.profiler`` slows the step it measures). Each configuration runs in a
+fresh subprocess, so nothing of another configuration is left in the heap; just before the measured steps the script
+resets the kernel's high-water mark of the resident set (``echo 5 > /proc/self/clear_refs``, Linux >= 4.0) and reads
+``VmHWM`` from ``/proc/self/status`` after them, so the peak covers exactly the training steps and includes every
+tensor and the allocator's slack. Where the reset is not possible, ``ru_maxrss`` (the whole process's high-water
+mark) is used and ``memory_method`` says so: an upper bound of the steps' peak, exact when the steps go higher than
+loading the model did.
+
+Before starting a configuration the script extrapolates its memory from the largest smaller batch already measured
+(same method and variant; the batch-independent ``state_mb`` plus the rest scaled linearly) and skips it ("skipped",
+retried on the next invocation) if that exceeds ``--memory-fraction`` (0.8) of ``MemAvailable``: uncached
+all-MiniLM-L6-v2 needs about 1.4 GB of activations per 64 pairs at length 32 (1.66 GB peak measured at batch 64), so
+about 22 GB at batch 1024, more than a 23 GB machine has. A loss found "not supported" is not started again at the
+next batch size.
+
+Model and grid. The default grid is ``mnrl``, ``cached_mnrl``, ``mixcse``, ``focal``, ``hncse_pm``,
+``hncse_hnm`` and ``adcse`` at batches 64, 256 and 1024, both variants, 3 steps, 1 torch thread, and the 2-process comparison at global batch 256, cached, on ``--model tiny`` (a
+random 2-layer BERT, hidden 32, CLS pooling, max_seq_length 32): about 40 subprocesses of roughly 10-15 s each, most
+of it importing sentence-transformers, i.e. about 10 min on 2 cores. Its peaks are small (tens to hundreds of MB) and
+the B x B similarity matrices weigh more in them than they would next to a real encoder.
+
+all-MiniLM-L6-v2 (``--model default``) is far more expensive on 2 CPU cores. Measured on the shared machine (load
+about 4-5): uncached batch 64, 1 thread, 6.6 s a step and a 1.66 GB peak (258 MB of it gradients + AdamW state);
+cached (``cached_mnrl``) batch 64, 4.0 s and 0.73 GB; batch 256, 2 threads, 115 s a step and 0.78 GB. The full grid
+would take hours, so for the real model run the memory and time targets only: the cached variant at batches 64 and
+1024, 2 steps (one warm-up)::
+
+    python benchmarks/scale.py --model default --variants cached --batch-sizes 64 1024 --steps 2 \
+        --methods cached_mnrl mixcse focal hncse_hnm adcse --ddp-methods --out benchmarks/results/scale_minilm.json
+
+about 5 x (2 x 60-120 s) at 1024 plus 2 min at 64, i.e. 12-22 min on a quiet machine with 1 thread (measured only
+under load; an estimate).
+
+    python benchmarks/scale.py                                  # the default grid (tiny model, ~10 min)
+    python benchmarks/scale.py --methods mnrl cached_mnrl --batch-sizes 8 16 --steps 2 --out /tmp/s.json  # smoke
+    python benchmarks/scale.py --report                         # only rewrite scale.md and scale.png
+
+Writes ``benchmarks/results/scale.json`` after every configuration (``{"runs": {key: result}, "_meta": ...}``); a
+finished configuration already in the JSON is skipped, so an interrupted run resumes where it stopped (failed ones
+are retried). Run it from the repository root (``PYTHONPATH=$PWD`` if the installed package points elsewhere).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+RESULTS = REPO / "benchmarks" / "results"
+DEFAULT_OUT = RESULTS / "scale.json"
+DEFAULT_CORPUS = REPO.parent / "shared" / "data" / "corpus" / "wiki10k.txt"
+#: ST's CachedMultipleNegativesRankingLoss, the reference of the cached step time
+REFERENCE = "cached_mnrl"
+DEFAULT_METHODS = ["mnrl", REFERENCE, "mixcse", "focal", "hncse_pm", "hncse_hnm", "adcse"]
+VARIANTS = ("uncached", "cached")
+#: targets: cached peak(1024) / cached peak(64), and cached step / cached_mnrl step at the same batch
+MEMORY_TARGET = 1.3
+TIME_TARGET = 1.25
+RESULT_PREFIX = "SCALE_RESULT "
+#: statuses of a finished configuration (skipped on resume); "error" is retried
+FINISHED = ("ok", "not supported")
+
+
+# ----------------------------------------------------------------------------------------------------- the worker
+def _status_kb(field: str) -> int | None:
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    except OSError:
+        return None
+    return None
+
+
+def _reset_peak() -> bool:
+    """Reset the kernel's resident-set high-water mark of this process to its current RSS (Linux); True if done."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        return False
+    return _status_kb("VmHWM") is not None
+
+
+def _ru_maxrss_kb() -> int:
+    value = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return value // 1024 if sys.platform == "darwin" else value  # bytes on macOS, kilobytes on Linux
+
+
+def build_benchmark_loss(method: str, model, cached: bool, mini_batch_size: int, gather: bool):
+    """The loss of ``method`` (a name of ``st_hardneg.registry.LOSSES`` or ``cached_mnrl``).
+
+    Raises:
+        ValueError: the loss rejects ``mini_batch_size`` or ``gather_across_devices`` (reported as not supported),
+            or ``cached_mnrl`` asked for uncached (it is ``mnrl``).
+    """
+    kwargs: dict[str, Any] = {"gather_across_devices": True} if gather else {}
+    if method == REFERENCE:
+        if not cached:
+            raise ValueError(f"{REFERENCE} is always cached; its uncached counterpart is mnrl")
+        from sentence_transformers.sentence_transformer.losses import CachedMultipleNegativesRankingLoss
+
+        return CachedMultipleNegativesRankingLoss(model, scale=20.0, mini_batch_size=mini_batch_size, **kwargs)
+    from st_hardneg.registry import build_loss
+
+    if cached:
+        kwargs["mini_batch_size"] = mini_batch_size
+    return build_loss(method, model, **kwargs)
+
+
+def _load_model(spec: str, max_seq_length: int, work: Path):
+    from st_hardneg.models import resolve_model
+    from st_hardneg.testing import make_tiny_model_dir
+
+    if spec == "tiny":
+        return resolve_model(make_tiny_model_dir(work / "tiny-bert", seed=0), pooling="cls",
+                             max_seq_length=max_seq_length, device="cpu")
+    return resolve_model(spec, pooling="cls", max_seq_length=max_seq_length, device="cpu")
+
+
+def run_config(cfg: dict[str, Any]) -> dict[str, Any]:
+    """Run one configuration in this process (the ``--worker`` mode; under torchrun, one rank of it)."""
+    import torch
+
+    rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+    torch.set_num_threads(cfg["threads"])
+    torch.manual_seed(cfg["seed"])
+    from st_hardneg.data import read_corpus
+
+    batch, steps = cfg["batch_size"], cfg["steps"]
+    if batch % world:
+        raise ValueError(f"global batch {batch} is not divisible by {world} processes")
+    local = batch // world
+    # the model before the process group: transformers' save_pretrained writes nothing on a non-main rank
+    with tempfile.TemporaryDirectory(prefix=f"scale-rank{rank}-") as tmp:
+        model = _load_model(cfg["model"], cfg["max_seq_length"], Path(tmp))
+    dist = None
+    if world > 1:
+        import torch.distributed as dist
+
+        dist.init_process_group("gloo")
+    model.train()
+    sentences = read_corpus(cfg["corpus"])
+    needed = batch * steps
+    pool = (sentences * (needed // len(sentences) + 1))[:needed]  # distinct sentences unless the corpus is short
+    # step s, rank r: its slice of the s-th global batch (the same global batches as with 1 process)
+    texts = [pool[s * batch + rank * local: s * batch + (rank + 1) * local] for s in range(steps)]
+    batches = [model.preprocess(t) for t in texts]
+    try:
+        loss = build_benchmark_loss(cfg["method"], model, cfg["variant"] == "cached", cfg["mini_batch_size"],
+                                    gather=world > 1)
+    except (ValueError, TypeError) as exc:
+        if dist is not None:
+            dist.destroy_process_group()
+        return {"status": "not supported", "reason": str(exc)}
+    loss.train()
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=3e-5)
+
+    gc.collect()
+    baseline_kb = _status_kb("VmRSS") or _ru_maxrss_kb()
+    memory_method = "VmHWM after clear_refs reset" if _reset_peak() else "ru_maxrss (whole process)"
+    seconds, values = [], []
+    for features in batches:
+        if dist is not None:
+            dist.barrier()
+        start = time.perf_counter()
+        optimizer.zero_grad(set_to_none=True)
+        value = loss([dict(features), dict(features)], None)  # fresh dicts: the model writes into them
+        value.backward()
+        if dist is not None:
+            grads = [p.grad for p in params if p.grad is not None]
+            flat = torch.cat([g.reshape(-1) for g in grads])
+            dist.all_reduce(flat)
+            flat /= world
+            offset = 0
+            for g in grads:
+                g.copy_(flat[offset: offset + g.numel()].view_as(g))
+                offset += g.numel()
+            del flat
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        optimizer.step()
+        seconds.append(time.perf_counter() - start)
+        values.append(float(value.detach()))
+    peak_kb = _status_kb("VmHWM") if memory_method.startswith("VmHWM") else _ru_maxrss_kb()
+    state_bytes = sum(p.grad.numel() * p.grad.element_size() for p in params if p.grad is not None)
+    state_bytes += sum(t.numel() * t.element_size() for s in optimizer.state.values() for t in s.values()
+                       if torch.is_tensor(t) and t.dim() > 0)
+    per_rank = {"seconds": seconds, "peak_mb": (peak_kb - baseline_kb) / 1024, "baseline_mb": baseline_kb / 1024}
+    if dist is not None:
+        gathered: list[Any] = [None] * world
+        dist.all_gather_object(gathered, per_rank)
+        dist.destroy_process_group()
+    else:
+        gathered = [per_rank]
+    step_seconds = [max(r["seconds"][s] for r in gathered) for s in range(steps)]  # the slower rank's
+    measured = step_seconds[1:] or step_seconds
+    if not all(v == v and abs(v) != float("inf") for v in values):
+        raise RuntimeError(f"non-finite loss values {values}")
+    return {
+        "status": "ok", "loss_class": type(loss).__name__,
+        "step_ms": round(1000 * statistics.median(measured), 2),
+        "step_seconds": [round(s, 4) for s in step_seconds],
+        "peak_mb": round(max(r["peak_mb"] for r in gathered), 1),
+        "peak_mb_per_rank": [round(r["peak_mb"], 1) for r in gathered],
+        "baseline_rss_mb": round(max(r["baseline_mb"] for r in gathered), 1),
+        "state_mb": round(state_bytes / 2**20, 1),
+        "memory_method": memory_method, "loss_values": [round(v, 5) for v in values],
+        "torch_threads": torch.get_num_threads(), "world_size": world, "per_process_batch_size": local,
+    }
+
+
+# ----------------------------------------------------------------------------------------------------- the driver
+def config_key(method: str, variant: str, batch: int, processes: int = 1) -> str:
+    return f"{method}/{variant}/b{batch}" + (f"/p{processes}" if processes > 1 else "")
+
+
+def plan(methods: list[str], batch_sizes: list[int], ddp_methods: list[str], ddp_batch_sizes: list[int],
+         ddp_variants: list[str], variants: list[str] = VARIANTS) -> list[dict[str, Any]]:
+    """Every configuration to run: 1 process (``variants``; ``cached_mnrl`` cached only), then 2 processes."""
+    configs = []
+    for batch in batch_sizes:
+        for method in methods:
+            for variant in variants:
+                if method == REFERENCE and variant == "uncached":
+                    continue
+                configs.append({"method": method, "variant": variant, "batch_size": batch, "processes": 1})
+    for batch in ddp_batch_sizes:
+        for method in ddp_methods:
+            for variant in ddp_variants:
+                if method == REFERENCE and variant == "uncached":
+                    continue
+                configs.append({"method": method, "variant": variant, "batch_size": batch, "processes": 2})
+    return configs
+
+
+def launch(cfg: dict[str, Any], timeout: float) -> dict[str, Any]:
+    """Run ``cfg`` in a fresh subprocess (2 processes: ``torch.distributed.run``); its result or an error record."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])]),
+           "OMP_NUM_THREADS": str(cfg["threads"]), "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1",
+           "TRANSFORMERS_OFFLINE": "1"}
+    worker = [str(Path(__file__).resolve()), "--worker", json.dumps(cfg)]
+    if cfg["processes"] > 1:
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
+               str(cfg["processes"]), *worker]
+    else:
+        cmd = [sys.executable, *worker]
+    start = time.perf_counter()
+    try:
+        proc = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {"status": "error", "reason": f"timed out after {timeout:.0f} s"}
+    lines = [line for line in proc.stdout.splitlines() if line.startswith(RESULT_PREFIX)]
+    if proc.returncode != 0 or not lines:
+        return {"status": "error", "reason": f"exit code {proc.returncode}", "stderr_tail": _error_lines(proc.stderr)}
+    result = json.loads(lines[-1][len(RESULT_PREFIX):])
+    result["wall_seconds"] = round(time.perf_counter() - start, 1)
+    return result
+
+
+def available_mb() -> float | None:
+    """``MemAvailable`` of ``/proc/meminfo`` in MB (None where there is no such file)."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        return None
+    return None
+
+
+def estimate_peak_mb(runs: dict[str, Any], cfg: dict[str, Any]) -> float | None:
+    """The memory ``cfg`` will need (all its processes together), extrapolated linearly in the per-process batch from
+    the largest smaller batch of the same method and variant already measured in 1 process: the batch-independent
+    part (``state_mb``) plus the rest scaled. None without such a measurement."""
+    local = cfg["batch_size"] // cfg["processes"]
+    done = [r for r in runs.values() if r.get("status") == "ok" and r.get("processes", 1) == 1
+            and r["method"] == cfg["method"] and r["variant"] == cfg["variant"] and r["batch_size"] < local]
+    if not done:
+        return None
+    ref = max(done, key=lambda r: r["batch_size"])
+    per_process = ref["state_mb"] + max(ref["peak_mb"] - ref["state_mb"], 0.0) * local / ref["batch_size"]
+    return per_process * cfg["processes"]
+
+
+def _error_lines(stderr: str, keep: int = 3000) -> str:
+    """The end of a failed worker's stderr; under torchrun the ranks' own error lines, not the launcher's."""
+    ranked = [line for line in stderr.splitlines() if line.startswith("[rank")]
+    return "\n".join(ranked)[-keep:] if ranked else stderr[-keep:]
+
+
+def load(path: Path) -> dict[str, Any]:
+    if path.is_file():
+        data = json.loads(path.read_text())
+        if not isinstance(data.get("runs"), dict):
+            raise ValueError(f"{path} is not a scale benchmark result (no 'runs' mapping)")
+        return data
+    return {"runs": {}}
+
+
+# ----------------------------------------------------------------------------------------------------- the report
+def _fmt(value: float | None, spec: str = ".0f") -> str:
+    return "–" if value is None else format(value, spec)
+
+
+def _ok(runs: dict[str, Any], key: str) -> dict[str, Any] | None:
+    run = runs.get(key)
+    return run if run is not None and run.get("status") == "ok" else None
+
+
+def summarize(data: dict[str, Any]) -> dict[str, Any]:
+    """Rows of the single-process table, the target checks and the 2-process comparison, from ``data["runs"]``."""
+    runs = data["runs"]
+    single = [r for r in runs.values() if r.get("processes", 1) == 1]
+    methods = list(dict.fromkeys(r["method"] for r in single))
+    batches = sorted({r["batch_size"] for r in single})
+    rows, memory, timing = [], [], []
+    for method in methods:
+        for batch in batches:
+            un = _ok(runs, config_key(method, "uncached", batch))
+            ca = _ok(runs, config_key(method, "cached", batch))
+            ref = _ok(runs, config_key(REFERENCE, "cached", batch))
+            cached_run = runs.get(config_key(method, "cached", batch))
+            uncached_run = runs.get(config_key(method, "uncached", batch))
+            time_ratio = ca["step_ms"] / ref["step_ms"] if ca and ref else None
+            rows.append({"method": method, "batch_size": batch,
+                         "uncached_step_ms": un and un["step_ms"], "uncached_peak_mb": un and un["peak_mb"],
+                         "cached_step_ms": ca and ca["step_ms"], "cached_peak_mb": ca and ca["peak_mb"],
+                         "cached_status": cached_run["status"] if cached_run else "not run",
+                         "uncached_status": uncached_run["status"] if uncached_run else "not run",
+                         "cached_time_vs_reference": time_ratio})
+            if time_ratio is not None and method != REFERENCE:
+                timing.append({"method": method, "batch_size": batch, "ratio": time_ratio,
+                               "meets_target": time_ratio <= TIME_TARGET})
+        cached = {b: _ok(runs, config_key(method, "cached", b)) for b in batches}
+        measured = [b for b in batches if cached[b]]
+        if len(measured) >= 2:
+            low, high = measured[0], measured[-1]
+            ratio = cached[high]["peak_mb"] / max(cached[low]["peak_mb"], 1e-9)
+            memory.append({"method": method, "from_batch": low, "to_batch": high, "ratio": ratio,
+                           "meets_target": ratio <= MEMORY_TARGET})
+    ddp = []
+    for run in runs.values():
+        if run.get("processes", 1) < 2:
+            continue
+        one = _ok(runs, config_key(run["method"], run["variant"], run["batch_size"]))
+        two = run if run.get("status") == "ok" else None
+        ddp.append({"method": run["method"], "variant": run["variant"], "global_batch": run["batch_size"],
+                    "processes": run["processes"], "status": run["status"],
+                    "one_process_ms": one and one["step_ms"], "two_process_ms": two and two["step_ms"],
+                    "ratio": two["step_ms"] / one["step_ms"] if one and two else None,
+                    "two_process_peak_mb": two and two["peak_mb"]})
+    return {"rows": rows, "memory": memory, "timing": timing, "ddp": ddp}
+
+
+def markdown(data: dict[str, Any]) -> str:
+    from st_hardneg.reporting import markdown_table
+
+    meta = data.get("_meta", {})
+    summary = summarize(data)
+    out = []
+    mbs = meta.get("mini_batch_size", "mini_batch_size")
+    header = ["method", "batch", "uncached step (ms)", "uncached peak (MB)", f"cached ({mbs}) step (ms)",
+              "cached peak (MB)", f"cached step / {REFERENCE}"]
+    body = []
+    for row in summary["rows"]:
+        cached_ms = _fmt(row["cached_step_ms"]) if row["cached_status"] in ("ok", "not run") else row["cached_status"]
+        ratio = row["cached_time_vs_reference"]
+        uncached_ms = _fmt(row["uncached_step_ms"]) if row["uncached_status"] in ("ok", "not run") \
+            else row["uncached_status"]
+        body.append([row["method"], row["batch_size"], uncached_ms, _fmt(row["uncached_peak_mb"]),
+                     cached_ms, _fmt(row["cached_peak_mb"]), "–" if ratio is None else f"{ratio:.2f}×"])
+    out.append(markdown_table(header, body, align=["l", "r", "r", "r", "r", "r", "r"]))
+    if summary["memory"]:
+        body = [[m["method"], f"{m['from_batch']} → {m['to_batch']}", f"{m['ratio']:.2f}×",
+                 "yes" if m["meets_target"] else "**no**"] for m in summary["memory"]]
+        out.append(markdown_table(["method", "batch", f"cached peak ratio (target ≤ {MEMORY_TARGET}×)", "met"], body))
+    if summary["timing"]:
+        body = [[t["method"], t["batch_size"], f"{t['ratio']:.2f}×", "yes" if t["meets_target"] else "**no**"]
+                for t in summary["timing"]]
+        out.append(markdown_table(["method", "batch", f"cached step / {REFERENCE} (target ≤ {TIME_TARGET}×)",
+                                   "met"], body))
+    if summary["ddp"]:
+        body = [[d["method"], d["variant"], d["global_batch"], _fmt(d["one_process_ms"]),
+                 _fmt(d["two_process_ms"]) if d["status"] == "ok" else d["status"],
+                 "–" if d["ratio"] is None else f"{d['ratio']:.2f}×", _fmt(d["two_process_peak_mb"])]
+                for d in summary["ddp"]]
+        out.append(markdown_table(["method", "variant", "global batch", "1 process step (ms)",
+                                   "2 processes step (ms)", "2 / 1", "peak per process (MB)"], body))
+    if meta:
+        out.append(f"{meta.get('model')}, max_seq_length {meta.get('max_seq_length')}, {meta.get('steps')} steps per "
+                   f"configuration (the first a warm-up; step = median of the rest), torch {meta.get('torch')}, "
+                   f"{meta.get('torch_threads')} torch thread(s) in 1 process, {meta.get('torch_threads_per_process_ddp')} "
+                   f"per process in 2, on {meta.get('cpu_count')} CPU cores. "
+                   "Peak = resident memory high-water mark during the steps minus the resident memory before them "
+                   "(gradients + AdamW state + activations); 2 processes: gloo, gather_across_devices, half the "
+                   "global batch each, step time of the slower rank.\n")
+    return "\n".join(out)
+
+
+def plot(data: dict[str, Any], path: Path) -> Path | None:
+    """Peak memory vs batch size per method: cached (solid) and uncached (dashed)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = summarize(data)["rows"]
+    methods = list(dict.fromkeys(r["method"] for r in rows))
+    if not methods:
+        return None
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for index, method in enumerate(methods):
+        color = f"C{index % 10}"
+        for variant, style in (("cached", "-"), ("uncached", "--")):
+            points = [(r["batch_size"], r[f"{variant}_peak_mb"]) for r in rows
+                      if r["method"] == method and r[f"{variant}_peak_mb"] is not None]
+            if points:
+                xs, ys = zip(*points, strict=True)
+                ax.plot(xs, ys, style, marker="o", color=color, label=f"{method} ({variant})")
+    batches = sorted({r["batch_size"] for r in rows})
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(batches, [str(b) for b in batches])
+    ax.minorticks_off()
+    ax.set_xlabel("batch size")
+    ax.set_ylabel("peak memory over baseline (MB)")
+    ax.set_title("Peak training memory (solid: mini_batch_size, dashed: uncached)")
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def write_report(data: dict[str, Any], out: Path) -> None:
+    from st_hardneg.reporting import write_json
+
+    write_json(out, data)
+    out.with_suffix(".md").write_text(markdown(data))
+    plot(data, out.with_suffix(".png"))
+
+
+# ----------------------------------------------------------------------------------------------------- main
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--methods", nargs="*", default=DEFAULT_METHODS,
+                        help=f"names of st_hardneg.registry.LOSSES and {REFERENCE} (default: {DEFAULT_METHODS})")
+    parser.add_argument("--batch-sizes", nargs="*", type=int, default=[64, 256, 1024])
+    parser.add_argument("--mini-batch-size", type=int, default=32, help="of the cached variant")
+    parser.add_argument("--variants", nargs="*", default=list(VARIANTS), choices=VARIANTS,
+                        help="variants of the 1-process grid")
+    parser.add_argument("--model", default="tiny",
+                        help="'tiny' (a random 2-layer BERT, hidden 32), 'default' (the embedded all-MiniLM-L6-v2) "
+                             "or a model directory")
+    parser.add_argument("--max-seq-length", type=int, default=32)
+    parser.add_argument("--steps", type=int, default=3, help="steps per configuration, the first a warm-up")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch threads of a 1-process configuration; the 2-process ones get threads // 2 each "
+                             "(at least 1), so that both use the same cores")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--corpus", default=str(DEFAULT_CORPUS))
+    parser.add_argument("--ddp-methods", nargs="*", default=DEFAULT_METHODS,
+                        help="methods of the 2-process comparison (none: skip it)")
+    parser.add_argument("--ddp-batch-sizes", nargs="*", type=int, default=[256])
+    parser.add_argument("--ddp-variants", nargs="*", default=["cached"], choices=VARIANTS)
+    parser.add_argument("--memory-fraction", type=float, default=0.8,
+                        help="skip a configuration whose extrapolated peak exceeds this share of the available memory")
+    parser.add_argument("--timeout", type=float, default=3600, help="seconds per configuration")
+    parser.add_argument("--out", default=str(DEFAULT_OUT))
+    parser.add_argument("--report", action="store_true", help="only rewrite the markdown table and the plot")
+    parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+
+    if args.worker is not None:
+        result = run_config(json.loads(args.worker))
+        if int(os.environ.get("RANK", 0)) == 0:
+            print(RESULT_PREFIX + json.dumps(result), flush=True)
+        return 0
+
+    out = Path(args.out)
+    data = load(out)
+    if args.report:
+        write_report(data, out)
+        print(markdown(data))
+        return 0
+
+    from st_hardneg.registry import LOSSES
+
+    known = [*LOSSES, REFERENCE]
+    unknown = [m for m in [*args.methods, *args.ddp_methods] if m not in known]
+    if unknown:
+        parser.error(f"unknown method(s) {unknown}; choose from {', '.join(known)}")
+    if args.steps < 2:
+        parser.error("--steps must be >= 2 (one warm-up step, then the measured ones)")
+    if args.mini_batch_size < 1 or args.threads < 1 or any(b < 2 for b in args.batch_sizes + args.ddp_batch_sizes):
+        parser.error("--mini-batch-size and --threads must be >= 1 and every batch size >= 2")
+    odd = [b for b in args.ddp_batch_sizes if b % 2]
+    if odd:
+        parser.error(f"--ddp-batch-sizes must be even (split over 2 processes), got {odd}")
+    if not Path(args.corpus).is_file():
+        parser.error(f"corpus not found: {args.corpus}")
+    model_label = {"tiny": "tiny random BERT (2 layers, hidden 32), CLS pooling",
+                   "default": "all-MiniLM-L6-v2 (embedded), CLS pooling"}.get(args.model, args.model)
+    common = {"model": args.model, "max_seq_length": args.max_seq_length, "steps": args.steps,
+              "threads": args.threads, "seed": args.seed, "corpus": str(Path(args.corpus).resolve()),
+              "mini_batch_size": args.mini_batch_size}
+    if data.get("_meta", {}).get("settings") not in (None, common):
+        parser.error(f"{out} holds results of other settings ({data['_meta']['settings']}); use another --out")
+    import torch
+
+    data["_meta"] = {
+        "settings": common, "model": model_label, "max_seq_length": args.max_seq_length, "steps": args.steps,
+        "mini_batch_size": args.mini_batch_size, "torch": torch.__version__, "torch_threads": args.threads,
+        "torch_threads_per_process_ddp": max(1, args.threads // 2),
+        "cpu_count": os.cpu_count(), "platform": platform.platform(), "corpus": Path(args.corpus).name,
+        "targets": {"cached_peak_1024_vs_64": MEMORY_TARGET, "cached_step_vs_cached_mnrl": TIME_TARGET},
+    }
+    configs = plan(args.methods, args.batch_sizes, args.ddp_methods, args.ddp_batch_sizes, args.ddp_variants,
+                   args.variants)
+    start = time.perf_counter()
+    for number, cfg in enumerate(configs, 1):
+        key = config_key(cfg["method"], cfg["variant"], cfg["batch_size"], cfg["processes"])
+        if data["runs"].get(key, {}).get("status") in FINISHED:
+            print(f"[{number}/{len(configs)}] skip {key}: already in {out}", flush=True)
+            continue
+        print(f"[{number}/{len(configs)}] {key} ...", end=" ", flush=True)
+        needed, free = estimate_peak_mb(data["runs"], cfg), available_mb()
+        unsupported = [r for r in data["runs"].values() if r.get("status") == "not supported"
+                       and (r["method"], r["variant"], r["processes"]) == (cfg["method"], cfg["variant"],
+                                                                             cfg["processes"])]
+        if unsupported:  # the loss rejected its arguments, whatever the batch: no need to start a process again
+            result = {"status": "not supported", "reason": unsupported[0]["reason"]}
+        elif needed is not None and free is not None and needed > args.memory_fraction * free:
+            result = {"status": "skipped", "reason": f"needs about {needed / 1024:.1f} GB (extrapolated from the "
+                                                     f"smaller batch), {free / 1024:.1f} GB available"}
+        else:
+            result = launch({**common, **cfg, "threads": max(1, args.threads // cfg["processes"])}, args.timeout)
+        data["runs"][key] = {**cfg, **result, "finished": time.strftime("%Y-%m-%d %H:%M:%S")}
+        print(result["status"], result.get("step_ms", result.get("reason", "")), flush=True)
+        write_report(data, out)
+    data["_meta"]["seconds_last_invocation"] = round(time.perf_counter() - start, 1)
+    write_report(data, out)
+    print(markdown(data))
+    errors = [k for k, r in data["runs"].items() if r.get("status") == "error"]
+    if errors:
+        print(f"failed configurations (rerun to retry): {errors}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

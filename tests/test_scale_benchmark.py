@@ -1,0 +1,187 @@
+"""benchmarks/scale.py: the report arithmetic on hand-made results, and smoke runs of the real subprocess grid."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+CORPUS = Path(os.environ.get("ST_HARDNEG_SHARED_DATA", REPO.parent / "shared" / "data")) / "corpus" / "wiki10k.txt"
+
+
+def _load_scale():
+    spec = importlib.util.spec_from_file_location("benchmarks_scale", REPO / "benchmarks" / "scale.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+scale = _load_scale()
+
+
+def _run(method, variant, batch, processes=1, status="ok", step_ms=None, peak_mb=None, state_mb=10.0):
+    run = {"method": method, "variant": variant, "batch_size": batch, "processes": processes, "status": status}
+    if status == "ok":
+        run.update(step_ms=step_ms, peak_mb=peak_mb, state_mb=state_mb)
+    return scale.config_key(method, variant, batch, processes), run
+
+
+def _data(*runs):
+    return {"runs": dict(runs)}
+
+
+def test_summary_ratios_and_targets_by_hand():
+    data = _data(
+        _run("cached_mnrl", "cached", 64, step_ms=100.0, peak_mb=50.0),
+        _run("cached_mnrl", "cached", 1024, step_ms=1000.0, peak_mb=60.0),
+        _run("mixcse", "cached", 64, step_ms=120.0, peak_mb=40.0),      # 1.2x the reference: meets 1.25
+        _run("mixcse", "cached", 1024, step_ms=1300.0, peak_mb=56.0),   # 1.3x: misses; memory 56/40 = 1.4: misses
+        _run("mixcse", "uncached", 64, step_ms=90.0, peak_mb=80.0),
+        _run("mixcse", "uncached", 1024, status="skipped"),
+        _run("mnrl", "cached", 64, status="not supported"),
+        _run("mnrl", "cached", 256, processes=2, step_ms=700.0, peak_mb=30.0),  # no 1-process run at 256
+        _run("mixcse", "cached", 1024, processes=2, step_ms=650.0, peak_mb=33.0),
+    )
+    summary = scale.summarize(data)
+    timing = {(t["method"], t["batch_size"]): t for t in summary["timing"]}
+    assert set(timing) == {("mixcse", 64), ("mixcse", 1024)}  # the reference is not compared with itself
+    assert timing["mixcse", 64]["ratio"] == pytest.approx(1.2) and timing["mixcse", 64]["meets_target"]
+    assert timing["mixcse", 1024]["ratio"] == pytest.approx(1.3) and not timing["mixcse", 1024]["meets_target"]
+    memory = {m["method"]: m for m in summary["memory"]}
+    assert memory["cached_mnrl"]["ratio"] == pytest.approx(1.2) and memory["cached_mnrl"]["meets_target"]
+    assert memory["mixcse"]["ratio"] == pytest.approx(1.4) and not memory["mixcse"]["meets_target"]
+    assert (memory["mixcse"]["from_batch"], memory["mixcse"]["to_batch"]) == (64, 1024)
+    assert "mnrl" not in memory  # no cached run succeeded
+    ddp = {(d["method"], d["global_batch"]): d for d in summary["ddp"]}
+    assert ddp["mixcse", 1024]["ratio"] == pytest.approx(0.5) and ddp["mixcse", 1024]["one_process_ms"] == 1300.0
+    assert ddp["mnrl", 256]["ratio"] is None and ddp["mnrl", 256]["two_process_ms"] == 700.0
+    rows = {(r["method"], r["batch_size"]): r for r in summary["rows"]}
+    assert rows["mixcse", 1024]["uncached_status"] == "skipped" and rows["mixcse", 1024]["uncached_peak_mb"] is None
+    assert rows["mnrl", 64]["cached_status"] == "not supported"
+
+    text = scale.markdown(data)
+    assert "| mixcse | 64 | 90 | 80 | 120 | 40 | 1.20× |" in text
+    assert "| mixcse | 1024 | skipped | – | 1300 | 56 | 1.30× |" in text
+    assert "| mnrl | 64 | – | – | not supported | – | – |" in text
+    assert "| mixcse | 64 → 1024 | 1.40× | **no** |" in text and "| cached_mnrl | 64 → 1024 | 1.20× | yes |" in text
+    assert "| mixcse | 1024 | 1.30× | **no** |" in text and "| mixcse | 64 | 1.20× | yes |" in text
+    assert "| mixcse | cached | 1024 | 1300 | 650 | 0.50× | 33 |" in text
+
+
+def test_memory_estimate_extrapolates_the_batch_dependent_part():
+    runs = dict([_run("mnrl", "uncached", 64, step_ms=1.0, peak_mb=1410.0, state_mb=250.0),
+                 _run("mnrl", "uncached", 16, step_ms=1.0, peak_mb=500.0, state_mb=250.0)])
+    # from the largest smaller batch (64): 250 + (1410 - 250) * 1024 / 64
+    assert scale.estimate_peak_mb(runs, {"method": "mnrl", "variant": "uncached", "batch_size": 1024,
+                                         "processes": 1}) == pytest.approx(250 + 1160 * 16)
+    # 2 processes of 128 each: twice 250 + 1160 * 2
+    assert scale.estimate_peak_mb(runs, {"method": "mnrl", "variant": "uncached", "batch_size": 256,
+                                         "processes": 2}) == pytest.approx(2 * (250 + 1160 * 2))
+    # from batch 16 for a batch between 16 and 64: 250 + 250 * 32 / 16
+    assert scale.estimate_peak_mb(runs, {"method": "mnrl", "variant": "uncached", "batch_size": 32,
+                                         "processes": 1}) == pytest.approx(750.0)
+    assert scale.estimate_peak_mb(runs, {"method": "mnrl", "variant": "cached", "batch_size": 1024,
+                                         "processes": 1}) is None
+    assert scale.estimate_peak_mb(runs, {"method": "mnrl", "variant": "uncached", "batch_size": 8,
+                                         "processes": 1}) is None
+
+
+def test_plan_and_bad_inputs(tmp_path):
+    configs = scale.plan(["mnrl", "cached_mnrl"], [8, 16], ["cached_mnrl"], [16], ["cached", "uncached"])
+    keys = [scale.config_key(c["method"], c["variant"], c["batch_size"], c["processes"]) for c in configs]
+    assert keys == ["mnrl/uncached/b8", "mnrl/cached/b8", "cached_mnrl/cached/b8", "mnrl/uncached/b16",
+                    "mnrl/cached/b16", "cached_mnrl/cached/b16", "cached_mnrl/cached/b16/p2"]
+    cached_only = scale.plan(["mixcse", "cached_mnrl"], [64, 1024], [], [], [], variants=["cached"])
+    assert [(c["method"], c["variant"], c["batch_size"]) for c in cached_only] == [
+        ("mixcse", "cached", 64), ("cached_mnrl", "cached", 64), ("mixcse", "cached", 1024),
+        ("cached_mnrl", "cached", 1024)]
+    with pytest.raises(ValueError, match="always cached"):
+        scale.build_benchmark_loss("cached_mnrl", None, cached=False, mini_batch_size=4, gather=False)
+    with pytest.raises(SystemExit):
+        scale.main(["--methods", "nope", "--out", str(tmp_path / "s.json")])
+    with pytest.raises(SystemExit):
+        scale.main(["--ddp-batch-sizes", "15", "--out", str(tmp_path / "s.json")])
+    with pytest.raises(SystemExit):
+        scale.main(["--steps", "1", "--out", str(tmp_path / "s.json")])
+    bad = tmp_path / "other.json"
+    bad.write_text(json.dumps({"runs": []}))
+    with pytest.raises(ValueError, match="not a scale benchmark result"):
+        scale.main(["--report", "--out", str(bad)])
+
+
+def _param_counts():
+    """(all parameters, parameters that get a gradient) of the tiny model as the benchmark loads it."""
+    import tempfile
+
+    from st_hardneg.models import load_model
+    from st_hardneg.testing import make_tiny_model_dir
+
+    with tempfile.TemporaryDirectory() as tmp:
+        model = load_model(make_tiny_model_dir(Path(tmp) / "tiny", seed=0), pooling="cls", max_seq_length=32,
+                           device="cpu")
+    total = sum(p.numel() for p in model.parameters())
+    # BERT's pooler (dense + tanh on [CLS]) is not used by a Pooling module in CLS mode: it gets no gradient
+    pooled = sum(p.numel() for n, p in model.named_parameters() if ".pooler." in n)
+    return total, total - pooled
+
+
+def test_smoke_grid_tiny_model(tmp_path, capsys):
+    out = tmp_path / "scale.json"
+    argv = ["--model", "tiny", "--methods", "mnrl", "cached_mnrl", "--batch-sizes", "8", "16", "--steps", "2",
+            "--mini-batch-size", "4", "--threads", "1", "--ddp-methods", "--corpus", str(CORPUS), "--out", str(out)]
+    assert scale.main(argv) == 0
+    data = json.loads(out.read_text())
+    runs = data["runs"]
+    assert set(runs) == {"mnrl/uncached/b8", "mnrl/cached/b8", "cached_mnrl/cached/b8", "mnrl/uncached/b16",
+                         "mnrl/cached/b16", "cached_mnrl/cached/b16"}
+    # ST's MNRL takes no mini_batch_size: reported, not crashed (and not retried at the next batch)
+    for key in ("mnrl/cached/b8", "mnrl/cached/b16"):
+        assert runs[key]["status"] == "not supported" and "mini_batch_size" in runs[key]["reason"]
+    assert "wall_seconds" in runs["mnrl/cached/b8"] and "wall_seconds" not in runs["mnrl/cached/b16"]
+    _, trained = _param_counts()
+    for key in ("mnrl/uncached/b8", "cached_mnrl/cached/b8", "mnrl/uncached/b16", "cached_mnrl/cached/b16"):
+        run = runs[key]
+        assert run["status"] == "ok", run
+        assert run["loss_class"] == ("MultipleNegativesRankingLoss" if key.startswith("mnrl")
+                                     else "CachedMultipleNegativesRankingLoss")
+        assert len(run["step_seconds"]) == 2 and len(run["loss_values"]) == 2
+        assert run["step_ms"] == pytest.approx(1000 * run["step_seconds"][1], abs=0.06)  # the step after warm-up
+        assert all(v > 0 for v in run["loss_values"])
+        assert run["peak_mb"] >= 0 and run["baseline_rss_mb"] > 0 and run["torch_threads"] == 1
+        # gradients + AdamW's two moments, float32, of every parameter that trains
+        assert run["state_mb"] == pytest.approx(3 * 4 * trained / 2**20, abs=0.06)
+        assert run["world_size"] == 1 and run["per_process_batch_size"] == run["batch_size"]
+    assert data["_meta"]["settings"]["model"] == "tiny" and data["_meta"]["mini_batch_size"] == 4
+    for suffix in (".md", ".png"):
+        assert out.with_suffix(suffix).is_file()
+    table = out.with_suffix(".md").read_text()
+    assert "| mnrl | 8 |" in table and "not supported" in table and "| cached_mnrl | 8 → 16 |" in table
+    assert "cached step / cached_mnrl" in table
+
+    # resume: nothing is rerun; --report rewrites the table from the JSON alone
+    capsys.readouterr()
+    assert scale.main(argv) == 0
+    assert capsys.readouterr().out.count("skip ") == 6
+    out.with_suffix(".md").unlink()
+    assert scale.main(["--report", "--out", str(out)]) == 0
+    assert out.with_suffix(".md").read_text() == table
+
+
+@pytest.mark.distributed
+def test_smoke_two_processes_tiny_model(tmp_path):
+    out = tmp_path / "scale.json"
+    argv = ["--model", "tiny", "--methods", "cached_mnrl", "--batch-sizes", "16", "--steps", "2",
+            "--mini-batch-size", "4", "--threads", "2", "--ddp-methods", "cached_mnrl", "--ddp-batch-sizes", "16",
+            "--corpus", str(CORPUS), "--out", str(out)]
+    assert scale.main(argv) == 0
+    runs = json.loads(out.read_text())["runs"]
+    one, two = runs["cached_mnrl/cached/b16"], runs["cached_mnrl/cached/b16/p2"]
+    assert one["status"] == two["status"] == "ok"
+    assert one["torch_threads"] == 2 and two["torch_threads"] == 1  # the same 2 cores in both
+    assert two["world_size"] == 2 and two["per_process_batch_size"] == 8 and len(two["peak_mb_per_rank"]) == 2
+    assert two["peak_mb"] == max(two["peak_mb_per_rank"])
+    assert "| cached_mnrl | cached | 16 |" in out.with_suffix(".md").read_text()
