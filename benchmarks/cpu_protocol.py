@@ -16,10 +16,8 @@ A finished (method, seed) already in the JSON is skipped, so an interrupted run 
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import shutil
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -58,20 +56,16 @@ PROTOCOL = {
 
 
 def parse_variant(spec: str) -> tuple[str, str, dict[str, Any]]:
-    """``label=loss:key=value,key=value`` → (label, loss, kwargs)."""
-    from st_hardneg.cli import parse_loss_args
+    """``label=loss:key=value,key=value`` → (label, loss, kwargs) (see :func:`st_hardneg.experiment.parse_variant`)."""
+    from st_hardneg.experiment import parse_variant as parse
 
-    label, _, rest = spec.partition("=")
-    loss, _, args = rest.partition(":")
-    if not label or not loss:
-        raise ValueError(f"--variant expects LABEL=LOSS[:k=v,k=v], got {spec!r}")
-    return label, loss, parse_loss_args([a for a in args.split(",") if a])
+    return parse(spec)
 
 
 def load(path: Path) -> dict[str, Any]:
-    if path.is_file():
-        return json.loads(path.read_text())
-    return {"protocol": PROTOCOL, "runs": []}
+    from st_hardneg.reporting import load_results
+
+    return load_results(path, PROTOCOL)
 
 
 def _model(args):
@@ -132,26 +126,20 @@ def untrained(args) -> dict[str, Any]:
 
 
 # --------------------------------------------------------------------------- report
-def _mean_std(values: list[float]) -> tuple[float, float]:
-    return statistics.mean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
-
-
 def summarize(data: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """Per method: mean and std over seeds of every task, avg, dev, step time."""
-    by_method: dict[str, list[dict]] = {}
-    for run in data["runs"]:
-        by_method.setdefault(run["method"], []).append(run)
+    from st_hardneg.reporting import group_by_method, mean_std, median_or_none
+
     summary = {}
-    for method, runs in by_method.items():
+    for method, runs in group_by_method(data["runs"]).items():
         row: dict[str, Any] = {"seeds": sorted(r["seed"] for r in runs if r["seed"] is not None)}
         for task in (*TASKS, "avg"):
-            row[task] = _mean_std([r["sts"][task] for r in runs])
+            row[task] = mean_std([r["sts"][task] for r in runs])
         if all(r.get("stsb_dev_best") is not None for r in runs):
-            row["dev"] = _mean_std([r["stsb_dev_best"] for r in runs])
-        steps = [r["median_step_seconds"] for r in runs if r.get("median_step_seconds")]
-        row["step"] = statistics.median(steps) if steps else None
-        secs = [r["train_seconds"] for r in runs if r.get("train_seconds")]
-        row["train_seconds"] = statistics.median(secs) if secs else None  # median: robust to one run on a busy machine
+            row["dev"] = mean_std([r["stsb_dev_best"] for r in runs])
+        row["step"] = median_or_none(r.get("median_step_seconds") for r in runs)
+        # median: robust to one run on a busy machine
+        row["train_seconds"] = median_or_none(r.get("train_seconds") for r in runs)
         summary[method] = row
     return summary
 
@@ -211,12 +199,9 @@ def plot(data: dict[str, Any], path: Path) -> Path:
 
 
 def write_report(data: dict[str, Any], out: Path) -> None:
-    from st_hardneg.reporting import write_json
+    from st_hardneg.reporting import write_results
 
-    write_json(out, data)
-    if data["runs"]:
-        out.with_suffix(".md").write_text(markdown(data))
-        plot(data, out.with_suffix(".png"))
+    write_results(data, out, markdown, plot)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -248,17 +233,13 @@ def main(argv: list[str] | None = None) -> int:
         jobs.append((method, *METHODS[method]))
     jobs += [parse_variant(v) for v in args.variant]
     if not args.report:
+        from st_hardneg.experiment import run_pending
+
         if not args.no_untrained and not any(r["method"] == "untrained" for r in data["runs"]):
             data["runs"].insert(0, untrained(args))
             write_report(data, out)
-        for seed in args.seeds:
-            for label, loss_name, kwargs in jobs:
-                if any(r["method"] == label and r["seed"] == seed for r in data["runs"]):
-                    print(f"skip {label} seed {seed}: already in {out}")
-                    continue
-                print(f"=== {label} seed {seed}", flush=True)
-                data["runs"].append(run_one(label, loss_name, kwargs, seed, args))
-                write_report(data, out)
+        run_pending(data, jobs, args.seeds, lambda job, seed: run_one(*job, seed, args),
+                    lambda d: write_report(d, out), where=str(out))
     write_report(data, out)
     if data["runs"]:
         print(markdown(data))

@@ -25,7 +25,6 @@ import hashlib
 import json
 import logging
 import shutil
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -178,7 +177,8 @@ def run_one(label: str, loss_name: str, loss_kwargs: dict, seed: int, dataset, a
     import torch
     from transformers import set_seed
 
-    from st_hardneg.training import TrainConfig, train
+    from st_hardneg.experiment import run_training
+    from st_hardneg.training import TrainConfig
 
     work = Path(args.work_dir) / f"{label}-seed{seed}"
     shutil.rmtree(work, ignore_errors=True)
@@ -188,16 +188,15 @@ def run_one(label: str, loss_name: str, loss_kwargs: dict, seed: int, dataset, a
     config = TrainConfig(output_dir=str(work), batch_size=args.batch_size, learning_rate=2e-5, epochs=1,
                          warmup_ratio=0.1, seed=seed, eval_steps=0, max_steps=args.max_steps,
                          save_checkpoints=False, show_progress_bar=not args.quiet)
-    result = train(model, dataset, loss, config)
-    scores = evaluate(model, args)
-    shutil.rmtree(work, ignore_errors=True)
-    config_dict = loss.get_config_dict() if hasattr(loss, "get_config_dict") else {}
+    run = run_training(model, loss, dataset, config, score=lambda trained: evaluate(trained, args),
+                       keep_checkpoints=False)
+    result = run.train
     return {
         "method": label,
         "loss": loss_name,
-        "loss_config": json.loads(json.dumps(config_dict, default=str)),
+        "loss_config": run.loss_config,
         "seed": seed,
-        **scores,
+        **run.scores,
         "train_seconds": round(result.train_seconds, 1),
         "median_step_seconds": result.median_step_seconds,
         "steps": result.steps,
@@ -216,28 +215,21 @@ def untrained(args) -> dict[str, Any]:
 
 
 # --------------------------------------------------------------------------- report
-def _mean_std(values: list[float]) -> tuple[float, float]:
-    return statistics.mean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
-
-
 def summarize(runs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    by_method: dict[str, list[dict]] = {}
-    for run in runs:
-        by_method.setdefault(run["method"], []).append(run)
+    from st_hardneg.reporting import group_by_method, mean_std, median_or_none
+
     summary = {}
-    for method, group in by_method.items():
+    for method, group in group_by_method(runs).items():
         group = sorted(group, key=lambda r: -1 if r["seed"] is None else r["seed"])
         row: dict[str, Any] = {"seeds": [r["seed"] for r in group if r["seed"] is not None]}
         for metric in METRICS:
             values = [r["retrieval"][metric] for r in group]
-            row[metric] = _mean_std(values)
+            row[metric] = mean_std(values)
             row[f"{metric}_per_seed"] = values
         sts = [r["sts"]["avg"] for r in group if r.get("sts")]
-        row["sts_avg"] = _mean_std(sts) if sts else None
-        steps = [r["median_step_seconds"] for r in group if r.get("median_step_seconds")]
-        row["step"] = statistics.median(steps) if steps else None
-        secs = [r["train_seconds"] for r in group if r.get("train_seconds")]
-        row["train_seconds"] = statistics.median(secs) if secs else None
+        row["sts_avg"] = mean_std(sts) if sts else None
+        row["step"] = median_or_none(r.get("median_step_seconds") for r in group)
+        row["train_seconds"] = median_or_none(r.get("train_seconds") for r in group)
         summary[method] = row
     return summary
 
@@ -262,6 +254,8 @@ def target_check(runs: list[dict[str, Any]]) -> dict[str, Any] | None:
 
 
 def markdown(data: dict[str, Any]) -> str:
+    from st_hardneg.reporting import markdown_table
+
     runs = data["runs"]
     summary = summarize(runs)
     trained = [m for m in summary if m != "untrained"]
@@ -269,7 +263,7 @@ def markdown(data: dict[str, Any]) -> str:
                        key=lambda m: summary[m]["ndcg@10"][0], default=None)
     header = ["method", "seeds", "nDCG@10", "MRR@10", "R@1", "STS avg", "Δ nDCG@10 vs best ST built-in",
               "nDCG@10 per seed", "median step (s)", "train (s)"]
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    rows = []
     for method, row in summary.items():
         cells = [method, ",".join(map(str, row["seeds"])) or "–"]
         cells += [f"{row[m][0]:.2f} ± {row[m][1]:.2f}" for m in METRICS]
@@ -281,8 +275,8 @@ def markdown(data: dict[str, Any]) -> str:
         cells.append(" / ".join(f"{v:.2f}" for v in row["ndcg@10_per_seed"]))
         cells.append(f"{row['step']:.2f}" if row["step"] else "–")
         cells.append(f"{row['train_seconds']:.0f}" if row["train_seconds"] else "–")
-        lines.append("| " + " | ".join(cells) + " |")
-    text = "\n".join(lines) + "\n"
+        rows.append(cells)
+    text = markdown_table(header, rows)
     check = target_check(runs)
     if check:
         paired = ", ".join(f"seed {s}: {d:+.2f}" for s, d in sorted(check["paired_delta_per_seed"].items()))
@@ -330,12 +324,9 @@ def plot(data: dict[str, Any], path: Path) -> Path:
 
 
 def write_report(data: dict[str, Any], out: Path) -> None:
-    from st_hardneg.training import write_json
+    from st_hardneg.reporting import write_results
 
-    write_json(out, data)
-    if data["runs"]:
-        out.with_suffix(".md").write_text(markdown(data))
-        plot(data, out.with_suffix(".png"))
+    write_results(data, out, markdown, plot)
 
 
 def untrained_markdown(row: dict[str, Any], data_stats: dict[str, int]) -> str:
@@ -391,8 +382,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
     if args.untrained:
+        from st_hardneg.reporting import write_json
         from st_hardneg.retrieval_data import build_mrpc_retrieval
-        from st_hardneg.training import write_json
 
         row = untrained(args)
         out = Path(args.untrained_out)
@@ -402,21 +393,21 @@ def main(argv: list[str] | None = None) -> int:
         print(out.with_suffix(".md").read_text())
         return 0
 
+    from st_hardneg.experiment import parse_variant, run_pending
+    from st_hardneg.reporting import load_results
+
     out = Path(args.out)
-    data = json.loads(out.read_text()) if out.is_file() else {"protocol": PROTOCOL, "runs": []}
+    data = load_results(out, PROTOCOL)
     jobs: list[tuple[str, str, dict]] = []
     for method in args.methods:
         if method not in every:
             parser.error(f"unknown method {method!r}; choose from {', '.join(every)}")
         jobs.append((method, *every[method]))
     for spec in args.variant:
-        from st_hardneg.cli import parse_loss_args
-
-        label, _, rest = spec.partition("=")
-        loss, _, extra = rest.partition(":")
-        if not label or not loss:
-            parser.error(f"--variant expects LABEL=LOSS[:k=v,k=v], got {spec!r}")
-        jobs.append((label, loss, parse_loss_args([a for a in extra.split(",") if a])))
+        try:
+            jobs.append(parse_variant(spec))
+        except ValueError as exc:
+            parser.error(str(exc))
     if not args.report:
         if args.max_steps > 0 or args.limit:
             data["protocol"] = {**PROTOCOL, "smoke": {"max_steps": args.max_steps, "limit": args.limit}}
@@ -425,14 +416,8 @@ def main(argv: list[str] | None = None) -> int:
         if not args.no_untrained and not any(r["method"] == "untrained" for r in data["runs"]):
             data["runs"].insert(0, untrained(args))
             write_report(data, out)
-        for seed in args.seeds:
-            for label, loss_name, kwargs in jobs:
-                if any(r["method"] == label and r["seed"] == seed for r in data["runs"]):
-                    print(f"skip {label} seed {seed}: already in {out}")
-                    continue
-                print(f"=== {label} seed {seed}", flush=True)
-                data["runs"].append(run_one(label, loss_name, kwargs, seed, dataset, args))
-                write_report(data, out)
+        run_pending(data, jobs, args.seeds, lambda job, seed: run_one(*job, seed, dataset, args),
+                    lambda d: write_report(d, out), where=str(out))
     write_report(data, out)
     if data["runs"]:
         print(markdown(data))

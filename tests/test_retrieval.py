@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import math
-import string
 from pathlib import Path
 
 import numpy as np
@@ -56,21 +55,10 @@ def write_mrpc(root: Path, train=TRAIN, test=TEST) -> Path:
 def text_model_dir(tmp_path_factory) -> Path:
     """A tiny random BERT whose WordPiece vocabulary spells any lower-case word (so distinct texts get distinct
     embeddings; conftest's tiny model maps every word to [UNK] under transformers 5)."""
-    from transformers import BertConfig, BertModel, BertTokenizerFast
+    from st_hardneg.testing import make_text_model_dir
 
-    path = tmp_path_factory.mktemp("tiny-retrieval-bert")
-    words = {w for rows in (TRAIN, TEST) for row in rows for w in f"{row[3]} {row[4]}".split()}
-    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *string.ascii_lowercase, *string.digits, *".,!?'-",
-             *sorted(words), *("##" + c for c in string.ascii_lowercase + string.digits)]
-    (path / "vocab.txt").write_text("\n".join(dict.fromkeys(vocab)) + "\n")
-    tokenizer = BertTokenizerFast(vocab=str(path / "vocab.txt"), do_lower_case=True)
-    assert tokenizer.tokenize("the cat eats") == ["the", "cat", "eats"]
-    tokenizer.save_pretrained(path)
-    torch.manual_seed(0)
-    config = BertConfig(vocab_size=tokenizer.vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                        intermediate_size=64, max_position_embeddings=128)
-    BertModel(config).save_pretrained(path)
-    return path
+    texts = ["the cat eats", *(f"{row[3]} {row[4]}" for rows in (TRAIN, TEST) for row in rows)]
+    return make_text_model_dir(tmp_path_factory.mktemp("tiny-retrieval-bert"), texts)
 
 
 @pytest.fixture
