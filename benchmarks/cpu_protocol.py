@@ -169,33 +169,14 @@ def markdown(data: dict[str, Any]) -> str:
 
 
 def plot(data: dict[str, Any], path: Path) -> Path:
-    import matplotlib
+    from st_hardneg.plots import plot_seed_bars
+    from st_hardneg.reporting import group_by_method, mean_std
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    summary = summarize(data)
-    methods = list(summary)
-    means = [summary[m]["avg"][0] for m in methods]
-    stds = [summary[m]["avg"][1] for m in methods]
-    fig, ax = plt.subplots(figsize=(max(6, 1.1 * len(methods)), 4))
-    colors = ["#888888" if m in ("untrained", "mnrl") else "#3b75af" for m in methods]
-    ax.bar(methods, means, yerr=stds, color=colors, capsize=4)
-    if "mnrl" in summary:
-        ax.axhline(summary["mnrl"]["avg"][0], color="#c0392b", ls="--", lw=1, label="mnrl (SimCSE) mean")
-        ax.legend(loc="lower right")
-    low = min(m - s for m, s in zip(means, stds, strict=True))
-    high = max(m + s for m, s in zip(means, stds, strict=True))
-    ax.set_ylim(low - 1.0, high + 0.8)
-    ax.set_ylabel("STS avg (Spearman x 100)")
-    ax.set_title("CPU protocol: 7-task STS average, mean ± std over seeds")
-    for i, (m, s) in enumerate(zip(means, stds, strict=True)):
-        ax.text(i, m + s + 0.1, f"{m:.2f}", ha="center", fontsize=8)
-    plt.setp(ax.get_xticklabels(), rotation=20, ha="right")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    per_seed = {m: [r["sts"]["avg"] for r in runs] for m, runs in group_by_method(data["runs"]).items()}
+    reference = ("mnrl (SimCSE) mean", mean_std(per_seed["mnrl"])[0]) if "mnrl" in per_seed else None
+    return plot_seed_bars(per_seed, path, ylabel="STS avg (Spearman x 100)", grey=("untrained", "mnrl"),
+                          title="CPU protocol: 7-task STS average, mean ± std over seeds (dots: seeds)",
+                          reference=reference)
 
 
 def write_report(data: dict[str, Any], out: Path) -> None:

@@ -339,3 +339,10 @@ def test_benchmark_target_check_by_hand():
     assert check["met"] is True
     runs[-1] = run("mixcse", 1, 81.0)  # Δ = 0.5: not met
     assert bench.target_check(runs)["met"] is False
+
+
+def test_untrained_report_regenerates_byte_identical_from_the_committed_json():
+    bench = _load_benchmark()
+    results = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
+    data = json.loads((results / "retrieval_untrained.json").read_text())
+    assert bench.untrained_markdown(data["untrained"], data["data"]) == (results / "retrieval_untrained.md").read_text()
