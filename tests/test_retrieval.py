@@ -346,3 +346,28 @@ def test_untrained_report_regenerates_byte_identical_from_the_committed_json():
     results = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
     data = json.loads((results / "retrieval_untrained.json").read_text())
     assert bench.untrained_markdown(data["untrained"], data["data"]) == (results / "retrieval_untrained.md").read_text()
+
+
+def test_cached_dataset_builds_once_per_key(tmp_path):
+    import hashlib
+
+    from datasets import Dataset
+
+    from st_hardneg.mining import cached_dataset, file_digest
+
+    calls = []
+
+    def build():
+        calls.append(1)
+        return Dataset.from_dict({"anchor": ["a", "b"], "positive": ["c", "d"], "negative": ["e", "f"]})
+
+    key = {"model": "m", "limit": 2}
+    first, path, _ = cached_dataset(tmp_path / "c", "mined", key, build)
+    expected = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
+    assert path == tmp_path / "c" / f"mined-{expected}.json"
+    again, again_path, _ = cached_dataset(tmp_path / "c", "mined", dict(reversed(key.items())), build)
+    assert len(calls) == 1 and again_path == path and again.to_dict() == first.to_dict()
+    cached_dataset(tmp_path / "c", "mined", {**key, "limit": 3}, build)  # another key: built again
+    assert len(calls) == 2
+    (tmp_path / "x").write_bytes(b"abc")
+    assert file_digest([tmp_path / "x"]) == hashlib.sha256(b"abc").hexdigest()[:12]
