@@ -55,13 +55,6 @@ PROTOCOL = {
 }
 
 
-def parse_variant(spec: str) -> tuple[str, str, dict[str, Any]]:
-    """``label=loss:key=value,key=value`` → (label, loss, kwargs) (see :func:`st_hardneg.experiment.parse_variant`)."""
-    from st_hardneg.experiment import parse_variant as parse
-
-    return parse(spec)
-
-
 def load(path: Path) -> dict[str, Any]:
     from st_hardneg.reporting import load_results
 
@@ -205,22 +198,18 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
+    from st_hardneg.experiment import benchmark_jobs, run_pending
+
     out = Path(args.out)
     data = load(out)
-    jobs: list[tuple[str, str, dict]] = []
-    for method in args.methods:
-        if method not in METHODS:
-            parser.error(f"unknown method {method!r}; choose from {', '.join(METHODS)}")
-        jobs.append((method, *METHODS[method]))
-    jobs += [parse_variant(v) for v in args.variant]
+    try:
+        jobs = benchmark_jobs(args.methods, METHODS, args.variant)
+    except ValueError as exc:
+        parser.error(str(exc))
     if not args.report:
-        from st_hardneg.experiment import run_pending
-
-        if not args.no_untrained and not any(r["method"] == "untrained" for r in data["runs"]):
-            data["runs"].insert(0, untrained(args))
-            write_report(data, out)
         run_pending(data, jobs, args.seeds, lambda job, seed: run_one(*job, seed, args),
-                    lambda d: write_report(d, out), where=str(out))
+                    lambda d: write_report(d, out), where=str(out),
+                    untrained=None if args.no_untrained else lambda: untrained(args))
     write_report(data, out)
     if data["runs"]:
         print(markdown(data))

@@ -241,31 +241,23 @@ def main(argv: list[str] | None = None) -> int:
         print(out.with_suffix(".md").read_text())
         return 0
 
-    from st_hardneg.experiment import parse_variant, run_pending
+    from st_hardneg.experiment import benchmark_jobs, run_pending
     from st_hardneg.reporting import load_results
 
     out = Path(args.out)
     data = load_results(out, PROTOCOL)
-    jobs: list[tuple[str, str, dict]] = []
-    for method in args.methods:
-        if method not in every:
-            parser.error(f"unknown method {method!r}; choose from {', '.join(every)}")
-        jobs.append((method, *every[method]))
-    for spec in args.variant:
-        try:
-            jobs.append(parse_variant(spec))
-        except ValueError as exc:
-            parser.error(str(exc))
+    try:
+        jobs = benchmark_jobs(args.methods, every, args.variant)
+    except ValueError as exc:
+        parser.error(str(exc))
     if not args.report:
         if args.max_steps > 0 or args.limit:
             data["protocol"] = {**PROTOCOL, "smoke": {"max_steps": args.max_steps, "limit": args.limit}}
         dataset, info = mined_dataset(args)
         data["training_data"] = info
-        if not args.no_untrained and not any(r["method"] == "untrained" for r in data["runs"]):
-            data["runs"].insert(0, untrained(args))
-            write_report(data, out)
         run_pending(data, jobs, args.seeds, lambda job, seed: run_one(*job, seed, dataset, args),
-                    lambda d: write_report(d, out), where=str(out))
+                    lambda d: write_report(d, out), where=str(out),
+                    untrained=None if args.no_untrained else lambda: untrained(args))
     write_report(data, out)
     if data["runs"]:
         print(markdown(data))

@@ -190,10 +190,15 @@ def run_pending(
     run: Callable[[tuple, int], dict[str, Any]],
     save: Callable[[dict[str, Any]], None],
     where: str = "the results",
+    untrained: Callable[[], dict[str, Any]] | None = None,
 ) -> None:
     """The benchmarks' resumable loop: for every seed, every job (``(label, ...)``) whose ``(label, seed)`` has no
     run in ``data["runs"]`` yet is run with ``run(job, seed)``, appended and saved with ``save(data)`` at once, so an
-    interrupted benchmark resumes where it stopped; finished ones are reported as skipped."""
+    interrupted benchmark resumes where it stopped; finished ones are reported as skipped. ``untrained()`` (if given)
+    makes the reference row of method ``"untrained"``, put first, when there is none yet."""
+    if untrained is not None and not any(r["method"] == "untrained" for r in data["runs"]):
+        data["runs"].insert(0, untrained())
+        save(data)
     for seed in seeds:
         for job in jobs:
             label = job[0]
@@ -203,3 +208,18 @@ def run_pending(
             print(f"=== {label} seed {seed}", flush=True)
             data["runs"].append(run(job, seed))
             save(data)
+
+
+def benchmark_jobs(methods: Sequence[str], table: dict[str, tuple[str, dict[str, Any]]],
+                   variants: Sequence[str] = ()) -> list[tuple[str, str, dict[str, Any]]]:
+    """``(label, loss name, hyperparameters)`` of each method in ``table`` and each ``--variant`` spec.
+
+    Raises:
+        ValueError: a method not in ``table`` or a malformed variant.
+    """
+    jobs = []
+    for method in methods:
+        if method not in table:
+            raise ValueError(f"unknown method {method!r}; choose from {', '.join(table)}")
+        jobs.append((method, *table[method]))
+    return jobs + [parse_variant(spec) for spec in variants]
