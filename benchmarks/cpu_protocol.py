@@ -16,10 +16,8 @@ A finished (method, seed) already in the JSON is skipped, so an interrupted run 
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import shutil
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -57,21 +55,10 @@ PROTOCOL = {
 }
 
 
-def parse_variant(spec: str) -> tuple[str, str, dict[str, Any]]:
-    """``label=loss:key=value,key=value`` → (label, loss, kwargs)."""
-    from st_hardneg.cli import parse_loss_args
-
-    label, _, rest = spec.partition("=")
-    loss, _, args = rest.partition(":")
-    if not label or not loss:
-        raise ValueError(f"--variant expects LABEL=LOSS[:k=v,k=v], got {spec!r}")
-    return label, loss, parse_loss_args([a for a in args.split(",") if a])
-
-
 def load(path: Path) -> dict[str, Any]:
-    if path.is_file():
-        return json.loads(path.read_text())
-    return {"protocol": PROTOCOL, "runs": []}
+    from st_hardneg.reporting import load_results
+
+    return load_results(path, PROTOCOL)
 
 
 def _model(args):
@@ -132,26 +119,20 @@ def untrained(args) -> dict[str, Any]:
 
 
 # --------------------------------------------------------------------------- report
-def _mean_std(values: list[float]) -> tuple[float, float]:
-    return statistics.mean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
-
-
 def summarize(data: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """Per method: mean and std over seeds of every task, avg, dev, step time."""
-    by_method: dict[str, list[dict]] = {}
-    for run in data["runs"]:
-        by_method.setdefault(run["method"], []).append(run)
+    from st_hardneg.reporting import group_by_method, mean_std, median_or_none
+
     summary = {}
-    for method, runs in by_method.items():
+    for method, runs in group_by_method(data["runs"]).items():
         row: dict[str, Any] = {"seeds": sorted(r["seed"] for r in runs if r["seed"] is not None)}
         for task in (*TASKS, "avg"):
-            row[task] = _mean_std([r["sts"][task] for r in runs])
+            row[task] = mean_std([r["sts"][task] for r in runs])
         if all(r.get("stsb_dev_best") is not None for r in runs):
-            row["dev"] = _mean_std([r["stsb_dev_best"] for r in runs])
-        steps = [r["median_step_seconds"] for r in runs if r.get("median_step_seconds")]
-        row["step"] = statistics.median(steps) if steps else None
-        secs = [r["train_seconds"] for r in runs if r.get("train_seconds")]
-        row["train_seconds"] = statistics.median(secs) if secs else None  # median: robust to one run on a busy machine
+            row["dev"] = mean_std([r["stsb_dev_best"] for r in runs])
+        row["step"] = median_or_none(r.get("median_step_seconds") for r in runs)
+        # median: robust to one run on a busy machine
+        row["train_seconds"] = median_or_none(r.get("train_seconds") for r in runs)
         summary[method] = row
     return summary
 
@@ -181,42 +162,20 @@ def markdown(data: dict[str, Any]) -> str:
 
 
 def plot(data: dict[str, Any], path: Path) -> Path:
-    import matplotlib
+    from st_hardneg.plots import plot_seed_bars
+    from st_hardneg.reporting import group_by_method, mean_std
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    summary = summarize(data)
-    methods = list(summary)
-    means = [summary[m]["avg"][0] for m in methods]
-    stds = [summary[m]["avg"][1] for m in methods]
-    fig, ax = plt.subplots(figsize=(max(6, 1.1 * len(methods)), 4))
-    colors = ["#888888" if m in ("untrained", "mnrl") else "#3b75af" for m in methods]
-    ax.bar(methods, means, yerr=stds, color=colors, capsize=4)
-    if "mnrl" in summary:
-        ax.axhline(summary["mnrl"]["avg"][0], color="#c0392b", ls="--", lw=1, label="mnrl (SimCSE) mean")
-        ax.legend(loc="lower right")
-    low = min(m - s for m, s in zip(means, stds, strict=True))
-    high = max(m + s for m, s in zip(means, stds, strict=True))
-    ax.set_ylim(low - 1.0, high + 0.8)
-    ax.set_ylabel("STS avg (Spearman x 100)")
-    ax.set_title("CPU protocol: 7-task STS average, mean ± std over seeds")
-    for i, (m, s) in enumerate(zip(means, stds, strict=True)):
-        ax.text(i, m + s + 0.1, f"{m:.2f}", ha="center", fontsize=8)
-    plt.setp(ax.get_xticklabels(), rotation=20, ha="right")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    per_seed = {m: [r["sts"]["avg"] for r in runs] for m, runs in group_by_method(data["runs"]).items()}
+    reference = ("mnrl (SimCSE) mean", mean_std(per_seed["mnrl"])[0]) if "mnrl" in per_seed else None
+    return plot_seed_bars(per_seed, path, ylabel="STS avg (Spearman x 100)", grey=("untrained", "mnrl"),
+                          title="CPU protocol: 7-task STS average, mean ± std over seeds (dots: seeds)",
+                          reference=reference)
 
 
 def write_report(data: dict[str, Any], out: Path) -> None:
-    from st_hardneg.reporting import write_json
+    from st_hardneg.reporting import write_results
 
-    write_json(out, data)
-    if data["runs"]:
-        out.with_suffix(".md").write_text(markdown(data))
-        plot(data, out.with_suffix(".png"))
+    write_results(data, out, markdown, plot)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -239,26 +198,18 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
+    from st_hardneg.experiment import benchmark_jobs, run_pending
+
     out = Path(args.out)
     data = load(out)
-    jobs: list[tuple[str, str, dict]] = []
-    for method in args.methods:
-        if method not in METHODS:
-            parser.error(f"unknown method {method!r}; choose from {', '.join(METHODS)}")
-        jobs.append((method, *METHODS[method]))
-    jobs += [parse_variant(v) for v in args.variant]
+    try:
+        jobs = benchmark_jobs(args.methods, METHODS, args.variant)
+    except ValueError as exc:
+        parser.error(str(exc))
     if not args.report:
-        if not args.no_untrained and not any(r["method"] == "untrained" for r in data["runs"]):
-            data["runs"].insert(0, untrained(args))
-            write_report(data, out)
-        for seed in args.seeds:
-            for label, loss_name, kwargs in jobs:
-                if any(r["method"] == label and r["seed"] == seed for r in data["runs"]):
-                    print(f"skip {label} seed {seed}: already in {out}")
-                    continue
-                print(f"=== {label} seed {seed}", flush=True)
-                data["runs"].append(run_one(label, loss_name, kwargs, seed, args))
-                write_report(data, out)
+        run_pending(data, jobs, args.seeds, lambda job, seed: run_one(*job, seed, args),
+                    lambda d: write_report(d, out), where=str(out),
+                    untrained=None if args.no_untrained else lambda: untrained(args))
     write_report(data, out)
     if data["runs"]:
         print(markdown(data))

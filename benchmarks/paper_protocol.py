@@ -30,7 +30,6 @@ code path runs.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import shutil
 import sys
@@ -71,9 +70,9 @@ DRY_RUN = {"batch_size": 16, "max_steps": 2, "eval_steps": 1, "limit": 32, "sts_
 
 
 def load(path: Path) -> dict[str, Any]:
-    if path.is_file():
-        return json.loads(path.read_text())
-    return {"protocol": PROTOCOL, "runs": []}
+    from st_hardneg.reporting import load_results
+
+    return load_results(path, PROTOCOL)
 
 
 def transfer_function():
@@ -203,6 +202,7 @@ def write_results(data: dict[str, Any], out: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from st_hardneg.experiment import run_pending
     from st_hardneg.training import LOSSES
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -267,14 +267,9 @@ def main(argv: list[str] | None = None) -> int:
         data = load(out)
     evaluate_transfer = None if args.no_transfer else transfer_function()
     start = time.perf_counter()
-    for seed in args.seeds:
-        for method in args.methods:
-            if any(r["method"] == method and r["seed"] == seed for r in data["runs"]):
-                print(f"skip {method} seed {seed}: already in {out}", flush=True)
-                continue
-            print(f"=== {method} seed {seed}", flush=True)
-            data["runs"].append(run_one(method, seed, args, evaluate_transfer))
-            write_results(data, out)
+    run_pending(data, [(m,) for m in args.methods], args.seeds,
+                lambda job, seed: run_one(job[0], seed, args, evaluate_transfer),
+                lambda d: write_results(d, out), where=str(out))
     write_results(data, out)
     print(report(data))
     print(f"results: {out} ({time.perf_counter() - start:.0f} s)")

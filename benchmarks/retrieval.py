@@ -21,25 +21,31 @@ training set is built once per (model, mining settings, data files) and cached o
 from __future__ import annotations
 
 import argparse
-import hashlib
-import json
 import logging
 import shutil
-import statistics
 import sys
 import time
 from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from retrieval_report import (  # noqa: E402  (the report half of this benchmark)
+    BUILTIN,
+    markdown,
+    summarize,
+    target_check,
+    untrained_markdown,
+    write_report,
+)
+
+__all__ = ["BUILTIN", "markdown", "summarize", "target_check", "untrained_markdown", "write_report"]
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
 DEFAULT_OUT = RESULTS / "retrieval.json"
 UNTRAINED_OUT = RESULTS / "retrieval_untrained.json"
 STS_TASKS = ("STS12", "STS13", "STS14", "STS15", "STS16", "STSBenchmark", "SICKRelatedness")
-METRICS = ("ndcg@10", "mrr@10", "recall@1")
-
-#: sentence-transformers' own losses: the baselines a retrieval team would use
-BUILTIN = ("mnrl", "mnrl_hardness", "gist")
 #: label -> (loss name in st_hardneg.training.LOSSES, or one of LOCAL_FACTORIES; hyperparameters)
 METHODS: dict[str, tuple[str, dict[str, Any]]] = {
     "mnrl": ("mnrl", {}),  # ST's MultipleNegativesRankingLoss, scale 20 (temperature 0.05)
@@ -88,48 +94,28 @@ def load_model(args):
     return load_default_model(pooling="mean", max_seq_length=128)
 
 
-def _file_digest(paths: list[Path]) -> str:
-    digest = hashlib.sha256()
-    for path in paths:
-        digest.update(path.read_bytes())
-    return digest.hexdigest()[:12]
-
-
 def mined_dataset(args, data=None):
     """The (anchor, positive, negative) training set, mined once and cached as JSON in ``args.cache_dir``."""
-    from datasets import Dataset
-
+    from st_hardneg.mining import cached_dataset, file_digest
     from st_hardneg.retrieval_data import assert_no_test_leak, build_mrpc_retrieval, mine_training_negatives, mrpc_files
 
     data = data or build_mrpc_retrieval(args.data_dir)
-    files = list(mrpc_files(args.data_dir).values())
     mining = mining_settings(args)
     key = {"model": args.model or "default", "pooling": "mean", "max_seq_length": 128, "mining": mining,
-           "data": _file_digest(files), "limit": args.limit}
-    name = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
-    path = Path(args.cache_dir).expanduser() / f"mrpc-mined-{name}.json"
-    if path.is_file():
-        cached = json.loads(path.read_text())
-        dataset = Dataset.from_dict(cached["columns"])
-    else:
-        pairs = data.train_pairs[: args.limit] if args.limit else data.train_pairs
-        start = time.perf_counter()
-        dataset = mine_training_negatives(load_model(args), pairs, data.train_corpus,
-                                          known_positives=data.known_paraphrases,
-                                          forbidden=data.protected_sentences(), batch_size=128, **mining)
-        cached = {"key": key, "seconds": round(time.perf_counter() - start, 1), "pairs": len(pairs),
-                  "triplets": len(dataset), "columns": dataset.to_dict()}
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(cached))
-        tmp.replace(path)
+           "data": file_digest(mrpc_files(args.data_dir).values()), "limit": args.limit}
+    pairs = data.train_pairs[: args.limit] if args.limit else data.train_pairs
+    dataset, path, seconds = cached_dataset(
+        args.cache_dir, "mrpc-mined", key,
+        lambda: mine_training_negatives(load_model(args), pairs, data.train_corpus,
+                                        known_positives=data.known_paraphrases,
+                                        forbidden=data.protected_sentences(), batch_size=128, **mining))
     assert_no_test_leak(data, [s for column in dataset.column_names for s in dataset[column]])
     if len(dataset) < args.batch_size:
-        raise ValueError(f"mining kept {len(dataset)} triplets from {cached['pairs']} pairs, fewer than one batch of "
+        raise ValueError(f"mining kept {len(dataset)} triplets from {len(pairs)} pairs, fewer than one batch of "
                          f"{args.batch_size}; loosen the mining filters (--relative-margin) or use more pairs. "
                          f"Cached in {path}.")
-    info = {"cache_file": str(path), "pairs": cached["pairs"], "triplets": cached["triplets"],
-            "mining_seconds": cached["seconds"], "mining": mining}
+    info = {"cache_file": str(path), "pairs": len(pairs), "triplets": len(dataset), "mining_seconds": seconds,
+            "mining": mining}
     return dataset, info
 
 
@@ -178,7 +164,8 @@ def run_one(label: str, loss_name: str, loss_kwargs: dict, seed: int, dataset, a
     import torch
     from transformers import set_seed
 
-    from st_hardneg.training import TrainConfig, train
+    from st_hardneg.experiment import run_training
+    from st_hardneg.training import TrainConfig
 
     work = Path(args.work_dir) / f"{label}-seed{seed}"
     shutil.rmtree(work, ignore_errors=True)
@@ -188,16 +175,15 @@ def run_one(label: str, loss_name: str, loss_kwargs: dict, seed: int, dataset, a
     config = TrainConfig(output_dir=str(work), batch_size=args.batch_size, learning_rate=2e-5, epochs=1,
                          warmup_ratio=0.1, seed=seed, eval_steps=0, max_steps=args.max_steps,
                          save_checkpoints=False, show_progress_bar=not args.quiet)
-    result = train(model, dataset, loss, config)
-    scores = evaluate(model, args)
-    shutil.rmtree(work, ignore_errors=True)
-    config_dict = loss.get_config_dict() if hasattr(loss, "get_config_dict") else {}
+    run = run_training(model, loss, dataset, config, score=lambda trained: evaluate(trained, args),
+                       keep_checkpoints=False)
+    result = run.train
     return {
         "method": label,
         "loss": loss_name,
-        "loss_config": json.loads(json.dumps(config_dict, default=str)),
+        "loss_config": run.loss_config,
         "seed": seed,
-        **scores,
+        **run.scores,
         "train_seconds": round(result.train_seconds, 1),
         "median_step_seconds": result.median_step_seconds,
         "steps": result.steps,
@@ -213,153 +199,6 @@ def untrained(args) -> dict[str, Any]:
     scores = evaluate(load_model(args), args)
     return {"method": "untrained", "seed": None, **scores, "wall_seconds": round(time.perf_counter() - start, 1),
             "torch_threads": torch.get_num_threads(), "finished": time.strftime("%Y-%m-%d %H:%M:%S")}
-
-
-# --------------------------------------------------------------------------- report
-def _mean_std(values: list[float]) -> tuple[float, float]:
-    return statistics.mean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
-
-
-def summarize(runs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    by_method: dict[str, list[dict]] = {}
-    for run in runs:
-        by_method.setdefault(run["method"], []).append(run)
-    summary = {}
-    for method, group in by_method.items():
-        group = sorted(group, key=lambda r: -1 if r["seed"] is None else r["seed"])
-        row: dict[str, Any] = {"seeds": [r["seed"] for r in group if r["seed"] is not None]}
-        for metric in METRICS:
-            values = [r["retrieval"][metric] for r in group]
-            row[metric] = _mean_std(values)
-            row[f"{metric}_per_seed"] = values
-        sts = [r["sts"]["avg"] for r in group if r.get("sts")]
-        row["sts_avg"] = _mean_std(sts) if sts else None
-        steps = [r["median_step_seconds"] for r in group if r.get("median_step_seconds")]
-        row["step"] = statistics.median(steps) if steps else None
-        secs = [r["train_seconds"] for r in group if r.get("train_seconds")]
-        row["train_seconds"] = statistics.median(secs) if secs else None
-        summary[method] = row
-    return summary
-
-
-def target_check(runs: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """Best st-hardneg loss vs best ST built-in on nDCG@10: mean difference and the paired per-seed differences."""
-    trained = [r for r in runs if r["seed"] is not None]
-    summary = summarize(trained)
-    builtin = {m: s for m, s in summary.items() if m in BUILTIN or m in OPTIONAL_METHODS}
-    ours = {m: s for m, s in summary.items() if m not in builtin}
-    if not builtin or not ours:
-        return None
-    best_builtin = max(builtin, key=lambda m: builtin[m]["ndcg@10"][0])
-    best_ours = max(ours, key=lambda m: ours[m]["ndcg@10"][0])
-    ref = {r["seed"]: r["retrieval"]["ndcg@10"] for r in trained if r["method"] == best_builtin}
-    paired = {r["seed"]: r["retrieval"]["ndcg@10"] - ref[r["seed"]]
-              for r in trained if r["method"] == best_ours and r["seed"] in ref}
-    delta = ours[best_ours]["ndcg@10"][0] - builtin[best_builtin]["ndcg@10"][0]
-    return {"best_builtin": best_builtin, "best_st_hardneg": best_ours, "delta_ndcg@10": delta,
-            "paired_delta_per_seed": paired,
-            "met": bool(delta >= 1.0 and paired and all(d > 0 for d in paired.values()))}
-
-
-def markdown(data: dict[str, Any]) -> str:
-    runs = data["runs"]
-    summary = summarize(runs)
-    trained = [m for m in summary if m != "untrained"]
-    best_builtin = max((m for m in trained if m in BUILTIN or m in OPTIONAL_METHODS),
-                       key=lambda m: summary[m]["ndcg@10"][0], default=None)
-    header = ["method", "seeds", "nDCG@10", "MRR@10", "R@1", "STS avg", "Δ nDCG@10 vs best ST built-in",
-              "nDCG@10 per seed", "median step (s)", "train (s)"]
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    for method, row in summary.items():
-        cells = [method, ",".join(map(str, row["seeds"])) or "–"]
-        cells += [f"{row[m][0]:.2f} ± {row[m][1]:.2f}" for m in METRICS]
-        cells.append(f"{row['sts_avg'][0]:.2f} ± {row['sts_avg'][1]:.2f}" if row["sts_avg"] else "–")
-        if best_builtin and method != "untrained":
-            cells.append(f"{row['ndcg@10'][0] - summary[best_builtin]['ndcg@10'][0]:+.2f}")
-        else:
-            cells.append("–")
-        cells.append(" / ".join(f"{v:.2f}" for v in row["ndcg@10_per_seed"]))
-        cells.append(f"{row['step']:.2f}" if row["step"] else "–")
-        cells.append(f"{row['train_seconds']:.0f}" if row["train_seconds"] else "–")
-        lines.append("| " + " | ".join(cells) + " |")
-    text = "\n".join(lines) + "\n"
-    check = target_check(runs)
-    if check:
-        paired = ", ".join(f"seed {s}: {d:+.2f}" for s, d in sorted(check["paired_delta_per_seed"].items()))
-        text += (f"\nTarget (best st-hardneg ≥ best ST built-in + 1.0 nDCG@10, every seed above): best built-in "
-                 f"**{check['best_builtin']}**, best st-hardneg **{check['best_st_hardneg']}**, "
-                 f"Δ = {check['delta_ndcg@10']:+.2f} ({paired}) → {'met' if check['met'] else 'not met'}.\n")
-    if data.get("training_data"):
-        info = data["training_data"]
-        text += f"\nTraining data: {info['triplets']} triplets from {info['pairs']} pairs (mined once).\n"
-    return text
-
-
-def plot(data: dict[str, Any], path: Path) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    summary = summarize(data["runs"])
-    methods = [m for m in summary if m != "untrained"]
-    if not methods:
-        return path
-    means = [summary[m]["ndcg@10"][0] for m in methods]
-    stds = [summary[m]["ndcg@10"][1] for m in methods]
-    fig, ax = plt.subplots(figsize=(max(6, 1.1 * len(methods)), 4))
-    colors = ["#888888" if m in BUILTIN or m in OPTIONAL_METHODS else "#3b75af" for m in methods]
-    ax.bar(methods, means, yerr=stds, color=colors, capsize=4)
-    for i, m in enumerate(methods):
-        seeds = summary[m]["ndcg@10_per_seed"]
-        ax.scatter([i] * len(seeds), seeds, color="black", s=10, zorder=3)
-    values = list(means)
-    if "untrained" in summary:
-        base = summary["untrained"]["ndcg@10"][0]
-        ax.axhline(base, color="#c0392b", ls="--", lw=1, label=f"untrained ({base:.2f})")
-        ax.legend(loc="lower right")
-        values.append(base)
-    ax.set_ylim(min(values) - 2.0, max(m + s for m, s in zip(means, stds, strict=True)) + 1.0)
-    ax.set_ylabel("nDCG@10 x 100 (MRPC paraphrase retrieval)")
-    ax.set_title("Retrieval fine-tuning: nDCG@10, mean ± std over seeds (dots: seeds)")
-    plt.setp(ax.get_xticklabels(), rotation=20, ha="right")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
-
-
-def write_report(data: dict[str, Any], out: Path) -> None:
-    from st_hardneg.training import write_json
-
-    write_json(out, data)
-    if data["runs"]:
-        out.with_suffix(".md").write_text(markdown(data))
-        plot(data, out.with_suffix(".png"))
-
-
-def untrained_markdown(row: dict[str, Any], data_stats: dict[str, int]) -> str:
-    r = row["retrieval"]
-    sts = row.get("sts") or {}
-    lines = [
-        "# Untrained embedded default (all-MiniLM-L6-v2, mean pooling) on MRPC paraphrase retrieval", "",
-        "| nDCG@10 | MRR@10 | R@1 | R@10 | MAP@100 | STS avg (7 tasks) |", "|---|---|---|---|---|---|",
-        f"| {r['ndcg@10']:.2f} | {r['mrr@10']:.2f} | {r['recall@1']:.2f} | {r['recall@10']:.2f} | {r['map@100']:.2f} "
-        f"| {sts['avg']:.2f} |" if sts else
-        f"| {r['ndcg@10']:.2f} | {r['mrr@10']:.2f} | {r['recall@1']:.2f} | {r['recall@10']:.2f} | {r['map@100']:.2f} "
-        "| – |",
-        "",
-        f"Task: {r['queries']} queries, {r['corpus']} documents. Wall time {row['wall_seconds']:.0f} s "
-        f"(retrieval {row['eval_seconds']['retrieval']:.0f} s, STS {row['eval_seconds']['sts']:.0f} s) with "
-        f"{row['torch_threads']} torch thread(s) on a shared 2-core machine; {row['finished']}.",
-        "",
-        "Data construction (st_hardneg.retrieval_data): " + ", ".join(f"{k} {v}" for k, v in data_stats.items()) + ".",
-        "",
-        f"Saturation check: MRR@10 = {r['mrr@10']:.2f} "
-        + ("> 95: saturated, a harder task is needed." if r["mrr@10"] > 95 else
-           "≤ 95: not saturated (R@1 leaves room to improve), so MRPC paraphrase retrieval is the task."),
-    ]
-    return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -391,8 +230,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
     if args.untrained:
+        from st_hardneg.reporting import write_json
         from st_hardneg.retrieval_data import build_mrpc_retrieval
-        from st_hardneg.training import write_json
 
         row = untrained(args)
         out = Path(args.untrained_out)
@@ -402,37 +241,23 @@ def main(argv: list[str] | None = None) -> int:
         print(out.with_suffix(".md").read_text())
         return 0
 
-    out = Path(args.out)
-    data = json.loads(out.read_text()) if out.is_file() else {"protocol": PROTOCOL, "runs": []}
-    jobs: list[tuple[str, str, dict]] = []
-    for method in args.methods:
-        if method not in every:
-            parser.error(f"unknown method {method!r}; choose from {', '.join(every)}")
-        jobs.append((method, *every[method]))
-    for spec in args.variant:
-        from st_hardneg.cli import parse_loss_args
+    from st_hardneg.experiment import benchmark_jobs, run_pending
+    from st_hardneg.reporting import load_results
 
-        label, _, rest = spec.partition("=")
-        loss, _, extra = rest.partition(":")
-        if not label or not loss:
-            parser.error(f"--variant expects LABEL=LOSS[:k=v,k=v], got {spec!r}")
-        jobs.append((label, loss, parse_loss_args([a for a in extra.split(",") if a])))
+    out = Path(args.out)
+    data = load_results(out, PROTOCOL)
+    try:
+        jobs = benchmark_jobs(args.methods, every, args.variant)
+    except ValueError as exc:
+        parser.error(str(exc))
     if not args.report:
         if args.max_steps > 0 or args.limit:
             data["protocol"] = {**PROTOCOL, "smoke": {"max_steps": args.max_steps, "limit": args.limit}}
         dataset, info = mined_dataset(args)
         data["training_data"] = info
-        if not args.no_untrained and not any(r["method"] == "untrained" for r in data["runs"]):
-            data["runs"].insert(0, untrained(args))
-            write_report(data, out)
-        for seed in args.seeds:
-            for label, loss_name, kwargs in jobs:
-                if any(r["method"] == label and r["seed"] == seed for r in data["runs"]):
-                    print(f"skip {label} seed {seed}: already in {out}")
-                    continue
-                print(f"=== {label} seed {seed}", flush=True)
-                data["runs"].append(run_one(label, loss_name, kwargs, seed, dataset, args))
-                write_report(data, out)
+        run_pending(data, jobs, args.seeds, lambda job, seed: run_one(*job, seed, dataset, args),
+                    lambda d: write_report(d, out), where=str(out),
+                    untrained=None if args.no_untrained else lambda: untrained(args))
     write_report(data, out)
     if data["runs"]:
         print(markdown(data))

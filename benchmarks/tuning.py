@@ -114,6 +114,8 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     data = json.loads(out.read_text()) if out.is_file() else {"runs": []}
     if not args.report:
+        from st_hardneg.experiment import parse_variant
+
         if data["runs"] and (data.get("seed"), data.get("stop_after")) != (args.seed, args.stop_after):
             parser.error(f"{out} holds a screen at seed {data.get('seed')}, {data.get('stop_after')} steps; "
                          "use another --out to screen at another seed or step")
@@ -122,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"unknown configuration(s) {sorted(unknown)}; the screen has {', '.join(SCREEN)}")
         jobs = [(label, *SCREEN[label]) for label in (args.only if args.only is not None else SCREEN)]
         for spec in args.config:
-            label, loss, kwargs = cpu_protocol.parse_variant(spec)
+            label, loss, kwargs = parse_variant(spec)
             jobs.append((label, loss, kwargs, "extra configuration"))
         data.update(seed=args.seed, stop_after=args.stop_after,
                     protocol=dict(cpu_protocol.PROTOCOL, selection=f"STS-B dev at step {args.stop_after}"))

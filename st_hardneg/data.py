@@ -163,6 +163,21 @@ def _score(path: Path, number: int, raw: str) -> float:
     return value
 
 
+def _read_scored_rows(path: Path, rows, layout: str, columns: tuple[int, int, int], s1: list[str], s2: list[str],
+                      gold: list[float]) -> None:
+    """Append the (score, sentence 1, sentence 2) ``columns`` of every non-blank ``(line number, line)`` of a
+    tab-separated file with the fields of ``layout`` to ``gold``, ``s1`` and ``s2``."""
+    needed = len(layout.split(", "))
+    score, first, second = columns
+    for number, line in rows:
+        if not line.strip():
+            continue
+        fields = _fields(path, number, line, needed, layout)
+        gold.append(_score(path, number, fields[score]))
+        s1.append(_whitespace(fields[first]))
+        s2.append(_whitespace(fields[second]))
+
+
 def _fields(path: Path, number: int, line: str, needed: int, layout: str) -> list[str]:
     fields = line.split("\t")
     if len(fields) < needed:
@@ -220,23 +235,12 @@ def read_sts_pairs(root: str | Path, task: str) -> tuple[list[str], list[str], l
     elif task in ("STSBenchmark", "STSBenchmark-dev"):
         split = "test" if task == "STSBenchmark" else "dev"
         path = root / "STS" / "STSBenchmark" / f"sts-{split}.csv"
-        for number, line in enumerate(read_text_lines(path, "STS-B file"), start=1):
-            if not line.strip():
-                continue
-            fields = _fields(path, number, line, 7, "genre, file, year, id, score, sentence 1, sentence 2")
-            gold.append(_score(path, number, fields[4]))
-            s1.append(_whitespace(fields[5]))
-            s2.append(_whitespace(fields[6]))
+        rows = enumerate(read_text_lines(path, "STS-B file"), start=1)
+        _read_scored_rows(path, rows, "genre, file, year, id, score, sentence 1, sentence 2", (4, 5, 6), s1, s2, gold)
     elif task == "SICKRelatedness":
         path = root / "SICK" / "SICK_test_annotated.txt"
-        lines = read_text_lines(path, "SICK file")
-        for number, line in enumerate(lines[1:], start=2):
-            if not line.strip():
-                continue
-            fields = _fields(path, number, line, 4, "pair id, sentence A, sentence B, relatedness score")
-            gold.append(_score(path, number, fields[3]))
-            s1.append(_whitespace(fields[1]))
-            s2.append(_whitespace(fields[2]))
+        rows = enumerate(read_text_lines(path, "SICK file")[1:], start=2)
+        _read_scored_rows(path, rows, "pair id, sentence A, sentence B, relatedness score", (3, 1, 2), s1, s2, gold)
         if not gold:
             raise DataFormatError(f"{path} has a header but no sentence pairs")
     else:

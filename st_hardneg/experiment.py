@@ -1,7 +1,9 @@
 """One experiment: train a model with a loss, select on STS-B dev, score the SentEval STS test sets.
 
 The command line (``st-hardneg train``) and every benchmark script run their experiments through
-:func:`run_experiment`, so a train-then-evaluate run is defined once.
+:func:`run_experiment` (unsupervised sentences, STS) or the step under it, :func:`run_training` (any dataset, any
+scoring, e.g. the retrieval benchmark), so a train-then-evaluate run is defined once. :func:`run_pending` is the
+benchmarks' resumable loop over (method, seed) and :func:`parse_variant` their ``--variant`` syntax.
 
 >>> from st_hardneg.experiment import run_experiment
 """
@@ -12,7 +14,7 @@ import json
 import logging
 import math
 import shutil
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,6 +32,8 @@ class ExperimentResult:
     loss: Any
     train: TrainResult
     sts: dict[str, float] | None
+    #: what :func:`run_training`'s ``score`` returned (``None`` without one)
+    scores: Any = None
 
     @property
     def loss_config(self) -> dict[str, Any]:
@@ -110,18 +114,112 @@ def run_experiment(
     from st_hardneg.data import pair_dataset
     from st_hardneg.evaluation import SentEvalSTSEvaluator, evaluate_sts
     from st_hardneg.registry import build_loss
-    from st_hardneg.training import train
 
     planned_steps(len(sentences), config)
     dev = SentEvalSTSEvaluator(data_dir, batch_size=eval_batch_size)  # reads the data: missing files fail here
     loss = build_loss(loss_name, model, **(loss_kwargs or {}))
-    result = train(model, pair_dataset(list(sentences)), loss, config, evaluator=dev, callbacks=callbacks)
+
+    def score(trained):
+        return evaluate_sts(trained, data_dir, tasks=sts_tasks, batch_size=eval_batch_size,
+                            show_progress_bar=config.show_progress_bar)
+
+    run = run_training(model, loss, pair_dataset(list(sentences)), config, evaluator=dev,
+                       score=score if evaluate_test else None, callbacks=callbacks, keep_checkpoints=keep_checkpoints)
+    run.sts = run.scores
+    return run
+
+
+def run_training(
+    model,
+    loss,
+    dataset,
+    config: TrainConfig,
+    *,
+    evaluator=None,
+    score: Callable[[Any], Any] | None = None,
+    callbacks: list | None = None,
+    keep_checkpoints: bool = True,
+) -> ExperimentResult:
+    """Train ``model`` with a built ``loss`` on ``dataset`` (a ``datasets.Dataset`` in the loss's column layout),
+    then ``score(model)``.
+
+    Args:
+        model: a SentenceTransformer; trained in place.
+        loss: the loss module (of ``model``).
+        dataset: the training data.
+        config: the training protocol (``config.output_dir`` holds the checkpoints).
+        evaluator: a sentence-transformers evaluator for model selection every ``config.eval_steps`` steps
+            (``None``: the final model is kept).
+        score: called on the trained model; its result is the experiment's ``scores``.
+        callbacks: extra Trainer callbacks.
+        keep_checkpoints: ``False`` deletes ``config.output_dir`` after the run.
+
+    Raises:
+        RuntimeError: the Trainer ran no step (the model would be scored untrained).
+    """
+    from st_hardneg.training import train
+
+    result = train(model, dataset, loss, config, evaluator=evaluator, callbacks=callbacks)
     if result.steps < 1:
-        raise RuntimeError(f"training ran 0 steps on {len(sentences)} sentences; the model is untrained")
-    sts = None
-    if evaluate_test:
-        sts = evaluate_sts(model, data_dir, tasks=sts_tasks, batch_size=eval_batch_size,
-                           show_progress_bar=config.show_progress_bar)
+        raise RuntimeError(f"training ran 0 steps on {len(dataset)} examples; the model is untrained")
+    scores = score(model) if score is not None else None
     if not keep_checkpoints:
         shutil.rmtree(config.output_dir, ignore_errors=True)
-    return ExperimentResult(model=model, loss=loss, train=result, sts=sts)
+    return ExperimentResult(model=model, loss=loss, train=result, sts=None, scores=scores)
+
+
+def parse_variant(spec: str) -> tuple[str, str, dict[str, Any]]:
+    """A benchmark's ``--variant`` ``label=loss:key=value,key=value`` → ``(label, loss, kwargs)``.
+
+    Raises:
+        ValueError: no label or no loss, or a malformed ``key=value``.
+    """
+    from st_hardneg.cli import parse_loss_args
+
+    label, _, rest = spec.partition("=")
+    loss, _, args = rest.partition(":")
+    if not label or not loss:
+        raise ValueError(f"--variant expects LABEL=LOSS[:k=v,k=v], got {spec!r}")
+    return label, loss, parse_loss_args([a for a in args.split(",") if a])
+
+
+def run_pending(
+    data: dict[str, Any],
+    jobs: Sequence[tuple],
+    seeds: Sequence[int],
+    run: Callable[[tuple, int], dict[str, Any]],
+    save: Callable[[dict[str, Any]], None],
+    where: str = "the results",
+    untrained: Callable[[], dict[str, Any]] | None = None,
+) -> None:
+    """The benchmarks' resumable loop: for every seed, every job (``(label, ...)``) whose ``(label, seed)`` has no
+    run in ``data["runs"]`` yet is run with ``run(job, seed)``, appended and saved with ``save(data)`` at once, so an
+    interrupted benchmark resumes where it stopped; finished ones are reported as skipped. ``untrained()`` (if given)
+    makes the reference row of method ``"untrained"``, put first, when there is none yet."""
+    if untrained is not None and not any(r["method"] == "untrained" for r in data["runs"]):
+        data["runs"].insert(0, untrained())
+        save(data)
+    for seed in seeds:
+        for job in jobs:
+            label = job[0]
+            if any(r["method"] == label and r["seed"] == seed for r in data["runs"]):
+                print(f"skip {label} seed {seed}: already in {where}", flush=True)
+                continue
+            print(f"=== {label} seed {seed}", flush=True)
+            data["runs"].append(run(job, seed))
+            save(data)
+
+
+def benchmark_jobs(methods: Sequence[str], table: dict[str, tuple[str, dict[str, Any]]],
+                   variants: Sequence[str] = ()) -> list[tuple[str, str, dict[str, Any]]]:
+    """``(label, loss name, hyperparameters)`` of each method in ``table`` and each ``--variant`` spec.
+
+    Raises:
+        ValueError: a method not in ``table`` or a malformed variant.
+    """
+    jobs = []
+    for method in methods:
+        if method not in table:
+            raise ValueError(f"unknown method {method!r}; choose from {', '.join(table)}")
+        jobs.append((method, *table[method]))
+    return jobs + [parse_variant(spec) for spec in variants]

@@ -1,4 +1,5 @@
-"""Writing results: atomic JSON files and markdown tables (no torch import).
+"""Writing results: atomic JSON files, resumable results files, summaries over seeds and markdown tables (no torch
+import).
 
 >>> from st_hardneg.reporting import markdown_table, write_json
 >>> print(markdown_table(["method", "avg"], [["mnrl", "75.10"]]), end="")
@@ -10,7 +11,8 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+import statistics
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -49,3 +51,47 @@ def markdown_table(header: Sequence[str], rows: Sequence[Sequence[Any]], align: 
             raise ValueError(f"row {number} has {len(row)} cells for {len(header)} columns: {list(row)}")
         lines.append("| " + " | ".join(map(str, row)) + " |")
     return "\n".join(lines) + "\n"
+
+
+def load_results(path: str | Path, protocol: dict[str, Any]) -> dict[str, Any]:
+    """The results file at ``path`` (a benchmark resumes from it), or a new ``{"protocol": protocol, "runs": []}``."""
+    path = Path(path)
+    if path.is_file():
+        return json.loads(path.read_text())
+    return {"protocol": protocol, "runs": []}
+
+
+def write_results(data: dict[str, Any], out: str | Path, markdown: Callable[[dict[str, Any]], str] | None = None,
+                  plot: Callable[[dict[str, Any], Path], Any] | None = None) -> None:
+    """Write ``data`` to ``out`` (JSON) and, once it holds runs, ``markdown(data)`` to ``out.md`` and
+    ``plot(data, out.png)``."""
+    out = Path(out)
+    write_json(out, data)
+    if data["runs"]:
+        if markdown is not None:
+            out.with_suffix(".md").write_text(markdown(data))
+        if plot is not None:
+            plot(data, out.with_suffix(".png"))
+
+
+def mean_std(values: Sequence[float]) -> tuple[float, float]:
+    """Mean and sample standard deviation (0 for a single value).
+
+    Raises:
+        statistics.StatisticsError: no values.
+    """
+    return statistics.mean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
+
+
+def median_or_none(values: Iterable[float | None]) -> float | None:
+    """The median of the values that are set (not ``None`` or 0: a run without that measurement), else ``None``."""
+    kept = [v for v in values if v]
+    return statistics.median(kept) if kept else None
+
+
+def group_by_method(runs: Iterable[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """Runs grouped by their ``"method"``, methods in order of first appearance."""
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for run in runs:
+        groups.setdefault(run["method"], []).append(run)
+    return groups

@@ -14,8 +14,8 @@ The **test task** is paraphrase retrieval:
 The **training data** are the paraphrase pairs of the MRPC *train* file, minus every pair that contains a sentence
 of the test task (a query or one of its relevant documents): MRPC's two files share no pair, but they do share some
 sentences. Hard negatives are mined from the train sentences (same exclusion) with sentence-transformers'
-``mine_hard_negatives`` (see :func:`mine_training_negatives`). The exclusion is asserted in code, not only
-documented.
+``mine_hard_negatives`` (see :func:`st_hardneg.mining.mine_training_negatives`). The exclusion is asserted in code,
+not only documented.
 
 Sentences are whitespace-normalised (``" ".join(text.split())``), as :mod:`st_hardneg.data` reads SentEval.
 Identifiers are deterministic: ``q<MRPC id of sentence 1>`` for queries and ``d<smallest MRPC id of the text>`` for
@@ -24,12 +24,13 @@ documents.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from st_hardneg.data import DataNotFoundError, resolve_senteval_dir
+from st_hardneg.mining import mine_training_negatives  # noqa: F401 - re-exported: the data's mining step
 
 MRPC_FILES = {"train": "MRPC/msr_paraphrase_train.txt", "test": "MRPC/msr_paraphrase_test.txt"}
 MRPC_HEADER = ("Quality", "#1 ID", "#2 ID", "#1 String", "#2 String")
@@ -271,95 +272,6 @@ def assert_no_test_leak(data: MRPCRetrieval, texts: Iterable[str]) -> None:
     leaked = sorted({t for t in texts if t in protected})
     if leaked:
         raise ValueError(f"{len(leaked)} test-task sentence(s) found in training data, e.g. {leaked[0]!r}")
-
-
-def mine_training_negatives(
-    model,
-    pairs: Sequence[tuple[str, str]] | Any,
-    corpus: Sequence[str],
-    *,
-    known_positives: dict[str, set[str]] | None = None,
-    forbidden: Iterable[str] | None = None,
-    num_candidates: int = 5,
-    relative_margin: float | None = 0.05,
-    range_min: int = 0,
-    range_max: int | None = None,
-    batch_size: int = 64,
-    verbose: bool = False,
-):
-    """One mined hard negative per (anchor, positive) pair, with sentence-transformers' ``mine_hard_negatives``.
-
-    ``mine_hard_negatives`` ranks ``corpus`` by cosine to each anchor and keeps the ``num_candidates`` best
-    candidates ("top" sampling) that pass its filters; by default ``relative_margin=0.05``, NV-Retriever's
-    TopK-PercPos (95 %) rule: a candidate must score below 95 % of the anchor-positive score, which removes most
-    unlabelled paraphrases (false negatives). Among those candidates, the first one that is not the anchor, not the
-    positive, not a labelled paraphrase of the anchor (``known_positives``) and not ``forbidden`` becomes the
-    negative. Pairs with no valid candidate are dropped.
-
-    Args:
-        model: the SentenceTransformer that ranks the candidates (the model to be trained, before training).
-        pairs: (anchor, positive) tuples or a ``datasets.Dataset`` whose first two columns are anchor, positive.
-        corpus: candidate negatives (e.g. :attr:`MRPCRetrieval.train_corpus`; never test sentences).
-        known_positives: text → texts known to be its paraphrases (never used as its negative).
-        forbidden: texts that must never be a negative (e.g. the test task's sentences); ``ValueError`` if any is in
-            ``corpus`` or ``pairs``, since they should have been removed before mining.
-        num_candidates: candidates per anchor passed on by ``mine_hard_negatives``.
-        relative_margin, range_min, range_max: as in ``mine_hard_negatives`` (``range_max`` default:
-            ``num_candidates + range_min + 10``).
-        batch_size: encoding batch size.
-        verbose: print ``mine_hard_negatives``' statistics.
-
-    Returns:
-        ``datasets.Dataset`` with columns ``anchor``, ``positive``, ``negative`` (pairs in input order).
-    """
-    from datasets import Dataset
-    from sentence_transformers.util import mine_hard_negatives
-
-    if num_candidates < 1:
-        raise ValueError(f"num_candidates must be >= 1, got {num_candidates!r}")
-    if isinstance(pairs, Dataset):
-        if len(pairs.column_names) < 2:
-            raise ValueError(f"pairs needs two columns (anchor, positive), got {pairs.column_names}")
-        first, second = pairs.column_names[:2]
-        pairs = list(zip(pairs[first], pairs[second], strict=True))
-    pairs = [(str(a), str(p)) for a, p in pairs]
-    if not pairs:
-        raise ValueError("no (anchor, positive) pair to mine negatives for")
-    corpus = list(dict.fromkeys(corpus))
-    if len(corpus) < 2:
-        raise ValueError(f"the mining corpus needs at least 2 sentences, got {len(corpus)}")
-    forbidden = set(forbidden or ())
-    leaked = sorted(forbidden.intersection(corpus) | forbidden.intersection(s for pair in pairs for s in pair))
-    if leaked:
-        raise ValueError(f"{len(leaked)} forbidden sentence(s) in the pairs or the mining corpus, e.g. {leaked[0]!r}")
-    known_positives = known_positives or {}
-    if range_max is None:
-        range_max = range_min + num_candidates + 10
-    range_max = min(range_max, len(corpus) + len(pairs))
-    if range_max - range_min < num_candidates:
-        raise ValueError(f"range_max - range_min must leave at least num_candidates={num_candidates} candidates, "
-                         f"got range_min={range_min}, range_max={range_max}")
-    dataset = Dataset.from_dict({"anchor": [a for a, _ in pairs], "positive": [p for _, p in pairs]})
-    mined = mine_hard_negatives(
-        dataset, model, corpus=corpus, range_min=range_min, range_max=range_max,
-        relative_margin=relative_margin, num_negatives=num_candidates, sampling_strategy="top",
-        output_format="triplet", batch_size=batch_size, verbose=verbose,
-    )
-    # triplet rows come per anchor in decreasing similarity of the negative; candidates without a valid score are
-    # already left out
-    candidates: dict[tuple[str, str], list[str]] = {}
-    for anchor, positive, negative in zip(mined["anchor"], mined["positive"], mined["negative"], strict=True):
-        candidates.setdefault((anchor, positive), []).append(negative)
-    anchors, positives, negatives = [], [], []
-    for anchor, positive in pairs:
-        for negative in candidates.get((anchor, positive), []):
-            if negative in (anchor, positive) or negative in known_positives.get(anchor, ()):
-                continue
-            anchors.append(anchor)
-            positives.append(positive)
-            negatives.append(negative)
-            break
-    return Dataset.from_dict({"anchor": anchors, "positive": positives, "negative": negatives})
 
 
 #: local retrieval tasks: name → (builder(data_dir) → RetrievalTask, files relative to the SentEval root)

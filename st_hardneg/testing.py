@@ -11,6 +11,7 @@ downloading a model.
 from __future__ import annotations
 
 import string
+from collections.abc import Iterable
 from pathlib import Path
 
 #: the words of the tiny WordPiece vocabulary (enough for the test sentences; the rest falls back to characters)
@@ -32,14 +33,39 @@ def make_tiny_model_dir(path: str | Path, seed: int = 0, hidden: int = 32) -> Pa
         seed: seed of the random weights.
         hidden: hidden size (2 attention heads, intermediate size ``2 * hidden``, 128 positions).
     """
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *string.ascii_lowercase, *string.digits, ".", ",", "!",
+             "?", "'", *WORDS]
+    vocab += ["##" + c for c in string.ascii_lowercase]
+    return _save_tiny_bert(path, vocab, seed, hidden)
+
+
+def make_text_model_dir(path: str | Path, texts: Iterable[str], seed: int = 0, hidden: int = 32) -> Path:
+    """Like :func:`make_tiny_model_dir`, but the vocabulary holds every whitespace-separated word of ``texts`` (and
+    ``##`` pieces for every letter and digit), so that distinct texts get distinct embeddings: what equality tests
+    against another evaluator need (no artificial ties). Returns ``path``.
+
+    Raises:
+        AssertionError: the saved tokenizer does not split the first text into its words.
+    """
+    from transformers import BertTokenizerFast
+
+    texts = list(texts)
+    words = sorted({w for text in texts for w in text.lower().split()})
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *string.ascii_lowercase, *string.digits, *".,!?'-",
+             *words, *("##" + c for c in string.ascii_lowercase + string.digits)]
+    path = _save_tiny_bert(path, vocab, seed, hidden)
+    if texts:
+        tokens = BertTokenizerFast.from_pretrained(path).tokenize(texts[0])
+        assert tokens == texts[0].lower().split(), f"tokenizer splits {texts[0]!r} into {tokens}"
+    return path
+
+
+def _save_tiny_bert(path: str | Path, vocab: list[str], seed: int, hidden: int) -> Path:
     import torch
     from transformers import BertConfig, BertModel, BertTokenizerFast
 
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
-    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *string.ascii_lowercase, *string.digits, ".", ",", "!",
-             "?", "'", *WORDS]
-    vocab += ["##" + c for c in string.ascii_lowercase]
     (path / "vocab.txt").write_text("\n".join(dict.fromkeys(vocab)) + "\n")
     tokenizer = BertTokenizerFast(vocab=str(path / "vocab.txt"), do_lower_case=True)
     tokenizer.save_pretrained(path)

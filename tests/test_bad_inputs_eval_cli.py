@@ -77,6 +77,13 @@ def _stsb(root: Path) -> Path:
 
 
 # --------------------------------------------------------------------------- damaged STS files
+def _edit_line(path, index: int, edit) -> None:
+    """Replace line ``index`` (0-based) of a text file by ``edit(line)``."""
+    lines = path.read_text().splitlines()
+    lines[index] = edit(lines[index])
+    path.write_text("\n".join(lines) + "\n")
+
+
 def test_valid_tree_reads_every_pair_exactly(senteval):
     s1, s2, gold = read_sts_pairs(senteval, "STSBenchmark")
     assert gold == [0.5, 1.5, 2.5, 3.5] and s1[0] == _sentence(0, 3) and s2[3] == _sentence(3, 4)
@@ -86,9 +93,7 @@ def test_valid_tree_reads_every_pair_exactly(senteval):
 
 def test_truncated_stsb_line_names_file_and_line(senteval):
     path = _stsb(senteval)
-    lines = path.read_text().splitlines()
-    lines[2] = "\t".join(lines[2].split("\t")[:6])  # the second sentence is cut off
-    path.write_text("\n".join(lines) + "\n")
+    _edit_line(path, 2, lambda line: "\t".join(line.split("\t")[:6]))  # the second sentence is cut off
     with pytest.raises(DataFormatError, match=r"sts-test\.csv, line 3: 6 tab-separated field\(s\), expected at least 7"):
         read_sts_pairs(senteval, "STSBenchmark")
 
@@ -103,9 +108,7 @@ def test_truncated_stsb_file_is_not_scored_silently(senteval):
 
 def test_stsb_line_without_tab(senteval):
     path = _stsb(senteval)
-    lines = path.read_text().splitlines()
-    lines[1] = lines[1].replace("\t", " ")
-    path.write_text("\n".join(lines) + "\n")
+    _edit_line(path, 1, lambda line: line.replace("\t", " "))
     with pytest.raises(DataFormatError, match=r"sts-test\.csv, line 2: 1 tab-separated field\(s\)"):
         read_sts_pairs(senteval, "STSBenchmark")
 
@@ -151,9 +154,7 @@ def test_stsb_blank_lines_are_skipped_and_counted_exactly(senteval):
 
 def test_sts_year_input_line_without_tab(senteval):
     path = senteval / "STS" / "STS13-en-test" / "STS.input.headlines.txt"
-    lines = path.read_text().splitlines()
-    lines[1] = lines[1].replace("\t", "   ")
-    path.write_text("\n".join(lines) + "\n")
+    _edit_line(path, 1, lambda line: line.replace("\t", "   "))
     with pytest.raises(DataFormatError, match=r"STS\.input\.headlines\.txt, line 2: 1 tab-separated field"):
         read_sts_pairs(senteval, "STS13")
 
@@ -190,9 +191,7 @@ def test_sts_year_unscored_lines_are_skipped_exactly(senteval):
 
 def test_truncated_sick_line(senteval):
     path = senteval / "SICK" / "SICK_test_annotated.txt"
-    lines = path.read_text().splitlines()
-    lines[2] = "\t".join(lines[2].split("\t")[:3])
-    path.write_text("\n".join(lines) + "\n")
+    _edit_line(path, 2, lambda line: "\t".join(line.split("\t")[:3]))
     with pytest.raises(DataFormatError, match=r"SICK_test_annotated\.txt, line 3: 3 tab-separated field\(s\), expected "
                                               r"at least 4"):
         read_sts_pairs(senteval, "SICKRelatedness")

@@ -191,3 +191,42 @@ def test_training_curves_are_written(tmp_path):
         plot_training_curves(history(0.0), tmp_path / "x.png", metrics=["eval_nope"])
     with pytest.raises(ValueError, match="no metric"):
         plot_training_curves([{"loss": 1.0}], tmp_path / "y.png")
+
+
+def test_seed_bars_show_mean_std_and_every_seed(tmp_path, monkeypatch):
+    from st_hardneg import plots
+
+    drawn = {}
+    real_save = plots._save
+
+    def keep(fig, path, dpi):
+        drawn["fig"] = fig
+        return real_save(fig, path, dpi)
+
+    monkeypatch.setattr(plots, "_save", keep)
+    per_seed = {"mnrl": [70.0, 72.0, 74.0], "mixcse": [75.5], "focal": [71.0, 73.0]}
+    path = plots.plot_seed_bars(per_seed, tmp_path / "bars.png", ylabel="avg", title="t", grey=("mnrl",),
+                                reference=("untrained", 60.0))
+    assert path.read_bytes().startswith(PNG_MAGIC)
+    ax = drawn["fig"].axes[0]
+    bars = ax.patches
+    assert [b.get_height() for b in bars] == pytest.approx([72.0, 75.5, 72.0])  # means by hand
+    # sample std by hand: mnrl sqrt(((−2)² + 0 + 2²) / 2) = 2; one seed: 0; focal sqrt((1 + 1) / 1) = sqrt(2)
+    from matplotlib.collections import PathCollection
+    from matplotlib.container import ErrorbarContainer
+
+    errorbars = next(c for c in ax.containers if isinstance(c, ErrorbarContainer))
+    segments = errorbars.lines[2][0].get_segments()  # one vertical segment (mean - std, mean + std) per bar
+    assert [seg[1][1] - seg[0][1] for seg in segments] == pytest.approx([4.0, 0.0, 2 * 2 ** 0.5])
+    assert bars[0].get_facecolor() != bars[1].get_facecolor()  # the baseline is grey
+    dots = sorted(float(y) for coll in ax.collections if isinstance(coll, PathCollection)
+                  for _, y in coll.get_offsets())
+    assert dots == sorted(v for scores in per_seed.values() for v in scores)
+    assert [t.get_text() for t in ax.texts] == ["72.00", "75.50", "72.00"]
+    assert any(line.get_ydata()[0] == 60.0 for line in ax.lines)  # the reference line
+    with pytest.raises(ValueError, match="no method"):
+        plots.plot_seed_bars({}, tmp_path / "x.png", ylabel="y", title="t")
+    with pytest.raises(ValueError, match=r"\['b'\] have no scores"):
+        plots.plot_seed_bars({"a": [1.0], "b": []}, tmp_path / "x.png", ylabel="y", title="t")
+    with pytest.raises(ValueError, match="PNG"):
+        plots.plot_seed_bars(per_seed, tmp_path / "x.svg", ylabel="y", title="t")

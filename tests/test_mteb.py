@@ -5,17 +5,16 @@ from __future__ import annotations
 import json
 import random
 import socket
-import string
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-from st_hardneg.evaluation import evaluate_sts
-from st_hardneg.evaluation.mteb_tasks import (
+from st_hardneg.evaluation import (
     LOCAL_MTEB_TASKS,
     MTEBOfflineError,
+    evaluate_sts,
     format_mteb_table,
     local_sts_task,
     run_mteb,
@@ -39,24 +38,13 @@ HANDMADE = [  # (score, sentence 1, sentence 2)
 
 @pytest.fixture(scope="module")
 def text_model_dir(tmp_path_factory) -> Path:
-    """A tiny random BERT whose tokenizer knows its vocabulary, so that different sentences get different
+    """A tiny random BERT whose tokenizer knows the words of HANDMADE, so that different sentences get different
     embeddings (the STS equality tests need cosines free of artificial ties). conftest's tiny model passes
     ``vocab_file=`` to ``BertTokenizerFast``, which transformers 5 ignores: its tokenizer maps every word to [UNK]."""
-    from transformers import BertConfig, BertModel, BertTokenizerFast
+    from st_hardneg.testing import make_text_model_dir
 
-    path = tmp_path_factory.mktemp("tiny-text-bert")
-    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *string.ascii_lowercase, *string.digits, *".,!?'-",
-             *{w.strip(".") for _, a, b in HANDMADE for w in f"{a} {b}".split()} - {""},
-             *("##" + c for c in string.ascii_lowercase + string.digits)]
-    (path / "vocab.txt").write_text("\n".join(dict.fromkeys(vocab)) + "\n")
-    tokenizer = BertTokenizerFast(vocab=str(path / "vocab.txt"), do_lower_case=True)
-    assert tokenizer.tokenize("A man plays") == ["a", "man", "plays"]
-    tokenizer.save_pretrained(path)
-    torch.manual_seed(0)
-    config = BertConfig(vocab_size=tokenizer.vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                        intermediate_size=64, max_position_embeddings=128)
-    BertModel(config).save_pretrained(path)
-    return path
+    texts = ["A man plays", *(f"{a} {b}" for _, a, b in HANDMADE)]
+    return make_text_model_dir(tmp_path_factory.mktemp("tiny-text-bert"), texts)
 
 
 @pytest.fixture

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import math
-import string
 from pathlib import Path
 
 import numpy as np
@@ -56,21 +55,10 @@ def write_mrpc(root: Path, train=TRAIN, test=TEST) -> Path:
 def text_model_dir(tmp_path_factory) -> Path:
     """A tiny random BERT whose WordPiece vocabulary spells any lower-case word (so distinct texts get distinct
     embeddings; conftest's tiny model maps every word to [UNK] under transformers 5)."""
-    from transformers import BertConfig, BertModel, BertTokenizerFast
+    from st_hardneg.testing import make_text_model_dir
 
-    path = tmp_path_factory.mktemp("tiny-retrieval-bert")
-    words = {w for rows in (TRAIN, TEST) for row in rows for w in f"{row[3]} {row[4]}".split()}
-    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *string.ascii_lowercase, *string.digits, *".,!?'-",
-             *sorted(words), *("##" + c for c in string.ascii_lowercase + string.digits)]
-    (path / "vocab.txt").write_text("\n".join(dict.fromkeys(vocab)) + "\n")
-    tokenizer = BertTokenizerFast(vocab=str(path / "vocab.txt"), do_lower_case=True)
-    assert tokenizer.tokenize("the cat eats") == ["the", "cat", "eats"]
-    tokenizer.save_pretrained(path)
-    torch.manual_seed(0)
-    config = BertConfig(vocab_size=tokenizer.vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                        intermediate_size=64, max_position_embeddings=128)
-    BertModel(config).save_pretrained(path)
-    return path
+    texts = ["the cat eats", *(f"{row[3]} {row[4]}" for rows in (TRAIN, TEST) for row in rows)]
+    return make_text_model_dir(tmp_path_factory.mktemp("tiny-retrieval-bert"), texts)
 
 
 @pytest.fixture
@@ -351,3 +339,35 @@ def test_benchmark_target_check_by_hand():
     assert check["met"] is True
     runs[-1] = run("mixcse", 1, 81.0)  # Δ = 0.5: not met
     assert bench.target_check(runs)["met"] is False
+
+
+def test_untrained_report_regenerates_byte_identical_from_the_committed_json():
+    bench = _load_benchmark()
+    results = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
+    data = json.loads((results / "retrieval_untrained.json").read_text())
+    assert bench.untrained_markdown(data["untrained"], data["data"]) == (results / "retrieval_untrained.md").read_text()
+
+
+def test_cached_dataset_builds_once_per_key(tmp_path):
+    import hashlib
+
+    from datasets import Dataset
+
+    from st_hardneg.mining import cached_dataset, file_digest
+
+    calls = []
+
+    def build():
+        calls.append(1)
+        return Dataset.from_dict({"anchor": ["a", "b"], "positive": ["c", "d"], "negative": ["e", "f"]})
+
+    key = {"model": "m", "limit": 2}
+    first, path, _ = cached_dataset(tmp_path / "c", "mined", key, build)
+    expected = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
+    assert path == tmp_path / "c" / f"mined-{expected}.json"
+    again, again_path, _ = cached_dataset(tmp_path / "c", "mined", dict(reversed(key.items())), build)
+    assert len(calls) == 1 and again_path == path and again.to_dict() == first.to_dict()
+    cached_dataset(tmp_path / "c", "mined", {**key, "limit": 3}, build)  # another key: built again
+    assert len(calls) == 2
+    (tmp_path / "x").write_bytes(b"abc")
+    assert file_digest([tmp_path / "x"]) == hashlib.sha256(b"abc").hexdigest()[:12]

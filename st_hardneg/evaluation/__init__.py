@@ -8,14 +8,13 @@ from st_hardneg.evaluation.diagnostics import (
     uniformity,
 )
 from st_hardneg.evaluation.encoding import DegenerateEmbeddingsError, check_embeddings, encode_unique, full_length
+from st_hardneg.evaluation.mteb_run import format_mteb_table, run_mteb
 from st_hardneg.evaluation.mteb_tasks import (
     LOCAL_MTEB_TASKS,
     LOCAL_RETRIEVAL_TASKS,
     MTEBOfflineError,
-    format_mteb_table,
     local_retrieval_task,
     local_sts_task,
-    run_mteb,
 )
 from st_hardneg.evaluation.retrieval import (
     RETRIEVAL_METRICS,

@@ -1,0 +1,132 @@
+"""The report half of ``benchmarks/retrieval.py``: summary over seeds, the target check, the markdown table and the
+plot of a retrieval results file (no torch import)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+METRICS = ("ndcg@10", "mrr@10", "recall@1")
+#: sentence-transformers' own losses: the baselines a retrieval team would use
+BUILTIN = ("mnrl", "mnrl_hardness", "gist")
+#: ST's losses run only on request (see ``retrieval.OPTIONAL_METHODS``): baselines too
+OPTIONAL_BUILTIN = ("cached_mnrl",)
+BASELINES = (*BUILTIN, *OPTIONAL_BUILTIN)
+
+
+# --------------------------------------------------------------------------- report
+def summarize(runs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    from st_hardneg.reporting import group_by_method, mean_std, median_or_none
+
+    summary = {}
+    for method, group in group_by_method(runs).items():
+        group = sorted(group, key=lambda r: -1 if r["seed"] is None else r["seed"])
+        row: dict[str, Any] = {"seeds": [r["seed"] for r in group if r["seed"] is not None]}
+        for metric in METRICS:
+            values = [r["retrieval"][metric] for r in group]
+            row[metric] = mean_std(values)
+            row[f"{metric}_per_seed"] = values
+        sts = [r["sts"]["avg"] for r in group if r.get("sts")]
+        row["sts_avg"] = mean_std(sts) if sts else None
+        row["step"] = median_or_none(r.get("median_step_seconds") for r in group)
+        row["train_seconds"] = median_or_none(r.get("train_seconds") for r in group)
+        summary[method] = row
+    return summary
+
+
+def target_check(runs: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """Best st-hardneg loss vs best ST built-in on nDCG@10: mean difference and the paired per-seed differences."""
+    trained = [r for r in runs if r["seed"] is not None]
+    summary = summarize(trained)
+    builtin = {m: s for m, s in summary.items() if m in BASELINES}
+    ours = {m: s for m, s in summary.items() if m not in builtin}
+    if not builtin or not ours:
+        return None
+    best_builtin = max(builtin, key=lambda m: builtin[m]["ndcg@10"][0])
+    best_ours = max(ours, key=lambda m: ours[m]["ndcg@10"][0])
+    ref = {r["seed"]: r["retrieval"]["ndcg@10"] for r in trained if r["method"] == best_builtin}
+    paired = {r["seed"]: r["retrieval"]["ndcg@10"] - ref[r["seed"]]
+              for r in trained if r["method"] == best_ours and r["seed"] in ref}
+    delta = ours[best_ours]["ndcg@10"][0] - builtin[best_builtin]["ndcg@10"][0]
+    return {"best_builtin": best_builtin, "best_st_hardneg": best_ours, "delta_ndcg@10": delta,
+            "paired_delta_per_seed": paired,
+            "met": bool(delta >= 1.0 and paired and all(d > 0 for d in paired.values()))}
+
+
+def markdown(data: dict[str, Any]) -> str:
+    from st_hardneg.reporting import markdown_table
+
+    runs = data["runs"]
+    summary = summarize(runs)
+    trained = [m for m in summary if m != "untrained"]
+    best_builtin = max((m for m in trained if m in BASELINES),
+                       key=lambda m: summary[m]["ndcg@10"][0], default=None)
+    header = ["method", "seeds", "nDCG@10", "MRR@10", "R@1", "STS avg", "Δ nDCG@10 vs best ST built-in",
+              "nDCG@10 per seed", "median step (s)", "train (s)"]
+    rows = []
+    for method, row in summary.items():
+        cells = [method, ",".join(map(str, row["seeds"])) or "–"]
+        cells += [f"{row[m][0]:.2f} ± {row[m][1]:.2f}" for m in METRICS]
+        cells.append(f"{row['sts_avg'][0]:.2f} ± {row['sts_avg'][1]:.2f}" if row["sts_avg"] else "–")
+        if best_builtin and method != "untrained":
+            cells.append(f"{row['ndcg@10'][0] - summary[best_builtin]['ndcg@10'][0]:+.2f}")
+        else:
+            cells.append("–")
+        cells.append(" / ".join(f"{v:.2f}" for v in row["ndcg@10_per_seed"]))
+        cells.append(f"{row['step']:.2f}" if row["step"] else "–")
+        cells.append(f"{row['train_seconds']:.0f}" if row["train_seconds"] else "–")
+        rows.append(cells)
+    text = markdown_table(header, rows)
+    check = target_check(runs)
+    if check:
+        paired = ", ".join(f"seed {s}: {d:+.2f}" for s, d in sorted(check["paired_delta_per_seed"].items()))
+        text += (f"\nTarget (best st-hardneg ≥ best ST built-in + 1.0 nDCG@10, every seed above): best built-in "
+                 f"**{check['best_builtin']}**, best st-hardneg **{check['best_st_hardneg']}**, "
+                 f"Δ = {check['delta_ndcg@10']:+.2f} ({paired}) → {'met' if check['met'] else 'not met'}.\n")
+    if data.get("training_data"):
+        info = data["training_data"]
+        text += f"\nTraining data: {info['triplets']} triplets from {info['pairs']} pairs (mined once).\n"
+    return text
+
+
+def plot(data: dict[str, Any], path: Path) -> Path:
+    from st_hardneg.plots import plot_seed_bars
+
+    summary = summarize(data["runs"])
+    per_seed = {m: row["ndcg@10_per_seed"] for m, row in summary.items() if m != "untrained"}
+    if not per_seed:
+        return path
+    reference = ("untrained", summary["untrained"]["ndcg@10"][0]) if "untrained" in summary else None
+    return plot_seed_bars(per_seed, path, ylabel="nDCG@10 x 100 (MRPC paraphrase retrieval)",
+                          title="Retrieval fine-tuning: nDCG@10, mean ± std over seeds (dots: seeds)",
+                          grey=BASELINES, reference=reference)
+
+
+def write_report(data: dict[str, Any], out: Path) -> None:
+    from st_hardneg.reporting import write_results
+
+    write_results(data, out, markdown, plot)
+
+
+def untrained_markdown(row: dict[str, Any], data_stats: dict[str, int]) -> str:
+    r = row["retrieval"]
+    sts = row.get("sts") or {}
+    lines = [
+        "# Untrained embedded default (all-MiniLM-L6-v2, mean pooling) on MRPC paraphrase retrieval", "",
+        "| nDCG@10 | MRR@10 | R@1 | R@10 | MAP@100 | STS avg (7 tasks) |", "|---|---|---|---|---|---|",
+        f"| {r['ndcg@10']:.2f} | {r['mrr@10']:.2f} | {r['recall@1']:.2f} | {r['recall@10']:.2f} | {r['map@100']:.2f} "
+        f"| {sts['avg']:.2f} |" if sts else
+        f"| {r['ndcg@10']:.2f} | {r['mrr@10']:.2f} | {r['recall@1']:.2f} | {r['recall@10']:.2f} | {r['map@100']:.2f} "
+        "| – |",
+        "",
+        f"Task: {r['queries']} queries, {r['corpus']} documents. Wall time {row['wall_seconds']:.0f} s "
+        f"(retrieval {row['eval_seconds']['retrieval']:.0f} s, STS {row['eval_seconds']['sts']:.0f} s) with "
+        f"{row['torch_threads']} torch thread(s) on a shared 2-core machine; {row['finished']}.",
+        "",
+        "Data construction (st_hardneg.retrieval_data): " + ", ".join(f"{k} {v}" for k, v in data_stats.items()) + ".",
+        "",
+        f"Saturation check: MRR@10 = {r['mrr@10']:.2f} "
+        + ("> 95: saturated, a harder task is needed." if r["mrr@10"] > 95 else
+           "≤ 95: not saturated (R@1 leaves room to improve), so MRPC paraphrase retrieval is the task."),
+    ]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,300 @@
+"""Running MTEB (the real ``mteb`` package, its own evaluators) on the local tasks of
+:mod:`st_hardneg.evaluation.mteb_tasks` and on official MTEB tasks, and the results table.
+
+Official task names (``STSBenchmark``, ``SICK-R``, any official retrieval task …) are looked up with
+``mteb.get_tasks`` and need the Hugging Face Hub to fetch their data; without it the error names the local
+equivalents. ``mteb`` is imported lazily.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import warnings
+from collections.abc import Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from st_hardneg.evaluation.encoding import encode_unique, full_length
+from st_hardneg.evaluation.mteb_tasks import (
+    LOCAL_MTEB_TASKS,
+    LOCAL_RETRIEVAL_TASKS,
+    LOCAL_TEST_TASKS,
+    MTEBOfflineError,
+    local_equivalents_message,
+    local_task,
+    require_mteb,
+)
+from st_hardneg.reporting import markdown_table
+
+
+def _encoder_class():
+    require_mteb()
+    from mteb.models import SentenceTransformerEncoderWrapper
+
+    class _Encoder(SentenceTransformerEncoderWrapper):
+        """mteb's SentenceTransformer wrapper; for local tasks, each distinct sentence of the task is encoded once
+        (as :func:`evaluate_sts` does) and the embeddings are handed to mteb in float64, so that mteb's cosine is
+        computed in the same precision as :func:`~st_hardneg.evaluation.cosine_spearman`."""
+
+        def __init__(self, model, meta, local_tasks: dict[str, Any], batch_size: int, show_progress_bar: bool):
+            super().__init__(model)
+            self.mteb_model_meta = meta
+            self._local_tasks = local_tasks
+            self._tables: dict[str, dict[str, np.ndarray]] = {}
+            self._batch_size = batch_size
+            self._show_progress_bar = show_progress_bar
+
+        def encode(self, inputs, *, task_metadata, hf_split, hf_subset, prompt_type=None, **kwargs):
+            name = task_metadata.name
+            if name not in self._local_tasks:
+                return super().encode(inputs, task_metadata=task_metadata, hf_split=hf_split, hf_subset=hf_subset,
+                                      prompt_type=prompt_type, **kwargs)
+            if name not in self._tables:
+                self._tables = {name: encode_unique(self.model, self._local_tasks[name].sentences(),
+                                                    batch_size=self._batch_size,
+                                                    show_progress_bar=self._show_progress_bar)}
+            table = self._tables[name]
+            texts = [text for batch in inputs for text in batch["text"]]
+            dtype = getattr(self._local_tasks[name], "embedding_dtype", np.float64)
+            return np.stack([table[t] for t in texts]).astype(dtype)
+
+    return _Encoder
+
+
+def _weights_digest(model) -> str:
+    """SHA-256 (first 12 hex digits) of the module configs and weights: two checkpoints never share it."""
+    import torch
+
+    digest = hashlib.sha256()
+    for module in model:
+        config = module.get_config_dict() if hasattr(module, "get_config_dict") else {}
+        digest.update(f"{type(module).__name__}:{json.dumps(config, sort_keys=True, default=str)}".encode())
+    for name, tensor in model.state_dict().items():
+        digest.update(name.encode())
+        digest.update(tensor.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy())  # no copy
+    return digest.hexdigest()[:12]
+
+
+def _model_meta(model, model_name: str | None):
+    from mteb.models import ModelMeta
+
+    meta = ModelMeta.from_sentence_transformer_model(model)
+    card = getattr(model, "model_card_data", None)
+    base = getattr(card, "base_model", None)
+    name = model_name or getattr(card, "model_name", None)
+    if not name:
+        name = "st-hardneg/" + (base or "model").rstrip("/").rsplit("/", 1)[-1]
+    if "/" not in name:
+        name = f"local/{name}"
+    update = {"name": name, "revision": f"weights-{_weights_digest(model)}"}
+    if base:
+        update["adapted_from"] = base
+    return meta.model_copy(update=update)
+
+
+def _parse_tasks(tasks: Sequence[str] | str) -> list[str]:
+    if isinstance(tasks, str):
+        tasks = [t.strip() for t in tasks.split(",") if t.strip()]
+    names: list[str] = []
+    for task in tasks:
+        names.extend(LOCAL_TEST_TASKS if task == "local" else [task])
+    if not names:
+        raise ValueError(f"no MTEB task given; choose local tasks ({', '.join(LOCAL_MTEB_TASKS)}, or 'local') "
+                         "or official MTEB task names")
+    return list(dict.fromkeys(names))
+
+
+def _hub_offline() -> bool:
+    truthy = ("1", "on", "yes", "true")
+    if any(os.environ.get(var, "").strip().lower() in truthy for var in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")):
+        return True
+    try:
+        from huggingface_hub import constants
+
+        return bool(constants.HF_HUB_OFFLINE)
+    except ImportError:  # pragma: no cover - huggingface_hub ships with transformers
+        return False
+
+
+def _official_tasks(names: list[str]) -> list:
+    """``mteb.get_tasks`` for the official names, with their data loaded (so a missing network fails here, early)."""
+    import mteb
+
+    try:
+        tasks = list(mteb.get_tasks(tasks=names))
+    except KeyError as exc:
+        raise ValueError(
+            f"unknown MTEB task(s) among {names}: {exc}. Official names are those of mteb.get_tasks(); "
+            + local_equivalents_message(names)
+        ) from None
+    if _hub_offline():
+        raise MTEBOfflineError(
+            f"The official MTEB task(s) {', '.join(names)} download their data from the Hugging Face Hub, but the "
+            "Hub is in offline mode (HF_HUB_OFFLINE / HF_DATASETS_OFFLINE). " + local_equivalents_message(names)
+        )
+    for task in tasks:
+        try:
+            task.load_data()
+        except Exception as exc:
+            raise MTEBOfflineError(
+                f"Could not load the data of the official MTEB task {task.metadata.name} (it is downloaded from the "
+                f"Hugging Face Hub; is there a network?): {type(exc).__name__}: {exc}. "
+                + local_equivalents_message(names)
+            ) from exc
+    return tasks
+
+
+@contextmanager
+def _preserved_rng():
+    """mteb seeds ``random``, numpy and torch globally whenever a task is created; undo that for the caller."""
+    import torch
+
+    state = (random.getstate(), np.random.get_state(), torch.get_rng_state())
+    try:
+        yield
+    finally:
+        random.setstate(state[0])
+        np.random.set_state(state[1])
+        torch.set_rng_state(state[2])
+
+
+def run_mteb(
+    model,
+    tasks: Sequence[str] | str,
+    data_dir: str | Path | None = None,
+    output_dir: str | Path | None = None,
+    *,
+    model_name: str | None = None,
+    batch_size: int = 64,
+    use_cache: bool = False,
+    show_progress_bar: bool = True,
+) -> dict[str, Any]:
+    """Run MTEB (the real ``mteb`` package, its own evaluators) on local SentEval STS tasks and/or official tasks.
+
+    - Local tasks (``STS12-local`` … ``STS16-local``, ``STSBenchmark-local``, ``SICK-R-local``,
+      ``STSBenchmark-dev-local``; ``"local"`` = the seven test sets) read the SentEval files and run offline. Each
+      distinct sentence of a task is encoded once at the model's full length, exactly as
+      ``evaluate_sts(model, data_dir, tasks=[that set])`` encodes it, and mteb's main score (cosine Spearman)
+      equals that score to < 1e-6 (tested on STS-B; measured 0 on STS-B and SICK-R, ≤ 5e-7 on STS13–16 with
+      all-MiniLM-L6-v2). STS12 differs by ~0.003: its 61 pairs of identical sentences get a cosine of exactly 1 in
+      mteb (a tie, averaged ranks) but 1 ± 1 ulp in ``cosine_spearman`` (and SentEval), whose rounding noise
+      breaks the tie.
+    - ``MRPC-retrieval-local`` (:func:`local_retrieval_task`) is a local retrieval task (MRPC paraphrase
+      retrieval, main score nDCG@10), scored by mteb's retrieval evaluator on the float32 embeddings that
+      :func:`~st_hardneg.evaluation.evaluate_retrieval` ranks: nDCG@10 and MRR@10 equal that function's to < 1e-6
+      (tested; measured 0 with all-MiniLM-L6-v2, mean pooling).
+    - Official names (``STSBenchmark``, ``STS12``, ``SICK-R``, any retrieval task …) go through ``mteb.get_tasks``
+      and need a network for their data. Without one (or with ``HF_HUB_OFFLINE=1``) this fails with
+      :class:`MTEBOfflineError` naming the local equivalents, before any encoding.
+    - mteb's result cache is bypassed unless ``use_cache=True``: its default cache would return stale scores for
+      an unnamed local model. Results are named after the model: ``model_name``, else the model card's
+      ``model_name``, else ``st-hardneg/<base model>``; the revision is a digest of the weights
+      (``weights-<sha256[:12]>``), so result files are traceable and a cache can never mix two checkpoints.
+    - The training ``max_seq_length`` is lifted to the model's limit during the run; the global ``random`` /
+      numpy / torch RNG states (which mteb reseeds when it builds tasks) are restored afterwards.
+
+    Args:
+        model: a SentenceTransformer.
+        tasks: task names (list or comma-separated string), local and/or official.
+        data_dir: the SentEval directory for local tasks (see :func:`st_hardneg.data.resolve_senteval_dir`).
+        output_dir: if given, mteb writes its result files there (``results/<model>/<revision>/<task>.json`` and
+            ``model_meta.json``); existing files are overwritten unless ``use_cache=True``.
+        model_name: name recorded in the results (``org/name``; ``local/`` is prepended when there is no ``/``).
+        batch_size: encoding batch size.
+        use_cache: reuse results already in ``output_dir`` (or in mteb's default cache ``$MTEB_CACHE`` /
+            ``~/.cache/mteb`` when ``output_dir`` is None) instead of recomputing them.
+        show_progress_bar: show mteb's and the encoding progress bars.
+
+    Returns:
+        ``{"model": name, "revision": revision, "scores": {task: main score x 100}, "main_score": {task: metric
+        name}, "avg": mean of the scores}``. Scores are mteb's main score on the test split (mean over splits
+        and subsets when a task has several), x 100 like :func:`~st_hardneg.evaluation.evaluate_sts`.
+
+    Raises:
+        ImportError: the optional ``mteb`` package is not installed (``pip install 'st-hardneg[mteb]'``).
+        ValueError: an unknown task name (the message lists the local tasks).
+        MTEBOfflineError: an official task's data cannot be downloaded.
+        DataNotFoundError: a local task's SentEval files are missing.
+
+    Example:
+        ::
+
+            from st_hardneg.evaluation import run_mteb, format_mteb_table
+            from st_hardneg.models import load_default_model
+
+            model = load_default_model()
+            result = run_mteb(model, "local", data_dir="path/to/senteval", output_dir="mteb-results")
+            print(format_mteb_table({"MiniLM (CLS)": result}))
+    """
+    mteb = require_mteb()
+    from mteb.cache import ResultCache
+
+    names = _parse_tasks(tasks)
+    local_names = [n for n in names if n in LOCAL_MTEB_TASKS or n in LOCAL_RETRIEVAL_TASKS]
+    official_names = [n for n in names if n not in local_names]
+    was_training = getattr(model, "training", False)
+    with _preserved_rng():
+        official = _official_tasks(official_names) if official_names else []
+        local = {name: local_task(name, data_dir) for name in local_names}
+        by_name = {**local, **{task.metadata.name: task for task in official}}
+        ordered = [by_name[n] for n in names if n in by_name]
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*get_sentence_embedding_dimension", category=FutureWarning)
+            meta = _model_meta(model, model_name)
+            encoder = _encoder_class()(model, meta, local, batch_size, show_progress_bar)
+        if output_dir is not None:
+            cache_obj = ResultCache(Path(output_dir))
+        else:
+            cache_obj = ResultCache() if use_cache else None
+        try:
+            with full_length(model), warnings.catch_warnings():
+                # mteb 2.x still calls ST's renamed get_sentence_embedding_dimension (a FutureWarning per task)
+                warnings.filterwarnings("ignore", message=".*get_sentence_embedding_dimension", category=FutureWarning)
+                result = mteb.evaluate(
+                    encoder,
+                    ordered,
+                    cache=cache_obj,
+                    overwrite_strategy="only-missing" if use_cache else "always",
+                    encode_kwargs={"batch_size": batch_size, "show_progress_bar": show_progress_bar},
+                    show_progress_bar=show_progress_bar,
+                    co2_tracker=False,
+                )
+        finally:
+            if was_training:
+                model.train()
+    if result.exceptions:
+        raise RuntimeError(f"mteb failed on: {result.exceptions}")
+    scores: dict[str, float] = {}
+    metrics: dict[str, str] = {}
+    for task_result in result.task_results:
+        splits = ["test"] if "test" in task_result.scores else None
+        scores[task_result.task_name] = 100.0 * float(task_result.get_score(splits=splits))
+        metrics[task_result.task_name] = by_name[task_result.task_name].metadata.main_score
+    scores = {n: scores[n] for n in names if n in scores}
+    return {
+        "model": meta.name,
+        "revision": meta.revision,
+        "scores": scores,
+        "main_score": {n: metrics[n] for n in scores},
+        "avg": float(np.mean(list(scores.values()))),
+    }
+
+
+def format_mteb_table(rows: dict[str, dict[str, Any]], tasks: Sequence[str] | None = None) -> str:
+    """A markdown table, one row per model: ``{name: run_mteb(...) result}`` (scores x 100, then their mean)."""
+    if not rows:
+        return ""
+    if tasks is None:
+        tasks = list(dict.fromkeys(t for row in rows.values() for t in row["scores"]))
+    header = ["model", *tasks, "avg"]
+    body = []
+    for name, row in rows.items():
+        cells = [f"{row['scores'][t]:.2f}" if t in row["scores"] else "–" for t in tasks]
+        body.append([name, *cells, f"{row['avg']:.2f}"])
+    return markdown_table(header, body).rstrip("\n")

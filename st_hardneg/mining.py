@@ -1,0 +1,144 @@
+"""Mining hard negatives for (anchor, positive) training pairs, and a cache for mined training sets.
+
+:func:`mine_training_negatives` wraps sentence-transformers' ``mine_hard_negatives`` with the checks a leak-free
+training set needs (forbidden sentences, known paraphrases); :func:`cached_dataset` stores what was mined once as a
+JSON file keyed by everything that determines it, so a benchmark mines once per model and setting.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+
+def file_digest(paths: Iterable[str | Path]) -> str:
+    """SHA-256 (first 12 hex digits) of the files' bytes, in order: part of a cache key that follows the data."""
+    digest = hashlib.sha256()
+    for path in paths:
+        digest.update(Path(path).read_bytes())
+    return digest.hexdigest()[:12]
+
+
+def cached_dataset(cache_dir: str | Path, prefix: str, key: dict[str, Any], build: Callable[[], Any]):
+    """The ``datasets.Dataset`` stored under ``key`` in ``cache_dir``, or ``build()``'s, stored there first.
+
+    The file is ``<cache_dir>/<prefix>-<sha256(key)[:12]>.json`` (written atomically), holding the key, the build
+    time in seconds and the columns.
+
+    Args:
+        cache_dir: the cache folder (``~`` expanded, created when needed).
+        prefix: file-name prefix.
+        key: JSON values that determine the dataset (model, settings, data digest …).
+        build: makes the dataset when it is not cached.
+
+    Returns:
+        ``(dataset, path, seconds)``: the dataset, its cache file and how long building it took (when it was built).
+    """
+    from datasets import Dataset
+
+    name = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
+    path = Path(cache_dir).expanduser() / f"{prefix}-{name}.json"
+    if path.is_file():
+        cached = json.loads(path.read_text())
+        return Dataset.from_dict(cached["columns"]), path, cached["seconds"]
+    start = time.perf_counter()
+    dataset = build()
+    seconds = round(time.perf_counter() - start, 1)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"key": key, "seconds": seconds, "columns": dataset.to_dict()}))
+    tmp.replace(path)
+    return dataset, path, seconds
+
+
+def mine_training_negatives(
+    model,
+    pairs: Sequence[tuple[str, str]] | Any,
+    corpus: Sequence[str],
+    *,
+    known_positives: dict[str, set[str]] | None = None,
+    forbidden: Iterable[str] | None = None,
+    num_candidates: int = 5,
+    relative_margin: float | None = 0.05,
+    range_min: int = 0,
+    range_max: int | None = None,
+    batch_size: int = 64,
+    verbose: bool = False,
+):
+    """One mined hard negative per (anchor, positive) pair, with sentence-transformers' ``mine_hard_negatives``.
+
+    ``mine_hard_negatives`` ranks ``corpus`` by cosine to each anchor and keeps the ``num_candidates`` best
+    candidates ("top" sampling) that pass its filters; by default ``relative_margin=0.05``, NV-Retriever's
+    TopK-PercPos (95 %) rule: a candidate must score below 95 % of the anchor-positive score, which removes most
+    unlabelled paraphrases (false negatives). Among those candidates, the first one that is not the anchor, not the
+    positive, not a labelled paraphrase of the anchor (``known_positives``) and not ``forbidden`` becomes the
+    negative. Pairs with no valid candidate are dropped.
+
+    Args:
+        model: the SentenceTransformer that ranks the candidates (the model to be trained, before training).
+        pairs: (anchor, positive) tuples or a ``datasets.Dataset`` whose first two columns are anchor, positive.
+        corpus: candidate negatives (e.g. :attr:`MRPCRetrieval.train_corpus`; never test sentences).
+        known_positives: text → texts known to be its paraphrases (never used as its negative).
+        forbidden: texts that must never be a negative (e.g. the test task's sentences); ``ValueError`` if any is in
+            ``corpus`` or ``pairs``, since they should have been removed before mining.
+        num_candidates: candidates per anchor passed on by ``mine_hard_negatives``.
+        relative_margin, range_min, range_max: as in ``mine_hard_negatives`` (``range_max`` default:
+            ``num_candidates + range_min + 10``).
+        batch_size: encoding batch size.
+        verbose: print ``mine_hard_negatives``' statistics.
+
+    Returns:
+        ``datasets.Dataset`` with columns ``anchor``, ``positive``, ``negative`` (pairs in input order).
+    """
+    from datasets import Dataset
+    from sentence_transformers.util import mine_hard_negatives
+
+    if num_candidates < 1:
+        raise ValueError(f"num_candidates must be >= 1, got {num_candidates!r}")
+    if isinstance(pairs, Dataset):
+        if len(pairs.column_names) < 2:
+            raise ValueError(f"pairs needs two columns (anchor, positive), got {pairs.column_names}")
+        first, second = pairs.column_names[:2]
+        pairs = list(zip(pairs[first], pairs[second], strict=True))
+    pairs = [(str(a), str(p)) for a, p in pairs]
+    if not pairs:
+        raise ValueError("no (anchor, positive) pair to mine negatives for")
+    corpus = list(dict.fromkeys(corpus))
+    if len(corpus) < 2:
+        raise ValueError(f"the mining corpus needs at least 2 sentences, got {len(corpus)}")
+    forbidden = set(forbidden or ())
+    leaked = sorted(forbidden.intersection(corpus) | forbidden.intersection(s for pair in pairs for s in pair))
+    if leaked:
+        raise ValueError(f"{len(leaked)} forbidden sentence(s) in the pairs or the mining corpus, e.g. {leaked[0]!r}")
+    known_positives = known_positives or {}
+    if range_max is None:
+        range_max = range_min + num_candidates + 10
+    range_max = min(range_max, len(corpus) + len(pairs))
+    if range_max - range_min < num_candidates:
+        raise ValueError(f"range_max - range_min must leave at least num_candidates={num_candidates} candidates, "
+                         f"got range_min={range_min}, range_max={range_max}")
+    dataset = Dataset.from_dict({"anchor": [a for a, _ in pairs], "positive": [p for _, p in pairs]})
+    mined = mine_hard_negatives(
+        dataset, model, corpus=corpus, range_min=range_min, range_max=range_max,
+        relative_margin=relative_margin, num_negatives=num_candidates, sampling_strategy="top",
+        output_format="triplet", batch_size=batch_size, verbose=verbose,
+    )
+    # triplet rows come per anchor in decreasing similarity of the negative; candidates without a valid score are
+    # already left out
+    candidates: dict[tuple[str, str], list[str]] = {}
+    for anchor, positive, negative in zip(mined["anchor"], mined["positive"], mined["negative"], strict=True):
+        candidates.setdefault((anchor, positive), []).append(negative)
+    anchors, positives, negatives = [], [], []
+    for anchor, positive in pairs:
+        for negative in candidates.get((anchor, positive), []):
+            if negative in (anchor, positive) or negative in known_positives.get(anchor, ()):
+                continue
+            anchors.append(anchor)
+            positives.append(positive)
+            negatives.append(negative)
+            break
+    return Dataset.from_dict({"anchor": anchors, "positive": positives, "negative": negatives})

@@ -1,0 +1,71 @@
+"""The benchmarks' shared pieces: resumable runs, --variant syntax, summaries over seeds, results files."""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+
+import pytest
+
+from st_hardneg.experiment import benchmark_jobs, parse_variant, run_pending
+from st_hardneg.reporting import group_by_method, load_results, mean_std, median_or_none, write_results
+
+
+def test_run_pending_skips_finished_runs_and_saves_after_each():
+    data = {"runs": [{"method": "b", "seed": 0}]}
+    saved, calls = [], []
+
+    def run(job, seed):
+        calls.append((job[0], seed))
+        return {"method": job[0], "seed": seed, "loss": job[1]}
+
+    run_pending(data, [("a", "mnrl"), ("b", "mixcse")], [0, 1], run, lambda d: saved.append(len(d["runs"])),
+                untrained=lambda: {"method": "untrained", "seed": None})
+    assert calls == [("a", 0), ("a", 1), ("b", 1)]  # seeds outer, jobs inner; (b, 0) was finished
+    assert [(r["method"], r["seed"]) for r in data["runs"]] == [("untrained", None), ("b", 0), ("a", 0), ("a", 1),
+                                                               ("b", 1)]
+    assert saved == [2, 3, 4, 5]  # after the untrained row and after every run
+    run_pending(data, [("a", "mnrl")], [0], run, saved.append, untrained=lambda: pytest.fail("rebuilt"))
+    assert len(data["runs"]) == 5 and calls[-1] == ("b", 1)  # nothing left to run, untrained row kept
+
+
+def test_benchmark_jobs_and_variants():
+    table = {"mnrl": ("mnrl", {}), "mix": ("mixcse", {"lam": 0.2})}
+    jobs = benchmark_jobs(["mix", "mnrl"], table, ["mix03=mixcse:lam=0.3,partner=random", "plain=focal"])
+    assert jobs == [("mix", "mixcse", {"lam": 0.2}), ("mnrl", "mnrl", {}),
+                    ("mix03", "mixcse", {"lam": 0.3, "partner": "random"}), ("plain", "focal", {})]
+    with pytest.raises(ValueError, match="unknown method 'nope'; choose from mnrl, mix"):
+        benchmark_jobs(["nope"], table)
+    for bad in ("=mixcse", "label", "label=:lam=1"):
+        with pytest.raises(ValueError, match="--variant expects LABEL=LOSS"):
+            parse_variant(bad)
+    with pytest.raises(ValueError, match="KEY=VALUE"):
+        parse_variant("x=mixcse:lam")
+
+
+def test_summaries_over_seeds():
+    assert mean_std([70.0, 72.0, 74.0]) == (72.0, 2.0)  # sample std: sqrt((4 + 0 + 4) / 2)
+    assert mean_std([5.0]) == (5.0, 0.0)
+    mean, std = mean_std([1.0, 2.0])
+    assert mean == 1.5 and math.isclose(std, math.sqrt(0.5))
+    with pytest.raises(statistics.StatisticsError):
+        mean_std([])
+    assert median_or_none([None, 3.0, 0, 1.0, 2.0]) == 2.0  # None and 0 (not measured) are left out
+    assert median_or_none([None, 0]) is None
+    runs = [{"method": "b", "x": 1}, {"method": "a", "x": 2}, {"method": "b", "x": 3}]
+    assert group_by_method(runs) == {"b": [runs[0], runs[2]], "a": [runs[1]]}
+
+
+def test_results_files(tmp_path):
+    out = tmp_path / "sub" / "r.json"
+    assert load_results(out, {"p": 1}) == {"protocol": {"p": 1}, "runs": []}
+    drawn = []
+    write_results({"protocol": {}, "runs": []}, out, lambda d: "table\n", lambda d, p: drawn.append(p))
+    assert json.loads(out.read_text()) == {"protocol": {}, "runs": []}
+    assert not out.with_suffix(".md").exists() and drawn == []  # no report before the first run
+    data = {"protocol": {}, "runs": [{"method": "a"}]}
+    write_results(data, out, lambda d: f"{len(d['runs'])} run\n", lambda d, p: drawn.append(p))
+    assert load_results(out, {"ignored": True}) == data
+    assert out.with_suffix(".md").read_text() == "1 run\n" and drawn == [out.with_suffix(".png")]
+    assert not list(tmp_path.rglob("*.tmp"))
