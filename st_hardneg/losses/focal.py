@@ -15,7 +15,9 @@ def check_margin(value: float, name: str = "m") -> float:
 
 
 class FocalInfoNCELoss(HardNegativeLoss):
-    def __init__(self, model, temperature: float = 0.05, m: float = 0.3, symmetric: bool = False) -> None:
+    def __init__(self, model, temperature: float = 0.05, m: float = 0.3, symmetric: bool = False,
+                 gather_across_devices: bool = False, mini_batch_size: int | None = None,
+                 mini_batch_num_tokens: int | None = None) -> None:
         """
         Focal-InfoNCE: InfoNCE with self-paced modulation terms that weight hard negatives up and easy negatives down
         (Hou & Li, EMNLP Findings 2023).
@@ -45,6 +47,17 @@ class FocalInfoNCELoss(HardNegativeLoss):
                 modulation, and average both directions. ``False`` (default) is the paper's one-directional loss.
                 Explicit negatives are candidates of the anchor → positive direction only (as in MixCSELoss and ST's
                 ``MultipleNegativesRankingLoss`` ``doc_to_query``).
+            gather_across_devices: under ``torch.distributed`` (e.g. ``torchrun``), gather the embeddings of all
+                processes so that every anchor is scored against the candidates of the whole global batch, as
+                sentence-transformers' ``gather_across_devices``. Gathered: anchors, positives and explicit negatives (the negatives of every anchor
+                are the global batch's). The loss and its gradients equal those of
+                one process holding the global batch. Needs the same batch size on every process
+                (``dataloader_drop_last=True``). No effect without a process group.
+            mini_batch_size: if set, GradCache: the encoder embeds mini-batches of this many texts, twice (without,
+                then with gradient), and the loss and gradients are those of the whole batch; memory no longer grows
+                with the batch size. Composes with ``gather_across_devices``.
+            mini_batch_num_tokens: alternatively to ``mini_batch_size``, a budget of non-padding tokens per
+                mini-batch.
 
         References:
             - Hou & Li, "Improving Contrastive Learning of Sentence Embeddings with Focal-InfoNCE", Findings of EMNLP
@@ -104,7 +117,9 @@ class FocalInfoNCELoss(HardNegativeLoss):
                 trainer = SentenceTransformerTrainer(model=model, args=args, train_dataset=train_dataset, loss=loss)
                 trainer.train()
         """
-        super().__init__(model, temperature)
+        super().__init__(model, temperature,
+                         gather_across_devices=gather_across_devices, mini_batch_size=mini_batch_size,
+                         mini_batch_num_tokens=mini_batch_num_tokens)
         self.m = check_margin(m)
         self.symmetric = validation.check_bool(symmetric, "symmetric")
         self.check_logit_range(1.0 + self.m)  # the largest negative logit is (1 + m) / τ
@@ -130,7 +145,7 @@ class FocalInfoNCELoss(HardNegativeLoss):
         return self.reduce(rows)
 
     def get_config_dict(self) -> dict[str, Any]:
-        return {"temperature": self.temperature, "m": self.m, "symmetric": self.symmetric}
+        return {"temperature": self.temperature, "m": self.m, "symmetric": self.symmetric, **self.scaling_config()}
 
     @property
     def citation(self) -> str:

@@ -35,6 +35,9 @@ class HNCSELoss(HardNegativeLoss):
         hnm_gradient: bool = True,
         focal_m: float | None = None,
         seed: int | None = None,
+        gather_across_devices: bool = False,
+        mini_batch_size: int | None = None,
+        mini_batch_num_tokens: int | None = None,
     ) -> None:
         """
         HNCSE: SimCSE's InfoNCE with the hardest in-batch negatives used twice: mixed into the positive (positive
@@ -123,6 +126,18 @@ class HNCSELoss(HardNegativeLoss):
                 extension.
             seed: seed of the generator of the HNM pairs, created on the embeddings' device at the first batch;
                 ``None`` uses torch's global generator (seeded by the Trainer's ``seed``).
+            gather_across_devices: under ``torch.distributed`` (e.g. ``torchrun``), gather the embeddings of all
+                processes so that every anchor is scored against the candidates of the whole global batch, as
+                sentence-transformers' ``gather_across_devices``. Gathered: anchors, positives and explicit negatives, so PM's hardest negative ``j*``
+                and HNM's top-``k`` pool are mined in the global batch; the HNM pairs are drawn identically on every
+                process. The loss and its gradients equal those of
+                one process holding the global batch. Needs the same batch size on every process
+                (``dataloader_drop_last=True``). No effect without a process group.
+            mini_batch_size: if set, GradCache: the encoder embeds mini-batches of this many texts, twice (without,
+                then with gradient), and the loss and gradients are those of the whole batch; memory no longer grows
+                with the batch size. Composes with ``gather_across_devices``.
+            mini_batch_num_tokens: alternatively to ``mini_batch_size``, a budget of non-padding tokens per
+                mini-batch.
 
         References:
             - Liu et al., "HNCSE: Advancing Sentence Embeddings via Hybrid Contrastive Learning with Hard Negatives",
@@ -177,7 +192,9 @@ class HNCSELoss(HardNegativeLoss):
                 trainer = SentenceTransformerTrainer(model=model, args=args, train_dataset=train_dataset, loss=loss)
                 trainer.train()
         """
-        super().__init__(model, temperature, seed=seed)
+        super().__init__(model, temperature, seed=seed,
+                         gather_across_devices=gather_across_devices, mini_batch_size=mini_batch_size,
+                         mini_batch_num_tokens=mini_batch_num_tokens)
         self.mode = validation.check_choice(mode, "mode", ("pm", "hnm", "both"))
         self.pm_threshold = validation.check_non_negative(pm_threshold, "pm_threshold")
         self.w1 = validation.check_non_negative(w1, "w1")
@@ -307,6 +324,7 @@ class HNCSELoss(HardNegativeLoss):
             "hnm_gradient": self.hnm_gradient,
             "focal_m": self.focal_m,
             "seed": self.seed,
+            **self.scaling_config(),
         }
 
     @property
