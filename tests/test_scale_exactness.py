@@ -391,3 +391,14 @@ def test_bad_scaling_arguments(tiny_model):
         assert config["gather_across_devices"] is True and config["mini_batch_num_tokens"] == 64
     with pytest.raises(ValueError, match="need a model"):
         MixCSELoss(None, mini_batch_size=4)
+    assert MixCSELoss(StubEncoder(), mini_batch_size=4).uses_gradient_cache  # any module can be cached
+    assert not MixCSELoss(None).uses_gradient_cache
+
+
+def test_reduce_refuses_rows_of_another_batch():
+    loss = MixCSELoss(None, gather_across_devices=True)
+    loss._local_rows = (slice(4, 8), 8)  # what a gathering prepare_batch on rank 1 of 2 leaves
+    rows = torch.arange(8, dtype=torch.float64)
+    assert loss.reduce(rows).item() == pytest.approx((4 + 5 + 6 + 7) / 4)
+    with pytest.raises(ValueError, match="gathered batch"):
+        loss.reduce(rows[:6])
