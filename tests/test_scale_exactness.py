@@ -168,7 +168,7 @@ def spawned(tmp_path_factory, tiny_model_dir):
     for case_id, name, kwargs in MODEL_CASES:
         names.append("model-" + case_id)
         make = partial(build_for_model, name, kwargs, gather=True, mini_batch_size=2)
-        jobs.append((model_step, (make, str(tiny_model_dir), TEXT_COLUMNS)))
+        jobs.append((model_step, (make, str(tiny_model_dir), TEXT_COLUMNS, 0, "mean")))
     results = spawn_jobs(jobs, tmp_path_factory.mktemp("spawn"))
     return dict(zip(names, results, strict=True))
 
@@ -228,16 +228,15 @@ def test_adcse_adversary_gradient_and_step_are_those_of_the_global_batch(spawned
 
 @pytest.mark.parametrize("case_id,name,kwargs", MODEL_CASES, ids=MODEL_IDS)
 def test_gradcache_and_gather_in_two_processes_equal_one_uncached(spawned, tiny_model_dir, case_id, name, kwargs):
-    """2 processes x (mini-batches of 2 + gather) = 1 uncached process on the whole batch: the same loss (1e-5) and the
-    same DDP-averaged parameter gradients (float64 tiny BERT, dropout off).
+    """2 processes x (mini-batches of 2 + gather) = 1 uncached process on the whole batch: the same loss and the same
+    DDP-averaged parameter gradients, 1e-5 relative (float64 tiny BERT, dropout off).
 
-    The gradient tolerance is 1e-2 relative, not 1e-5: the loss math runs in float32, and the random tiny BERT's
-    embeddings are nearly collinear (every pairwise cosine is above 0.9999), so the parameter gradients are a small
-    difference of large terms. Rounding alone sets their floor: rescaling the embeddings by 1 + 3e-7 (a float32 ulp)
-    in one process moves them by about 2e-3 relative. The process split changes only the summation order, and the
-    gradients agree to that floor; the embedding-level tests above hold 1e-5 on well-conditioned embeddings."""
+    The model uses mean pooling: the random tiny BERT's CLS vectors are nearly collinear (every pairwise cosine above
+    0.9999), which makes the parameter gradients a small difference of large terms; with the loss math in float32,
+    rounding alone then moves them by about 2e-3 relative (rescaling the embeddings by 1 + 3e-7 does), whatever the
+    process split. Mean-pooled embeddings (cosines down to 0.9) are well conditioned, as trained encoders' are."""
     single_loss, single_grads = model_step(0, 1, partial(build_for_model, name, kwargs), str(tiny_model_dir),
-                                           TEXT_COLUMNS)
+                                           TEXT_COLUMNS, 0, "mean")
     results = spawned["model-" + case_id]
     assert sum(loss for loss, _ in results) / 2 == pytest.approx(single_loss, rel=1e-5)
     compared = 0
@@ -246,7 +245,7 @@ def test_gradcache_and_gather_in_two_processes_equal_one_uncached(spawned, tiny_
             if g is None:
                 assert grads[param] is None, param
             elif g.norm() > 1e-12:
-                assert (grads[param] - g).norm() <= 1e-2 * g.norm(), param
+                assert (grads[param] - g).norm() <= 1e-5 * g.norm(), param
                 compared += 1
     assert compared > 20
 
