@@ -152,6 +152,20 @@ def build_for_model(name: str, kwargs: dict, model, gather: bool = False, mini_b
     return CLASSES[name](no_dropout(model), gather_across_devices=gather, mini_batch_size=mini_batch_size, **kwargs)
 
 
+def _adcse_sync_worker(rank, world_size, model_dir):
+    """An AdCSE loss whose adversaries (unseeded, RNG seeded by rank) and key encoder differ between processes."""
+    from st_hardneg.models import load_model
+
+    torch.manual_seed(100 + rank)
+    model = load_model(model_dir, pooling="mean", max_seq_length=32, device="cpu")
+    loss = AdversarialNegativesLoss(model, num_adversaries=4, gather_across_devices=True)
+    with torch.no_grad():
+        next(loss.key_encoder.parameters()).add_(rank)
+    before = (loss.adversaries.clone(), next(loss.key_encoder.parameters()).clone())
+    loss([dict(model.tokenize(column[:2])) for column in TEXT_COLUMNS], None)
+    return before, (loss.adversaries.clone(), next(loss.key_encoder.parameters()).clone())
+
+
 @pytest.fixture(scope="module")
 def spawned(tmp_path_factory, tiny_model_dir):
     """Every 2-process job of this module, in one spawn: {name: [rank 0 result, rank 1 result]}."""
@@ -169,6 +183,8 @@ def spawned(tmp_path_factory, tiny_model_dir):
         names.append("model-" + case_id)
         make = partial(build_for_model, name, kwargs, gather=True, mini_batch_size=2)
         jobs.append((model_step, (make, str(tiny_model_dir), TEXT_COLUMNS, 0, "mean")))
+    names.append("adcse-sync")
+    jobs.append((_adcse_sync_worker, (str(tiny_model_dir),)))
     results = spawn_jobs(jobs, tmp_path_factory.mktemp("spawn"))
     return dict(zip(names, results, strict=True))
 
@@ -224,6 +240,15 @@ def test_adcse_adversary_gradient_and_step_are_those_of_the_global_batch(spawned
         torch.testing.assert_close(window, single_window, rtol=1e-5, atol=1e-7)  # every rank: the global gradient
         torch.testing.assert_close(r[3], single_weight, rtol=1e-5, atol=1e-7)  # the same step everywhere
     torch.testing.assert_close(torch.cat([r[1][1] for r in ranks]) / 2, single_grads[1], rtol=1e-5, atol=1e-7)
+
+
+def test_adcse_starts_from_rank0_state_on_every_process(spawned):
+    """Adversaries drawn from different RNG states and key encoders that differ are replaced by rank 0's at the first
+    training forward, so the EMA and the averaged adversary steps keep every process identical from there."""
+    (before0, after0), (before1, after1) = spawned["adcse-sync"]
+    assert not torch.equal(before0[0], before1[0]) and not torch.equal(before0[1], before1[1])
+    for a, b0, a1 in zip(after0, before0, after1, strict=True):
+        assert torch.equal(a, b0) and torch.equal(a1, b0)
 
 
 @pytest.mark.parametrize("case_id,name,kwargs", MODEL_CASES, ids=MODEL_IDS)

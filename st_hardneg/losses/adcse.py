@@ -287,7 +287,6 @@ class AdversarialNegativesLoss(training_hooks.OptimizerDrivenLoss, HardNegativeL
         """GradCache: with ``untied=True`` every column but the anchors is embedded by the key encoder, no grad."""
         return self.key_encoder if self.untied and column >= 1 else None
 
-    @torch.no_grad()
     def _sync_state_across_processes(self) -> None:
         """Under ``torch.distributed``, at the first training forward: copy rank 0's key encoder and adversaries to
         every process (a loss built before the process group, or with unseeded random initialisations, could
@@ -297,8 +296,9 @@ class AdversarialNegativesLoss(training_hooks.OptimizerDrivenLoss, HardNegativeL
         tensors = [self.adversary_bank.weight, self.adversary_bank.velocity]
         if self.key_encoder is not None:
             tensors += list(self.key_encoder.parameters()) + list(self.key_encoder.buffers())
-        for tensor in tensors:
-            tensor.copy_(dist.broadcast_from_rank0(tensor))
+        with torch.no_grad():
+            for tensor in tensors:
+                tensor.copy_(dist.broadcast_from_rank0(tensor))
         self._state_synced = True
 
     def compute_loss_from_embeddings(self, embeddings: list[Tensor], labels: Tensor | None) -> Tensor:
