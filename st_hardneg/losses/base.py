@@ -283,7 +283,9 @@ class HardNegativeLoss(GradCacheMixin, nn.Module):
 
     def _in_matryoshka(self) -> bool:
         # MatryoshkaLoss truncates the model's output by decorating its forward for the duration of the call.
-        return type(getattr(self.model, "forward", None)).__name__ == "ForwardDecorator"
+        # With GradCache it decorates this loss's calculate_loss instead (the forward hook runs after the patch).
+        return (type(getattr(self.model, "forward", None)).__name__ == "ForwardDecorator"
+                or type(self.__dict__.get("calculate_loss")).__name__ == "CachedLossDecorator")
 
     def split_batch(self, embeddings: list[Tensor]) -> Batch:
         """Backwards-compatible alias of :meth:`prepare_batch` (without labels)."""
