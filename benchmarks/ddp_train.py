@@ -9,8 +9,9 @@ training losses, the loss configuration and whether the weights are identical on
     torchrun --nproc_per_node 2 benchmarks/ddp_train.py --loss mnrl --mini-batch-size 2   # GradCache + gather
 
 Run it from the repository root (with ``PYTHONPATH=$PWD`` when the installed package points elsewhere). With
-``--mini-batch-size`` the loss gets ``mini_batch_size``; a loss that does not take it (sentence-transformers'
-MultipleNegativesRankingLoss) is wrapped in ``st_hardneg.gradcache.GradCached``. ``--no-gather`` trains without
+``--mini-batch-size`` the loss gets ``mini_batch_size`` (every st-hardneg loss caches by itself, e.g.
+``MixCSELoss(model, gather_across_devices=True, mini_batch_size=2)``); a loss that does not take it
+(sentence-transformers' MultipleNegativesRankingLoss) is wrapped in ``st_hardneg.gradcache.GradCached``. ``--no-gather`` trains without
 ``gather_across_devices`` (each process then only sees its own in-batch negatives).
 """
 

@@ -51,8 +51,13 @@ def check_mini_batch_size(value: int | None, name: str = "mini_batch_size") -> i
 
 
 def check_cacheable_model(model: Any, loss_name: str) -> None:
-    """Raise ``ValueError`` if ``model``'s inputs cannot be split into mini-batches (a StaticEmbedding model)."""
-    if has_static_embedding_input(model):
+    """Raise ``ValueError`` if ``model``'s inputs cannot be split into mini-batches (a StaticEmbedding model).
+    A model that is not a module sequence (no ``model[0]``) is not a StaticEmbedding model and passes."""
+    try:
+        static = has_static_embedding_input(model)
+    except (TypeError, IndexError, KeyError, AttributeError):
+        static = False
+    if static:
         raise ValueError(
             f"{loss_name} with mini_batch_size / mini_batch_num_tokens needs inputs that can be split along the batch "
             "dimension; a StaticEmbedding model's cannot. Leave mini_batch_size=None for this model."

@@ -152,17 +152,17 @@ def _shard_list(items: list, rank: int, world_size: int) -> list:
 
 
 def model_step(rank: int, world_size: int, make_loss: Callable, model_dir: str, columns: list[list[str]],
-               seed: int = 0) -> tuple[float, dict[str, Tensor]]:
+               seed: int = 0, pooling: str = "cls") -> tuple[float, dict[str, Tensor]]:
     """One forward + backward of ``make_loss(model)`` on this process's shard of the text ``columns``.
 
-    The model is the tiny test BERT at ``model_dir`` (CLS pooling) in float64 and eval mode (no dropout), so the
+    The model is the tiny test BERT at ``model_dir`` (``pooling``, CLS by default) in float64 and eval mode (no dropout), so the
     cached and uncached forwards are comparable to 1e-10. Under a process group the parameter gradients are averaged
     over processes as DDP does; called directly (rank 0 of 1) it is the single-process reference. Returns the loss
     and every parameter gradient (``None`` for unused parameters).
     """
     from st_hardneg.models import load_model
 
-    model = load_model(model_dir, pooling="cls", max_seq_length=32, device="cpu").double().eval()
+    model = load_model(model_dir, pooling=pooling, max_seq_length=32, device="cpu").double().eval()
     loss_fn = make_loss(model)
     features = [dict(model.tokenize(_shard_list(column, rank, world_size))) for column in columns]
     torch.manual_seed(seed + rank)

@@ -13,8 +13,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 
-#: the losses run under torchrun here; each st-hardneg loss joins once it accepts gather_across_devices
-DDP_LOSSES = ["mnrl"]
+#: the losses run under torchrun here: ST's MNRL (wrapped in GradCached) and every st-hardneg loss (its own mini_batch_size)
+DDP_LOSSES = ["mnrl", "mixcse", "focal", "hncse", "adcse"]
 
 
 @pytest.mark.distributed
@@ -34,6 +34,8 @@ def test_torchrun_two_processes_gather_and_gradcache(tmp_path, loss):
     assert all(math.isfinite(x) and x > 0 for x in summary["train_losses"])
     assert summary["loss_config"]["gather_across_devices"] is True
     assert summary["loss_config"]["mini_batch_size"] == 2
+    # the st-hardneg losses cache by themselves (their own mini_batch_size), only ST's MNRL needs the wrapper
+    assert (summary["loss_class"] == "GradCached") == (loss == "mnrl")
     # DDP kept the replicas in sync, and training moved them away from the initial weights
     assert summary["weights_identical_across_ranks"]
     assert len(set(summary["weight_checksums"])) == 1

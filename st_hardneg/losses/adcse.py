@@ -18,6 +18,7 @@ import torch
 from sentence_transformers.base.losses.merged_forward import embed_columns
 from torch import Tensor, nn
 
+from st_hardneg import distributed as dist
 from st_hardneg import functional as fn
 from st_hardneg import training_hooks
 from st_hardneg.losses.adversaries import NegativeAdversaries
@@ -30,6 +31,7 @@ _STATE_FORMAT = 1
 class AdversarialNegativesLoss(training_hooks.OptimizerDrivenLoss, HardNegativeLoss):
     #: name of this loss's entry in optimizer checkpoints (see :mod:`st_hardneg.training_hooks`)
     checkpoint_name = "AdversarialNegativesLoss"
+    _state_synced = False
 
     def __init__(
         self,
@@ -48,6 +50,9 @@ class AdversarialNegativesLoss(training_hooks.OptimizerDrivenLoss, HardNegativeL
         false_negative_margin: float | None = None,
         margin_strategy: str = "absolute",
         guide=None,
+        gather_across_devices: bool = False,
+        mini_batch_size: int | None = None,
+        mini_batch_num_tokens: int | None = None,
     ) -> None:
         """
         AdCSE: InfoNCE between an online encoder and a momentum (EMA) key encoder, with ``M`` learnable negative
@@ -106,6 +111,20 @@ class AdversarialNegativesLoss(training_hooks.OptimizerDrivenLoss, HardNegativeL
             margin_strategy: ``"absolute"`` or ``"relative"``.
             guide: optional SentenceTransformer whose embeddings (no gradient; re-tokenised if its tokenizer differs)
                 give the similarities of the threshold instead of the online encoder's.
+            gather_across_devices: under ``torch.distributed`` (e.g. ``torchrun``), gather the embeddings of all
+                processes so that every anchor is scored against the candidates of the whole global batch, as
+                sentence-transformers' ``gather_across_devices``. Gathered: the online anchors and the key-encoder keys (and explicit negatives); the
+                adversaries' ascent gradient is computed on the global batch, so the adversaries and the EMA key
+                encoder stay identical on all processes. The loss and its gradients equal those of
+                one process holding the global batch. Needs the same batch size on every process
+                (``dataloader_drop_last=True``). No effect without a process group.
+            mini_batch_size: if set, GradCache: the encoder embeds mini-batches of this many texts, twice (without,
+                then with gradient), and the loss and gradients are those of the whole batch; memory no longer grows
+                with the batch size. Composes with ``gather_across_devices``. With ``untied=True`` only the online (anchor) column
+                is cached; the key encoder embeds the other columns mini-batch by mini-batch without gradient.
+                Either way ``compute_loss_from_embeddings`` (and the adversaries' gradient) runs once per batch.
+            mini_batch_num_tokens: alternatively to ``mini_batch_size``, a budget of non-padding tokens per
+                mini-batch.
 
         References:
             - Li et al., "AdCSE: An Adversarial Method for Contrastive Learning of Sentence Embeddings", DASFAA 2022.
@@ -169,7 +188,9 @@ class AdversarialNegativesLoss(training_hooks.OptimizerDrivenLoss, HardNegativeL
                 add_stateful_loss_callback(trainer)  # restores the loss state on resume
                 trainer.train()  # later: trainer.train(resume_from_checkpoint=True)
         """
-        super().__init__(model, temperature)
+        super().__init__(model, temperature,
+                         gather_across_devices=gather_across_devices, mini_batch_size=mini_batch_size,
+                         mini_batch_num_tokens=mini_batch_num_tokens)
         if isinstance(num_adversaries, bool) or not isinstance(num_adversaries, int) or num_adversaries < 0:
             raise ValueError(f"num_adversaries (M) must be a non-negative integer, got {num_adversaries!r}")
         for flag, name in ((untied, "untied"), (in_batch_keys, "in_batch_keys")):
@@ -183,6 +204,7 @@ class AdversarialNegativesLoss(training_hooks.OptimizerDrivenLoss, HardNegativeL
             raise ValueError(f"momentum (m, the key encoder's EMA momentum) must be in [0, 1), got {momentum!r}")
         self.num_adversaries, self.untied, self.seed, self.in_batch_keys = num_adversaries, untied, seed, in_batch_keys
         self.momentum, self._ema_updates, self._backward_seen = float(momentum), 0, False
+        self._state_synced = False
         self.adversary_temperature = check_temperature(adversary_temperature, "adversary_temperature")
         self.min_batch_size = 1 if num_adversaries > 0 else 2  # with adversaries a single pair has negatives
         dim = next((getattr(model, n)() for n in ("get_embedding_dimension", "get_sentence_embedding_dimension")
@@ -262,19 +284,41 @@ class AdversarialNegativesLoss(training_hooks.OptimizerDrivenLoss, HardNegativeL
         sentence_features = self.remember_false_negative_inputs(sentence_features)
         self._check_online_model()
         self._count_forward()
+        self._sync_state_across_processes()
+        if self.untied and len(sentence_features) > 1:
+            key_encoder = self.key_encoder
+            param, online = next(key_encoder.parameters(), None), next(self.online_model.parameters(), None)
+            if param is not None and online is not None and param.device != online.device:
+                key_encoder.to(online.device)
+            key_encoder.train()
+        if self.uses_gradient_cache:  # the key encoder's columns are frozen_column_model(): embedded without grad
+            return self.cached_forward(sentence_features, labels)
         if not self.untied:
             return self.compute_loss_from_embeddings(embed_columns(self.model, sentence_features), labels)
         anchors = self.model(sentence_features[0])["sentence_embedding"]
         keys: list[Tensor] = []
         if len(sentence_features) > 1:
-            key_encoder = self.key_encoder
-            param = next(key_encoder.parameters(), None)
-            if param is not None and param.device != anchors.device:
-                key_encoder.to(anchors.device)
-            key_encoder.train()
             with torch.no_grad():
-                keys = embed_columns(key_encoder, sentence_features[1:], separate_first=False)
+                keys = embed_columns(self.key_encoder, sentence_features[1:], separate_first=False)
         return self.compute_loss_from_embeddings([anchors, *keys], labels)
+
+    def frozen_column_model(self, column: int) -> nn.Module | None:
+        """GradCache: with ``untied=True`` every column but the anchors is embedded by the key encoder, no grad."""
+        return self.key_encoder if self.untied and column >= 1 else None
+
+    def _sync_state_across_processes(self) -> None:
+        """Under ``torch.distributed``, at the first training forward: copy rank 0's key encoder and adversaries to
+        every process (a loss built before the process group, or with unseeded random initialisations, could
+        differ). From then on the identical EMA and averaged adversary steps keep them identical."""
+        if self._state_synced or not dist.is_distributed() or not (self.training and torch.is_grad_enabled()):
+            return
+        tensors = [self.adversary_bank.weight, self.adversary_bank.velocity]
+        if self.key_encoder is not None:
+            tensors += list(self.key_encoder.parameters()) + list(self.key_encoder.buffers())
+        with torch.no_grad():
+            for tensor in tensors:
+                tensor.copy_(dist.broadcast_from_rank0(tensor))
+        self._state_synced = True
 
     def compute_loss_from_embeddings(self, embeddings: list[Tensor], labels: Tensor | None) -> Tensor:
         """The loss on given embeddings ``[anchors (online), keys, explicit negatives...]``; while training (grad
@@ -284,6 +328,10 @@ class AdversarialNegativesLoss(training_hooks.OptimizerDrivenLoss, HardNegativeL
         cos, logits = self._cosines_and_logits(batch.anchors, batch.candidates, self.adversaries.detach(),
                                                self.temperature, masked)
         loss = fn.info_nce(logits)
+        batch = self.split_batch(embeddings)  # with gather_across_devices: the global batch
+        cos, logits = self._cosines_and_logits(batch.anchors, batch.candidates, self.adversaries.detach(),
+                                               self.temperature)
+        loss = self.reduce(fn.info_nce_rows(logits))
         self.record_stats(cos, num_in_batch=batch.size, num_synthetic=self.num_adversaries)
         if self.num_adversaries and self.training and torch.is_grad_enabled():
             self._accumulate(batch.anchors, batch.candidates, masked)
@@ -336,7 +384,7 @@ class AdversarialNegativesLoss(training_hooks.OptimizerDrivenLoss, HardNegativeL
             "num_adversaries": self.num_adversaries, "temperature": self.temperature, "momentum": self.momentum,
             "adversary_lr": bank.lr, "adversary_momentum": bank.momentum, "adversary_weight_decay": bank.weight_decay,
             "adversary_temperature": self.adversary_temperature, "untied": self.untied, "seed": self.seed,
-            "in_batch_keys": self.in_batch_keys, **self.false_negative_config(),
+            "in_batch_keys": self.in_batch_keys, **self.false_negative_config(), **self.scaling_config(),
         }
 
     @property

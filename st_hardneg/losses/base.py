@@ -13,8 +13,10 @@ import torch
 from sentence_transformers.base.losses.merged_forward import embed_columns
 from torch import Tensor, nn
 
+from st_hardneg import distributed as dist
 from st_hardneg import functional as fn
 from st_hardneg import validation
+from st_hardneg.gradcache import GradCacheMixin, check_cacheable_model, check_mini_batch_size
 
 
 def check_temperature(value: float, name: str = "temperature") -> float:
@@ -69,8 +71,10 @@ class Batch:
 
 def text_keys(sentence_features: list[dict[str, Tensor]]) -> Tensor | None:
     """(num_columns, N) long ids of the rows' texts, equal for identical token ids under the attention mask (i.e.
-    identical texts), compared across all columns; ``None`` if a column has no padded ``input_ids``."""
-    ids: dict[tuple[int, ...], int] = {}
+    identical texts), compared across all columns; ``None`` if a column has no padded ``input_ids``.
+
+    The id is the hash of the token-id tuple: Python hashes tuples of ints deterministically (no per-process
+    randomisation, unlike strings), so ids from different processes can be compared after gathering."""
     keys = []
     for features in sentence_features:
         input_ids = features.get("input_ids") if isinstance(features, Mapping) else None  # dict or BatchEncoding
@@ -81,7 +85,7 @@ def text_keys(sentence_features: list[dict[str, Tensor]]) -> Tensor | None:
         if isinstance(attention, Tensor) and attention.shape == input_ids.shape:
             tokens = [[t for t, a in zip(row, keep, strict=True) if a]
                       for row, keep in zip(tokens, attention.tolist(), strict=True)]
-        keys.append([ids.setdefault(tuple(row), len(ids)) for row in tokens])
+        keys.append([hash(tuple(row)) for row in tokens])
     return torch.tensor(keys, dtype=torch.long)
 
 
@@ -90,7 +94,7 @@ def column_name(index: int) -> str:
     return ("anchor", "positive")[index] if index < 2 else f"negative_{index - 1}"
 
 
-class HardNegativeLoss(nn.Module):
+class HardNegativeLoss(GradCacheMixin, nn.Module):
     """Base class of the st-hardneg losses.
 
     Subclasses implement :meth:`compute_loss_from_embeddings` as::
@@ -104,12 +108,38 @@ class HardNegativeLoss(nn.Module):
     sentence-transformers ``forward`` (one embedding per input column, merged forwards where ST can), the seeded
     random generator of the losses' random draws (:meth:`generator`), and :attr:`diagnostics`, the mean positive /
     negative / synthetic cosines of the last training batch.
+
+    **Scaling up** (every loss takes both arguments):
+
+    ``gather_across_devices=True`` (same name and meaning as in sentence-transformers, built on its
+    ``all_gather_with_grad``): under ``torch.distributed``, :meth:`prepare_batch` gathers every input column of every
+    process (with gradient), so everything that looks across the batch (in-batch negatives, mixing partners, hardest
+    negatives, top-k pools, keys, the adversaries' gradient, the diagnostics) looks across the global batch. Design:
+    every process computes the per-row losses of *all* ``W·n`` global rows (identical on every process) and
+    :meth:`reduce` averages only its own ``n`` rows. Then the mean of the per-process losses is the single-process
+    loss of the global batch, and since the gather's backward sums every process's gradient, distributed data
+    parallel's average of the parameter gradients is exactly the single-process gradient. The cost is the loss math
+    of the global batch on every process, ``O((W·n)²·d)``, which stays far below the encoder's cost for realistic
+    batches. Random draws come from a generator that is identical on every process: the loss's own one when it has
+    a ``seed`` (every process draws the same sequence), else one seeded per draw from rank 0's global RNG
+    (:func:`st_hardneg.distributed.shared_seed`). All processes must hold the same local batch size (use
+    ``dataloader_drop_last=True``); a ragged batch raises. Without a process group the option changes nothing but the
+    random source of the draws.
+
+    ``mini_batch_size`` / ``mini_batch_num_tokens``: GradCache (Gao et al., 2021) through sentence-transformers'
+    ``CachedLossMixin`` (:class:`st_hardneg.gradcache.GradCacheMixin`): the encoder sees only mini-batches of that
+    size (or token budget), in two passes, and the loss and gradients are those of the whole batch (the second pass
+    replays the first pass's random state, so dropout masks match). ``compute_loss_from_embeddings`` runs once per
+    batch, so every side effect (random draws, statistics, AdCSE's adversary gradient) happens once per batch, as
+    without the cache. Composes with ``gather_across_devices``.
     """
 
     #: smallest batch the loss accepts (in-batch mixing needs a partner)
     min_batch_size: int = 2
     #: whether the loss reads labels (the st-hardneg losses do not; a labelled dataset triggers a warning)
     uses_labels: bool = False
+    #: (this process's rows, global rows) after a gathering prepare_batch, else None
+    _local_rows: tuple[slice, int] | None = None
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -130,11 +160,22 @@ class HardNegativeLoss(nn.Module):
         compute_loss_from_embeddings._float32_loss = True
         cls.compute_loss_from_embeddings = compute_loss_from_embeddings
 
-    def __init__(self, model: nn.Module, temperature: float = 0.05, seed: int | None = None) -> None:
+    def __init__(self, model: nn.Module, temperature: float = 0.05, seed: int | None = None, *,
+                 gather_across_devices: bool = False, mini_batch_size: int | None = None,
+                 mini_batch_num_tokens: int | None = None) -> None:
         super().__init__()
         self.model = model
         self.temperature = validation.check_temperature(temperature)
         self.seed = validation.check_seed(seed)
+        self.gather_across_devices = validation.check_bool(gather_across_devices, "gather_across_devices")
+        self.mini_batch_size = check_mini_batch_size(mini_batch_size)
+        self.mini_batch_num_tokens = check_mini_batch_size(mini_batch_num_tokens, "mini_batch_num_tokens")
+        if self.uses_gradient_cache:
+            if model is None:
+                raise ValueError(f"{type(self).__name__}: mini_batch_size / mini_batch_num_tokens need a model to embed "
+                                 "the mini-batches, got model=None")
+            check_cacheable_model(model, type(self).__name__)
+        self._local_rows: tuple[slice, int] | None = None
         self._generator: torch.Generator | None = None
         self._last_stats: dict[str, Tensor] = {}
         self._warned_labels = False
@@ -162,8 +203,15 @@ class HardNegativeLoss(nn.Module):
 
     def forward(self, sentence_features: Iterable[dict[str, Tensor]], labels: Tensor | None) -> Tensor:
         sentence_features = self.remember_false_negative_inputs(sentence_features)
+        if self.uses_gradient_cache:
+            return self.cached_forward(sentence_features, labels)
         embeddings = embed_columns(self.model, sentence_features)
         return self.compute_loss_from_embeddings(embeddings, labels)
+
+    def scaling_config(self) -> dict[str, Any]:
+        """The ``gather_across_devices`` / ``mini_batch_size`` / ``mini_batch_num_tokens`` part of the config."""
+        return {"gather_across_devices": self.gather_across_devices, "mini_batch_size": self.mini_batch_size,
+                "mini_batch_num_tokens": self.mini_batch_num_tokens}
 
     def compute_loss_from_embeddings(self, embeddings: list[Tensor], labels: Tensor | None) -> Tensor:
         raise NotImplementedError
@@ -237,6 +285,14 @@ class HardNegativeLoss(nn.Module):
             norms = fn.row_norms(column)
             self._check_finite(column, norms, i)
             units.append(column / norms.clamp_min(fn.NORM_EPS))
+        self._local_rows = None
+        if self.gather_across_devices and dist.is_distributed():
+            # Every column of every process, in rank order (with gradient), normalised again row by row (the same
+            # float operations on the same rows); reduce() then averages this process's own rows.
+            dist.check_equal_local_batches(n, raw[0].device)
+            raw = [dist.gather_with_grad(column) for column in raw]
+            units = [column / fn.row_norms(column).clamp_min(fn.NORM_EPS) for column in raw]
+            self._local_rows = (dist.local_rows(n), raw[0].size(0))
         negatives = torch.cat(units[2:], dim=0) if len(units) > 2 else units[0].new_zeros((0, width))
         batch = Batch(units[0], units[1], negatives, raw_anchors=raw[0], raw_positives=raw[1])
         return self.attach_false_negatives(batch, len(embeddings))
@@ -260,7 +316,9 @@ class HardNegativeLoss(nn.Module):
 
     def _in_matryoshka(self) -> bool:
         # MatryoshkaLoss truncates the model's output by decorating its forward for the duration of the call.
-        return type(getattr(self.model, "forward", None)).__name__ == "ForwardDecorator"
+        # With GradCache it decorates this loss's calculate_loss instead (the forward hook runs after the patch).
+        return (type(getattr(self.model, "forward", None)).__name__ == "ForwardDecorator"
+                or type(self.__dict__.get("calculate_loss")).__name__ == "CachedLossDecorator")
 
     def split_batch(self, embeddings: list[Tensor]) -> Batch:
         """Backwards-compatible alias of :meth:`prepare_batch` (without labels)."""
@@ -390,6 +448,13 @@ class HardNegativeLoss(nn.Module):
         if not self.controls_false_negatives:
             return batch
         inputs = inputs or {}
+        if getattr(self, "_local_rows", None) is not None:
+            # gathered batch: the text keys and the guide's embeddings of every process, in rank order
+            if inputs.get("text_keys") is not None:
+                keys = inputs["text_keys"].to(batch.device)
+                inputs["text_keys"] = dist.gather(keys.T.contiguous()).T
+            if inputs.get("guide") is not None:
+                inputs["guide"] = [dist.gather(g.to(batch.device)) for g in inputs["guide"]]
         keys = inputs.get("text_keys")
         if keys is not None:
             if tuple(keys.shape) != (num_columns, batch.size):
@@ -450,8 +515,13 @@ class HardNegativeLoss(nn.Module):
     def generator(self, device: torch.device | str) -> torch.Generator | None:
         """The random source of the loss's random draws on ``device``: a generator seeded with :attr:`seed`, created
         at the first draw and kept (so it advances from batch to batch), or ``None`` (torch's global generator, seeded
-        by the Trainer's ``seed``) if the loss has no seed. Every random draw of a loss goes through here."""
+        by the Trainer's ``seed``) if the loss has no seed. Every random draw of a loss goes through here.
+        With ``gather_across_devices`` and no seed: a fresh generator per draw, seeded from rank 0's global RNG, so
+        that every process draws the same numbers."""
         if self.seed is None:
+            if self.gather_across_devices:  # identical draws on every process: a seed from rank 0's global RNG
+                device = torch.device(device)
+                return torch.Generator(device=device).manual_seed(dist.shared_seed(device))
             return None
         device = torch.device(device)
         if self._generator is None or self._generator.device != device:
@@ -459,7 +529,14 @@ class HardNegativeLoss(nn.Module):
         return self._generator
 
     def reduce(self, rows: Tensor) -> Tensor:
-        """The loss of the batch from the (N,) per-anchor losses: their mean."""
+        """The loss of the batch from the (N,) per-anchor losses: their mean. After a gathering
+        :meth:`prepare_batch`, ``rows`` covers the global batch and the mean is over this process's own rows."""
+        if self._local_rows is not None:
+            own, total = self._local_rows
+            if rows.size(0) != total:
+                raise ValueError(f"{type(self).__name__}.reduce: expected one loss per row of the gathered batch "
+                                 f"({total}), got {rows.size(0)}")
+            rows = rows[own]
         return rows.mean()
 
     def record_stats(self, cos: Tensor, num_in_batch: int, num_synthetic: int = 0,

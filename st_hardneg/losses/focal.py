@@ -25,6 +25,9 @@ class FocalInfoNCELoss(HardNegativeLoss):
         false_negative_margin: float | None = None,
         margin_strategy: Literal["absolute", "relative"] = "absolute",
         guide=None,
+        gather_across_devices: bool = False,
+        mini_batch_size: int | None = None,
+        mini_batch_num_tokens: int | None = None,
     ) -> None:
         """
         Focal-InfoNCE: InfoNCE with self-paced modulation terms that weight hard negatives up and easy negatives down
@@ -67,6 +70,17 @@ class FocalInfoNCELoss(HardNegativeLoss):
             margin_strategy: ``"absolute"`` or ``"relative"``.
             guide: optional SentenceTransformer whose embeddings (no gradient; re-tokenised if its tokenizer differs)
                 give the similarities of the threshold instead of the trained model's.
+            gather_across_devices: under ``torch.distributed`` (e.g. ``torchrun``), gather the embeddings of all
+                processes so that every anchor is scored against the candidates of the whole global batch, as
+                sentence-transformers' ``gather_across_devices``. Gathered: anchors, positives and explicit negatives (the negatives of every anchor
+                are the global batch's). The loss and its gradients equal those of
+                one process holding the global batch. Needs the same batch size on every process
+                (``dataloader_drop_last=True``). No effect without a process group.
+            mini_batch_size: if set, GradCache: the encoder embeds mini-batches of this many texts, twice (without,
+                then with gradient), and the loss and gradients are those of the whole batch; memory no longer grows
+                with the batch size. Composes with ``gather_across_devices``.
+            mini_batch_num_tokens: alternatively to ``mini_batch_size``, a budget of non-padding tokens per
+                mini-batch.
 
         References:
             - Hou & Li, "Improving Contrastive Learning of Sentence Embeddings with Focal-InfoNCE", Findings of EMNLP
@@ -127,7 +141,9 @@ class FocalInfoNCELoss(HardNegativeLoss):
                 trainer = SentenceTransformerTrainer(model=model, args=args, train_dataset=train_dataset, loss=loss)
                 trainer.train()
         """
-        super().__init__(model, temperature)
+        super().__init__(model, temperature,
+                         gather_across_devices=gather_across_devices, mini_batch_size=mini_batch_size,
+                         mini_batch_num_tokens=mini_batch_num_tokens)
         self.m = check_margin(m)
         self.symmetric = validation.check_bool(symmetric, "symmetric")
         self.check_logit_range(1.0 + self.m)  # the largest negative logit is (1 + m) / τ
@@ -159,6 +175,7 @@ class FocalInfoNCELoss(HardNegativeLoss):
     def get_config_dict(self) -> dict[str, Any]:
         return {"temperature": self.temperature, "m": self.m, "symmetric": self.symmetric,
                 **self.false_negative_config()}
+        return {"temperature": self.temperature, "m": self.m, "symmetric": self.symmetric, **self.scaling_config()}
 
     @property
     def citation(self) -> str:

@@ -41,6 +41,9 @@ class HNCSELoss(HardNegativeLoss):
         false_negative_margin: float | None = None,
         margin_strategy: Literal["absolute", "relative"] = "absolute",
         guide=None,
+        gather_across_devices: bool = False,
+        mini_batch_size: int | None = None,
+        mini_batch_num_tokens: int | None = None,
     ) -> None:
         """
         HNCSE: SimCSE's InfoNCE with the hardest in-batch negatives used twice: mixed into the positive (positive
@@ -149,6 +152,18 @@ class HNCSELoss(HardNegativeLoss):
             margin_strategy: ``"absolute"`` or ``"relative"``.
             guide: optional SentenceTransformer whose embeddings (no gradient; re-tokenised if its tokenizer differs)
                 give the similarities of the threshold instead of the trained model's.
+            gather_across_devices: under ``torch.distributed`` (e.g. ``torchrun``), gather the embeddings of all
+                processes so that every anchor is scored against the candidates of the whole global batch, as
+                sentence-transformers' ``gather_across_devices``. Gathered: anchors, positives and explicit negatives, so PM's hardest negative ``j*``
+                and HNM's top-``k`` pool are mined in the global batch; the HNM pairs are drawn identically on every
+                process. The loss and its gradients equal those of
+                one process holding the global batch. Needs the same batch size on every process
+                (``dataloader_drop_last=True``). No effect without a process group.
+            mini_batch_size: if set, GradCache: the encoder embeds mini-batches of this many texts, twice (without,
+                then with gradient), and the loss and gradients are those of the whole batch; memory no longer grows
+                with the batch size. Composes with ``gather_across_devices``.
+            mini_batch_num_tokens: alternatively to ``mini_batch_size``, a budget of non-padding tokens per
+                mini-batch.
 
         References:
             - Liu et al., "HNCSE: Advancing Sentence Embeddings via Hybrid Contrastive Learning with Hard Negatives",
@@ -206,7 +221,9 @@ class HNCSELoss(HardNegativeLoss):
                 trainer = SentenceTransformerTrainer(model=model, args=args, train_dataset=train_dataset, loss=loss)
                 trainer.train()
         """
-        super().__init__(model, temperature, seed=seed)
+        super().__init__(model, temperature, seed=seed,
+                         gather_across_devices=gather_across_devices, mini_batch_size=mini_batch_size,
+                         mini_batch_num_tokens=mini_batch_num_tokens)
         self.mode = validation.check_choice(mode, "mode", ("pm", "hnm", "both"))
         self.pm_threshold = validation.check_non_negative(pm_threshold, "pm_threshold")
         self.w1 = validation.check_non_negative(w1, "w1")
@@ -384,6 +401,7 @@ class HNCSELoss(HardNegativeLoss):
             "seed": self.seed,
             "hnm_pool": self.hnm_pool,
             **self.false_negative_config(),
+            **self.scaling_config(),
         }
 
     @property

@@ -29,6 +29,9 @@ class MixCSELoss(HardNegativeLoss):
         false_negative_margin: float | None = None,
         margin_strategy: Literal["absolute", "relative"] = "absolute",
         guide=None,
+        gather_across_devices: bool = False,
+        mini_batch_size: int | None = None,
+        mini_batch_num_tokens: int | None = None,
     ) -> None:
         """
         MixCSE: InfoNCE with in-batch negatives plus, for every anchor, one synthetic hard negative made by
@@ -100,6 +103,18 @@ class MixCSELoss(HardNegativeLoss):
             margin_strategy: ``"absolute"`` or ``"relative"``.
             guide: optional SentenceTransformer whose embeddings (no gradient; re-tokenised if its tokenizer differs)
                 give the similarities of the threshold instead of the trained model's.
+            gather_across_devices: under ``torch.distributed`` (e.g. ``torchrun``), gather the embeddings of all
+                processes so that every anchor is scored against the candidates of the whole global batch, as
+                sentence-transformers' ``gather_across_devices``. Gathered: anchors, positives and explicit negatives, so the in-batch negatives, the mixing partner
+                (shift / random / hardest) and both mixed negatives come from the global batch; a random partner is
+                drawn identically on every process. The loss and its gradients equal those of
+                one process holding the global batch. Needs the same batch size on every process
+                (``dataloader_drop_last=True``). No effect without a process group.
+            mini_batch_size: if set, GradCache: the encoder embeds mini-batches of this many texts, twice (without,
+                then with gradient), and the loss and gradients are those of the whole batch; memory no longer grows
+                with the batch size. Composes with ``gather_across_devices``.
+            mini_batch_num_tokens: alternatively to ``mini_batch_size``, a budget of non-padding tokens per
+                mini-batch.
 
         Deviations from the paper:
             - ``layout="paper"`` mixes the normalised embeddings (the paper's equation); ``layout="official"`` mixes
@@ -158,7 +173,9 @@ class MixCSELoss(HardNegativeLoss):
                 trainer = SentenceTransformerTrainer(model=model, args=args, train_dataset=train_dataset, loss=loss)
                 trainer.train()
         """
-        super().__init__(model, temperature, seed=seed)
+        super().__init__(model, temperature, seed=seed,
+                         gather_across_devices=gather_across_devices, mini_batch_size=mini_batch_size,
+                         mini_batch_num_tokens=mini_batch_num_tokens)
         self.lam = validation.check_unit_interval(lam, "lam (λ, the weight of the positive in the mix)")
         self.symmetric = validation.check_bool(symmetric, "symmetric")
         self.stop_gradient = validation.check_bool(stop_gradient, "stop_gradient")
@@ -340,6 +357,7 @@ class MixCSELoss(HardNegativeLoss):
             "seed": self.seed,
             "reverse_mix": self.reverse_mix,
             **self.false_negative_config(),
+            **self.scaling_config(),
         }
 
     @property
