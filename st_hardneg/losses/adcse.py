@@ -323,14 +323,10 @@ class AdversarialNegativesLoss(training_hooks.OptimizerDrivenLoss, HardNegativeL
     def compute_loss_from_embeddings(self, embeddings: list[Tensor], labels: Tensor | None) -> Tensor:
         """The loss on given embeddings ``[anchors (online), keys, explicit negatives...]``; while training (grad
         enabled), also adds the adversaries' ascent gradient to the window of the next optimizer step."""
-        batch = self.split_batch(embeddings)
+        batch = self.split_batch(embeddings)  # with gather_across_devices: the global batch
         masked = batch.false_negatives
         cos, logits = self._cosines_and_logits(batch.anchors, batch.candidates, self.adversaries.detach(),
                                                self.temperature, masked)
-        loss = fn.info_nce(logits)
-        batch = self.split_batch(embeddings)  # with gather_across_devices: the global batch
-        cos, logits = self._cosines_and_logits(batch.anchors, batch.candidates, self.adversaries.detach(),
-                                               self.temperature)
         loss = self.reduce(fn.info_nce_rows(logits))
         self.record_stats(cos, num_in_batch=batch.size, num_synthetic=self.num_adversaries)
         if self.num_adversaries and self.training and torch.is_grad_enabled():

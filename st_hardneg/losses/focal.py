@@ -174,8 +174,7 @@ class FocalInfoNCELoss(HardNegativeLoss):
 
     def get_config_dict(self) -> dict[str, Any]:
         return {"temperature": self.temperature, "m": self.m, "symmetric": self.symmetric,
-                **self.false_negative_config()}
-        return {"temperature": self.temperature, "m": self.m, "symmetric": self.symmetric, **self.scaling_config()}
+                **self.false_negative_config(), **self.scaling_config()}
 
     @property
     def citation(self) -> str:
