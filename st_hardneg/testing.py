@@ -10,6 +10,7 @@ downloading a model.
 
 from __future__ import annotations
 
+import math
 import string
 from collections.abc import Iterable
 from pathlib import Path
@@ -128,3 +129,22 @@ def record_loss_values(loss) -> list[float]:
     values: list[float] = []
     loss.register_forward_hook(lambda module, args, output: values.append(output.detach().item()))
     return values
+
+
+# --------------------------------------------------------------------------- reference math for the loss tests
+def cosf(a, b) -> float:
+    """Cosine of two vectors in float64, written out (an independent reference, not the library's normalize)."""
+    a, b = a.double(), b.double()
+    return float((a * b).sum() / (a.norm() * b.norm()))
+
+
+def unit(v):
+    """``v`` scaled to unit length in float64."""
+    v = v.double()
+    return v / v.norm()
+
+
+def ce(logits, target) -> float:
+    """Cross-entropy of a list of logits with the ``target`` index, via a stable log-sum-exp in plain Python."""
+    top = max(logits)
+    return -(logits[target] - top - math.log(sum(math.exp(x - top) for x in logits)))

@@ -3,30 +3,15 @@ modulation of explicit negatives, against hand-written losses."""
 
 from __future__ import annotations
 
-import math
 import warnings
 
 import pytest
 import torch
 
 from st_hardneg import FocalInfoNCELoss, HNCSELoss, MixCSELoss
+from st_hardneg.testing import ce, cosf, unit
 
 TAU = 0.05
-
-
-def cosf(a, b) -> float:
-    a, b = a.double(), b.double()
-    return float((a * b).sum() / (a.norm() * b.norm()))
-
-
-def unit(v):
-    v = v.double()
-    return v / v.norm()
-
-
-def ce(logits, target) -> float:
-    top = max(logits)
-    return -(logits[target] - top - math.log(sum(math.exp(x - top) for x in logits)))
 
 
 def triplets(n=5, d=8, num_negatives=1, seed=0):

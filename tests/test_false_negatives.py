@@ -3,33 +3,17 @@ here with plain loops: a masked candidate is simply deleted from its anchor's ro
 
 from __future__ import annotations
 
-import math
-
 import pytest
 import torch
 
 from st_hardneg import AdversarialNegativesLoss, FocalInfoNCELoss, HNCSELoss, MixCSELoss
 from st_hardneg.losses.base import text_keys
+from st_hardneg.testing import ce, cosf, unit
 
 TAU = 0.05
 
 
 # ---------------------------------------------------------------------------------------------- reference math
-def cosf(a, b) -> float:
-    a, b = a.double(), b.double()
-    return float((a * b).sum() / (a.norm() * b.norm()))
-
-
-def unit(v):
-    v = v.double()
-    return v / v.norm()
-
-
-def ce(logits: list[float], target: int) -> float:
-    top = max(logits)
-    return -(logits[target] - top - math.log(sum(math.exp(x - top) for x in logits)))
-
-
 def logit(c: float, positive: bool, focal_m: float | None, tau: float = TAU) -> float:
     if focal_m is None:
         return c / tau
