@@ -63,6 +63,12 @@ CASES = [
     ("adcse-adversaries-negatives", "adcse", {"num_adversaries": 4, "seed": 7}, 3),
     ("adcse-eq5", "adcse", {"num_adversaries": 4, "seed": 7, "in_batch_keys": False}, 3),
     ("adcse-no-adversaries", "adcse", {"num_adversaries": 0}, 2),
+    # false-negative control on the gathered batch (row i's near-duplicate i + N/2 lives on the other process)
+    ("mixcse-hardest-margin-negatives", "mixcse", {"partner": "hardest", "false_negative_margin": 0.05}, 3),
+    ("focal-relative-margin-negatives", "focal", {"false_negative_margin": 0.3, "margin_strategy": "relative"}, 3),
+    ("hncse-both-margin-all-pool", "hncse", {"mode": "both", "pm_threshold": 0.2, "k": 3, "num_mixed": 5, "seed": 2,
+                                             "false_negative_margin": 0.05, "hnm_pool": "all_negatives"}, 3),
+    ("adcse-margin-negatives", "adcse", {"num_adversaries": 4, "seed": 7, "false_negative_margin": 0.05}, 3),
 ]
 IDS = [case[0] for case in CASES]
 
@@ -140,6 +146,10 @@ MODEL_CASES = [
 ]
 MODEL_IDS = [case[0] for case in MODEL_CASES]
 
+#: TEXT_COLUMNS with one positive text repeated across the process boundary (row 5 = row 1): mask_duplicates must
+#: find it through the text keys gathered from the other process
+DUPLICATE_TEXT_COLUMNS = [TEXT_COLUMNS[0], [*TEXT_COLUMNS[1][:5], TEXT_COLUMNS[1][1], *TEXT_COLUMNS[1][6:]]]
+
 
 def no_dropout(model):
     for module in model.modules():
@@ -183,6 +193,9 @@ def spawned(tmp_path_factory, tiny_model_dir):
         names.append("model-" + case_id)
         make = partial(build_for_model, name, kwargs, gather=True, mini_batch_size=2)
         jobs.append((model_step, (make, str(tiny_model_dir), TEXT_COLUMNS, 0, "mean")))
+    names.append("model-duplicate-text")
+    make = partial(build_for_model, "mixcse", {"partner": "hardest"}, gather=True, mini_batch_size=2)
+    jobs.append((model_step, (make, str(tiny_model_dir), DUPLICATE_TEXT_COLUMNS, 0, "mean")))
     names.append("adcse-sync")
     jobs.append((_adcse_sync_worker, (str(tiny_model_dir),)))
     results = spawn_jobs(jobs, tmp_path_factory.mktemp("spawn"))
@@ -426,3 +439,24 @@ def test_reduce_refuses_rows_of_another_batch():
     assert loss.reduce(rows).item() == pytest.approx((4 + 5 + 6 + 7) / 4)
     with pytest.raises(ValueError, match="gathered batch"):
         loss.reduce(rows[:6])
+
+
+def test_duplicate_text_across_processes_is_masked_like_in_one_process(spawned, tiny_model_dir):
+    """A positive text that also occurs on the other process: the gathered text keys mask it exactly as one process
+    holding the whole batch does (same loss, same DDP-averaged parameter gradients), and the mask matters: without
+    mask_duplicates the single-process loss differs."""
+    single_loss, single_grads = model_step(0, 1, partial(build_for_model, "mixcse", {"partner": "hardest"}),
+                                           str(tiny_model_dir), DUPLICATE_TEXT_COLUMNS, 0, "mean")
+    unmasked_loss, _ = model_step(0, 1, partial(build_for_model, "mixcse", {"partner": "hardest",
+                                                                             "mask_duplicates": False}),
+                                  str(tiny_model_dir), DUPLICATE_TEXT_COLUMNS, 0, "mean")
+    assert abs(unmasked_loss - single_loss) > 1e-3
+    results = spawned["model-duplicate-text"]
+    assert sum(loss for loss, _ in results) / 2 == pytest.approx(single_loss, rel=1e-5)
+    compared = 0
+    for param, g in single_grads.items():
+        for _, grads in results:
+            if g is not None and g.norm() > 1e-12:  # 1e-5 relative per parameter, as the model-level test above
+                assert (grads[param] - g).norm() <= 1e-5 * g.norm(), param
+                compared += 1
+    assert compared > 20
