@@ -40,6 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from retrieval_report import (  # noqa: E402  (the report half of this benchmark)
     BUILTIN,
     markdown,
+    selected,
     selection_markdown,
     summarize,
     target_check,
@@ -49,7 +50,7 @@ from retrieval_report import (  # noqa: E402  (the report half of this benchmark
 
 from st_hardneg.retrieval_recipe import DEFAULT_CACHE_DIR, MINING, TRAINING  # noqa: E402
 
-__all__ = ["BUILTIN", "MINING", "markdown", "selection_markdown", "summarize", "target_check", "untrained_markdown",
+__all__ = ["BUILTIN", "MINING", "markdown", "selected", "selection_markdown", "summarize", "target_check", "untrained_markdown",
            "write_report"]
 
 REPO = Path(__file__).resolve().parents[1]

@@ -16,6 +16,7 @@ from st_hardneg.retrieval_data import (
     MRPCFormatError,
     assert_no_test_leak,
     build_mrpc_retrieval,
+    dev_split,
     mine_training_negatives,
     read_mrpc,
 )
@@ -143,6 +144,67 @@ def test_leak_check_raises(tmp_path):
         assert_no_test_leak(data, ["the cat is eating food ."])  # a relevant document
     with pytest.raises(ValueError, match="test-task sentence"):
         assert_no_test_leak(data, ["a woman plays the piano ."])  # a query
+
+
+# --------------------------------------------------------------------------- dev split
+CHAIN_TRAIN = [  # a - b - c chained paraphrases, plus independent pairs
+    (1, "401", "402", "alpha one .", "alpha two ."),
+    (1, "402", "403", "alpha two .", "alpha three ."),
+    *[(1, str(500 + 2 * i), str(501 + 2 * i), f"topic {i} first .", f"topic {i} second .") for i in range(12)],
+]
+
+
+def _check_dev_split(full, dev):
+    """Every invariant of a dev split, re-derived from the full split."""
+    queries = set(dev.task.queries.values())
+    answers = {dev.task.corpus[d] for docs in dev.task.relevant_docs.values() for d in docs}
+    for qid, text in dev.task.queries.items():  # relevant = all labelled train paraphrases of the query
+        assert {dev.task.corpus[d] for d in dev.task.relevant_docs[qid]} == full.known_paraphrases[text]
+    assert not queries & answers  # no query is another query's answer
+    assert set(dev.task.corpus.values()) == set(full.train_corpus) - queries
+    protected = queries | answers
+    assert dev.train_pairs == [p for p in full.train_pairs if not set(p) & protected]
+    assert set(dev.train_corpus) == set(full.train_corpus) - protected
+    assert dev.protected_sentences() == protected
+    assert not protected & full.protected_sentences()  # the test task is never touched
+    for text, paraphrases in dev.known_paraphrases.items():
+        assert text not in protected and not paraphrases & protected
+
+
+def test_dev_split_by_hand(tmp_path):
+    full = build_mrpc_retrieval(write_mrpc(tmp_path, train=CHAIN_TRAIN))
+    assert len(full.train_pairs) == 14
+    dev = dev_split(full, fraction=0.25, seed=3)
+    assert len(dev.task.queries) == round(0.25 * 14) == 4
+    _check_dev_split(full, dev)
+    assert dev.stats["dev_queries"] == 4 and dev.stats["train_pairs_kept"] == len(dev.train_pairs)
+    assert dev.task.name == "MRPC-dev-retrieval"
+    # deterministic for a seed, different for another, never dependent on the file order
+    assert dev_split(full, fraction=0.25, seed=3).task.queries == dev.task.queries
+    reversed_full = build_mrpc_retrieval(write_mrpc(tmp_path / "rev", train=CHAIN_TRAIN[::-1]))
+    assert set(dev_split(reversed_full, 0.25, seed=3).task.queries.values()) == set(dev.task.queries.values())
+    splits = {frozenset(dev_split(full, 0.25, seed=s).task.queries.values()) for s in range(6)}
+    assert len(splits) > 1
+    # the chain: "alpha two ." is a paraphrase of both ends, so if it is an answer neither of its paraphrases'
+    # paraphrases can be a query answered by a query
+    for s in range(20):
+        _check_dev_split(full, dev_split(full, fraction=0.5, seed=s))
+
+
+@pytest.mark.parametrize("fraction", [0, 1, -0.1, 1.5, "0.2", True, 0.01])
+def test_dev_split_rejects_bad_fractions(tmp_path, fraction):
+    full = build_mrpc_retrieval(write_mrpc(tmp_path, train=CHAIN_TRAIN))
+    with pytest.raises(ValueError, match="fraction|dev query"):
+        dev_split(full, fraction=fraction)
+
+
+@pytest.mark.integration
+def test_dev_split_of_the_real_mrpc(shared_data):
+    full = build_mrpc_retrieval(shared_data)
+    dev = dev_split(full)
+    _check_dev_split(full, dev)
+    assert dev.stats == {"dev_queries": 522, "dev_corpus": 7134, "dev_relevant_docs": 541, "train_pairs_kept": 2036,
+                         "train_pairs_excluded_dev_overlap": 576, "train_corpus": 6595}
 
 
 # --------------------------------------------------------------------------- evaluator
@@ -320,6 +382,30 @@ def test_retrieval_benchmark_smoke_and_resume(shared_data, text_model_dir, tmp_p
     # mining that keeps less than one batch is an error, not a silent zero-step run
     with pytest.raises(ValueError, match="fewer than one batch"):
         bench.main([*argv[:-2], "--relative-margin", "0.99", "--out", str(tmp_path / "other.json")])
+
+
+@pytest.mark.integration
+def test_retrieval_benchmark_selection_on_the_dev_split(shared_data, text_model_dir, tmp_path):
+    bench = _load_benchmark()
+    out = tmp_path / "selection.json"
+    argv = ["--select", "--methods", "mnrl", "focal", "focal_margin_rel0.05", "--model", str(text_model_dir),
+            "--data-dir", str(shared_data), "--select-out", str(out), "--quiet", "--work-dir", str(tmp_path / "w"),
+            "--cache-dir", str(tmp_path / "cache"), "--limit", "160", "--max-steps", "2", "--relative-margin", "none"]
+    assert bench.main(argv) == 0
+    data = json.loads(out.read_text())
+    assert [(r["method"], r["seed"]) for r in data["runs"]] == [("mnrl", 0), ("focal", 0),
+                                                                ("focal_margin_rel0.05", 0)]
+    for run in data["runs"]:  # scored on the dev task only: 522 dev queries, no STS, never the test task
+        assert run["retrieval"]["queries"] == 522 and run["retrieval"]["corpus"] == 7134 and run["sts"] is None
+    assert data["runs"][2]["loss_config"]["false_negative_margin"] == 0.05
+    assert data["dev_task"]["dev_queries"] == 522 and data["training_data"]["pairs"] == 160
+    assert [p.name.split("-")[1] for p in (tmp_path / "cache").glob("*.json")] == ["dev"]  # its own mined set
+    # the better focal configuration on dev is the family's choice, in bold in the table
+    focal = {r["method"]: r["retrieval"]["ndcg@10"] for r in data["runs"] if r["method"].startswith("focal")}
+    best = max(focal, key=lambda m: (focal[m], m == "focal"))
+    assert bench.selected(data, bench.SELECTION)["focal"] == best
+    table = out.with_suffix(".md").read_text()
+    assert f"| **{best}** | focal |" in table and "| **mnrl** | mnrl |" in table
 
 
 def test_benchmark_target_check_by_hand():
