@@ -40,6 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from retrieval_report import (  # noqa: E402  (the report half of this benchmark)
     BUILTIN,
     markdown,
+    readme_table,
     selected,
     selection_markdown,
     summarize,
@@ -50,7 +51,7 @@ from retrieval_report import (  # noqa: E402  (the report half of this benchmark
 
 from st_hardneg.retrieval_recipe import DEFAULT_CACHE_DIR, MINING, TRAINING  # noqa: E402
 
-__all__ = ["BUILTIN", "MINING", "markdown", "selected", "selection_markdown", "summarize", "target_check", "untrained_markdown",
+__all__ = ["BUILTIN", "MINING", "markdown", "readme_table", "selected", "selection_markdown", "summarize", "target_check", "untrained_markdown",
            "write_report"]
 
 REPO = Path(__file__).resolve().parents[1]
@@ -58,6 +59,7 @@ RESULTS = REPO / "benchmarks" / "results"
 DEFAULT_OUT = RESULTS / "retrieval.json"
 UNTRAINED_OUT = RESULTS / "retrieval_untrained.json"
 SELECTION_OUT = RESULTS / "retrieval_selection.json"
+README = REPO / "README.md"
 DEV_SPLIT = {"fraction": 0.2, "seed": 0}
 STS_TASKS = ("STS12", "STS13", "STS14", "STS15", "STS16", "STSBenchmark", "SICKRelatedness")
 #: label -> (loss name in st_hardneg.training.LOSSES, or one of LOCAL_FACTORIES; hyperparameters)
@@ -198,8 +200,13 @@ def run_one(label: str, loss_name: str, loss_kwargs: dict, seed: int, dataset, a
     loss = build(loss_name, model, loss_kwargs, args)
     config = train_config(work, seed=seed, batch_size=args.batch_size, max_steps=args.max_steps,
                           show_progress_bar=not args.quiet)
+    callbacks = []
+    if hasattr(loss, "controls_false_negatives"):  # an st-hardneg loss: count what its false-negative control masks
+        from st_hardneg.callbacks import FalseNegativeLog
+
+        callbacks.append(FalseNegativeLog(loss))
     run = run_training(model, loss, dataset, config, score=lambda trained: evaluate(trained, args, task),
-                       keep_checkpoints=False)
+                       callbacks=callbacks, keep_checkpoints=False)
     result = run.train
     return {
         "method": label,
@@ -210,6 +217,7 @@ def run_one(label: str, loss_name: str, loss_kwargs: dict, seed: int, dataset, a
         "train_seconds": round(result.train_seconds, 1),
         "median_step_seconds": result.median_step_seconds,
         "steps": result.steps,
+        "false_negatives": callbacks[0].summary() if callbacks else None,
         "torch_threads": torch.get_num_threads(),
         # the machine's 1-minute load average at the end: ~threads when the run had the cores to itself
         "load_avg": round(os.getloadavg()[0], 2),
@@ -224,6 +232,14 @@ def untrained(args) -> dict[str, Any]:
     scores = evaluate(load_model(args), args)
     return {"method": "untrained", "seed": None, **scores, "wall_seconds": round(time.perf_counter() - start, 1),
             "torch_threads": torch.get_num_threads(), "finished": time.strftime("%Y-%m-%d %H:%M:%S")}
+
+
+def update_readme(data: dict[str, Any], readme: Path = README) -> None:
+    """Rewrite the README's generated retrieval table (between its ``retrieval-table`` markers) from ``data``."""
+    from st_hardneg.reporting import replace_block
+
+    every = {**METHODS, **OPTIONAL_METHODS}
+    readme.write_text(replace_block(readme.read_text(), "retrieval-table", readme_table(data, every)))
 
 
 def select(args, parser) -> int:
@@ -324,6 +340,8 @@ def main(argv: list[str] | None = None) -> int:
                     untrained=None if args.no_untrained else lambda: untrained(args))
     write_report(data, out)
     if data["runs"]:
+        if out.resolve() == DEFAULT_OUT.resolve():  # the committed results: keep the README's table in sync
+            update_readme(data)
         print(markdown(data))
     return 0
 

@@ -53,6 +53,66 @@ def target_check(runs: list[dict[str, Any]]) -> dict[str, Any] | None:
             "met": bool(delta >= 1.0 and paired and all(d > 0 for d in paired.values()))}
 
 
+#: a method labelled ``<X>_no_fnc`` is ``<X>`` with every false-negative control off: the ablation pairs
+NO_FNC_SUFFIX = "_no_fnc"
+
+
+def ablation_check(runs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """For every ``X`` run next to ``X_no_fnc``: nDCG@10 of ``X`` minus ``X_no_fnc`` (mean, per seed), and whether
+    false-negative control was never worse (on the mean and on every seed)."""
+    summary = summarize([r for r in runs if r["seed"] is not None])
+    result = {}
+    for method in summary:
+        ablated = method + NO_FNC_SUFFIX
+        if ablated not in summary:
+            continue
+        ref = {r["seed"]: r["retrieval"]["ndcg@10"] for r in runs if r["method"] == ablated}
+        paired = {r["seed"]: r["retrieval"]["ndcg@10"] - ref[r["seed"]]
+                  for r in runs if r["method"] == method and r["seed"] in ref}
+        delta = summary[method]["ndcg@10"][0] - summary[ablated]["ndcg@10"][0]
+        result[method] = {"delta_ndcg@10": delta, "paired_delta_per_seed": paired,
+                          "never_worse": bool(delta >= 0 and all(d >= 0 for d in paired.values()))}
+    return result
+
+
+def _check_lines(runs: list[dict[str, Any]]) -> str:
+    """The target and ablation verdicts under a table."""
+    text = ""
+    check = target_check(runs)
+    if check:
+        paired = ", ".join(f"seed {s}: {d:+.2f}" for s, d in sorted(check["paired_delta_per_seed"].items()))
+        text += (f"\nTarget (best st-hardneg ≥ best ST built-in + 1.0 nDCG@10, every seed above): best built-in "
+                 f"**{check['best_builtin']}**, best st-hardneg **{check['best_st_hardneg']}**, "
+                 f"Δ = {check['delta_ndcg@10']:+.2f} ({paired}) → {'met' if check['met'] else 'not met'}.\n")
+    for method, row in ablation_check(runs).items():
+        paired = ", ".join(f"seed {s}: {d:+.2f}" for s, d in sorted(row["paired_delta_per_seed"].items()))
+        text += (f"\nFalse-negative control, {method} vs {method}{NO_FNC_SUFFIX}: Δ nDCG@10 = "
+                 f"{row['delta_ndcg@10']:+.2f} ({paired}) → "
+                 f"{'never worse' if row['never_worse'] else 'worse on the mean or on a seed'}.\n")
+    return text
+
+
+def readme_table(data: dict[str, Any], methods: dict[str, tuple[str, dict[str, Any]]]) -> str:
+    """The README's compact retrieval table (mean ± std over seeds) with the target and ablation verdicts;
+    ``methods`` (label → (loss, options)) names each row's options."""
+    from st_hardneg.reporting import markdown_table
+
+    summary = summarize(data["runs"])
+    best_builtin = max((m for m in summary if m in BASELINES), key=lambda m: summary[m]["ndcg@10"][0], default=None)
+    rows = []
+    for method, row in summary.items():
+        loss, options = methods.get(method, (method, {}))
+        what = "–" if method == "untrained" else f"`{loss}`" + (
+            " " + ", ".join(f"`{k}={v!r}`" for k, v in options.items()) if options else "")
+        delta = ("–" if method == "untrained" or best_builtin is None else
+                 f"{row['ndcg@10'][0] - summary[best_builtin]['ndcg@10'][0]:+.2f}")
+        rows.append([method, what, len(row["seeds"]) or "–",
+                     *(f"{row[m][0]:.2f} ± {row[m][1]:.2f}" for m in METRICS),
+                     f"{row['sts_avg'][0]:.2f}" if row["sts_avg"] else "–", delta])
+    return markdown_table(["method", "loss, options", "seeds", "nDCG@10", "MRR@10", "R@1", "STS avg",
+                           "Δ nDCG@10 vs best built-in"], rows) + _check_lines(data["runs"])
+
+
 def markdown(data: dict[str, Any]) -> str:
     from st_hardneg.reporting import markdown_table
 
@@ -76,13 +136,7 @@ def markdown(data: dict[str, Any]) -> str:
         cells.append(f"{row['step']:.2f}" if row["step"] else "–")
         cells.append(f"{row['train_seconds']:.0f}" if row["train_seconds"] else "–")
         rows.append(cells)
-    text = markdown_table(header, rows)
-    check = target_check(runs)
-    if check:
-        paired = ", ".join(f"seed {s}: {d:+.2f}" for s, d in sorted(check["paired_delta_per_seed"].items()))
-        text += (f"\nTarget (best st-hardneg ≥ best ST built-in + 1.0 nDCG@10, every seed above): best built-in "
-                 f"**{check['best_builtin']}**, best st-hardneg **{check['best_st_hardneg']}**, "
-                 f"Δ = {check['delta_ndcg@10']:+.2f} ({paired}) → {'met' if check['met'] else 'not met'}.\n")
+    text = markdown_table(header, rows) + _check_lines(runs)
     if data.get("training_data"):
         info = data["training_data"]
         text += f"\nTraining data: {info['triplets']} triplets from {info['pairs']} pairs (mined once).\n"

@@ -32,7 +32,7 @@ from transformers import TrainerCallback
 
 from st_hardneg.training_hooks import OptimizerDrivenLoss
 
-__all__ = ["StatefulLossCallback", "add_stateful_loss_callback", "find_stateful_losses"]
+__all__ = ["FalseNegativeLog", "StatefulLossCallback", "add_stateful_loss_callback", "find_stateful_losses"]
 
 
 def _is_stateful(module: Any) -> bool:
@@ -82,3 +82,43 @@ def add_stateful_loss_callback(trainer: Any) -> StatefulLossCallback | None:
     callback = StatefulLossCallback(*losses)
     trainer.add_callback(callback)
     return callback
+
+
+class FalseNegativeLog(TrainerCallback):
+    """Counts, after every optimizer step, the candidates an st-hardneg loss masked as false negatives in its last
+    batch (``loss.diagnostics["masked_false_negatives_total"]``, 0 before anything was masked), so a run can report
+    how much its false-negative control actually did.
+
+    With gradient accumulation or GradCache the count is that of the step's last forward.
+
+    Usage::
+
+        log = FalseNegativeLog(loss)
+        trainer = SentenceTransformerTrainer(model=model, args=args, train_dataset=ds, loss=loss, callbacks=[log])
+        trainer.train()
+        log.summary()   # {"steps": 40, "masked_total": 113.0, "masked_per_batch": 2.825, "batches_with_any": 31}
+
+    Args:
+        loss: a loss with a ``diagnostics`` mapping (every st-hardneg loss).
+
+    Raises:
+        TypeError: ``loss`` has no ``diagnostics``.
+    """
+
+    def __init__(self, loss: nn.Module) -> None:
+        if not hasattr(loss, "diagnostics"):
+            raise TypeError(f"FalseNegativeLog needs a loss with `diagnostics` (an st-hardneg loss), got "
+                            f"{type(loss).__name__}")
+        self.loss = loss
+        #: masked candidates of each optimizer step's last batch
+        self.per_step: list[float] = []
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.per_step.append(float(self.loss.diagnostics.get("masked_false_negatives_total", 0.0)))
+
+    def summary(self) -> dict[str, float | int]:
+        """``steps``, ``masked_total``, ``masked_per_batch`` (mean over steps) and ``batches_with_any``."""
+        steps = len(self.per_step)
+        total = sum(self.per_step)
+        return {"steps": steps, "masked_total": total, "masked_per_batch": total / steps if steps else 0.0,
+                "batches_with_any": sum(1 for value in self.per_step if value > 0)}

@@ -3,6 +3,9 @@ here with plain loops: a masked candidate is simply deleted from its anchor's ro
 
 from __future__ import annotations
 
+import tempfile
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -448,3 +451,43 @@ def test_text_keys_of_the_wrong_shape_are_rejected():
     loss.set_false_negative_inputs(text_keys=torch.zeros(2, 4, dtype=torch.long))
     with pytest.raises(ValueError, match="text keys"):
         loss.compute_loss_from_embeddings(columns(n=5), None)
+
+
+def test_false_negative_log_counts_what_the_loss_masked_per_step():
+    from st_hardneg.callbacks import FalseNegativeLog
+
+    class Stub(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.diagnostics = {}
+
+    loss = Stub()
+    log = FalseNegativeLog(loss)
+    for diagnostics in ({}, {"masked_false_negatives_total": 3.0}, {"masked_false_negatives_total": 0.0},
+                        {"masked_false_negatives_total": 5.0, "masked_false_negatives": 0.625}):
+        loss.diagnostics = diagnostics
+        log.on_step_end(None, None, None)
+    assert log.per_step == [0.0, 3.0, 0.0, 5.0]
+    assert log.summary() == {"steps": 4, "masked_total": 8.0, "masked_per_batch": 2.0, "batches_with_any": 2}
+    assert FalseNegativeLog(Stub()).summary()["masked_per_batch"] == 0.0
+    with pytest.raises(TypeError, match="diagnostics"):
+        FalseNegativeLog(torch.nn.Linear(2, 2))
+
+
+def test_false_negative_log_in_a_real_training_step_matches_the_diagnostics(tiny_model):
+    from datasets import Dataset
+
+    from st_hardneg import FocalInfoNCELoss
+    from st_hardneg.callbacks import FalseNegativeLog
+    from st_hardneg.training import TrainConfig, train
+
+    # an absolute margin of 2 masks every non-positive candidate: 3 other positives + 4 negatives per anchor
+    loss = FocalInfoNCELoss(tiny_model, false_negative_margin=2.0)
+    log = FalseNegativeLog(loss)
+    texts = [f"sentence number {i}" for i in range(8)]
+    data = Dataset.from_dict({"anchor": texts, "positive": [t + " again" for t in texts],
+                              "negative": [t + " not" for t in texts]})
+    config = TrainConfig(output_dir=str(Path(tempfile.mkdtemp())), batch_size=4, max_steps=2, eval_steps=0,
+                         save_checkpoints=False, show_progress_bar=False)
+    train(tiny_model, data, loss, config, callbacks=[log])
+    assert log.per_step == [4 * (3 + 4)] * 2 == [loss.diagnostics["masked_false_negatives_total"]] * 2

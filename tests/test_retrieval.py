@@ -398,6 +398,11 @@ def test_retrieval_benchmark_selection_on_the_dev_split(shared_data, text_model_
     for run in data["runs"]:  # scored on the dev task only: 522 dev queries, no STS, never the test task
         assert run["retrieval"]["queries"] == 522 and run["retrieval"]["corpus"] == 7134 and run["sts"] is None
     assert data["runs"][2]["loss_config"]["false_negative_margin"] == 0.05
+    assert data["runs"][0]["false_negatives"] is None  # ST's MNRL has no false-negative control
+    for run in data["runs"][1:]:
+        log = run["false_negatives"]
+        assert log["steps"] == 2 and log["batches_with_any"] <= 2
+        assert log["masked_per_batch"] == pytest.approx(log["masked_total"] / 2)
     assert data["dev_task"]["dev_queries"] == 522 and data["training_data"]["pairs"] == 160
     assert [p.name.split("-")[1] for p in (tmp_path / "cache").glob("*.json")] == ["dev"]  # its own mined set
     # the better focal configuration on dev is the family's choice, in bold in the table
