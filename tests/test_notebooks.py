@@ -2,14 +2,15 @@
 
 Run as a script to execute them for real and save their outputs in place (what is committed):
 
-    python tests/test_notebooks.py                 # both notebooks, real configuration
-    python tests/test_notebooks.py quickstart      # one of them
+    python tests/test_notebooks.py                 # every notebook, real configuration
+    python tests/test_notebooks.py quickstart      # one of them (quickstart, analysis, retrieval)
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -63,6 +64,22 @@ def test_quickstart_smoke(smoke_env):
 
 
 @pytest.mark.integration
+def test_retrieval_smoke(smoke_env):
+    notebook = execute(NOTEBOOKS / "retrieval.ipynb", timeout=600)
+    text = _outputs(notebook)
+    assert "smoke mode: True" in text
+    assert "test queries or relevant documents among the training sentences: 0" in text
+    number = r"\d+\.\d\d"
+    for row in ("untrained", r"trained \(FocalInfoNCE\)"):
+        assert re.search(rf"\| {row} \| {number} \| {number} \| {number} \|", text), row
+    assert _images(notebook) >= 1
+    per_batch = r"masked false negatives per batch \(of 16 anchors × 31 candidates\): \[\d+, \d+\]"  # 2 steps
+    assert re.search(per_batch, text), "no per-batch masked-false-negative counts"
+    assert "'masked_false_negatives': " in text  # loss.diagnostics of the last batch
+    assert (smoke_env / "output" / "retrieval" / "final" / "modules.json").is_file()  # the trained model, saved
+
+
+@pytest.mark.integration
 def test_analysis_smoke_with_partial_results(smoke_env, monkeypatch):
     """A partial benchmark JSON (one run lacks scores, most method × seed runs missing) and no overhead file."""
     results = smoke_env / "results"
@@ -94,7 +111,7 @@ def test_analysis_smoke_with_partial_results(smoke_env, monkeypatch):
 def main(names: list[str]) -> int:
     import nbformat
 
-    for name in names or ["quickstart", "analysis"]:
+    for name in names or ["quickstart", "analysis", "retrieval"]:
         path = NOTEBOOKS / f"{name.removesuffix('.ipynb')}.ipynb"
         os.environ.pop("ST_HARDNEG_SMOKE", None)
         start = time.perf_counter()
