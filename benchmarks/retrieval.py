@@ -115,30 +115,28 @@ PROTOCOL = {
 
 # --------------------------------------------------------------------------- model, data
 def load_model(args):
-    from st_hardneg.models import load_default_model
-    from st_hardneg.models import load_model as load_any
+    """The untrained model (the embedded default, or ``--model``) with the recipe's pooling and length."""
+    from st_hardneg.retrieval_recipe import load_recipe_model
 
-    if args.model:
-        return load_any(args.model, pooling=TRAINING["pooling"], max_seq_length=TRAINING["max_seq_length"])
-    return load_default_model(pooling=TRAINING["pooling"], max_seq_length=TRAINING["max_seq_length"])
+    return load_recipe_model(args.model)
 
 
 def mined_dataset(args, data=None, dev: bool = False):
-    """The (anchor, positive, negative) training set of the test split (or, with ``dev``, of the dev split), mined
-    once and cached as JSON in ``args.cache_dir``; returns ``(dataset, info)``."""
+    """The (anchor, positive, negative) training set of the test split (the cache file ``st-hardneg train --task
+    retrieval`` shares) or, with ``dev``, of the dev split; mined once, cached in ``args.cache_dir``; returns
+    ``(dataset, info)``."""
     from st_hardneg.mining import file_digest
     from st_hardneg.retrieval_data import build_mrpc_retrieval, dev_split, mrpc_files
-    from st_hardneg.retrieval_recipe import mined_triplets
+    from st_hardneg.retrieval_recipe import mined_mrpc_triplets, mined_triplets
 
-    data = data or build_mrpc_retrieval(args.data_dir)
-    data_key = file_digest(mrpc_files(args.data_dir).values())
-    if dev:
-        data = dev_split(data, **DEV_SPLIT)
-        data_key += f":dev{DEV_SPLIT['fraction']}-{DEV_SPLIT['seed']}"
+    options = {"mining": mining_settings(args), "cache_dir": args.cache_dir, "limit": args.limit,
+               "min_rows": args.batch_size}
+    if not dev:
+        return mined_mrpc_triplets(args.data_dir, args.model, data=data, **options)
+    data = dev_split(data or build_mrpc_retrieval(args.data_dir), **DEV_SPLIT)
+    data_key = file_digest(mrpc_files(args.data_dir).values()) + f":dev{DEV_SPLIT['fraction']}-{DEV_SPLIT['seed']}"
     return mined_triplets(data, lambda: load_model(args), model_key=args.model or "default", data_key=data_key,
-                          mining=mining_settings(args), cache_dir=args.cache_dir,
-                          prefix="mrpc-dev-mined" if dev else "mrpc-mined", limit=args.limit,
-                          min_rows=args.batch_size)
+                          prefix="mrpc-dev-mined", **options)
 
 
 def mining_settings(args) -> dict[str, Any]:
@@ -173,16 +171,10 @@ def build(loss_name: str, model, kwargs: dict[str, Any], args):
 # --------------------------------------------------------------------------- runs
 def evaluate(model, args, task=None) -> dict[str, Any]:
     """Retrieval on ``task`` (default: the MRPC test task) and, unless ``--no-sts`` or a ``task`` is given, the STS
-    average."""
-    from st_hardneg.evaluation import evaluate_retrieval, evaluate_sts
+    average (:func:`st_hardneg.retrieval_recipe.evaluate_recipe`)."""
+    from st_hardneg.retrieval_recipe import evaluate_recipe
 
-    start = time.perf_counter()
-    retrieval = evaluate_retrieval(model, args.data_dir, task=task, batch_size=128)
-    middle = time.perf_counter()
-    skip_sts = args.no_sts or task is not None
-    sts = None if skip_sts else evaluate_sts(model, args.data_dir, batch_size=128, show_progress_bar=False)
-    return {"retrieval": retrieval, "sts": sts, "eval_seconds": {"retrieval": round(middle - start, 1),
-                                                                  "sts": round(time.perf_counter() - middle, 1)}}
+    return evaluate_recipe(model, args.data_dir, task=task, sts=not (args.no_sts or task is not None), batch_size=128)
 
 
 def run_one(label: str, loss_name: str, loss_kwargs: dict, seed: int, dataset, args, task=None) -> dict[str, Any]:

@@ -7,13 +7,21 @@ score retrieval.
   lr 2e-5 with 10 % warm-up).
 - :func:`mined_triplets`: the (anchor, positive, negative) training set of an :class:`MRPCRetrieval` split, mined once
   and cached as JSON (keyed by the model, the settings and the data files' bytes).
+- :func:`mined_mrpc_triplets`: :func:`mined_triplets` of the MRPC test split under the one cache key that the command
+  line and the benchmark share, mined by :func:`load_recipe_model`.
+- :func:`read_training_file`: your own (anchor, positive[, negative ...]) rows from a JSON lines / JSON / CSV / TSV
+  file, checked (``st-hardneg train --task retrieval --train-file``).
 - :func:`train_config`: a :class:`~st_hardneg.training.TrainConfig` with :data:`TRAINING`'s values.
+- :func:`evaluate_recipe` and :func:`recipe_table`: the recipe's scores (retrieval on the MRPC test task, the 7-task
+  STS average) and their markdown table.
 
 >>> from st_hardneg.retrieval_recipe import MINING, TRAINING, mined_triplets
 """
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -30,6 +38,14 @@ TRAINING: dict[str, Any] = {"pooling": "mean", "max_seq_length": 128, "batch_siz
                             "epochs": 1, "warmup_ratio": 0.1}
 #: where mined training sets are cached
 DEFAULT_CACHE_DIR = Path.home() / ".cache" / "st_hardneg" / "retrieval"
+#: the file types :func:`read_training_file` reads: suffix → (``datasets.Dataset`` reader, its keyword arguments)
+TRAIN_FILE_FORMATS: dict[str, tuple[str, dict[str, Any]]] = {
+    ".jsonl": ("from_json", {}), ".json": ("from_json", {}), ".csv": ("from_csv", {}), ".tsv": ("from_csv", {"sep": "\t"}),
+}
+#: column names that sentence-transformers reads as labels, not as texts
+LABEL_COLUMNS = ("label", "labels", "score", "scores")
+
+logger = logging.getLogger(__name__)
 
 
 def mined_triplets(
@@ -105,3 +121,156 @@ def train_config(output_dir: str | Path, seed: int = 0, **overrides: Any) -> Tra
                               "save_checkpoints": False}
     values.update(overrides)
     return TrainConfig(**values)
+
+
+def load_recipe_model(model_name: str | None = None):
+    """The untrained model of the recipe: ``model_name`` (``None`` or ``"default"``: the embedded all-MiniLM-L6-v2;
+    see :func:`st_hardneg.models.resolve_model`) with :data:`TRAINING`'s pooling and length. It mines the training set
+    (the cache key of :func:`mined_triplets` names exactly these settings)."""
+    from st_hardneg.models import resolve_model
+
+    return resolve_model(model_name, pooling=TRAINING["pooling"], max_seq_length=TRAINING["max_seq_length"])
+
+
+def mined_mrpc_triplets(
+    data_dir: str | Path | None = None,
+    model_name: str | None = None,
+    *,
+    data: MRPCRetrieval | None = None,
+    mining: dict[str, Any] | None = None,
+    cache_dir: str | Path = DEFAULT_CACHE_DIR,
+    limit: int = 0,
+    min_rows: int = 1,
+) -> tuple[Any, dict[str, Any]]:
+    """The mined training set of the MRPC test split: :func:`mined_triplets` under the cache key that
+    ``st-hardneg train --task retrieval`` and ``benchmarks/retrieval.py`` share (model key ``model_name`` or
+    ``"default"``, data key :func:`st_hardneg.mining.file_digest` of the two MRPC files, prefix ``"mrpc-mined"``), so
+    both reuse one cache file; mined by :func:`load_recipe_model` when it is not cached yet.
+
+    Args:
+        data_dir: the SentEval directory holding ``MRPC/``.
+        model_name: the model to train (``None``: the embedded default).
+        data: :func:`~st_hardneg.retrieval_data.build_mrpc_retrieval` of ``data_dir``, if already built.
+        mining, cache_dir, limit, min_rows: see :func:`mined_triplets`.
+
+    Returns:
+        ``(dataset, info)`` as :func:`mined_triplets`, ``info["source"]`` naming the data.
+    """
+    from st_hardneg.mining import file_digest
+    from st_hardneg.retrieval_data import build_mrpc_retrieval, mrpc_files
+
+    data = data if data is not None else build_mrpc_retrieval(data_dir)
+    data_key = file_digest(mrpc_files(data_dir).values())
+    dataset, info = mined_triplets(data, lambda: load_recipe_model(model_name), model_key=model_name or "default",
+                                   data_key=data_key, mining=mining, cache_dir=cache_dir, prefix="mrpc-mined",
+                                   limit=limit, min_rows=min_rows)
+    return dataset, {"source": "mined MRPC train pairs", **info}
+
+
+def read_training_file(path: str | Path, *, min_rows: int = 1, limit: int = 0,
+                       data: MRPCRetrieval | None = None) -> tuple[Any, dict[str, Any]]:
+    """Your own training rows (e.g. triplets you mined) from a ``.jsonl`` / ``.json`` / ``.csv`` / ``.tsv`` file, read
+    with ``datasets`` and checked.
+
+    The columns are taken in file order as anchor, positive, then any number of negatives (e.g. ``anchor``,
+    ``positive``, ``negative``), every one text; rows are used as they are (no mining, no filtering).
+
+    Args:
+        path: the file (CSV / TSV with a header line).
+        min_rows: fewer rows than this (e.g. one batch) raise ``ValueError``.
+        limit: use only the first ``limit`` rows (0 = all).
+        data: an :class:`~st_hardneg.retrieval_data.MRPCRetrieval`: its test-task sentences found in the rows are
+            counted (``info["test_task_overlap"]``) and logged as a warning, since they make its scores optimistic.
+
+    Returns:
+        ``(dataset, info)``: the ``datasets.Dataset`` and what a results file should record (file, rows, columns).
+
+    Raises:
+        ValueError: a missing or empty file, an unknown extension, a file the reader rejects, fewer than 2 columns, a
+            label or non-text column, an empty value (the message names the 1-based row, header not counted and the
+            column) or fewer than ``min_rows`` rows.
+    """
+    import datasets
+    from datasets import Dataset
+
+    path = Path(path).expanduser()
+    where = f"training file {path}"
+    if not path.is_file():
+        raise ValueError(f"{where} does not exist")
+    if path.suffix.lower() not in TRAIN_FILE_FORMATS:
+        raise ValueError(f"{where}: unknown extension {path.suffix or '(none)'!r}; use one of "
+                         f"{', '.join(TRAIN_FILE_FORMATS)}")
+    with path.open("rb") as handle:
+        if not handle.read(1 << 16).strip():
+            raise ValueError(f"{where} is empty")
+    reader, kwargs = TRAIN_FILE_FORMATS[path.suffix.lower()]
+    bars = not datasets.are_progress_bars_disabled()
+    datasets.disable_progress_bars()  # reading a local file: no "Generating train split" bars around our messages
+    try:
+        dataset = getattr(Dataset, reader)(str(path), **kwargs)
+    except Exception as exc:  # datasets wraps the parsers' errors (pyarrow, pandas) in its own types
+        cause = exc.__cause__ or exc
+        message = (str(cause).strip().splitlines() or [type(cause).__name__])[0]
+        raise ValueError(f"{where} cannot be read as {path.suffix.lower()[1:]}: {message}") from exc
+    finally:
+        if bars:
+            datasets.enable_progress_bars()
+    columns = list(dataset.column_names)
+    if len(columns) < 2:
+        raise ValueError(f"{where} has {len(columns)} column(s) {columns}; need at least 2: anchor, positive"
+                         "[, negative ...]")
+    for column in columns:
+        dtype = getattr(dataset.features[column], "dtype", type(dataset.features[column]).__name__)
+        if column.lower() in LABEL_COLUMNS or dtype not in ("string", "large_string"):
+            what = "is a label column" if column.lower() in LABEL_COLUMNS else f"holds {dtype} values"
+            raise ValueError(f"{where}: column {column!r} {what}; every column must be text (anchor, positive"
+                             "[, negative ...])")
+    if limit:
+        dataset = dataset.select(range(min(limit, len(dataset))))
+    for column in columns:
+        for number, text in enumerate(dataset[column], start=1):
+            if text is None or not text.strip():
+                raise ValueError(f"{where}: row {number}, column {column!r} is empty")
+    if len(dataset) < min_rows:
+        first = f" (the first {limit})" if limit else ""
+        raise ValueError(f"{where} has {len(dataset)} row(s){first}, fewer than one batch ({min_rows}); add rows or "
+                         "use a smaller batch size")
+    info: dict[str, Any] = {"source": "file", "file": str(path), "rows": len(dataset), "columns": columns,
+                            "limit": limit}
+    if data is not None:
+        protected = data.protected_sentences()
+        overlap = {text for column in columns for text in dataset[column] if text in protected}
+        info["test_task_overlap"] = len(overlap)
+        if overlap:
+            logger.warning("%s holds %d sentence(s) of the test task %s: its retrieval scores are optimistic", where,
+                           len(overlap), data.task.name)
+    return dataset, info
+
+
+def evaluate_recipe(model, data_dir: str | Path | None = None, *, task=None, sts: bool = True, batch_size: int = 128,
+                    show_progress_bar: bool = False) -> dict[str, Any]:
+    """The recipe's scores of ``model``: :func:`~st_hardneg.evaluation.evaluate_retrieval` on ``task`` (default: the
+    MRPC test task of ``data_dir``) and, with ``sts``, :func:`~st_hardneg.evaluation.evaluate_sts` (the 7 tasks).
+
+    Returns:
+        ``{"retrieval": {...}, "sts": {...} or None, "eval_seconds": {"retrieval": s, "sts": s}}``.
+    """
+    from st_hardneg.evaluation import evaluate_retrieval, evaluate_sts
+
+    start = time.perf_counter()
+    retrieval = evaluate_retrieval(model, data_dir, task=task, batch_size=batch_size,
+                                   show_progress_bar=show_progress_bar)
+    middle = time.perf_counter()
+    scores = evaluate_sts(model, data_dir, batch_size=batch_size, show_progress_bar=show_progress_bar) if sts else None
+    return {"retrieval": retrieval, "sts": scores,
+            "eval_seconds": {"retrieval": round(middle - start, 1), "sts": round(time.perf_counter() - middle, 1)}}
+
+
+def recipe_table(rows: dict[str, dict[str, Any]]) -> str:
+    """A markdown table of :func:`evaluate_recipe` results, one row per ``{name: result}``: nDCG@10, MRR@10, R@1
+    (x 100) and the STS average (``–`` without STS)."""
+    from st_hardneg.reporting import markdown_table
+
+    body = [[name, *(f"{result['retrieval'][m]:.2f}" for m in ("ndcg@10", "mrr@10", "recall@1")),
+             f"{result['sts']['avg']:.2f}" if result.get("sts") else "–"] for name, result in rows.items()]
+    return markdown_table(["model", "nDCG@10", "MRR@10", "R@1", "STS avg"], body).rstrip("\n")

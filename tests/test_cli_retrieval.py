@@ -1,0 +1,346 @@
+"""``st-hardneg train --task retrieval``: per-task defaults, the mined-set cache, the user's own training file, the
+scores written to results.json, and one clear error for each bad input."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from st_hardneg import cli
+from st_hardneg.retrieval_data import MRPC_HEADER
+from st_hardneg.retrieval_recipe import DEFAULT_CACHE_DIR, TRAINING
+
+ADJECTIVES = ("red", "blue", "green", "old", "new", "big")
+NOUNS = ("cat", "dog", "car", "house", "tree", "boat", "bird", "lamp")
+VERBS = ("sleeps", "waits", "moves", "shines")
+COMBOS = list(itertools.product(ADJECTIVES, NOUNS, VERBS))  # 192 distinct (adjective, noun, verb)
+# (label, id1, id2, sentence 1, sentence 2): 40 train paraphrase pairs + 8 non-paraphrases, 12 + 4 test pairs
+TRAIN = [(1, str(1000 + 2 * i), str(1001 + 2 * i), f"the {a} {n} {v} .", f"a {a} {n} {v} today .")
+         for i, (a, n, v) in enumerate(COMBOS[:40])]
+TRAIN += [(0, str(1100 + 2 * i), str(1101 + 2 * i), f"the {a} {n} {v} .", f"the {n} is not {a} .")
+          for i, (a, n, v) in enumerate(COMBOS[40:48])]
+TEST = [(1, str(2000 + 2 * i), str(2001 + 2 * i), f"the {a} {n} {v} .", f"one {a} {n} really {v} .")
+        for i, (a, n, v) in enumerate(COMBOS[60:72])]
+TEST += [(0, str(2100 + 2 * i), str(2101 + 2 * i), f"the {a} {n} {v} .", f"no {a} {n} ever {v} .")
+         for i, (a, n, v) in enumerate(COMBOS[72:76])]
+# the user's own triplets: every text distinct, so no-duplicate batching keeps rows // batch batches
+OWN = [{"anchor": f"my {a} {n} {v} .", "positive": f"your {a} {n} {v} .", "negative": f"his {a} {n} never {v} ."}
+       for a, n, v in COMBOS[100:140]]
+METRICS = ("ndcg@10", "mrr@10", "recall@1", "recall@10", "accuracy@1", "map@100")
+
+
+@pytest.fixture(scope="module")
+def mrpc_dir(tmp_path_factory) -> Path:
+    """A small MRPC in the SentEval layout (``<dir>/senteval/MRPC``), without STS data: runs use ``--no-sts``."""
+    root = tmp_path_factory.mktemp("mini-mrpc")
+    folder = root / "senteval" / "MRPC"
+    folder.mkdir(parents=True)
+    for name, rows in (("train", TRAIN), ("test", TEST)):
+        lines = ["\t".join(MRPC_HEADER)] + ["\t".join(map(str, row)) for row in rows]
+        (folder / f"msr_paraphrase_{name}.txt").write_text("\n".join(lines) + "\n", encoding="utf8")
+    return root
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> Path:
+    """A tiny random BERT whose vocabulary spells every test text word by word (distinct texts, distinct vectors)."""
+    from st_hardneg.testing import make_text_model_dir
+
+    texts = [f"{row[3]} {row[4]}" for row in (*TRAIN, *TEST)] + [" ".join(row.values()) for row in OWN]
+    return make_text_model_dir(tmp_path_factory.mktemp("tiny-text-bert"), texts)
+
+
+def _write_jsonl(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return path
+
+
+def _argv(out: Path, data_dir: Path, model_dir: Path, *extra: str) -> list[str]:
+    return ["train", "--task", "retrieval", "--model", str(model_dir), "--data-dir", str(data_dir), "--output-dir",
+            str(out), "--quiet", "--no-sts", *extra]
+
+
+def _resolved(*argv: str):
+    return cli.resolve_train_args(cli.build_parser().parse_args(["train", *argv]))
+
+
+# --------------------------------------------------------------------------- defaults per task
+def test_defaults_resolve_per_task_and_explicit_options_win():
+    sts = _resolved()
+    assert (sts.task, sts.pooling, sts.max_seq_length, sts.batch_size, sts.lr, sts.warmup_ratio, sts.epochs,
+            sts.eval_steps, sts.cache_dir) == ("sts", "cls", 32, 64, 3e-5, 0.0, 1.0, 50, None)
+    retrieval = _resolved("--task", "retrieval")
+    assert (retrieval.pooling, retrieval.max_seq_length, retrieval.batch_size, retrieval.lr, retrieval.warmup_ratio,
+            retrieval.epochs) == (TRAINING["pooling"], TRAINING["max_seq_length"], TRAINING["batch_size"],
+                                  TRAINING["learning_rate"], TRAINING["warmup_ratio"], TRAINING["epochs"])
+    assert (retrieval.pooling, retrieval.max_seq_length, retrieval.lr, retrieval.warmup_ratio) == ("mean", 128, 2e-5,
+                                                                                                  0.1)
+    assert retrieval.eval_steps == 0 and retrieval.cache_dir == str(DEFAULT_CACHE_DIR) and not retrieval.no_sts
+    # explicit values win, falsy ones included (--warmup-ratio 0 is not replaced by the recipe's 0.1)
+    explicit = _resolved("--task", "retrieval", "--lr", "5e-5", "--warmup-ratio", "0", "--pooling", "cls",
+                         "--max-seq-length", "64", "--batch-size", "16", "--epochs", "2")
+    assert (explicit.lr, explicit.warmup_ratio, explicit.pooling, explicit.max_seq_length, explicit.batch_size,
+            explicit.epochs) == (5e-5, 0.0, "cls", 64, 16, 2.0)
+    assert _resolved("--lr", "1e-4", "--eval-steps", "7").lr == 1e-4  # sts: the same options keep working
+
+
+def test_resolving_the_retrieval_task_imports_no_heavy_module():
+    code = ("import sys, st_hardneg.cli as c; c.resolve_train_args(c.build_parser().parse_args(['train', '--task', "
+            "'retrieval'])); print(','.join(m for m in ('torch', 'transformers', 'sentence_transformers', 'datasets') "
+            "if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    assert out.stdout.strip() == ""
+
+
+def test_resolved_options_reach_the_trainer(monkeypatch, mrpc_dir, model_dir, tmp_path):
+    """The TrainConfig, the model and the rows the Trainer receives (training itself is stopped before it starts)."""
+    from st_hardneg import training
+
+    seen = {}
+
+    class _Stop(Exception):
+        pass
+
+    def fake_train(model, dataset, loss, config, evaluator=None, callbacks=None):
+        seen.update(model=model, dataset=dataset, config=config, evaluator=evaluator, loss=loss)
+        raise _Stop
+
+    monkeypatch.setattr(training, "train", fake_train)
+    own = _write_jsonl(tmp_path / "own.jsonl", OWN)
+    argv = _argv(tmp_path / "out", mrpc_dir, model_dir, "--train-file", str(own), "--batch-size", "8",
+                 "--loss", "focal", "--loss-arg", "false_negative_margin=0.05", "--loss-arg",
+                 "margin_strategy=relative")
+    with pytest.raises(_Stop):
+        cli.main(argv)
+    config, model = seen["config"], seen["model"]
+    assert (config.learning_rate, config.warmup_ratio, config.batch_size, config.epochs) == (2e-5, 0.1, 8, 1)
+    assert config.eval_steps == 0 and not config.save_checkpoints and seen["evaluator"] is None
+    assert model.max_seq_length == 128 and model[1].get_config_dict()["pooling_mode"] == "mean"
+    assert seen["dataset"].to_dict() == {key: [row[key] for row in OWN] for key in ("anchor", "positive", "negative")}
+    assert seen["loss"].false_negative_margin == 0.05 and seen["loss"].margin_strategy == "relative"
+    with pytest.raises(_Stop):
+        cli.main([*argv, "--lr", "5e-5", "--max-seq-length", "48"])
+    assert seen["config"].learning_rate == 5e-5 and seen["model"].max_seq_length == 48
+
+
+# --------------------------------------------------------------------------- mined triplets, cache, scores
+def test_mined_set_is_cached_once_and_reused(monkeypatch, mrpc_dir, model_dir, tmp_path):
+    from st_hardneg import mining
+
+    calls = []
+    real = mining.mine_training_negatives
+    monkeypatch.setattr(mining, "mine_training_negatives", lambda *a, **k: calls.append(1) or real(*a, **k))
+    cache = tmp_path / "cache"
+    argv = _argv(tmp_path / "out", mrpc_dir, model_dir, "--cache-dir", str(cache), "--batch-size", "8",
+                 "--max-steps", "1", "--mining-arg", "relative_margin=None", "--loss", "mnrl")
+    assert cli.main(argv) == 0
+    files = list(cache.glob("mrpc-mined-*.json"))
+    assert len(files) == 1 and len(calls) == 1
+    mtime = files[0].stat().st_mtime_ns
+    first = json.loads((tmp_path / "out" / "results.json").read_text())
+    info = first["training_data"]
+    assert info["cache_file"] == str(files[0]) and info["pairs"] == 40 and 8 <= info["triplets"] <= 40
+    assert info["mining"]["relative_margin"] is None and first["steps"] == 1
+    stored = json.loads(files[0].read_text())
+    assert len(stored["columns"]["negative"]) == info["triplets"]
+
+    assert cli.main(argv) == 0  # the same settings: read from the cache, not mined again
+    assert len(calls) == 1 and list(cache.glob("mrpc-mined-*.json")) == files
+    assert files[0].stat().st_mtime_ns == mtime
+    assert json.loads((tmp_path / "out" / "results.json").read_text())["training_data"]["cache_file"] == str(files[0])
+
+    assert cli.main([*argv, "--limit", "24"]) == 0  # another key (the first 24 pairs): mined into a second file
+    assert len(calls) == 2 and len(list(cache.glob("mrpc-mined-*.json"))) == 2
+    assert json.loads((tmp_path / "out" / "results.json").read_text())["training_data"]["pairs"] == 24
+
+
+def test_results_equal_evaluate_retrieval_of_the_saved_model(mrpc_dir, model_dir, tmp_path, capsys):
+    from sentence_transformers import SentenceTransformer
+
+    from st_hardneg.evaluation import evaluate_retrieval
+    from st_hardneg.models import load_model
+
+    out = tmp_path / "out"
+    assert cli.main(_argv(out, mrpc_dir, model_dir, "--cache-dir", str(tmp_path / "cache"), "--batch-size", "8",
+                          "--max-steps", "2", "--mining-arg", "relative_margin=None", "--loss", "focal",
+                          "--loss-arg", "m=0.2")) == 0
+    results = json.loads((out / "results.json").read_text())
+    assert results["task"] == "retrieval" and results["steps"] == 2 and results["planned_steps"] == 2
+    assert results["sts"] is None and results["pooling"] == "mean" and results["loss_config"]["m"] == 0.2
+    final = SentenceTransformer(str(out / "final"), device="cpu")
+    assert final.max_seq_length == 128 and final[1].get_config_dict()["pooling_mode"] == "mean"
+    untrained = load_model(model_dir, pooling="mean", max_seq_length=128, device="cpu")
+    texts = [TEST[0][3], TEST[0][4]]
+    assert abs(final.encode(texts) - untrained.encode(texts)).max() > 1e-4  # the saved model is the trained one
+    recomputed = evaluate_retrieval(final, mrpc_dir)
+    assert recomputed["queries"] == results["retrieval"]["queries"] == 12
+    for metric in METRICS:
+        assert results["retrieval"][metric] == pytest.approx(recomputed[metric], abs=1e-6), metric
+    printed = capsys.readouterr().out
+    row = (f"| focal | {recomputed['ndcg@10']:.2f} | {recomputed['mrr@10']:.2f} | {recomputed['recall@1']:.2f} "
+           "| – |")
+    assert "| model | nDCG@10 | MRR@10 | R@1 | STS avg |" in printed and row in printed
+    assert "train time:" in printed and f"model: {out / 'final'}" in printed
+    assert not (out / "checkpoints").exists()  # no selection, no checkpoints kept
+
+
+# --------------------------------------------------------------------------- the user's own training file
+@pytest.mark.parametrize(("limit", "steps"), [(None, 5), ("24", 3)])
+def test_train_file_rows_are_the_training_data(mrpc_dir, model_dir, tmp_path, limit, steps):
+    own = _write_jsonl(tmp_path / "own.jsonl", OWN)  # 40 rows, batch 8, 1 epoch
+    extra = ["--limit", limit] if limit else []
+    out = tmp_path / "out"
+    assert cli.main(_argv(out, mrpc_dir, model_dir, "--train-file", str(own), "--batch-size", "8", "--loss", "mnrl",
+                          *extra)) == 0
+    results = json.loads((out / "results.json").read_text())
+    rows = int(limit) if limit else len(OWN)
+    assert results["planned_steps"] == results["steps"] == rows // 8 == steps
+    info = results["training_data"]
+    assert info == {"source": "file", "file": str(own), "rows": rows, "columns": ["anchor", "positive", "negative"],
+                    "limit": int(limit or 0), "test_task_overlap": 0}
+
+
+def test_training_file_formats_read_alike(tmp_path):
+    from st_hardneg.retrieval_recipe import read_training_file
+
+    keys = ("anchor", "positive", "negative")
+    _write_jsonl(tmp_path / "t.jsonl", OWN[:6])
+    (tmp_path / "t.json").write_text(json.dumps(OWN[:6]))
+    for suffix, sep in ((".csv", ","), (".tsv", "\t")):
+        lines = [sep.join(keys)] + [sep.join(row[k] for k in keys) for row in OWN[:6]]
+        (tmp_path / f"t{suffix}").write_text("\n".join(lines) + "\n")
+    expected = {key: [row[key] for row in OWN[:6]] for key in keys}
+    for suffix in (".jsonl", ".json", ".csv", ".tsv"):
+        dataset, info = read_training_file(tmp_path / f"t{suffix}", min_rows=6)
+        assert dataset.to_dict() == expected and info["rows"] == 6, suffix
+    two = read_training_file(tmp_path / "t.jsonl", limit=2)[0]
+    assert two.to_dict() == {key: values[:2] for key, values in expected.items()}
+
+
+# --------------------------------------------------------------------------- bad inputs
+BAD_FILES = {
+    "missing": (None, "does not exist"),
+    "own.txt": ("anchor\tpositive\n", "unknown extension '.txt'; use one of .jsonl, .json, .csv, .tsv"),
+    "empty.jsonl": ("\n\n", "is empty"),
+    "one_column.jsonl": ("".join(json.dumps({"anchor": f"my text {i}"}) + "\n" for i in range(10)),
+                         "has 1 column(s) ['anchor']; need at least 2"),
+    "empty_row.jsonl": ("".join(json.dumps({"anchor": f"a {i}", "positive": "" if i == 1 else f"p {i}"}) + "\n"
+                                for i in range(10)), "row 2, column 'positive' is empty"),
+    "null_row.csv": ("anchor,positive\n" + "".join(f"a {i},p {i}\n" for i in range(4)) + ",\n" +
+                     "".join(f"a {i},p {i}\n" for i in range(4, 9)), "row 5, column 'anchor' is empty"),
+    "small.jsonl": ("".join(json.dumps(row) + "\n" for row in OWN[:3]), "has 3 row(s), fewer than one batch (8)"),
+    "numbers.csv": ("anchor,positive\n" + "".join(f"{i},{i + 1}\n" for i in range(10)),
+                    "column 'anchor' holds int64 values; every column must be text"),
+    "labels.jsonl": ("".join(json.dumps({"anchor": "a", "positive": "b", "label": "x"}) + "\n" for _ in range(10)),
+                     "column 'label' is a label column; every column must be text"),
+    "broken.jsonl": ('{"anchor": "a", "positive": \n', "cannot be read as jsonl"),
+}
+
+
+@pytest.mark.parametrize("name", list(BAD_FILES))
+def test_bad_train_file_is_one_line_exit_2(name, mrpc_dir, model_dir, tmp_path, capsys):
+    body, fragment = BAD_FILES[name]
+    path = tmp_path / name
+    if body is not None:
+        path.write_text(body)
+    out = tmp_path / "out"
+    assert cli.main(_argv(out, mrpc_dir, model_dir, "--train-file", str(path), "--batch-size", "8")) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"st-hardneg train: error: training file {path}") and fragment in err, err
+    assert len(err.strip().splitlines()) == 1 and not out.exists()
+
+
+BAD_OPTIONS = [
+    (["--task", "retrieval", "--corpus", "c.txt"], "--task retrieval trains on (anchor, positive[, negative ...]) "
+                                                   "rows: use --train-file FILE"),
+    (["--train-file", "t.jsonl"], "--train-file is for --task retrieval; --task sts trains on sentences: use --corpus"),
+    (["--task", "retrieval", "--eval-steps", "10"], "--eval-steps (STS-B dev selection) is for --task sts"),
+    (["--no-sts"], "--no-sts applies to --task retrieval only"),
+    (["--cache-dir", "x"], "--cache-dir applies to --task retrieval only"),
+    (["--mining-arg", "relative_margin=None"], "--mining-arg applies to --task retrieval only"),
+    (["--task", "retrieval", "--train-file", "t.jsonl", "--mining-arg", "relative_margin=0.1"],
+     "--train-file trains on your rows as they are"),
+    (["--task", "retrieval", "--mining-arg", "relative_margin"], "--mining-arg expects KEY=VALUE, got 'relative_"),
+    (["--task", "retrieval", "--mining-arg", "margin=0.1"], "unknown mining setting(s) ['margin']; choose from"),
+    (["--task", "retrieval", "--batch-size", "0"], "--batch-size must be >= 1, got 0"),
+    (["--task", "retrieval", "--max-steps", "0"], "--max-steps must be a positive number of steps"),
+]
+
+
+@pytest.mark.parametrize(("extra", "fragment"), BAD_OPTIONS)
+def test_bad_options_are_one_line_exit_2(extra, fragment, mrpc_dir, model_dir, tmp_path, capsys):
+    out, cache = tmp_path / "out", tmp_path / "cache"
+    argv = ["train", "--model", str(model_dir), "--data-dir", str(mrpc_dir), "--output-dir", str(out), "--quiet",
+            *extra]
+    if "retrieval" in extra and "--train-file" not in extra:
+        argv += ["--cache-dir", str(cache), "--no-sts"]  # never the user's cache; the mini MRPC has no STS data
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("st-hardneg train: error: ") and fragment in err, err
+    assert len(err.strip().splitlines()) == 1 and not out.exists() and not cache.exists()
+
+
+def test_missing_sts_data_fails_before_training(mrpc_dir, model_dir, tmp_path, capsys):
+    out = tmp_path / "out"
+    own = _write_jsonl(tmp_path / "own.jsonl", OWN)
+    argv = [a for a in _argv(out, mrpc_dir, model_dir, "--train-file", str(own), "--batch-size", "8") if a != "--no-sts"]
+    assert cli.main(argv) == 2  # the mini MRPC directory holds no STS data
+    err = capsys.readouterr().err
+    assert err.startswith("st-hardneg train: error: ") and err.strip().endswith("Or skip the STS evaluation with --no-sts.")
+    assert not out.exists()
+
+
+def test_mining_fewer_than_one_batch_is_an_error(mrpc_dir, model_dir, tmp_path, capsys):
+    out = tmp_path / "out"
+    argv = _argv(out, mrpc_dir, model_dir, "--cache-dir", str(tmp_path / "cache"), "--mining-arg",
+                 "relative_margin=None")  # 40 pairs, the recipe's batch of 64
+    assert cli.main(argv) == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]  # after the model loading and encoding progress bars
+    assert last.startswith("st-hardneg train: error: mining kept") and "fewer than one batch (64)" in last
+    assert not out.exists()  # nothing trained, nothing saved
+
+
+# --------------------------------------------------------------------------- the real MRPC and STS
+@pytest.mark.integration
+def test_real_mrpc_with_sts_shares_the_benchmark_cache(monkeypatch, shared_data, model_dir, tmp_path, capsys):
+    import importlib.util
+    from argparse import Namespace
+
+    from st_hardneg import mining
+
+    out, cache = tmp_path / "out", tmp_path / "cache"
+    argv = ["train", "--task", "retrieval", "--model", str(model_dir), "--data-dir", str(shared_data), "--output-dir",
+            str(out), "--quiet", "--cache-dir", str(cache), "--limit", "160", "--batch-size", "16", "--max-steps",
+            "2", "--mining-arg", "relative_margin=None", "--loss", "focal"]
+    assert cli.main(argv) == 0
+    results = json.loads((out / "results.json").read_text())
+    assert results["steps"] == 2 and results["retrieval"]["queries"] > 1000
+    assert set(results["retrieval"]) >= {"ndcg@10", "mrr@10", "recall@1"}
+    sts = results["sts"]
+    tasks = ["STS12", "STS13", "STS14", "STS15", "STS16", "STSBenchmark", "SICKRelatedness"]
+    assert set(sts) == {*tasks, "avg"} and sts["avg"] == pytest.approx(sum(sts[t] for t in tasks) / 7, abs=1e-9)
+    assert f"| {results['sts']['avg']:.2f} |" in capsys.readouterr().out
+    info = results["training_data"]
+    assert info["pairs"] == 160 and 128 <= info["triplets"] <= 160
+    files = list(cache.glob("mrpc-mined-*.json"))
+    assert [str(f) for f in files] == [info["cache_file"]]
+
+    # benchmarks/retrieval.py with the same model, data and settings reads this very file: nothing is mined again
+    spec = importlib.util.spec_from_file_location("benchmarks_retrieval",
+                                                  Path(__file__).resolve().parents[1] / "benchmarks" / "retrieval.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("mined again: the benchmark's cache key differs from the command line's")
+
+    monkeypatch.setattr(mining, "mine_training_negatives", refuse)
+    args = Namespace(model=str(model_dir), data_dir=str(shared_data), cache_dir=str(cache), limit=160, batch_size=16,
+                     relative_margin="none")
+    dataset, bench_info = bench.mined_dataset(args)
+    assert bench_info["cache_file"] == info["cache_file"] and len(dataset) == info["triplets"]
