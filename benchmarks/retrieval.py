@@ -39,6 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from retrieval_report import (  # noqa: E402  (the report half of this benchmark)
     BUILTIN,
+    ablation_check,
     markdown,
     readme_table,
     selected,
@@ -51,7 +52,7 @@ from retrieval_report import (  # noqa: E402  (the report half of this benchmark
 
 from st_hardneg.retrieval_recipe import DEFAULT_CACHE_DIR, MINING, TRAINING  # noqa: E402
 
-__all__ = ["BUILTIN", "MINING", "markdown", "readme_table", "selected", "selection_markdown", "summarize", "target_check", "untrained_markdown",
+__all__ = ["BUILTIN", "MINING", "ablation_check", "markdown", "readme_table", "selected", "selection_markdown", "summarize", "target_check", "untrained_markdown",
            "write_report"]
 
 REPO = Path(__file__).resolve().parents[1]
@@ -67,11 +68,14 @@ METHODS: dict[str, tuple[str, dict[str, Any]]] = {
     "mnrl": ("mnrl", {}),  # ST's MultipleNegativesRankingLoss, scale 20 (temperature 0.05)
     "mnrl_hardness": ("mnrl_hardness", {"hardness_mode": "all_negatives"}),  # Lan et al. 2025, alpha 9
     "gist": ("gist", {}),  # ST's GISTEmbedLoss, guide = the untrained model, temperature 0.01
-    "mixcse": ("mixcse", {}),
+    # st-hardneg, each with its best option on the dev split (retrieval_selection.md); mask_duplicates is on
     "focal": ("focal", {}),
-    "hncse_pm": ("hncse_pm", {}),
-    "hncse_hnm": ("hncse_hnm", {}),
+    "focal_margin_rel0.05": ("focal", {"false_negative_margin": 0.05, "margin_strategy": "relative"}),
+    "mixcse_explicit": ("mixcse", {"partner": "explicit"}),
+    "hncse_hnm_all_negatives": ("hncse_hnm", {"hnm_pool": "all_negatives"}),
     "adcse": ("adcse", {}),
+    # the ablation: no false-negative control at all
+    "focal_no_fnc": ("focal", {"mask_duplicates": False}),
 }
 #: extra registered methods, not run by default: CachedMNRL computes MNRL's loss and gradients exactly (it only
 #: trades memory for time), so at batch 64 on a CPU it would repeat the mnrl row more slowly
@@ -328,14 +332,19 @@ def main(argv: list[str] | None = None) -> int:
         dataset, info = mined_dataset(args)
         data["training_data"] = info
         run_pending(data, jobs, args.seeds, lambda job, seed: run_one(*job, seed, dataset, args),
-                    lambda d: write_report(d, out), where=str(out),
+                    lambda d: save(d, out), where=str(out),
                     untrained=None if args.no_untrained else lambda: untrained(args))
-    write_report(data, out)
+    save(data, out)
     if data["runs"]:
-        if out.resolve() == DEFAULT_OUT.resolve():  # the committed results: keep the README's table in sync
-            update_readme(data)
         print(markdown(data))
     return 0
+
+
+def save(data: dict[str, Any], out: Path) -> None:
+    """Write the results, their table and plot; for the committed results also the README's table."""
+    write_report(data, out)
+    if data["runs"] and out.resolve() == DEFAULT_OUT.resolve():
+        update_readme(data)
 
 
 if __name__ == "__main__":

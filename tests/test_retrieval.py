@@ -432,6 +432,58 @@ def test_benchmark_target_check_by_hand():
     assert bench.target_check(runs)["met"] is False
 
 
+def test_ablation_check_and_readme_table_by_hand():
+    bench = _load_benchmark()
+
+    def run(method, seed, ndcg, masked=None):
+        log = None if masked is None else {"steps": 2, "masked_total": 2 * masked, "masked_per_batch": masked,
+                                           "batches_with_any": 2}
+        return {"method": method, "seed": seed, "retrieval": {"ndcg@10": ndcg, "mrr@10": ndcg - 1, "recall@1": 50.0},
+                "sts": {"avg": 70.0 + seed}, "false_negatives": log}
+
+    runs = [run("mnrl", 0, 90.0), run("mnrl", 1, 91.0),
+            run("focal", 0, 91.0, masked=0.0), run("focal", 1, 92.0, masked=0.0),
+            run("focal_no_fnc", 0, 91.0), run("focal_no_fnc", 1, 92.0),
+            run("focal_margin_rel0.05", 0, 91.5, masked=3.0), run("focal_margin_rel0.05", 1, 91.9, masked=5.0),
+            run("focal_margin_rel0.05", 2, 99.0, masked=1.0)]  # no seed-2 partner: left out of the pair
+    check = bench.ablation_check(runs)
+    assert list(check) == ["focal vs focal_no_fnc", "focal_margin_rel0.05 vs focal_no_fnc"]
+    assert check["focal vs focal_no_fnc"]["delta_ndcg@10"] == 0.0 and check["focal vs focal_no_fnc"]["never_worse"]
+    margin = check["focal_margin_rel0.05 vs focal_no_fnc"]
+    assert margin["paired_delta_per_seed"] == pytest.approx({0: 0.5, 1: -0.1})
+    assert margin["delta_ndcg@10"] == pytest.approx(0.2) and margin["masked_per_batch"] == 4.0
+    assert margin["never_worse"] is False  # better on the mean, worse on seed 1
+    table = bench.readme_table({"runs": runs}, {"focal_margin_rel0.05": ("focal", {"false_negative_margin": 0.05})})
+    lines = table.splitlines()
+    assert lines[0].startswith("| method | loss, options | seeds | nDCG@10 |")
+    # mnrl is the only built-in: the Δ column is relative to its mean 90.5; focal_margin mean (91.5+91.9+99)/3 = 94.13
+    assert "| focal_margin_rel0.05 | `focal` `false_negative_margin=0.05` | 3 | 94.13 ± 4.22 |" in table
+    assert "| mnrl | `mnrl` | 2 | 90.50 ± 0.71 | 89.50 ± 0.71 | 50.00 ± 0.00 | 70.50 | +0.00 |" in table
+    assert "focal_margin_rel0.05 vs focal_no_fnc: Δ nDCG@10 = +0.20 (seed 0: +0.50, seed 1: -0.10; 4.00 candidates " \
+           "masked per batch) → worse on the mean or on a seed." in table
+
+
+def test_readme_retrieval_table_is_generated_from_the_committed_json():
+    from st_hardneg.reporting import replace_block
+
+    bench = _load_benchmark()
+    data = json.loads((Path(bench.DEFAULT_OUT)).read_text())
+    readme = Path(bench.README).read_text()
+    table = bench.readme_table(data, {**bench.METHODS, **bench.OPTIONAL_METHODS})
+    assert replace_block(readme, "retrieval-table", table) == readme  # the README holds exactly this table
+    assert bench.markdown(data) == Path(bench.DEFAULT_OUT).with_suffix(".md").read_text()
+
+
+def test_replace_block_needs_one_pair_of_markers():
+    from st_hardneg.reporting import replace_block
+
+    text = "intro\n<!-- t:start -->\nold\nlines\n<!-- t:end -->\noutro\n"
+    assert replace_block(text, "t", "new\n") == "intro\n<!-- t:start -->\nnew\n<!-- t:end -->\noutro\n"
+    for bad in ("no markers", "<!-- t:end -->\n<!-- t:start -->", "<!-- t:start -->\n<!-- t:start -->\n<!-- t:end -->"):
+        with pytest.raises(ValueError, match="t:start"):
+            replace_block(bad, "t", "x")
+
+
 def test_untrained_report_regenerates_byte_identical_from_the_committed_json():
     bench = _load_benchmark()
     results = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
