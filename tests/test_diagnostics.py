@@ -150,6 +150,11 @@ def test_callback_prefixes_dict_losses_and_rejects_other_losses(tiny_model):
     a._last_stats = {"positive": np.float32(0.5)}
     callback = LossDiagnosticsCallback({"wiki": a, "nli": b})
     assert callback.current() == {"wiki_cos_positive": 0.5}
+    # the masked false-negative counts are counts, not cosines: no cosine prefix
+    b._last_stats = {"negative": np.float32(0.25), "masked_false_negatives_total": np.float32(3.0)}
+    assert callback.current() == {"wiki_cos_positive": 0.5, "nli_cos_negative": 0.25,
+                                  "nli_masked_false_negatives_total": 3.0}
+    assert LossDiagnosticsCallback(b).current() == {"cos_negative": 0.25, "masked_false_negatives_total": 3.0}
     with pytest.raises(TypeError, match="diagnostics"):
         LossDiagnosticsCallback(MultipleNegativesRankingLoss(tiny_model))
 

@@ -150,7 +150,8 @@ class LossDiagnosticsCallback(TrainerCallback):
     Args:
         loss: the training loss (any st-hardneg loss, i.e. with a ``diagnostics`` property), or a dict
             ``{dataset name: loss}`` for multi-dataset training (keys are then prefixed with the dataset name).
-        prefix: prefix of the logged keys.
+        prefix: prefix of the logged cosine keys (``cos_positive`` …); the false-negative counts keep their own names
+            (``masked_false_negatives``, ``masked_false_negatives_total``), which are not cosines.
 
     Example:
         ::
@@ -183,11 +184,13 @@ class LossDiagnosticsCallback(TrainerCallback):
         return self
 
     def current(self) -> dict[str, float]:
-        """The entries that would be logged now: ``{prefix + key: value}`` (``{name}_{prefix}{key}`` for dicts)."""
+        """The entries that would be logged now: ``{prefix + key: value}`` for the cosines, ``{key: value}`` for the
+        masked false-negative counts (``{name}_...`` for dicts)."""
         entries: dict[str, float] = {}
         for name, loss in self.losses.items():
             for key, value in loss.diagnostics.items():
-                entries[f"{name}_{self.prefix}{key}" if name else f"{self.prefix}{key}"] = round(float(value), 6)
+                logged = key if key.startswith("masked_") else f"{self.prefix}{key}"
+                entries[f"{name}_{logged}" if name else logged] = round(float(value), 6)
         return entries
 
     def on_log(self, args, state, control, logs=None, **kwargs):
