@@ -447,11 +447,13 @@ def test_ablation_check_and_readme_table_by_hand():
             run("focal_margin_rel0.05", 0, 91.5, masked=3.0), run("focal_margin_rel0.05", 1, 91.9, masked=5.0),
             run("focal_margin_rel0.05", 2, 99.0, masked=1.0)]  # no seed-2 partner: left out of the pair
     check = bench.ablation_check(runs)
-    assert list(check) == ["focal vs focal_no_fnc", "focal_margin_rel0.05 vs focal_no_fnc"]
+    assert list(check) == ["focal_margin_rel0.05 vs focal", "focal vs focal_no_fnc"]
     assert check["focal vs focal_no_fnc"]["delta_ndcg@10"] == 0.0 and check["focal vs focal_no_fnc"]["never_worse"]
-    margin = check["focal_margin_rel0.05 vs focal_no_fnc"]
+    assert check["focal vs focal_no_fnc"]["reference_masked_per_batch"] is None  # no log: ST-style run
+    margin = check["focal_margin_rel0.05 vs focal"]
     assert margin["paired_delta_per_seed"] == pytest.approx({0: 0.5, 1: -0.1})
     assert margin["delta_ndcg@10"] == pytest.approx(0.2) and margin["masked_per_batch"] == 4.0
+    assert margin["reference_masked_per_batch"] == 0.0
     assert margin["never_worse"] is False  # better on the mean, worse on seed 1
     table = bench.readme_table({"runs": runs}, {"focal_margin_rel0.05": ("focal", {"false_negative_margin": 0.05})})
     lines = table.splitlines()
@@ -459,8 +461,8 @@ def test_ablation_check_and_readme_table_by_hand():
     # mnrl is the only built-in: the Δ column is relative to its mean 90.5; focal_margin mean (91.5+91.9+99)/3 = 94.13
     assert "| focal_margin_rel0.05 | `focal` `false_negative_margin=0.05` | 3 | 94.13 ± 4.22 |" in table
     assert "| mnrl | `mnrl` | 2 | 90.50 ± 0.71 | 89.50 ± 0.71 | 50.00 ± 0.00 | 70.50 | +0.00 |" in table
-    assert "focal_margin_rel0.05 vs focal_no_fnc: Δ nDCG@10 = +0.20 (seed 0: +0.50, seed 1: -0.10; 4.00 candidates " \
-           "masked per batch) → worse on the mean or on a seed." in table
+    assert "focal_margin_rel0.05 vs focal: Δ nDCG@10 = +0.20 (seed 0: +0.50, seed 1: -0.10; candidates masked per " \
+           "batch: with 4.00, without 0.00) → worse on the mean or on a seed." in table
 
 
 def test_readme_retrieval_table_is_generated_from_the_committed_json():
