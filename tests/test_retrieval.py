@@ -476,6 +476,20 @@ def test_readme_retrieval_table_is_generated_from_the_committed_json():
     assert bench.markdown(data) == Path(bench.DEFAULT_OUT).with_suffix(".md").read_text()
 
 
+def test_methods_run_the_dev_selected_option_of_each_family():
+    """The benchmark's st-hardneg methods are the dev split's choices (never the test task's), as committed."""
+    bench = _load_benchmark()
+    data = json.loads(Path(bench.SELECTION_OUT).read_text())
+    assert {r["method"] for r in data["runs"]} == set(bench.SELECTION)  # every screened option was run
+    assert all(r["retrieval"]["queries"] == 522 and r["sts"] is None for r in data["runs"])  # dev task only
+    chosen = bench.selected(data, bench.SELECTION)
+    assert set(chosen) == {"mnrl", "focal", "mixcse", "hncse"}
+    for family, label in chosen.items():
+        _, loss, kwargs = bench.SELECTION[label]
+        assert bench.METHODS[label] == (loss, kwargs), family
+    assert bench.selection_markdown(data, bench.SELECTION) == Path(bench.SELECTION_OUT).with_suffix(".md").read_text()
+
+
 def test_replace_block_needs_one_pair_of_markers():
     from st_hardneg.reporting import replace_block
 
