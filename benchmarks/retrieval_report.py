@@ -202,6 +202,11 @@ def plot(data: dict[str, Any], path: Path) -> Path:
     if not per_seed:
         return path
     reference = ("untrained", summary["untrained"]["ndcg@10"][0]) if "untrained" in summary else None
+    untrained_file = path.parent / "retrieval_untrained.json"  # the reference written by ``--untrained``
+    if reference is None and untrained_file.is_file():
+        import json
+
+        reference = ("untrained", json.loads(untrained_file.read_text())["untrained"]["retrieval"]["ndcg@10"])
     return plot_seed_bars(per_seed, path, ylabel="nDCG@10 x 100 (MRPC paraphrase retrieval)",
                           title="Retrieval fine-tuning: nDCG@10, mean ± std over seeds (dots: seeds)",
                           grey=BASELINES, reference=reference)
