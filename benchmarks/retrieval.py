@@ -52,8 +52,8 @@ from retrieval_report import (  # noqa: E402  (the report half of this benchmark
 
 from st_hardneg.retrieval_recipe import DEFAULT_CACHE_DIR, MINING, TRAINING  # noqa: E402
 
-__all__ = ["BUILTIN", "MINING", "ablation_check", "markdown", "readme_table", "selected", "selection_markdown", "summarize", "target_check", "untrained_markdown",
-           "write_report"]
+__all__ = ["BUILTIN", "MINING", "ablation_check", "markdown", "readme_table", "selected", "selection_markdown",
+           "summarize", "target_check", "untrained_markdown", "write_report"]
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
@@ -128,21 +128,20 @@ def load_model(args):
     return load_recipe_model(args.model)
 
 
-def mined_dataset(args, data=None, dev: bool = False):
+def mined_dataset(args, data=None, dev=None):
     """The (anchor, positive, negative) training set of the test split (the cache file ``st-hardneg train --task
-    retrieval`` shares) or, with ``dev``, of the dev split; mined once, cached in ``args.cache_dir``; returns
-    ``(dataset, info)``."""
+    retrieval`` shares) or, given ``dev`` (the :data:`DEV_SPLIT` of the data), of the dev split; mined once, cached
+    in ``args.cache_dir``; returns ``(dataset, info)``."""
     from st_hardneg.mining import file_digest
-    from st_hardneg.retrieval_data import build_mrpc_retrieval, dev_split, mrpc_files
+    from st_hardneg.retrieval_data import mrpc_files
     from st_hardneg.retrieval_recipe import mined_mrpc_triplets, mined_triplets
 
     options = {"mining": mining_settings(args), "cache_dir": args.cache_dir, "limit": args.limit,
                "min_rows": args.batch_size}
-    if not dev:
+    if dev is None:
         return mined_mrpc_triplets(args.data_dir, args.model, data=data, **options)
-    data = dev_split(data or build_mrpc_retrieval(args.data_dir), **DEV_SPLIT)
     data_key = file_digest(mrpc_files(args.data_dir).values()) + f":dev{DEV_SPLIT['fraction']}-{DEV_SPLIT['seed']}"
-    return mined_triplets(data, lambda: load_model(args), model_key=args.model or "default", data_key=data_key,
+    return mined_triplets(dev, lambda: load_model(args), model_key=args.model or "default", data_key=data_key,
                           prefix="mrpc-dev-mined", **options)
 
 
@@ -255,7 +254,7 @@ def select(args, parser) -> int:
     protocol = {**PROTOCOL, "selection": f"dev split {DEV_SPLIT}, dev retrieval nDCG@10, no STS, no test task"}
     data = load_results(out, protocol)
     dev = dev_split(build_mrpc_retrieval(args.data_dir), **DEV_SPLIT)
-    dataset, info = mined_dataset(args, dev=True)
+    dataset, info = mined_dataset(args, dev=dev)
     data["training_data"] = info
     data["dev_task"] = dev.stats
 

@@ -413,6 +413,15 @@ def test_retrieval_benchmark_selection_on_the_dev_split(shared_data, text_model_
     assert f"| **{best}** | focal |" in table and "| **mnrl** | mnrl |" in table
 
 
+def test_selection_rejects_an_unknown_configuration_before_any_work(tmp_path, capsys):
+    bench = _load_benchmark()
+    with pytest.raises(SystemExit):
+        bench.main(["--select", "--methods", "focal", "no_such_option", "--select-out", str(tmp_path / "s.json"),
+                    "--data-dir", str(tmp_path / "missing")])
+    assert "unknown configuration(s) ['no_such_option']" in capsys.readouterr().err
+    assert not (tmp_path / "s.json").exists()
+
+
 def test_benchmark_target_check_by_hand():
     bench = _load_benchmark()
 
