@@ -48,6 +48,12 @@ LABEL_COLUMNS = ("label", "labels", "score", "scores")
 logger = logging.getLogger(__name__)
 
 
+def _check_count(name: str, value: Any, minimum: int) -> None:
+    """``ValueError`` unless ``value`` is an integer (not a bool) of at least ``minimum``."""
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+
+
 def mined_triplets(
     data: MRPCRetrieval,
     load_model: Callable[[], Any],
@@ -90,6 +96,8 @@ def mined_triplets(
     from st_hardneg.mining import cached_dataset, mine_training_negatives
     from st_hardneg.retrieval_data import assert_no_test_leak
 
+    _check_count("limit", limit, minimum=0)
+    _check_count("min_rows", min_rows, minimum=1)
     unknown = sorted(set(mining or {}) - set(MINING))
     if unknown:
         raise ValueError(f"unknown mining setting(s) {unknown}; choose from {', '.join(MINING)}")
@@ -193,6 +201,8 @@ def read_training_file(path: str | Path, *, min_rows: int = 1, limit: int = 0,
     import datasets
     from datasets import Dataset
 
+    _check_count("limit", limit, minimum=0)
+    _check_count("min_rows", min_rows, minimum=1)
     path = Path(path).expanduser()
     where = f"training file {path}"
     if not path.is_file():

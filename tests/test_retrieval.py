@@ -413,6 +413,25 @@ def test_retrieval_benchmark_selection_on_the_dev_split(shared_data, text_model_
     assert f"| **{best}** | focal |" in table and "| **mnrl** | mnrl |" in table
 
 
+@pytest.mark.parametrize("kwargs, match", [({"limit": -1}, "limit"), ({"limit": 2.5}, "limit"),
+                                           ({"min_rows": 0}, "min_rows"), ({"min_rows": True}, "min_rows")])
+def test_recipe_counts_are_checked_before_mining_or_reading(tmp_path, kwargs, match):
+    from st_hardneg.retrieval_recipe import mined_triplets, read_training_file
+
+    data = build_mrpc_retrieval(write_mrpc(tmp_path))
+
+    def never():
+        raise AssertionError("the model must not be loaded")
+
+    with pytest.raises(ValueError, match=match):
+        mined_triplets(data, never, model_key="m", data_key="d", cache_dir=tmp_path / "cache", **kwargs)
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text('{"anchor": "a", "positive": "b"}\n')
+    with pytest.raises(ValueError, match=match):
+        read_training_file(rows, **kwargs)
+    assert not (tmp_path / "cache").exists()
+
+
 def test_selection_rejects_an_unknown_configuration_before_any_work(tmp_path, capsys):
     bench = _load_benchmark()
     with pytest.raises(SystemExit):
