@@ -114,6 +114,12 @@ def resolve_train_args(args: argparse.Namespace) -> argparse.Namespace:
         raise ValueError(f"--max-steps must be a positive number of steps (or -1: use --epochs), got {args.max_steps}")
     if args.batch_size < 1:
         raise ValueError(f"--batch-size must be >= 1, got {args.batch_size}")
+    if not args.lr > 0:  # NaN fails too
+        raise ValueError(f"--lr must be > 0, got {args.lr}")
+    if not args.epochs > 0:
+        raise ValueError(f"--epochs must be > 0, got {args.epochs}")
+    if not 0 <= args.warmup_ratio < 1:
+        raise ValueError(f"--warmup-ratio must be in [0, 1) (a share of the steps), got {args.warmup_ratio}")
     return args
 
 

@@ -7,6 +7,7 @@ sentence-transformers Trainer, with STS-B dev model selection and honest step ti
 from __future__ import annotations
 
 import logging
+import math
 import statistics
 import time
 from dataclasses import asdict, dataclass, field
@@ -109,6 +110,37 @@ class TrainConfig:
     show_progress_bar: bool = True
     extra_args: dict[str, Any] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        # checked here, where the config is made (before any data, model or mining): a bad value never reaches the
+        # Trainer, which would fail late or, for warmup_ratio = 1.0, silently warm up for one step
+        def whole(value: Any) -> bool:
+            return isinstance(value, int) and not isinstance(value, bool)
+
+        def real(value: Any) -> bool:
+            return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+        problems = []
+        if not whole(self.batch_size) or self.batch_size < 1:
+            problems.append(f"batch_size must be a positive integer, got {self.batch_size!r}")
+        if not real(self.learning_rate) or self.learning_rate <= 0:
+            problems.append(f"learning_rate must be a positive number, got {self.learning_rate!r}")
+        if not real(self.epochs) or self.epochs <= 0:
+            problems.append(f"epochs must be a positive number, got {self.epochs!r}")
+        if not real(self.warmup_ratio) or not 0 <= self.warmup_ratio < 1:
+            problems.append(f"warmup_ratio must be in [0, 1) (a share of the steps), got {self.warmup_ratio!r}")
+        if not whole(self.max_steps) or (self.max_steps < 1 and self.max_steps != -1):
+            problems.append(f"max_steps must be a positive integer or -1 (use epochs), got {self.max_steps!r}")
+        for name in ("stop_after_steps", "eval_steps"):
+            value = getattr(self, name)
+            if not whole(value) or value < 0:
+                problems.append(f"{name} must be a non-negative integer (0 = off), got {value!r}")
+        if not whole(self.logging_steps) or self.logging_steps < 1:
+            problems.append(f"logging_steps must be a positive integer, got {self.logging_steps!r}")
+        if self.fp16 and self.bf16:
+            problems.append("fp16 and bf16 are exclusive: choose one")
+        if problems:
+            raise ValueError("TrainConfig: " + "; ".join(problems))
+
 
 @dataclass
 class TrainResult:
@@ -139,7 +171,7 @@ def training_arguments(config: TrainConfig, with_evaluator: bool):
         learning_rate=config.learning_rate,
         num_train_epochs=config.epochs,
         max_steps=config.max_steps,
-        warmup_ratio=config.warmup_ratio,
+        warmup_steps=float(config.warmup_ratio),  # a float in [0, 1) is a share of the steps (transformers >= 5)
         lr_scheduler_type="linear",
         seed=config.seed,
         data_seed=config.seed,

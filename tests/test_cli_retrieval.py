@@ -269,6 +269,11 @@ BAD_OPTIONS = [
     (["--task", "retrieval", "--mining-arg", "margin=0.1"], "unknown mining setting(s) ['margin']; choose from"),
     (["--task", "retrieval", "--batch-size", "0"], "--batch-size must be >= 1, got 0"),
     (["--task", "retrieval", "--max-steps", "0"], "--max-steps must be a positive number of steps"),
+    (["--task", "retrieval", "--warmup-ratio", "1"], "--warmup-ratio must be in [0, 1) (a share of the steps), got 1.0"),
+    (["--warmup-ratio", "-0.1"], "--warmup-ratio must be in [0, 1)"),
+    (["--task", "retrieval", "--lr", "0"], "--lr must be > 0, got 0.0"),
+    (["--lr", "nan"], "--lr must be > 0, got nan"),
+    (["--task", "retrieval", "--epochs", "0"], "--epochs must be > 0, got 0.0"),
 ]
 
 

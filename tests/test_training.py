@@ -82,3 +82,41 @@ def test_stop_after_steps_evaluates_at_the_stopping_step(tiny_model, tiny_senten
 def test_stop_after_steps_rejects_bad_values(bad):
     with pytest.raises(ValueError, match="positive integer"):
         StopAfterSteps(bad)
+
+
+@pytest.mark.parametrize(("kwargs", "fragment"), [
+    ({"batch_size": 0}, "batch_size must be a positive integer, got 0"),
+    ({"batch_size": 8.0}, "batch_size must be a positive integer, got 8.0"),
+    ({"learning_rate": 0.0}, "learning_rate must be a positive number, got 0.0"),
+    ({"learning_rate": float("nan")}, "learning_rate must be a positive number, got nan"),
+    ({"epochs": 0}, "epochs must be a positive number, got 0"),
+    ({"warmup_ratio": 1.0}, "warmup_ratio must be in [0, 1) (a share of the steps), got 1.0"),
+    ({"warmup_ratio": -0.1}, "warmup_ratio must be in [0, 1)"),
+    ({"max_steps": 0}, "max_steps must be a positive integer or -1 (use epochs), got 0"),
+    ({"stop_after_steps": -2}, "stop_after_steps must be a non-negative integer (0 = off), got -2"),
+    ({"eval_steps": 2.5}, "eval_steps must be a non-negative integer (0 = off), got 2.5"),
+    ({"logging_steps": 0}, "logging_steps must be a positive integer, got 0"),
+    ({"fp16": True, "bf16": True}, "fp16 and bf16 are exclusive"),
+])
+def test_train_config_rejects_bad_values_when_made(kwargs, fragment):
+    with pytest.raises(ValueError, match="TrainConfig: ") as info:
+        TrainConfig(**kwargs)
+    assert fragment in str(info.value)
+
+
+def test_two_bad_values_are_reported_together():
+    with pytest.raises(ValueError) as info:
+        TrainConfig(batch_size=-1, warmup_ratio=2.0)
+    assert "batch_size must" in str(info.value) and "warmup_ratio must" in str(info.value)
+
+
+@pytest.mark.parametrize(("ratio", "total", "warmup"), [(0.0, 100, 0), (0.1, 100, 10), (0.1, 40, 4), (0.25, 7, 2)])
+def test_warmup_ratio_is_a_share_of_the_steps_without_a_deprecation_warning(ratio, total, warmup, tmp_path, caplog):
+    import logging
+
+    from st_hardneg.training import training_arguments
+
+    with caplog.at_level(logging.WARNING):
+        args = training_arguments(TrainConfig(output_dir=str(tmp_path), warmup_ratio=ratio), with_evaluator=False)
+    assert args.get_warmup_steps(total) == warmup  # ceil(ratio * total), as the papers' warm-up share
+    assert "deprecated" not in caplog.text
