@@ -83,7 +83,8 @@ METHODS: dict[str, tuple[str, dict[str, Any]]] = {
 OPTIONAL_METHODS: dict[str, tuple[str, dict[str, Any]]] = {
     "cached_mnrl": ("cached_mnrl", {"mini_batch_size": 16}),
     # focal with no false-negative control at all: identical to ``focal`` whenever mask_duplicates masks nothing,
-    # which the FalseNegativeLog of every focal run records (0 under the NO_DUPLICATES sampler)
+    # which the FalseNegativeLog of every focal run records (0 under the NO_DUPLICATES sampler); its 3 seeds are
+    # committed and give focal's nDCG@10 on every seed
     "focal_no_fnc": ("focal", {"mask_duplicates": False}),
     # AdCSE's paper defaults (momentum key encoder): second to adcse_tied on the dev split; its 3 seeds are committed
     "adcse": ("adcse", {}),
