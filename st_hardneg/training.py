@@ -89,7 +89,9 @@ class TrainConfig:
     """Hyperparameters of the unsupervised protocol (defaults: the papers' BERT-base setting).
 
     ``max_steps`` (> 0) shortens the run *and* its LR schedule; ``stop_after_steps`` (> 0) keeps the full run's
-    schedule and stops early (see :class:`StopAfterSteps`), for screening hyperparameters.
+    schedule and stops early (see :class:`StopAfterSteps`), for screening hyperparameters. ``warmup_ratio`` is the
+    share of the steps, in [0, 1), with linear warm-up. Every value is checked when the config is made: a
+    ``ValueError`` names all bad ones.
     """
 
     output_dir: str = "output/st-hardneg"
