@@ -74,8 +74,8 @@ def run_one(label: str, loss_name: str, loss_kwargs: dict, seed: int, args) -> d
     from transformers import set_seed
 
     from st_hardneg.data import read_corpus
-    from st_hardneg.experiment import run_experiment
     from st_hardneg.training import TrainConfig
+    from st_hardneg.training.experiment import run_experiment
 
     sentences = read_corpus(args.corpus)
     if args.limit:
@@ -198,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
-    from st_hardneg.experiment import benchmark_jobs, run_pending
+    from st_hardneg.training.experiment import benchmark_jobs, run_pending
 
     out = Path(args.out)
     data = load(out)

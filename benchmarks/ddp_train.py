@@ -11,7 +11,7 @@ training losses, the loss configuration and whether the weights are identical on
 Run it from the repository root (with ``PYTHONPATH=$PWD`` when the installed package points elsewhere). With
 ``--mini-batch-size`` the loss gets ``mini_batch_size`` (every st-hardneg loss caches by itself, e.g.
 ``MixCSELoss(model, gather_across_devices=True, mini_batch_size=2)``); a loss that does not take it
-(sentence-transformers' MultipleNegativesRankingLoss) is wrapped in ``st_hardneg.gradcache.GradCached``. ``--no-gather`` trains without
+(sentence-transformers' MultipleNegativesRankingLoss) is wrapped in ``st_hardneg.losses.gradcache.GradCached``. ``--no-gather`` trains without
 ``gather_across_devices`` (each process then only sees its own in-batch negatives).
 """
 
@@ -39,7 +39,7 @@ def sentences(count: int, seed: int) -> list[str]:
 
 
 def build(loss_name: str, model, gather: bool, mini_batch_size: int | None):
-    from st_hardneg.gradcache import GradCached
+    from st_hardneg.losses.gradcache import GradCached
     from st_hardneg.training import build_loss
 
     kwargs = {"gather_across_devices": True} if gather else {}

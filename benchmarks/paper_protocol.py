@@ -117,9 +117,9 @@ def run_one(method: str, seed: int, args, evaluate_transfer) -> dict[str, Any]:
     from transformers import set_seed
 
     from st_hardneg.data import read_corpus
-    from st_hardneg.experiment import run_experiment
     from st_hardneg.models import resolve_model, save_inference_model
     from st_hardneg.training import TrainConfig
+    from st_hardneg.training.experiment import run_experiment
 
     sentences = read_corpus(args.corpus)
     if args.limit:
@@ -202,8 +202,8 @@ def write_results(data: dict[str, Any], out: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from st_hardneg.experiment import run_pending
     from st_hardneg.training import LOSSES
+    from st_hardneg.training.experiment import run_pending
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--methods", nargs="*", default=list(LOSSES), help=f"from {', '.join(LOSSES)}")

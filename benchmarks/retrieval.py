@@ -1,14 +1,14 @@
 """Retrieval benchmark: fine-tune all-MiniLM-L6-v2 on (query, positive, mined hard negative); resumable.
 
 The regime retrieval teams are in: the embedded all-MiniLM-L6-v2 with its own MEAN pooling, fine-tuned for 1 epoch
-on the MRPC train paraphrase pairs (no pair or sentence of the test task; see st_hardneg.retrieval_data), each with
+on the MRPC train paraphrase pairs (no pair or sentence of the test task; see st_hardneg.data.mrpc), each with
 one hard negative mined from the train sentences by the untrained model (sentence-transformers'
 mine_hard_negatives, TopK-PercPos 95 %: relative_margin 0.05, plus labelled paraphrases of the anchor removed).
 Scores: nDCG@10, MRR@10, R@1 on MRPC paraphrase retrieval (test split) and the 7-task SentEval STS average (to
 show nothing else breaks). The final model of each run is scored (no checkpoint selection).
 
 Option selection never sees the test task: ``--select`` trains every configuration of :data:`SELECTION` (seed 0) on
-the dev split's training pairs (``st_hardneg.retrieval_data.dev_split``: 20 % of the MRPC train pairs become dev
+the dev split's training pairs (``st_hardneg.data.mrpc.dev_split``: 20 % of the MRPC train pairs become dev
 queries, their paraphrases the relevant documents, every other train sentence the corpus; training and mining use
 only the rest) and scores dev retrieval; each of our losses then runs in :data:`METHODS` with its best dev option.
 
@@ -50,7 +50,7 @@ from retrieval_report import (  # noqa: E402  (the report half of this benchmark
     write_report,
 )
 
-from st_hardneg.retrieval_recipe import DEFAULT_CACHE_DIR, MINING, TRAINING  # noqa: E402
+from st_hardneg.training.retrieval import DEFAULT_CACHE_DIR, MINING, TRAINING  # noqa: E402
 
 __all__ = ["BUILTIN", "MINING", "ablation_check", "markdown", "readme_table", "selected", "selection_markdown",
            "summarize", "target_check", "untrained_markdown", "write_report"]
@@ -128,7 +128,7 @@ PROTOCOL = {
 # --------------------------------------------------------------------------- model, data
 def load_model(args):
     """The untrained model (the embedded default, or ``--model``) with the recipe's pooling and length."""
-    from st_hardneg.retrieval_recipe import load_recipe_model
+    from st_hardneg.training.retrieval import load_recipe_model
 
     return load_recipe_model(args.model)
 
@@ -137,9 +137,9 @@ def mined_dataset(args, data=None, dev=None):
     """The (anchor, positive, negative) training set of the test split (the cache file ``st-hardneg train --task
     retrieval`` shares) or, given ``dev`` (the :data:`DEV_SPLIT` of the data), of the dev split; mined once, cached
     in ``args.cache_dir``; returns ``(dataset, info)``."""
-    from st_hardneg.mining import file_digest
-    from st_hardneg.retrieval_data import mrpc_files
-    from st_hardneg.retrieval_recipe import mined_mrpc_triplets, mined_triplets
+    from st_hardneg.data.mining import file_digest
+    from st_hardneg.data.mrpc import mrpc_files
+    from st_hardneg.training.retrieval import mined_mrpc_triplets, mined_triplets
 
     options = {"mining": mining_settings(args), "cache_dir": args.cache_dir, "limit": args.limit,
                "min_rows": args.batch_size}
@@ -182,8 +182,8 @@ def build(loss_name: str, model, kwargs: dict[str, Any], args):
 # --------------------------------------------------------------------------- runs
 def evaluate(model, args, task=None) -> dict[str, Any]:
     """Retrieval on ``task`` (default: the MRPC test task) and, unless ``--no-sts`` or a ``task`` is given, the STS
-    average (:func:`st_hardneg.retrieval_recipe.evaluate_recipe`)."""
-    from st_hardneg.retrieval_recipe import evaluate_recipe
+    average (:func:`st_hardneg.training.retrieval.evaluate_recipe`)."""
+    from st_hardneg.training.retrieval import evaluate_recipe
 
     return evaluate_recipe(model, args.data_dir, task=task, sts=not (args.no_sts or task is not None), batch_size=128)
 
@@ -193,8 +193,8 @@ def run_one(label: str, loss_name: str, loss_kwargs: dict, seed: int, dataset, a
     import torch
     from transformers import set_seed
 
-    from st_hardneg.experiment import run_training
-    from st_hardneg.retrieval_recipe import train_config
+    from st_hardneg.training.experiment import run_training
+    from st_hardneg.training.retrieval import train_config
 
     work = Path(args.work_dir) / f"{label}-seed{seed}"
     shutil.rmtree(work, ignore_errors=True)
@@ -205,7 +205,7 @@ def run_one(label: str, loss_name: str, loss_kwargs: dict, seed: int, dataset, a
                           show_progress_bar=not args.quiet)
     callbacks = []
     if hasattr(loss, "controls_false_negatives"):  # an st-hardneg loss: count what its false-negative control masks
-        from st_hardneg.callbacks import FalseNegativeLog
+        from st_hardneg.training.callbacks import FalseNegativeLog
 
         callbacks.append(FalseNegativeLog(loss))
     run = run_training(model, loss, dataset, config, score=lambda trained: evaluate(trained, args, task),
@@ -247,9 +247,9 @@ def update_readme(data: dict[str, Any], readme: Path = README) -> None:
 
 def select(args, parser) -> int:
     """``--select``: train each :data:`SELECTION` configuration on the dev split, score dev retrieval (resumable)."""
-    from st_hardneg.experiment import run_pending
+    from st_hardneg.data.mrpc import build_mrpc_retrieval, dev_split
     from st_hardneg.reporting import load_results, write_json
-    from st_hardneg.retrieval_data import build_mrpc_retrieval, dev_split
+    from st_hardneg.training.experiment import run_pending
 
     explicit = args.methods if args.methods != list(METHODS) else list(SELECTION)
     unknown = [m for m in explicit if m not in SELECTION]
@@ -310,8 +310,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
     if args.untrained:
+        from st_hardneg.data.mrpc import build_mrpc_retrieval
         from st_hardneg.reporting import write_json
-        from st_hardneg.retrieval_data import build_mrpc_retrieval
 
         row = untrained(args)
         out = Path(args.untrained_out)
@@ -324,8 +324,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.select:
         return select(args, parser)
 
-    from st_hardneg.experiment import benchmark_jobs, run_pending
     from st_hardneg.reporting import load_results
+    from st_hardneg.training.experiment import benchmark_jobs, run_pending
 
     out = Path(args.out)
     data = load_results(out, PROTOCOL)

@@ -241,7 +241,7 @@ def untrained_markdown(row: dict[str, Any], data_stats: dict[str, int]) -> str:
         f"(retrieval {row['eval_seconds']['retrieval']:.0f} s, STS {row['eval_seconds']['sts']:.0f} s) with "
         f"{row['torch_threads']} torch thread(s) on a shared 2-core machine; {row['finished']}.",
         "",
-        "Data construction (st_hardneg.retrieval_data): " + ", ".join(f"{k} {v}" for k, v in data_stats.items()) + ".",
+        "Data construction (st_hardneg.data.mrpc): " + ", ".join(f"{k} {v}" for k, v in data_stats.items()) + ".",
         "",
         f"Saturation check: MRR@10 = {r['mrr@10']:.2f} "
         + ("> 95: saturated, a harder task is needed." if r["mrr@10"] > 95 else

@@ -121,7 +121,7 @@ def _ru_maxrss_kb() -> int:
 
 
 def build_benchmark_loss(method: str, model, cached: bool, mini_batch_size: int, gather: bool):
-    """The loss of ``method`` (a name of ``st_hardneg.registry.LOSSES`` or ``cached_mnrl``).
+    """The loss of ``method`` (a name of ``st_hardneg.training.registry.LOSSES`` or ``cached_mnrl``).
 
     Raises:
         ValueError: the loss rejects ``mini_batch_size`` or ``gather_across_devices`` (reported as not supported),
@@ -134,7 +134,7 @@ def build_benchmark_loss(method: str, model, cached: bool, mini_batch_size: int,
         from sentence_transformers.sentence_transformer.losses import CachedMultipleNegativesRankingLoss
 
         return CachedMultipleNegativesRankingLoss(model, scale=20.0, mini_batch_size=mini_batch_size, **kwargs)
-    from st_hardneg.registry import build_loss
+    from st_hardneg.training.registry import build_loss
 
     if cached:
         kwargs["mini_batch_size"] = mini_batch_size
@@ -477,7 +477,7 @@ def write_report(data: dict[str, Any], out: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--methods", nargs="*", default=DEFAULT_METHODS,
-                        help=f"names of st_hardneg.registry.LOSSES and {REFERENCE} (default: {DEFAULT_METHODS})")
+                        help=f"names of st_hardneg.training.registry.LOSSES and {REFERENCE} (default: {DEFAULT_METHODS})")
     parser.add_argument("--batch-sizes", nargs="*", type=int, default=[64, 256, 1024])
     parser.add_argument("--mini-batch-size", type=int, default=32, help="of the cached variant")
     parser.add_argument("--variants", nargs="*", default=list(VARIANTS), choices=VARIANTS,
@@ -517,7 +517,7 @@ def main(argv: list[str] | None = None) -> int:
         print(markdown(data))
         return 0
 
-    from st_hardneg.registry import LOSSES
+    from st_hardneg.training.registry import LOSSES
 
     known = [*LOSSES, REFERENCE]
     unknown = [m for m in [*args.methods, *args.ddp_methods] if m not in known]

@@ -114,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     data = json.loads(out.read_text()) if out.is_file() else {"runs": []}
     if not args.report:
-        from st_hardneg.experiment import parse_variant
+        from st_hardneg.training.experiment import parse_variant
 
         if data["runs"] and (data.get("seed"), data.get("stop_after")) != (args.seed, args.stop_after):
             parser.error(f"{out} holds a screen at seed {data.get('seed')}, {data.get('stop_after')} steps; "

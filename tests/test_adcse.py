@@ -9,9 +9,9 @@ import torch
 import torch.nn.functional as F
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
-from st_hardneg import training_hooks
-from st_hardneg.callbacks import StatefulLossCallback
+from st_hardneg.losses import stateful
 from st_hardneg.losses.adcse import AdversarialNegativesLoss
+from st_hardneg.training.callbacks import StatefulLossCallback
 
 DIM = 32  # hidden size of the tiny model in conftest
 
@@ -43,7 +43,7 @@ def _trainer(model, loss, tmp_path, sentences, callbacks=None, **overrides):
 
 
 def _optimizer_params(optimizer) -> set[int]:
-    optimizer = training_hooks.unwrap_optimizer(optimizer)
+    optimizer = stateful.unwrap_optimizer(optimizer)
     return {id(p) for group in optimizer.param_groups for p in group["params"]}
 
 
@@ -368,7 +368,7 @@ def test_resume_gives_the_same_next_step_loss(tiny_model_dir, tiny_sentences, tm
 
     model_a, loss_a, losses_a = run()
     checkpoint = tmp_path / "run" / "checkpoint-2"
-    saved = torch.load(checkpoint / "optimizer.pt", weights_only=True)["state"][training_hooks.STATE_KEY]
+    saved = torch.load(checkpoint / "optimizer.pt", weights_only=True)["state"][stateful.STATE_KEY]
     assert saved["AdversarialNegativesLoss.0"]["ema_updates"] == 2
     # Other adversaries at construction: only the restore from the checkpoint can make the runs agree.
     model_b, loss_b, losses_b = run(resume_from=str(checkpoint), seed=1)
@@ -439,7 +439,7 @@ def test_custom_loop_checkpoint_round_trip(tiny_model_dir, tiny_sentences):
     model2.load_state_dict(model.state_dict())
     loss2.attach_optimizer(optimizer2)
     optimizer2.load_state_dict(state)
-    assert loss2.ema_updates == 2 and training_hooks.STATE_KEY not in optimizer2.state
+    assert loss2.ema_updates == 2 and stateful.STATE_KEY not in optimizer2.state
     torch.testing.assert_close(loss2.adversaries, loss.adversaries)
     for pa, pb in zip(loss.key_encoder.parameters(), loss2.key_encoder.parameters(), strict=True):
         torch.testing.assert_close(pb, pa)
@@ -459,11 +459,11 @@ def test_step_listeners_do_not_outlive_their_loss(tiny_model):
     import gc
 
     loss = AdversarialNegativesLoss(tiny_model, num_adversaries=2, seed=0)
-    assert loss in training_hooks._listeners
-    count = len(training_hooks._listeners)
+    assert loss in stateful._listeners
+    count = len(stateful._listeners)
     del loss
     gc.collect()
-    assert len(training_hooks._listeners) == count - 1
+    assert len(stateful._listeners) == count - 1
     torch.optim.SGD(tiny_model.parameters(), lr=0.1).step()  # the process-wide hook has nobody left to call
 
 
@@ -533,15 +533,15 @@ def test_train_adds_the_stateful_loss_callback(tiny_model, tiny_sentences, tmp_p
     from datasets import Dataset
     from transformers import TrainerCallback
 
-    from st_hardneg.callbacks import add_stateful_loss_callback, find_stateful_losses
     from st_hardneg.training import TrainConfig, train
+    from st_hardneg.training.callbacks import add_stateful_loss_callback, find_stateful_losses
 
     loss = AdversarialNegativesLoss(tiny_model, num_adversaries=4, seed=0)
     seen = []
 
     class Spy(TrainerCallback):
         def on_step_begin(self, args, state, control, optimizer=None, **kwargs):
-            seen.append(training_hooks.is_attached(loss, optimizer))  # before any step: only the callback attaches
+            seen.append(stateful.is_attached(loss, optimizer))  # before any step: only the callback attaches
 
     config = TrainConfig(output_dir=str(tmp_path), batch_size=8, max_steps=2, show_progress_bar=False,
                          save_checkpoints=False, logging_steps=1)

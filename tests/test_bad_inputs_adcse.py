@@ -9,9 +9,9 @@ import pytest
 import torch
 from torch import nn
 
-from st_hardneg import training_hooks
-from st_hardneg.callbacks import StatefulLossCallback
+from st_hardneg.losses import stateful
 from st_hardneg.losses.adcse import AdversarialNegativesLoss
+from st_hardneg.training.callbacks import StatefulLossCallback
 
 DIM = 32
 
@@ -117,7 +117,7 @@ def test_custom_loop_load_without_loss_state_warns(tiny_model, caplog):
     plain = torch.optim.AdamW(tiny_model.parameters(), lr=1e-3).state_dict()  # no st-hardneg entry
     optimizer = torch.optim.AdamW(tiny_model.parameters(), lr=1e-3)
     loss.attach_optimizer(optimizer)
-    with caplog.at_level(logging.WARNING, logger="st_hardneg.training_hooks"):
+    with caplog.at_level(logging.WARNING, logger="st_hardneg.losses.stateful"):
         optimizer.load_state_dict(plain)
     assert "holds no state for AdversarialNegativesLoss.0" in caplog.text
 
@@ -145,7 +145,7 @@ def test_resume_without_loss_state_warns_that_it_restarts(tiny_model_dir, tiny_s
         assert not (checkpoint / "optimizer.pt").exists()
     else:
         state = torch.load(checkpoint / "optimizer.pt", weights_only=True)
-        del state["state"][training_hooks.STATE_KEY]  # a checkpoint whose loss entry was removed
+        del state["state"][stateful.STATE_KEY]  # a checkpoint whose loss entry was removed
         torch.save(state, checkpoint / "optimizer.pt")
     loss, resumed = trainer(2)
     with pytest.warns(RuntimeWarning, match="Resuming at step 1 without a saved AdversarialNegativesLoss state"):
@@ -171,9 +171,9 @@ def test_state_met_only_at_the_first_step_is_restored_late_with_a_warning(tiny_m
     fresh = AdversarialNegativesLoss(model, num_adversaries=2, seed=1)
     optimizer2 = torch.optim.SGD(model.parameters(), lr=0.1)
     optimizer2.load_state_dict(saved)  # fresh has not met optimizer2: the entry waits in optimizer2.state
-    assert fresh.ema_updates == 0 and training_hooks.STATE_KEY in optimizer2.state
+    assert fresh.ema_updates == 0 and stateful.STATE_KEY in optimizer2.state
     fresh(_pairs(model, tiny_sentences[4:8]), None).backward()
-    with caplog.at_level(logging.WARNING, logger="st_hardneg.training_hooks"):
+    with caplog.at_level(logging.WARNING, logger="st_hardneg.losses.stateful"):
         optimizer2.step()
     assert "only at the first optimizer step after resuming" in caplog.text
-    assert fresh.ema_updates == 2 and training_hooks.STATE_KEY not in optimizer2.state
+    assert fresh.ema_updates == 2 and stateful.STATE_KEY not in optimizer2.state

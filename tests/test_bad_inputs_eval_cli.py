@@ -23,8 +23,8 @@ from st_hardneg.evaluation import (
     evaluate_sts,
     uniformity,
 )
-from st_hardneg.experiment import planned_steps
 from st_hardneg.training import TrainConfig
+from st_hardneg.training.experiment import planned_steps
 
 WORDS = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu".split()
 STSB_ROW = "main-captions\tMSRvid\t2012test\t{i:04d}\t{g}\t{a}\t{b}"

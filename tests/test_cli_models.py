@@ -8,14 +8,14 @@ import sys
 import pytest
 
 from st_hardneg import cli, models
-from st_hardneg.training import LOSSES, build_loss
+from st_hardneg.training import LOSSES, build_loss, parse_loss_args
 
 
 def test_parse_loss_args():
-    parsed = cli.parse_loss_args(["lam=0.3", "partner=random", "focal_m=None", "symmetric=false", "k=5", "x=a=b"])
+    parsed = parse_loss_args(["lam=0.3", "partner=random", "focal_m=None", "symmetric=false", "k=5", "x=a=b"])
     assert parsed == {"lam": 0.3, "partner": "random", "focal_m": None, "symmetric": False, "k": 5, "x": "a=b"}
     with pytest.raises(ValueError, match="KEY=VALUE"):
-        cli.parse_loss_args(["lam"])
+        parse_loss_args(["lam"])
 
 
 def test_registry_builds_every_method_with_paper_defaults(tiny_model):
@@ -100,7 +100,7 @@ def test_cli_train_end_to_end_on_tiny_model(tiny_model_dir, tiny_sentences, shar
 def test_cli_train_passes_stop_after_and_rejects_negative(monkeypatch, tiny_model_dir, tiny_sentences, tmp_path,
                                                          capsys):
     """--stop-after reaches TrainConfig.stop_after_steps (training itself is tested in test_training.py)."""
-    from st_hardneg import training
+    from st_hardneg.training import loop as training
 
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("\n".join(tiny_sentences) + "\n")

@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 
 from st_hardneg import cli
-from st_hardneg.retrieval_data import MRPC_HEADER
-from st_hardneg.retrieval_recipe import DEFAULT_CACHE_DIR, TRAINING
+from st_hardneg.cli.train import resolve_train_args
+from st_hardneg.data.mrpc import MRPC_HEADER
+from st_hardneg.training.retrieval import DEFAULT_CACHE_DIR, TRAINING
 
 ADJECTIVES = ("red", "blue", "green", "old", "new", "big")
 NOUNS = ("cat", "dog", "car", "house", "tree", "boat", "bird", "lamp")
@@ -66,7 +67,7 @@ def _argv(out: Path, data_dir: Path, model_dir: Path, *extra: str) -> list[str]:
 
 
 def _resolved(*argv: str):
-    return cli.resolve_train_args(cli.build_parser().parse_args(["train", *argv]))
+    return resolve_train_args(cli.build_parser().parse_args(["train", *argv]))
 
 
 # --------------------------------------------------------------------------- defaults per task
@@ -99,7 +100,7 @@ def test_resolving_the_retrieval_task_imports_no_heavy_module():
 
 def test_resolved_options_reach_the_trainer(monkeypatch, mrpc_dir, model_dir, tmp_path):
     """The TrainConfig, the model and the rows the Trainer receives (training itself is stopped before it starts)."""
-    from st_hardneg import training
+    from st_hardneg.training import loop as training
 
     seen = {}
 
@@ -130,7 +131,7 @@ def test_resolved_options_reach_the_trainer(monkeypatch, mrpc_dir, model_dir, tm
 
 # --------------------------------------------------------------------------- mined triplets, cache, scores
 def test_mined_set_is_cached_once_and_reused(monkeypatch, mrpc_dir, model_dir, tmp_path):
-    from st_hardneg import mining
+    from st_hardneg.data import mining
 
     calls = []
     real = mining.mine_training_negatives
@@ -206,7 +207,7 @@ def test_train_file_rows_are_the_training_data(mrpc_dir, model_dir, tmp_path, li
 
 
 def test_training_file_formats_read_alike(tmp_path):
-    from st_hardneg.retrieval_recipe import read_training_file
+    from st_hardneg.training.retrieval import read_training_file
 
     keys = ("anchor", "positive", "negative")
     _write_jsonl(tmp_path / "t.jsonl", OWN[:6])
@@ -316,7 +317,7 @@ def test_real_mrpc_with_sts_shares_the_benchmark_cache(monkeypatch, shared_data,
     import importlib.util
     from argparse import Namespace
 
-    from st_hardneg import mining
+    from st_hardneg.data import mining
 
     out, cache = tmp_path / "out", tmp_path / "cache"
     argv = ["train", "--task", "retrieval", "--model", str(model_dir), "--data-dir", str(shared_data), "--output-dir",

@@ -16,13 +16,13 @@ from transformers import TrainerCallback
 from st_hardneg import MixCSELoss
 from st_hardneg.data import read_sts_pairs
 from st_hardneg.evaluation import (
-    LossDiagnosticsCallback,
     alignment,
     alignment_uniformity,
     format_alignment_table,
     uniformity,
 )
 from st_hardneg.plots import plot_alignment_uniformity, plot_training_curves
+from st_hardneg.training.callbacks import LossDiagnosticsCallback
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

@@ -1,7 +1,7 @@
 """gather_across_devices is exact: 2 gloo processes, each with half of the batch, reproduce the single-process loss.
 
 Each spawn test runs ``torch.multiprocessing.spawn`` with 2 CPU processes, the gloo backend and a ``file://``
-rendezvous in ``tmp_path`` (harness: st_hardneg.testing_distributed). The equations checked, for ``W = 2`` processes
+rendezvous in ``tmp_path`` (harness: st_hardneg.testing.distributed). The equations checked, for ``W = 2`` processes
 each holding ``n = N / W`` rows and computing the mean loss ``L_r`` of its own anchors:
 
     mean_r L_r = L                                  (L: single-process loss on all N rows)
@@ -29,9 +29,9 @@ from sentence_transformers.sentence_transformer.losses import (
 )
 from torch import nn
 
-from st_hardneg import distributed as D
-from st_hardneg.gradcache import GradCached
-from st_hardneg.testing_distributed import compare, gathered_loss_job, model_step, spawn_jobs
+from st_hardneg.losses import distributed as D
+from st_hardneg.losses.gradcache import GradCached
+from st_hardneg.testing.distributed import compare, gathered_loss_job, model_step, spawn_jobs
 
 TAU = 0.05
 N, DIM = 8, 6

@@ -454,7 +454,7 @@ def test_text_keys_of_the_wrong_shape_are_rejected():
 
 
 def test_false_negative_log_counts_what_the_loss_masked_per_step():
-    from st_hardneg.callbacks import FalseNegativeLog
+    from st_hardneg.training.callbacks import FalseNegativeLog
 
     class Stub(torch.nn.Module):
         def __init__(self):
@@ -478,8 +478,8 @@ def test_false_negative_log_in_a_real_training_step_matches_the_diagnostics(tiny
     from datasets import Dataset
 
     from st_hardneg import FocalInfoNCELoss
-    from st_hardneg.callbacks import FalseNegativeLog
     from st_hardneg.training import TrainConfig, train
+    from st_hardneg.training.callbacks import FalseNegativeLog
 
     # an absolute margin of 2 masks every non-positive candidate: 3 other positives + 4 negatives per anchor
     loss = FocalInfoNCELoss(tiny_model, false_negative_margin=2.0)

@@ -1,4 +1,4 @@
-"""GradCache (st_hardneg.gradcache) is exact: same loss and parameter gradients as the uncached forward.
+"""GradCache (st_hardneg.losses.gradcache) is exact: same loss and parameter gradients as the uncached forward.
 
 The losses here are written in the test (a plain InfoNCE) or taken from sentence-transformers, so these tests hold
 the caching machinery alone. Gradients are compared per parameter by relative norm:
@@ -23,7 +23,7 @@ from sentence_transformers.sentence_transformer.losses import (
 )
 from torch import nn
 
-from st_hardneg.gradcache import GradCached, GradCacheMixin, check_mini_batch_size
+from st_hardneg.losses.gradcache import GradCached, GradCacheMixin, check_mini_batch_size
 
 TAU = 0.05
 

@@ -11,6 +11,7 @@ from sentence_transformers import SentenceTransformer
 from sentence_transformers.base.evaluation.evaluator import BaseEvaluator
 
 from st_hardneg import cli, models
+from st_hardneg.cli.main import load_for_eval
 from st_hardneg.models import TrainOnlyDense, load_checkpoint, load_model, save_inference_model
 
 SENTENCES = ["a man plays the guitar.", "the dog runs in the park.", "the sky is blue.", "she writes a letter."]
@@ -102,7 +103,7 @@ def test_full_save_keeps_the_head_and_reloads(mlp_model, tmp_path):
     with pytest.raises(FileNotFoundError, match="modules.json"):
         load_checkpoint(tmp_path / "nothing-here")
     # `st-hardneg eval --model CHECKPOINT` loads it as well
-    assert isinstance(cli.load_for_eval(str(tmp_path / "checkpoint"), "cls")[2], TrainOnlyDense)
+    assert isinstance(load_for_eval(str(tmp_path / "checkpoint"), "cls")[2], TrainOnlyDense)
 
 
 class _FirstIsBest(BaseEvaluator):

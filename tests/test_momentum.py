@@ -1,4 +1,4 @@
-"""st_hardneg.momentum: the EMA update on its own (closed form, buffers, dtype, errors)."""
+"""st_hardneg.losses.momentum: the EMA update on its own (closed form, buffers, dtype, errors)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from st_hardneg.momentum import frozen_copy, update_momentum
+from st_hardneg.losses.momentum import frozen_copy, update_momentum
 
 
 def _net() -> nn.Module:

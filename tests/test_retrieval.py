@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from st_hardneg.data import DataNotFoundError
-from st_hardneg.retrieval_data import (
+from st_hardneg.data.mrpc import (
     MRPC_HEADER,
     MRPCFormatError,
     assert_no_test_leak,
@@ -416,7 +416,7 @@ def test_retrieval_benchmark_selection_on_the_dev_split(shared_data, text_model_
 @pytest.mark.parametrize("kwargs, match", [({"limit": -1}, "limit"), ({"limit": 2.5}, "limit"),
                                            ({"min_rows": 0}, "min_rows"), ({"min_rows": True}, "min_rows")])
 def test_recipe_counts_are_checked_before_mining_or_reading(tmp_path, kwargs, match):
-    from st_hardneg.retrieval_recipe import mined_triplets, read_training_file
+    from st_hardneg.training.retrieval import mined_triplets, read_training_file
 
     data = build_mrpc_retrieval(write_mrpc(tmp_path))
 
@@ -559,7 +559,7 @@ def test_cached_dataset_builds_once_per_key(tmp_path):
 
     from datasets import Dataset
 
-    from st_hardneg.mining import cached_dataset, file_digest
+    from st_hardneg.data.mining import cached_dataset, file_digest
 
     calls = []
 

@@ -8,7 +8,7 @@ Two acceptance criteria, each checked against a reference computed independently
 
        mean_r L_r = L                       and      concat_r(dL_r/dx_r) / W = dL/dx
 
-   (the gather's backward sums every process's gradient; see ``st_hardneg.distributed``), for every column's
+   (the gather's backward sums every process's gradient; see ``st_hardneg.losses.distributed``), for every column's
    embeddings, to 1e-5. Process ``r`` seeds its global RNG with ``seed + r``, so a random draw that is not shared
    across processes is caught. The same loss *without* the gather does not match (the control below), so the
    comparison can fail. At model level, 2 processes with GradCache (``mini_batch_size=2``) and the gather reproduce
@@ -33,7 +33,7 @@ from st_hardneg.losses.adcse import AdversarialNegativesLoss
 from st_hardneg.losses.focal import FocalInfoNCELoss
 from st_hardneg.losses.hncse import HNCSELoss
 from st_hardneg.losses.mixcse import MixCSELoss
-from st_hardneg.testing_distributed import compare, gathered_loss_job, model_step, spawn_jobs
+from st_hardneg.testing.distributed import compare, gathered_loss_job, model_step, spawn_jobs
 
 N, DIM = 8, 6
 CLASSES = {"mixcse": MixCSELoss, "focal": FocalInfoNCELoss, "hncse": HNCSELoss, "adcse": AdversarialNegativesLoss}

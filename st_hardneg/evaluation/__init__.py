@@ -1,7 +1,6 @@
 """Evaluation: SentEval STS (the papers' protocol), local retrieval tasks, MTEB and shared encoding helpers."""
 
 from st_hardneg.evaluation.diagnostics import (
-    LossDiagnosticsCallback,
     alignment,
     alignment_uniformity,
     format_alignment_table,
@@ -41,7 +40,6 @@ __all__ = [
     "RETRIEVAL_METRICS",
     "LocalRetrievalEvaluator",
     "TRANSFER_TASKS",
-    "LossDiagnosticsCallback",
     "MTEBOfflineError",
     "alignment",
     "alignment_uniformity",

@@ -1,9 +1,9 @@
-"""Embedding diagnostics: alignment and uniformity (Wang & Isola, 2020) on STS-B, and the training-time cosines.
+"""Embedding diagnostics: alignment and uniformity (Wang & Isola, 2020) on STS-B.
 
 - :func:`alignment_uniformity` is the analysis of SimCSE Fig. 2 / MixCSE Fig. 5 / Focal-InfoNCE Table 3 /
   AdCSE Fig. 3.
-- :class:`LossDiagnosticsCallback` adds the mean positive / negative / synthetic-negative cosines of the loss's
-  last training batch (MixCSE Fig. 4a) to the Trainer's logs at every logging step.
+- The training-time cosines of the loss's last batch are logged by
+  :class:`st_hardneg.training.callbacks.LossDiagnosticsCallback`.
 """
 
 from __future__ import annotations
@@ -14,9 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from transformers import TrainerCallback
 
-from st_hardneg.data import read_sts_pairs, resolve_senteval_dir
+from st_hardneg.data.senteval import read_sts_pairs, resolve_senteval_dir
 from st_hardneg.evaluation.encoding import check_embeddings, encode_unique
 from st_hardneg.reporting import markdown_table
 
@@ -91,7 +90,7 @@ def alignment_uniformity(
 
     Args:
         model: a SentenceTransformer.
-        data_dir: the SentEval directory (see :func:`st_hardneg.data.resolve_senteval_dir`).
+        data_dir: the SentEval directory (see :func:`st_hardneg.data.senteval.resolve_senteval_dir`).
         split: ``"dev"`` or ``"test"``.
         threshold: minimum gold score (inclusive, 0–5 scale) of a positive pair.
         t: uniformity temperature.
@@ -132,75 +131,3 @@ def format_alignment_table(rows: Mapping[str, Mapping[str, Any]]) -> str:
     body = [[name, f"{r['alignment']:.4f}", f"{r['uniformity']:.4f}", r.get("split", "–"), r.get("n_pairs", "–"),
              r.get("n_sentences", "–")] for name, r in rows.items()]
     return markdown_table(header, body).rstrip("\n")
-
-
-class LossDiagnosticsCallback(TrainerCallback):
-    """Log the loss's ``diagnostics`` (mean cosines of the last training batch) with the Trainer's own logs.
-
-    At every logging step, the entries ``cos_positive``, ``cos_negative`` and (for losses with synthetic
-    negatives) ``cos_synthetic`` are added next to ``loss`` and ``learning_rate``: in ``trainer.state.log_history``
-    (so they are saved in ``trainer_state.json`` and can be plotted with
-    :func:`st_hardneg.plots.plot_training_curves`) and in the ``logs`` passed on to the callbacks after this one
-    (the progress printer, TensorBoard, W&B …; :meth:`attach` puts this callback first so that all of them see
-    the entries). Only read-only: the loss value and the gradients are untouched. Evaluation logs are left alone.
-
-    The Trainer appends a copy of ``logs`` to ``state.log_history`` just before calling ``on_log``, so this
-    callback updates both that entry and the ``logs`` dict.
-
-    Args:
-        loss: the training loss (any st-hardneg loss, i.e. with a ``diagnostics`` property), or a dict
-            ``{dataset name: loss}`` for multi-dataset training (keys are then prefixed with the dataset name).
-        prefix: prefix of the logged cosine keys (``cos_positive`` …); the false-negative counts keep their own names
-            (``masked_false_negatives``, ``masked_false_negatives_total``), which are not cosines.
-
-    Example:
-        ::
-
-            from st_hardneg import MixCSELoss
-            from st_hardneg.evaluation import LossDiagnosticsCallback
-
-            loss = MixCSELoss(model, lam=0.2)
-            trainer = SentenceTransformerTrainer(model=model, args=args, train_dataset=train, loss=loss)
-            LossDiagnosticsCallback(loss).attach(trainer)
-            trainer.train()
-            print(trainer.state.log_history[0])  # {'loss': ..., 'cos_positive': ..., 'cos_negative': ..., ...}
-    """
-
-    def __init__(self, loss, prefix: str = "cos_") -> None:
-        losses = loss if isinstance(loss, Mapping) else {"": loss}
-        for name, item in losses.items():
-            if not hasattr(item, "diagnostics"):
-                raise TypeError(
-                    f"{type(item).__name__}{f' ({name})' if name else ''} has no `diagnostics` property; "
-                    "LossDiagnosticsCallback needs an st-hardneg loss (st_hardneg.losses.HardNegativeLoss)."
-                )
-        self.losses = dict(losses)
-        self.prefix = prefix
-
-    def attach(self, trainer) -> LossDiagnosticsCallback:
-        """Add this callback to ``trainer`` ahead of every other callback (so reporting integrations see the
-        entries); returns ``self``."""
-        trainer.callback_handler.callbacks.insert(0, self)
-        return self
-
-    def current(self) -> dict[str, float]:
-        """The entries that would be logged now: ``{prefix + key: value}`` for the cosines, ``{key: value}`` for the
-        masked false-negative counts (``{name}_...`` for dicts)."""
-        entries: dict[str, float] = {}
-        for name, loss in self.losses.items():
-            for key, value in loss.diagnostics.items():
-                logged = key if key.startswith("masked_") else f"{self.prefix}{key}"
-                entries[f"{name}_{logged}" if name else logged] = round(float(value), 6)
-        return entries
-
-    def on_log(self, args, state, control, logs=None, **kwargs):
-        if logs is None or "loss" not in logs:  # evaluation / end-of-training summaries
-            return control
-        entries = self.current()
-        if not entries:
-            return control
-        logs.update(entries)
-        if state.log_history and state.log_history[-1].get("step") == state.global_step \
-                and "loss" in state.log_history[-1]:
-            state.log_history[-1].update(entries)
-        return control

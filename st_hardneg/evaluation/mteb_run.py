@@ -202,7 +202,7 @@ def run_mteb(
     Args:
         model: a SentenceTransformer.
         tasks: task names (list or comma-separated string), local and/or official.
-        data_dir: the SentEval directory for local tasks (see :func:`st_hardneg.data.resolve_senteval_dir`).
+        data_dir: the SentEval directory for local tasks (see :func:`st_hardneg.data.senteval.resolve_senteval_dir`).
         output_dir: if given, mteb writes its result files there (``results/<model>/<revision>/<task>.json`` and
             ``model_meta.json``); existing files are overwritten unless ``use_cache=True``.
         model_name: name recorded in the results (``org/name``; ``local/`` is prepended when there is no ``/``).

@@ -1,8 +1,8 @@
 """The local MTEB tasks on the real ``mteb`` package: the SentEval STS sets as mteb STS tasks and a local retrieval
-task (MRPC paraphrase retrieval, :mod:`st_hardneg.retrieval_data`), built from local files so they run offline.
+task (MRPC paraphrase retrieval, :mod:`st_hardneg.data.mrpc`), built from local files so they run offline.
 
 The local tasks (``STS12-local`` … ``SICK-R-local``) are subclasses of mteb's ``AbsTaskSTS`` whose ``load_data``
-reads the SentEval files with :func:`st_hardneg.data.read_sts_pairs`, so mteb's own STS evaluator scores them with
+reads the SentEval files with :func:`st_hardneg.data.senteval.read_sts_pairs`, so mteb's own STS evaluator scores them with
 no network. Running them (and official MTEB tasks) is :func:`st_hardneg.evaluation.mteb_run.run_mteb`.
 
 ``mteb`` is imported lazily (it takes seconds to import), so ``import st_hardneg.evaluation`` stays fast.
@@ -18,11 +18,11 @@ from typing import Any
 
 import numpy as np
 
-from st_hardneg.data import STS_YEAR_SUBSETS, check_sts_data, read_sts_pairs, resolve_senteval_dir, sts_files
+from st_hardneg.data.senteval import STS_YEAR_SUBSETS, check_sts_data, read_sts_pairs, resolve_senteval_dir, sts_files
 
 logger = logging.getLogger(__name__)
 
-#: local mteb task name -> SentEval STS task of :func:`st_hardneg.data.read_sts_pairs`
+#: local mteb task name -> SentEval STS task of :func:`st_hardneg.data.senteval.read_sts_pairs`
 LOCAL_MTEB_TASKS: dict[str, str] = {
     "STS12-local": "STS12",
     "STS13-local": "STS13",
@@ -47,7 +47,7 @@ OFFICIAL_TO_LOCAL: dict[str, str] = {
     "STSBenchmark.v2": "STSBenchmark-local",
     "SICK-R": "SICK-R-local",
 }
-#: local mteb retrieval task name -> task of :mod:`st_hardneg.retrieval_data` (built from the SentEval MRPC files)
+#: local mteb retrieval task name -> task of :mod:`st_hardneg.data.mrpc` (built from the SentEval MRPC files)
 LOCAL_RETRIEVAL_TASKS: dict[str, str] = {
     "MRPC-retrieval-local": "MRPC",
 }
@@ -130,7 +130,7 @@ def local_sts_task(name: str, data_dir: str | Path | None = None):
     Args:
         name: one of :data:`LOCAL_MTEB_TASKS` (``STS12-local`` … ``STSBenchmark-local``, ``SICK-R-local``,
             ``STSBenchmark-dev-local``).
-        data_dir: the SentEval directory (see :func:`st_hardneg.data.resolve_senteval_dir`).
+        data_dir: the SentEval directory (see :func:`st_hardneg.data.senteval.resolve_senteval_dir`).
 
     Raises:
         ValueError: an unknown name.
@@ -174,7 +174,7 @@ def _local_retrieval_base():
     from mteb.abstasks.retrieval import AbsTaskRetrieval
 
     class LocalRetrievalTask(AbsTaskRetrieval):
-        """A local retrieval task of :mod:`st_hardneg.retrieval_data` as an mteb retrieval task (test split).
+        """A local retrieval task of :mod:`st_hardneg.data.mrpc` as an mteb retrieval task (test split).
 
         Concrete tasks are subclasses made by :func:`local_retrieval_task`, with ``metadata``, ``retrieval_task``
         and ``root`` as class attributes. The embeddings are handed to mteb in float32, the precision in which
@@ -187,7 +187,7 @@ def _local_retrieval_base():
         k_values = (1, 3, 5, 10, 20, 100, 1000)
 
         def _task(self):
-            from st_hardneg.retrieval_data import build_retrieval_task
+            from st_hardneg.data.mrpc import build_retrieval_task
 
             return build_retrieval_task(self.retrieval_task, self.root)
 
@@ -228,20 +228,20 @@ def _local_retrieval_base():
 def local_retrieval_task(name: str, data_dir: str | Path | None = None):
     """A local retrieval task as an mteb task (a subclass of ``mteb.abstasks.retrieval.AbsTaskRetrieval``).
 
-    ``MRPC-retrieval-local`` is MRPC paraphrase retrieval (:func:`st_hardneg.retrieval_data.build_mrpc_retrieval`):
+    ``MRPC-retrieval-local`` is MRPC paraphrase retrieval (:func:`st_hardneg.data.mrpc.build_mrpc_retrieval`):
     main score nDCG@10. Scored by mteb's retrieval evaluator, it equals
     :func:`~st_hardneg.evaluation.evaluate_retrieval` (sentence-transformers' ``InformationRetrievalEvaluator``)
     for nDCG@10 and MRR@10.
 
     Args:
         name: one of :data:`LOCAL_RETRIEVAL_TASKS`.
-        data_dir: the SentEval directory (see :func:`st_hardneg.data.resolve_senteval_dir`).
+        data_dir: the SentEval directory (see :func:`st_hardneg.data.senteval.resolve_senteval_dir`).
 
     Raises:
         ValueError: an unknown name.
         DataNotFoundError: the task's files are missing.
     """
-    from st_hardneg.retrieval_data import retrieval_task_files, senteval_root
+    from st_hardneg.data.mrpc import retrieval_task_files, senteval_root
 
     if name not in LOCAL_RETRIEVAL_TASKS:
         raise ValueError(f"unknown local retrieval task {name!r}; choose from {', '.join(LOCAL_RETRIEVAL_TASKS)}")
@@ -250,7 +250,7 @@ def local_retrieval_task(name: str, data_dir: str | Path | None = None):
     files = retrieval_task_files(retrieval_task, root)
     metadata = _metadata(
         name, files[0],
-        f"{retrieval_task} paraphrase retrieval built from the local SentEval files by st_hardneg.retrieval_data "
+        f"{retrieval_task} paraphrase retrieval built from the local SentEval files by st_hardneg.data.mrpc "
         "(queries: sentence 1 of the test paraphrase pairs; relevant: their sentence 2; corpus: every other "
         "distinct sentence of both splits); scored by mteb's retrieval evaluator (main score: nDCG@10).",
         reference="https://www.microsoft.com/en-us/download/details.aspx?id=52398", type="Retrieval",

@@ -1,6 +1,6 @@
 """Retrieval evaluation: sentence-transformers' ``InformationRetrievalEvaluator`` on the local retrieval tasks.
 
-The tasks are built from the shared SentEval files by :mod:`st_hardneg.retrieval_data` (MRPC paraphrase retrieval;
+The tasks are built from the shared SentEval files by :mod:`st_hardneg.data.mrpc` (MRPC paraphrase retrieval;
 see there for the exact definition). Each distinct text of a task is encoded once, at the model's full length
 (:func:`~st_hardneg.evaluation.encode_unique`), for queries and documents alike: these are exactly the embeddings
 that the task's mteb version (``MRPC-retrieval-local`` in :func:`~st_hardneg.evaluation.run_mteb`) scores, so the two
@@ -71,7 +71,7 @@ class LocalRetrievalEvaluator(InformationRetrievalEvaluator):
 
 def retrieval_evaluator(task, batch_size: int = 64, show_progress_bar: bool = False,
                         **kwargs: Any) -> LocalRetrievalEvaluator:
-    """A :class:`LocalRetrievalEvaluator` for a :class:`~st_hardneg.retrieval_data.RetrievalTask` (named after it)."""
+    """A :class:`LocalRetrievalEvaluator` for a :class:`~st_hardneg.data.mrpc.RetrievalTask` (named after it)."""
     return LocalRetrievalEvaluator(task.queries, task.corpus, task.relevant_docs, name=task.name,
                                    batch_size=batch_size, show_progress_bar=show_progress_bar, **kwargs)
 
@@ -81,7 +81,7 @@ def mrpc_retrieval_evaluator(data_dir: str | Path | None = None, batch_size: int
     """The sentence-transformers ``InformationRetrievalEvaluator`` of the MRPC paraphrase-retrieval test task.
 
     Args:
-        data_dir: the SentEval directory (see :func:`st_hardneg.data.resolve_senteval_dir`).
+        data_dir: the SentEval directory (see :func:`st_hardneg.data.senteval.resolve_senteval_dir`).
         batch_size: encoding batch size.
         show_progress_bar: show the encoding progress bar.
         **kwargs: passed to ``InformationRetrievalEvaluator`` (e.g. ``mrr_at_k``).
@@ -94,7 +94,7 @@ def mrpc_retrieval_evaluator(data_dir: str | Path | None = None, batch_size: int
             evaluator = mrpc_retrieval_evaluator("path/to/senteval")
             scores = evaluator(model)   # {"MRPC-paraphrase-retrieval_cosine_ndcg@10": ..., ...}
     """
-    from st_hardneg.retrieval_data import build_mrpc_retrieval
+    from st_hardneg.data.mrpc import build_mrpc_retrieval
 
     return retrieval_evaluator(build_mrpc_retrieval(data_dir).task, batch_size=batch_size,
                                show_progress_bar=show_progress_bar, **kwargs)
@@ -107,7 +107,7 @@ def evaluate_retrieval(model, data_dir: str | Path | None = None, task=None, bat
     Args:
         model: a SentenceTransformer.
         data_dir: the SentEval directory (used when ``task`` is None).
-        task: a :class:`~st_hardneg.retrieval_data.RetrievalTask`; None builds the MRPC task from ``data_dir``.
+        task: a :class:`~st_hardneg.data.mrpc.RetrievalTask`; None builds the MRPC task from ``data_dir``.
         batch_size: encoding batch size.
         show_progress_bar: show the encoding progress bar.
 
@@ -116,7 +116,7 @@ def evaluate_retrieval(model, data_dir: str | Path | None = None, task=None, bat
         plus ``"queries"`` and ``"corpus"`` (the task's sizes).
     """
     if task is None:
-        from st_hardneg.retrieval_data import build_mrpc_retrieval
+        from st_hardneg.data.mrpc import build_mrpc_retrieval
 
         task = build_mrpc_retrieval(data_dir).task
     evaluator = retrieval_evaluator(task, batch_size=batch_size, show_progress_bar=show_progress_bar)

@@ -11,7 +11,7 @@ import numpy as np
 from scipy.stats import spearmanr
 from sentence_transformers.base.evaluation.evaluator import BaseEvaluator
 
-from st_hardneg.data import STS_DEV_TASKS, STS_TASKS, check_sts_data, read_sts_pairs, resolve_senteval_dir
+from st_hardneg.data.senteval import STS_DEV_TASKS, STS_TASKS, check_sts_data, read_sts_pairs, resolve_senteval_dir
 from st_hardneg.evaluation.encoding import DegenerateEmbeddingsError, encode_unique
 from st_hardneg.reporting import markdown_table
 
@@ -80,7 +80,7 @@ def evaluate_sts(
 
     Args:
         model: a SentenceTransformer.
-        data_dir: the SentEval directory (see :func:`st_hardneg.data.resolve_senteval_dir`).
+        data_dir: the SentEval directory (see :func:`st_hardneg.data.senteval.resolve_senteval_dir`).
         tasks: subset of ``STS12, STS13, STS14, STS15, STS16, STSBenchmark, SICKRelatedness`` (and
             ``STSBenchmark-dev``, for model selection only); ``None`` = the 7 test tasks.
         batch_size: encoding batch size.
@@ -92,7 +92,7 @@ def evaluate_sts(
     Raises:
         DegenerateEmbeddingsError: the model's embeddings are non-finite, zero or all identical (no score is
             meaningful; see :func:`~st_hardneg.evaluation.encoding.check_embeddings`).
-        DataFormatError: a damaged data file (see :func:`st_hardneg.data.read_sts_pairs`).
+        DataFormatError: a damaged data file (see :func:`st_hardneg.data.senteval.read_sts_pairs`).
     """
     tasks = _check_tasks(tasks)
     root = resolve_senteval_dir(data_dir)
@@ -134,7 +134,7 @@ class SentEvalSTSEvaluator(BaseEvaluator):
     best checkpoint. :func:`evaluate_sts` raises instead.
 
     Args:
-        data_dir: the SentEval directory (see :func:`st_hardneg.data.resolve_senteval_dir`).
+        data_dir: the SentEval directory (see :func:`st_hardneg.data.senteval.resolve_senteval_dir`).
         tasks: the tasks to score; default ``("STSBenchmark-dev",)``.
         name: prefix of the metric names (``{name}_spearman`` is the primary metric: the mean over ``tasks``).
         batch_size: encoding batch size.

@@ -3,7 +3,7 @@
 A logistic regression (scikit-learn) is trained on the frozen sentence embeddings, exactly as SentEval does when
 ``usepytorch=False`` (its scikit-learn path, ``senteval/tools/validation.py``), with the fold counts that SimCSE /
 MixCSE pass in "test" mode (``kfold=10``) or "fasttest" mode (``kfold=5``). See :func:`evaluate_transfer` for the
-exact grids, folds and seeds. Reading the tasks' files is :mod:`st_hardneg.evaluation.transfer_data`.
+exact grids, folds and seeds. Reading the tasks' files is :mod:`st_hardneg.data.transfer`.
 """
 
 from __future__ import annotations
@@ -21,15 +21,15 @@ from sklearn.model_selection import StratifiedKFold
 from threadpoolctl import threadpool_limits
 from tqdm.auto import tqdm
 
-from st_hardneg.data import resolve_senteval_dir
-from st_hardneg.evaluation.encoding import encode_unique
-from st_hardneg.evaluation.transfer_data import (  # noqa: F401 - the data half, re-exported
+from st_hardneg.data.senteval import resolve_senteval_dir
+from st_hardneg.data.transfer import (  # noqa: F401 - the data half, re-exported
     TRANSFER_TASKS,
     TransferSplit,
     check_transfer_data,
     read_transfer_task,
     transfer_files,
 )
+from st_hardneg.evaluation.encoding import encode_unique
 from st_hardneg.reporting import markdown_table
 
 logger = logging.getLogger(__name__)
@@ -203,7 +203,7 @@ def evaluate_transfer(
 
     Args:
         model: a SentenceTransformer (anything with a SentenceTransformer-style ``encode``).
-        data_dir: the SentEval directory (see :func:`st_hardneg.data.resolve_senteval_dir`).
+        data_dir: the SentEval directory (see :func:`st_hardneg.data.senteval.resolve_senteval_dir`).
         tasks: subset of ``MR, CR, SUBJ, MPQA, SST2, TREC, MRPC`` (list or comma-separated string); ``None`` = all.
         fast: SimCSE's "fasttest" analogue: 5 folds and the smaller grids, for quick checks.
         seed: seed of the fold shuffles and classifiers (SentEval's default 1111).

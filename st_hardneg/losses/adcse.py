@@ -1,10 +1,10 @@
 """AdCSE (Li et al., DASFAA 2022): a momentum key encoder and learnable negative adversaries.
 
 The only *stateful* st-hardneg loss, assembled from reusable pieces: the key encoder is a
-:func:`~st_hardneg.momentum.frozen_copy` moved by :func:`~st_hardneg.momentum.update_momentum`, the adversaries a
+:func:`~st_hardneg.losses.momentum.frozen_copy` moved by :func:`~st_hardneg.losses.momentum.update_momentum`, the adversaries a
 :class:`~st_hardneg.losses.adversaries.NegativeAdversaries` bank, and the training-loop attachment (an optimizer
-step post-hook, plus :class:`~st_hardneg.callbacks.StatefulLossCallback` for resuming) is explained in
-:mod:`st_hardneg.training_hooks`.
+step post-hook, plus :class:`~st_hardneg.training.callbacks.StatefulLossCallback` for resuming) is explained in
+:mod:`st_hardneg.losses.stateful`.
 """
 
 from __future__ import annotations
@@ -18,18 +18,18 @@ import torch
 from sentence_transformers.base.losses.merged_forward import embed_columns
 from torch import Tensor, nn
 
-from st_hardneg import distributed as dist
 from st_hardneg import functional as fn
-from st_hardneg import training_hooks
+from st_hardneg.losses import distributed as dist
+from st_hardneg.losses import stateful
 from st_hardneg.losses.adversaries import NegativeAdversaries
 from st_hardneg.losses.base import HardNegativeLoss, check_temperature
-from st_hardneg.momentum import frozen_copy, update_momentum
+from st_hardneg.losses.momentum import frozen_copy, update_momentum
 
 _STATE_FORMAT = 1
 
 
-class AdversarialNegativesLoss(training_hooks.OptimizerDrivenLoss, HardNegativeLoss):
-    #: name of this loss's entry in optimizer checkpoints (see :mod:`st_hardneg.training_hooks`)
+class AdversarialNegativesLoss(stateful.OptimizerDrivenLoss, HardNegativeLoss):
+    #: name of this loss's entry in optimizer checkpoints (see :mod:`st_hardneg.losses.stateful`)
     checkpoint_name = "AdversarialNegativesLoss"
     _state_synced = False
 
@@ -154,7 +154,7 @@ class AdversarialNegativesLoss(training_hooks.OptimizerDrivenLoss, HardNegativeL
               activations); the adversaries cost ``2·M·d`` floats.
             - Checkpoints: the loss state (key encoder, adversaries, velocity, counters) is stored in the
               optimizer's ``state_dict`` (``optimizer.pt``). Resume with ``trainer.train(resume_from_checkpoint=...)``
-              and a :class:`~st_hardneg.callbacks.StatefulLossCallback` (automatic in ``st_hardneg.training.train``).
+              and a :class:`~st_hardneg.training.callbacks.StatefulLossCallback` (automatic in ``st_hardneg.training.loop.train``).
               A checkpoint without that state (``save_only_model=True``) resumes with a warning: the key encoder
               and the adversaries restart. The saved model is the online encoder only.
             - ``model.fit`` takes no callbacks: it trains the same, but a resume restores the loss state at the
@@ -174,7 +174,7 @@ class AdversarialNegativesLoss(training_hooks.OptimizerDrivenLoss, HardNegativeL
                 from datasets import Dataset
                 from sentence_transformers import SentenceTransformerTrainer, SentenceTransformerTrainingArguments
                 from st_hardneg import AdversarialNegativesLoss
-                from st_hardneg.callbacks import add_stateful_loss_callback
+                from st_hardneg.training.callbacks import add_stateful_loss_callback
                 from st_hardneg.models import load_default_model
 
                 model = load_default_model()

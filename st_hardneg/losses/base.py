@@ -13,11 +13,11 @@ import torch
 from sentence_transformers.base.losses.merged_forward import embed_columns
 from torch import Tensor, nn
 
-from st_hardneg import distributed as dist
 from st_hardneg import functional as fn
 from st_hardneg import validation
-from st_hardneg.gradcache import GradCacheMixin, check_cacheable_model, check_mini_batch_size
+from st_hardneg.losses import distributed as dist
 from st_hardneg.losses.false_negatives import FalseNegativeControl, text_keys  # noqa: F401  (text_keys re-exported)
+from st_hardneg.losses.gradcache import GradCacheMixin, check_cacheable_model, check_mini_batch_size
 
 
 def check_temperature(value: float, name: str = "temperature") -> float:
@@ -103,12 +103,12 @@ class HardNegativeLoss(FalseNegativeControl, GradCacheMixin, nn.Module):
     of the global batch on every process, ``O((W·n)²·d)``, which stays far below the encoder's cost for realistic
     batches. Random draws come from a generator that is identical on every process: the loss's own one when it has
     a ``seed`` (every process draws the same sequence), else one seeded per draw from rank 0's global RNG
-    (:func:`st_hardneg.distributed.shared_seed`). All processes must hold the same local batch size (use
+    (:func:`st_hardneg.losses.distributed.shared_seed`). All processes must hold the same local batch size (use
     ``dataloader_drop_last=True``); a ragged batch raises. Without a process group the option changes nothing but the
     random source of the draws.
 
     ``mini_batch_size`` / ``mini_batch_num_tokens``: GradCache (Gao et al., 2021) through sentence-transformers'
-    ``CachedLossMixin`` (:class:`st_hardneg.gradcache.GradCacheMixin`): the encoder sees only mini-batches of that
+    ``CachedLossMixin`` (:class:`st_hardneg.losses.gradcache.GradCacheMixin`): the encoder sees only mini-batches of that
     size (or token budget), in two passes, and the loss and gradients are those of the whole batch (the second pass
     replays the first pass's random state, so dropout masks match). ``compute_loss_from_embeddings`` runs once per
     batch, so every side effect (random draws, statistics, AdCSE's adversary gradient) happens once per batch, as

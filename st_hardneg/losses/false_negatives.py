@@ -10,9 +10,9 @@ import torch
 from sentence_transformers.base.losses.merged_forward import embed_columns
 from torch import Tensor, nn
 
-from st_hardneg import distributed as dist
 from st_hardneg import functional as fn
 from st_hardneg import validation
+from st_hardneg.losses import distributed as dist
 
 if TYPE_CHECKING:
     from st_hardneg.losses.base import Batch

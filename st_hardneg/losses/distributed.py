@@ -13,7 +13,7 @@ that factor ``W`` out again: the parameter update equals the single-process upda
 
 Example::
 
-    from st_hardneg import distributed as dist_utils
+    from st_hardneg.losses import distributed as dist_utils
 
     candidates = dist_utils.gather_with_grad(positives)       # (W * n, d): every process's positives
     own = dist_utils.local_rows(anchors.size(0))              # this process's rows inside ``candidates``

@@ -1,7 +1,7 @@
-"""``st-hardneg train``: the two training tasks behind the command line (see :mod:`st_hardneg.cli`).
+"""``st-hardneg train``: the two training tasks behind the command line (see :mod:`st_hardneg.cli.main`).
 
 - ``--task sts`` (:func:`cmd_train`): the papers' unsupervised protocol, STS-B dev selection, the 7-task STS table;
-- ``--task retrieval`` (:func:`cmd_train_retrieval`): the recipe of :mod:`st_hardneg.retrieval_recipe`.
+- ``--task retrieval`` (:func:`cmd_train_retrieval`): the recipe of :mod:`st_hardneg.training.retrieval`.
 
 Options whose default depends on the task are ``None`` in the parser and filled by :func:`resolve_train_args`, which
 also refuses options of the other task. Only the standard library is imported at module level (``--help`` loads no
@@ -11,18 +11,18 @@ deep-learning library).
 from __future__ import annotations
 
 import argparse
-import ast
 import logging
 from pathlib import Path
 from typing import Any
 
-from st_hardneg.data import DataNotFoundError
+from st_hardneg.data.senteval import DataNotFoundError
+from st_hardneg.training.registry import parse_loss_args
 
 logger = logging.getLogger("st_hardneg")
 
 TRAIN_TASKS = ("sts", "retrieval")
 #: ``train`` defaults of ``--task sts`` (the papers' unsupervised protocol) for the options whose default depends on
-#: the task; ``--task retrieval`` takes them from :data:`st_hardneg.retrieval_recipe.TRAINING` (see
+#: the task; ``--task retrieval`` takes them from :data:`st_hardneg.training.retrieval.TRAINING` (see
 #: :func:`task_defaults`)
 STS_DEFAULTS: dict[str, Any] = {"pooling": "cls", "max_seq_length": 32, "batch_size": 64, "lr": 3e-5,
                                 "warmup_ratio": 0.0, "epochs": 1.0, "eval_steps": 50}
@@ -40,31 +40,9 @@ WRONG_TASK_HINTS = {
 }
 
 
-def parse_loss_args(items: list[str] | None, option: str = "--loss-arg") -> dict[str, Any]:
-    """``["lam=0.3", "partner=random", "focal_m=None"]`` → ``{"lam": 0.3, "partner": "random", "focal_m": None}``
-    (``option`` names the command-line option in the error message)."""
-    result: dict[str, Any] = {}
-    for item in items or []:
-        key, sep, raw = item.partition("=")
-        if not sep or not key.strip():
-            raise ValueError(f"{option} expects KEY=VALUE, got {item!r}")
-        raw = raw.strip()
-        if raw.lower() in ("true", "false"):
-            value: Any = raw.lower() == "true"
-        elif raw.lower() in ("none", "null"):
-            value = None
-        else:
-            try:
-                value = ast.literal_eval(raw)
-            except (ValueError, SyntaxError):
-                value = raw
-        result[key.strip().replace("-", "_")] = value
-    return result
-
-
 def default_corpus(data_dir: str | None) -> Path:
     """``corpus/wiki10k.txt`` (or ``wiki1m_for_simcse.txt``) beside the SentEval directory, if present."""
-    from st_hardneg.data import resolve_senteval_dir
+    from st_hardneg.data.senteval import resolve_senteval_dir
 
     root = resolve_senteval_dir(data_dir)
     for base in (root.parent, root):
@@ -79,11 +57,11 @@ def default_corpus(data_dir: str | None) -> Path:
 
 def task_defaults(task: str) -> dict[str, Any]:
     """The defaults of the ``train`` options left unset, per ``--task``: :data:`STS_DEFAULTS`, or for ``retrieval``
-    :data:`st_hardneg.retrieval_recipe.TRAINING` (no STS-B dev selection: ``eval_steps`` 0) and the mined-set cache
-    :data:`~st_hardneg.retrieval_recipe.DEFAULT_CACHE_DIR`."""
+    :data:`st_hardneg.training.retrieval.TRAINING` (no STS-B dev selection: ``eval_steps`` 0) and the mined-set cache
+    :data:`~st_hardneg.training.retrieval.DEFAULT_CACHE_DIR`."""
     if task == "sts":
         return dict(STS_DEFAULTS)
-    from st_hardneg.retrieval_recipe import DEFAULT_CACHE_DIR, TRAINING
+    from st_hardneg.training.retrieval import DEFAULT_CACHE_DIR, TRAINING
 
     return {"pooling": TRAINING["pooling"], "max_seq_length": TRAINING["max_seq_length"],
             "batch_size": TRAINING["batch_size"], "lr": TRAINING["learning_rate"],
@@ -131,12 +109,12 @@ def cmd_train(args: argparse.Namespace) -> int:
     import torch
     from transformers import set_seed
 
-    from st_hardneg.data import read_corpus
+    from st_hardneg.data.senteval import read_corpus
     from st_hardneg.evaluation import format_sts_table
-    from st_hardneg.experiment import planned_steps, run_experiment
     from st_hardneg.models import resolve_model, save_inference_model
     from st_hardneg.reporting import write_json
-    from st_hardneg.training import TrainConfig
+    from st_hardneg.training.experiment import planned_steps, run_experiment
+    from st_hardneg.training.loop import TrainConfig
 
     loss_kwargs = parse_loss_args(args.loss_arg)
     corpus = Path(args.corpus) if args.corpus else default_corpus(args.data_dir)
@@ -198,16 +176,16 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def cmd_train_retrieval(args: argparse.Namespace) -> int:
-    """``train --task retrieval`` (``args`` resolved): the recipe of :mod:`st_hardneg.retrieval_recipe`."""
+    """``train --task retrieval`` (``args`` resolved): the recipe of :mod:`st_hardneg.training.retrieval`."""
     from transformers import set_seed
 
-    from st_hardneg import retrieval_recipe as recipe
-    from st_hardneg.data import STS_TASKS, check_sts_data, resolve_senteval_dir
-    from st_hardneg.experiment import planned_steps, run_training
+    from st_hardneg.data.mrpc import build_mrpc_retrieval
+    from st_hardneg.data.senteval import STS_TASKS, check_sts_data, resolve_senteval_dir
     from st_hardneg.models import resolve_model, save_inference_model
-    from st_hardneg.registry import build_loss
     from st_hardneg.reporting import write_json
-    from st_hardneg.retrieval_data import build_mrpc_retrieval
+    from st_hardneg.training import retrieval as recipe
+    from st_hardneg.training.experiment import planned_steps, run_training
+    from st_hardneg.training.registry import build_loss
 
     loss_kwargs = parse_loss_args(args.loss_arg)
     mining = parse_loss_args(args.mining_arg, "--mining-arg")

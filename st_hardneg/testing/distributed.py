@@ -4,7 +4,7 @@ The worker functions live here, in an importable module, because ``torch.multipr
 reference into fresh interpreters. The process group is set up with a ``file://`` init method in a caller-given
 directory (no network port).
 
-The exactness criterion (see :mod:`st_hardneg.distributed` for the derivation): split a batch of ``N`` rows into
+The exactness criterion (see :mod:`st_hardneg.losses.distributed` for the derivation): split a batch of ``N`` rows into
 ``W`` equal contiguous shards, one per process; process ``r`` computes the mean loss ``L_r`` of its anchors against
 the gathered candidates and back-propagates it. Then
 
@@ -14,7 +14,7 @@ the gathered candidates and back-propagates it. Then
 * parameter gradients averaged over processes (what DDP does) equal the single-process parameter gradients.
 
 Random draws: process ``r`` seeds its global RNG with ``seed + r`` while the single-process reference uses
-``seed``. A loss that draws from rank 0's RNG on every process (``st_hardneg.distributed.shared_seed``) therefore
+``seed``. A loss that draws from rank 0's RNG on every process (``st_hardneg.losses.distributed.shared_seed``) therefore
 matches; one that draws locally does not, which the tests can detect.
 
 Example::

@@ -11,11 +11,11 @@ score retrieval.
   line and the benchmark share, mined by :func:`load_recipe_model`.
 - :func:`read_training_file`: your own (anchor, positive[, negative ...]) rows from a JSON lines / JSON / CSV / TSV
   file, checked (``st-hardneg train --task retrieval --train-file``).
-- :func:`train_config`: a :class:`~st_hardneg.training.TrainConfig` with :data:`TRAINING`'s values.
+- :func:`train_config`: a :class:`~st_hardneg.training.loop.TrainConfig` with :data:`TRAINING`'s values.
 - :func:`evaluate_recipe` and :func:`recipe_table`: the recipe's scores (retrieval on the MRPC test task, the 7-task
   STS average) and their markdown table.
 
->>> from st_hardneg.retrieval_recipe import MINING, TRAINING, mined_triplets
+>>> from st_hardneg.training.retrieval import MINING, TRAINING, mined_triplets
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from st_hardneg.retrieval_data import MRPCRetrieval
-    from st_hardneg.training import TrainConfig
+    from st_hardneg.data.mrpc import MRPCRetrieval
+    from st_hardneg.training.loop import TrainConfig
 
 #: mine_hard_negatives settings: top-5 candidates below 95 % of the anchor-positive score (NV-Retriever's
 #: TopK-PercPos), then the first that is not the anchor, the positive or a labelled paraphrase of the anchor
@@ -68,15 +68,15 @@ def mined_triplets(
     batch_size: int = 128,
 ) -> tuple[Any, dict[str, Any]]:
     """One mined hard negative per training pair of ``data`` (see
-    :func:`st_hardneg.mining.mine_training_negatives`), mined once and cached.
+    :func:`st_hardneg.data.mining.mine_training_negatives`), mined once and cached.
 
     Args:
-        data: a split from :func:`~st_hardneg.retrieval_data.build_mrpc_retrieval` or
-            :func:`~st_hardneg.retrieval_data.dev_split`: its ``train_pairs`` are mined against its ``train_corpus``,
+        data: a split from :func:`~st_hardneg.data.mrpc.build_mrpc_retrieval` or
+            :func:`~st_hardneg.data.mrpc.dev_split`: its ``train_pairs`` are mined against its ``train_corpus``,
             never against its task's sentences.
         load_model: returns the model that ranks the candidates (called only when the set is not cached yet).
         model_key: names that model in the cache key (e.g. its path, or ``"default"``).
-        data_key: identifies the data in the cache key (e.g. :func:`st_hardneg.mining.file_digest` of the files and
+        data_key: identifies the data in the cache key (e.g. :func:`st_hardneg.data.mining.file_digest` of the files and
             the split's settings).
         mining: :data:`MINING`'s keys to override.
         cache_dir: the cache folder.
@@ -93,8 +93,8 @@ def mined_triplets(
         ValueError: an unknown mining setting, a test-task sentence in the mined set, or fewer than ``min_rows``
             triplets.
     """
-    from st_hardneg.mining import cached_dataset, mine_training_negatives
-    from st_hardneg.retrieval_data import assert_no_test_leak
+    from st_hardneg.data.mining import cached_dataset, mine_training_negatives
+    from st_hardneg.data.mrpc import assert_no_test_leak
 
     _check_count("limit", limit, minimum=0)
     _check_count("min_rows", min_rows, minimum=1)
@@ -119,9 +119,9 @@ def mined_triplets(
 
 
 def train_config(output_dir: str | Path, seed: int = 0, **overrides: Any) -> TrainConfig:
-    """The :class:`~st_hardneg.training.TrainConfig` of the retrieval recipe (:data:`TRAINING`, final model kept, no
+    """The :class:`~st_hardneg.training.loop.TrainConfig` of the retrieval recipe (:data:`TRAINING`, final model kept, no
     checkpoints); ``overrides`` replace any of its fields."""
-    from st_hardneg.training import TrainConfig
+    from st_hardneg.training.loop import TrainConfig
 
     values: dict[str, Any] = {"output_dir": str(output_dir), "batch_size": TRAINING["batch_size"],
                               "learning_rate": TRAINING["learning_rate"], "epochs": TRAINING["epochs"],
@@ -152,20 +152,20 @@ def mined_mrpc_triplets(
 ) -> tuple[Any, dict[str, Any]]:
     """The mined training set of the MRPC test split: :func:`mined_triplets` under the cache key that
     ``st-hardneg train --task retrieval`` and ``benchmarks/retrieval.py`` share (model key ``model_name`` or
-    ``"default"``, data key :func:`st_hardneg.mining.file_digest` of the two MRPC files, prefix ``"mrpc-mined"``), so
+    ``"default"``, data key :func:`st_hardneg.data.mining.file_digest` of the two MRPC files, prefix ``"mrpc-mined"``), so
     both reuse one cache file; mined by :func:`load_recipe_model` when it is not cached yet.
 
     Args:
         data_dir: the SentEval directory holding ``MRPC/``.
         model_name: the model to train (``None``: the embedded default).
-        data: :func:`~st_hardneg.retrieval_data.build_mrpc_retrieval` of ``data_dir``, if already built.
+        data: :func:`~st_hardneg.data.mrpc.build_mrpc_retrieval` of ``data_dir``, if already built.
         mining, cache_dir, limit, min_rows: see :func:`mined_triplets`.
 
     Returns:
         ``(dataset, info)`` as :func:`mined_triplets`, ``info["source"]`` naming the data.
     """
-    from st_hardneg.mining import file_digest
-    from st_hardneg.retrieval_data import build_mrpc_retrieval, mrpc_files
+    from st_hardneg.data.mining import file_digest
+    from st_hardneg.data.mrpc import build_mrpc_retrieval, mrpc_files
 
     data = data if data is not None else build_mrpc_retrieval(data_dir)
     data_key = file_digest(mrpc_files(data_dir).values())
@@ -187,7 +187,7 @@ def read_training_file(path: str | Path, *, min_rows: int = 1, limit: int = 0,
         path: the file (CSV / TSV with a header line).
         min_rows: fewer rows than this (e.g. one batch) raise ``ValueError``.
         limit: use only the first ``limit`` rows (0 = all).
-        data: an :class:`~st_hardneg.retrieval_data.MRPCRetrieval`: its test-task sentences found in the rows are
+        data: an :class:`~st_hardneg.data.mrpc.MRPCRetrieval`: its test-task sentences found in the rows are
             counted (``info["test_task_overlap"]``) and logged as a warning, since they make its scores optimistic.
 
     Returns:

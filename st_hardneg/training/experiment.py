@@ -5,7 +5,7 @@ The command line (``st-hardneg train``) and every benchmark script run their exp
 scoring, e.g. the retrieval benchmark), so a train-then-evaluate run is defined once. :func:`run_pending` is the
 benchmarks' resumable loop over (method, seed) and :func:`parse_variant` their ``--variant`` syntax.
 
->>> from st_hardneg.experiment import run_experiment
+>>> from st_hardneg.training.experiment import run_experiment
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from st_hardneg.training import TrainConfig, TrainResult
+from st_hardneg.training.loop import TrainConfig, TrainResult
 
 logger = logging.getLogger(__name__)
 
@@ -95,11 +95,11 @@ def run_experiment(
 
     Args:
         model: a SentenceTransformer (e.g. from :func:`st_hardneg.models.resolve_model`); trained in place.
-        loss_name: a name in :data:`st_hardneg.registry.LOSSES`.
+        loss_name: a name in :data:`st_hardneg.training.registry.LOSSES`.
         loss_kwargs: the loss's hyperparameters (``None``: its paper defaults).
         sentences: training sentences.
         config: the training protocol (``config.output_dir`` holds the checkpoints).
-        data_dir: the SentEval directory (see :func:`st_hardneg.data.resolve_senteval_dir`).
+        data_dir: the SentEval directory (see :func:`st_hardneg.data.senteval.resolve_senteval_dir`).
         evaluate_test: score the STS test sets after training (``False``: ``sts`` is ``None``, for screening).
         sts_tasks: the test tasks (default: the seven SentEval STS tasks).
         eval_batch_size: encoding batch size of the evaluations.
@@ -111,9 +111,9 @@ def run_experiment(
             an unknown loss or hyperparameter.
         DegenerateEmbeddingsError: the trained model's embeddings are NaN, zero or constant (from the test scoring).
     """
-    from st_hardneg.data import pair_dataset
+    from st_hardneg.data.senteval import pair_dataset
     from st_hardneg.evaluation import SentEvalSTSEvaluator, evaluate_sts
-    from st_hardneg.registry import build_loss
+    from st_hardneg.training.registry import build_loss
 
     planned_steps(len(sentences), config)
     dev = SentEvalSTSEvaluator(data_dir, batch_size=eval_batch_size)  # reads the data: missing files fail here
@@ -157,7 +157,7 @@ def run_training(
     Raises:
         RuntimeError: the Trainer ran no step (the model would be scored untrained).
     """
-    from st_hardneg.training import train
+    from st_hardneg.training.loop import train
 
     result = train(model, dataset, loss, config, evaluator=evaluator, callbacks=callbacks)
     if result.steps < 1:
@@ -174,7 +174,7 @@ def parse_variant(spec: str) -> tuple[str, str, dict[str, Any]]:
     Raises:
         ValueError: no label or no loss, or a malformed ``key=value``.
     """
-    from st_hardneg.cli import parse_loss_args
+    from st_hardneg.training.registry import parse_loss_args
 
     label, _, rest = spec.partition("=")
     loss, _, args = rest.partition(":")

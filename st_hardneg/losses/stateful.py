@@ -38,8 +38,8 @@ hand-written loops alike:
 step post-hook fires in every loop (Trainer, ``model.fit``, hand-written), never for a skipped step, and for every
 optimizer class (fused AdamW does not bump parameter versions). The loss acts only on optimizers that hold its
 online model's parameters. What a hook cannot do is see the optimizer *before* the first forward of a resumed run;
-that is the explicit part: :class:`st_hardneg.callbacks.StatefulLossCallback` (added by
-:func:`st_hardneg.training.train`; pass it to a plain ``SentenceTransformerTrainer``) attaches the loss at
+that is the explicit part: :class:`st_hardneg.training.callbacks.StatefulLossCallback` (added by
+:func:`st_hardneg.training.loop.train`; pass it to a plain ``SentenceTransformerTrainer``) attaches the loss at
 ``on_train_begin``, right after the Trainer has loaded ``optimizer.pt``, and the state saved in it comes back
 before the first step. Custom loops call :meth:`OptimizerDrivenLoss.attach_optimizer` before
 ``optimizer.load_state_dict``. Without either (``model.fit``), a checkpointed state is restored one step late,

@@ -14,10 +14,10 @@ The **test task** is paraphrase retrieval:
 The **training data** are the paraphrase pairs of the MRPC *train* file, minus every pair that contains a sentence
 of the test task (a query or one of its relevant documents): MRPC's two files share no pair, but they do share some
 sentences. Hard negatives are mined from the train sentences (same exclusion) with sentence-transformers'
-``mine_hard_negatives`` (see :func:`st_hardneg.mining.mine_training_negatives`). The exclusion is asserted in code,
+``mine_hard_negatives`` (see :func:`st_hardneg.data.mining.mine_training_negatives`). The exclusion is asserted in code,
 not only documented.
 
-Sentences are whitespace-normalised (``" ".join(text.split())``), as :mod:`st_hardneg.data` reads SentEval.
+Sentences are whitespace-normalised (``" ".join(text.split())``), as :mod:`st_hardneg.data.senteval` reads SentEval.
 Identifiers are deterministic: ``q<MRPC id of sentence 1>`` for queries and ``d<smallest MRPC id of the text>`` for
 documents.
 """
@@ -29,8 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from st_hardneg.data import DataNotFoundError, resolve_senteval_dir
-from st_hardneg.mining import mine_training_negatives  # noqa: F401 - re-exported: the data's mining step
+from st_hardneg.data.mining import mine_training_negatives  # noqa: F401 - re-exported: the data's mining step
+from st_hardneg.data.senteval import DataNotFoundError, resolve_senteval_dir
 
 MRPC_FILES = {"train": "MRPC/msr_paraphrase_train.txt", "test": "MRPC/msr_paraphrase_test.txt"}
 MRPC_HEADER = ("Quality", "#1 ID", "#2 ID", "#1 String", "#2 String")
@@ -104,7 +104,7 @@ def _normalise(text: str) -> str:
 
 def senteval_root(data_dir: str | Path | None = None) -> Path:
     """The SentEval directory holding ``MRPC/``: ``data_dir`` itself or its ``senteval/`` child when either contains
-    ``MRPC/``, else :func:`st_hardneg.data.resolve_senteval_dir` (which recognises a directory by its STS, SICK or
+    ``MRPC/``, else :func:`st_hardneg.data.senteval.resolve_senteval_dir` (which recognises a directory by its STS, SICK or
     MR folders)."""
     if data_dir is not None:
         path = Path(data_dir).expanduser()
@@ -192,7 +192,7 @@ def build_mrpc_retrieval(data_dir: str | Path | None = None, name: str = "MRPC-p
     """The MRPC paraphrase-retrieval test task and the leak-free training split (see the module docstring).
 
     Args:
-        data_dir: the SentEval directory (see :func:`st_hardneg.data.resolve_senteval_dir`).
+        data_dir: the SentEval directory (see :func:`st_hardneg.data.senteval.resolve_senteval_dir`).
         name: the task name (used by the evaluator's metric prefix).
     """
     files = mrpc_files(data_dir)

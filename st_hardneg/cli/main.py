@@ -14,18 +14,13 @@ import sys
 import time
 from typing import Any
 
-from st_hardneg.cli_train import (  # noqa: F401  (parse_loss_args, default_corpus … re-exported: st_hardneg.cli API)
+from st_hardneg.cli.train import (
     STS_DEFAULTS,
     TASK_ONLY_OPTIONS,
     TRAIN_TASKS,
     cmd_train,
-    cmd_train_retrieval,
-    default_corpus,
-    parse_loss_args,
-    resolve_train_args,
-    task_defaults,
 )
-from st_hardneg.data import DataNotFoundError
+from st_hardneg.data.senteval import DataNotFoundError
 
 logger = logging.getLogger("st_hardneg")
 
@@ -82,7 +77,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 def cmd_download(args: argparse.Namespace) -> int:
-    from st_hardneg.data import download_senteval, download_wiki1m
+    from st_hardneg.data.senteval import download_senteval, download_wiki1m
 
     if args.what == "senteval":
         path = download_senteval(args.dest)
@@ -105,7 +100,7 @@ class TrainHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from st_hardneg.registry import LOSSES
+    from st_hardneg.training.registry import LOSSES
 
     parser = argparse.ArgumentParser(
         prog="st-hardneg",
@@ -128,7 +123,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="sts: unsupervised sentences (--corpus), STS-B dev selection, 7-task STS table (the papers' "
                         "protocol); retrieval: (anchor, positive, mined hard negative) triplets of the MRPC train "
                         "pairs (or --train-file), the final model scored on MRPC paraphrase retrieval and STS "
-                        "(st_hardneg.retrieval_recipe)")
+                        "(st_hardneg.training.retrieval)")
     t.add_argument("--pooling", default=None,
                    help="pooling when building a model from an encoder (default: cls for --task sts, the papers' "
                         "choice; mean for --task retrieval)")
@@ -150,7 +145,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="--task retrieval: your own training rows instead of the mined MRPC triplets, a .jsonl, "
                         ".json, .csv or .tsv file whose text columns are, in order, anchor, positive[, negative ...]")
     t.add_argument("--mining-arg", action="append", metavar="KEY=VALUE",
-                   help="--task retrieval: a mining setting of st_hardneg.retrieval_recipe.MINING, repeatable, e.g. "
+                   help="--task retrieval: a mining setting of st_hardneg.training.retrieval.MINING, repeatable, e.g. "
                         "--mining-arg relative_margin=None (the mining model is --model with mean pooling, 128 tokens)")
     t.add_argument("--cache-dir", default=None,
                    help="--task retrieval: where the mined triplets are cached, shared with benchmarks/retrieval.py "
@@ -220,6 +215,3 @@ def main(argv: list[str] | None = None) -> int:
         print(f"st-hardneg {args.command}: error: {message}", file=sys.stderr)
         return 2
 
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())

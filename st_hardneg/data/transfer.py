@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from st_hardneg.data import DataNotFoundError, _how_to_get
+from st_hardneg.data.senteval import DataNotFoundError, _how_to_get
 
 #: the seven transfer tasks of the SimCSE / MixCSE tables, in their column order
 TRANSFER_TASKS = ("MR", "CR", "SUBJ", "MPQA", "SST2", "TREC", "MRPC")
@@ -38,7 +38,7 @@ def transfer_files(task: str) -> list[str]:
 
 
 def check_transfer_data(root: Path, tasks: Sequence[str]) -> None:
-    """Raise :class:`~st_hardneg.data.DataNotFoundError` naming every missing file of ``tasks`` under ``root``."""
+    """Raise :class:`~st_hardneg.data.senteval.DataNotFoundError` naming every missing file of ``tasks`` under ``root``."""
     missing = [rel for task in tasks for rel in transfer_files(task) if not (Path(root) / rel).is_file()]
     if missing:
         raise DataNotFoundError(

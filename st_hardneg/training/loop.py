@@ -8,79 +8,15 @@ from __future__ import annotations
 
 import logging
 import math
-import statistics
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from transformers import TrainerCallback
-
-from st_hardneg.registry import LOSSES, build_loss
-from st_hardneg.reporting import write_json
+from st_hardneg.training.callbacks import EvaluateAtEnd, StepTimer, StopAfterSteps
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["LOSSES", "EvaluateAtEnd", "StepTimer", "StopAfterSteps", "TrainConfig", "TrainResult", "build_loss",
-           "train", "training_arguments", "write_json"]
-
-
-# --------------------------------------------------------------------------- callbacks
-class StepTimer(TrainerCallback):
-    """Wall time of every optimizer step (forward + backward + optimizer), excluding evaluation and saving."""
-
-    def __init__(self) -> None:
-        self.step_seconds: list[float] = []
-        self._start: float | None = None
-
-    def on_step_begin(self, args, state, control, **kwargs):
-        self._start = time.perf_counter()
-
-    def on_step_end(self, args, state, control, **kwargs):
-        if self._start is not None:
-            self.step_seconds.append(time.perf_counter() - self._start)
-            self._start = None
-
-    def median(self, skip: int = 3) -> float | None:
-        """Median step time, leaving out the first ``skip`` (warm-up) steps when there are enough."""
-        times = self.step_seconds[skip:] if len(self.step_seconds) > skip + 2 else self.step_seconds
-        return statistics.median(times) if times else None
-
-
-class EvaluateAtEnd(TrainerCallback):
-    """Evaluate and save at the last step too, so the final model competes in best-checkpoint selection."""
-
-    def on_step_end(self, args, state, control, **kwargs):
-        if state.max_steps and state.global_step >= state.max_steps and args.eval_strategy != "no":
-            control.should_evaluate = True
-            if args.save_strategy != "no":
-                control.should_save = True
-        return control
-
-
-class StopAfterSteps(TrainerCallback):
-    """End training after ``steps`` optimizer steps while keeping the LR schedule of the full run.
-
-    A truncated run sees exactly the first ``steps`` updates of the full one (same batches, same learning rates), so
-    its score is the full run's score at that step: a cheap screen for hyperparameters. This holds when both runs
-    evaluate at the same steps before ``steps``: an evaluation inside the Trainer slightly changes the updates that
-    follow it (measured on a tiny model: step-2 loss 4.4999 vs 4.5047 with and without an evaluation at step 1; the
-    evaluator itself leaves the torch, numpy and python RNG states untouched). The model is evaluated (and
-    saved, when checkpoints are on) at the stopping step, so best-checkpoint selection includes it.
-    """
-
-    def __init__(self, steps: int):
-        if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
-            raise ValueError(f"steps must be a positive integer, got {steps!r}")
-        self.steps = steps
-
-    def on_step_end(self, args, state, control, **kwargs):
-        if state.global_step >= self.steps:
-            control.should_training_stop = True
-            if args.eval_strategy != "no":
-                control.should_evaluate = True
-                if args.save_strategy != "no":
-                    control.should_save = True
-        return control
+__all__ = ["TrainConfig", "TrainResult", "train", "training_arguments"]
 
 
 # --------------------------------------------------------------------------- the recipe
@@ -206,7 +142,7 @@ def train(model, train_dataset, loss, config: TrainConfig, evaluator=None, callb
     """
     from sentence_transformers import SentenceTransformerTrainer
 
-    from st_hardneg.callbacks import add_stateful_loss_callback
+    from st_hardneg.training.callbacks import add_stateful_loss_callback
 
     timer = StepTimer()
     stop = [StopAfterSteps(config.stop_after_steps)] if config.stop_after_steps else []

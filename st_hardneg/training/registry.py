@@ -1,14 +1,17 @@
-"""The training objectives by name: ``LOSSES`` maps a method name to a factory ``factory(model, **hyperparameters)``.
+"""The training objectives by name: ``LOSSES`` maps a method name to a factory ``factory(model, **hyperparameters)``,
+and :func:`parse_loss_args` reads their hyperparameters from ``KEY=VALUE`` strings (``--loss-arg``, variants).
 
 This module imports neither torch nor sentence-transformers (each factory imports its loss when called), so the
 command line can list the names without loading them.
 
->>> from st_hardneg.registry import LOSSES, build_loss
+>>> from st_hardneg.training import LOSSES, build_loss, parse_loss_args
 """
 
 from __future__ import annotations
 
+import ast
 from collections.abc import Callable
+from typing import Any
 
 
 def _mnrl(model, **kwargs):
@@ -80,3 +83,25 @@ def build_loss(name: str, model, **kwargs):
         return LOSSES[name](model, **kwargs)
     except TypeError as exc:  # an unknown keyword: say which loss rejected it
         raise ValueError(f"loss {name!r} rejected its arguments {kwargs}: {exc}") from exc
+
+
+def parse_loss_args(items: list[str] | None, option: str = "--loss-arg") -> dict[str, Any]:
+    """``["lam=0.3", "partner=random", "focal_m=None"]`` → ``{"lam": 0.3, "partner": "random", "focal_m": None}``
+    (``option`` names the command-line option in the error message)."""
+    result: dict[str, Any] = {}
+    for item in items or []:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"{option} expects KEY=VALUE, got {item!r}")
+        raw = raw.strip()
+        if raw.lower() in ("true", "false"):
+            value: Any = raw.lower() == "true"
+        elif raw.lower() in ("none", "null"):
+            value = None
+        else:
+            try:
+                value = ast.literal_eval(raw)
+            except (ValueError, SyntaxError):
+                value = raw
+        result[key.strip().replace("-", "_")] = value
+    return result

@@ -4,7 +4,7 @@ Used by the test suite, the benchmarks' dry runs (``benchmarks/paper_protocol.py
 ``benchmarks/overhead.py --model``) and the notebooks' smoke mode, so every code path can be exercised without
 downloading a model.
 
->>> from st_hardneg.testing import make_tiny_model_dir
+>>> from st_hardneg.testing.fixtures import make_tiny_model_dir
 >>> path = make_tiny_model_dir(Path("/tmp/tiny-bert"))  # doctest: +SKIP
 """
 
@@ -94,13 +94,13 @@ def make_mini_senteval(source: str | Path | None, dest: str | Path) -> Path:
     runs unchanged, in seconds.
 
     Args:
-        source: the full SentEval data (anything :func:`st_hardneg.data.resolve_senteval_dir` accepts).
+        source: the full SentEval data (anything :func:`st_hardneg.data.senteval.resolve_senteval_dir` accepts).
         dest: target directory (created); usable as ``data_dir``.
 
     Returns:
         ``dest``.
     """
-    from st_hardneg.data import resolve_senteval_dir
+    from st_hardneg.data.senteval import resolve_senteval_dir
 
     root = resolve_senteval_dir(source)
     dest = Path(dest)

@@ -1,0 +1,5 @@
+"""``python -m st_hardneg.cli``: the ``st-hardneg`` command."""
+
+from st_hardneg.cli.main import main
+
+raise SystemExit(main())

@@ -1,0 +1,71 @@
+"""Training: the Trainer recipe, the losses by name, the experiment runner, the retrieval recipe and every callback.
+
+- :mod:`~st_hardneg.training.loop`: :class:`TrainConfig`, :func:`train` (the papers' protocol on the
+  sentence-transformers Trainer);
+- :mod:`~st_hardneg.training.registry`: :data:`LOSSES`, :func:`build_loss`, :func:`parse_loss_args`;
+- :mod:`~st_hardneg.training.experiment`: train → evaluate → one result record, for the CLI and every benchmark;
+- :mod:`~st_hardneg.training.retrieval`: the retrieval recipe (mined triplets, settings, scores);
+- :mod:`~st_hardneg.training.callbacks`: every ``TrainerCallback`` of the package.
+
+>>> from st_hardneg.training import TrainConfig, build_loss, train
+
+Names are imported on first access (PEP 562): ``import st_hardneg.training`` loads neither torch nor transformers, so
+the command line can read :data:`LOSSES` for ``--help``.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+_LAZY = {
+    "TrainConfig": "loop", "TrainResult": "loop", "train": "loop", "training_arguments": "loop",
+    "LOSSES": "registry", "build_loss": "registry", "parse_loss_args": "registry",
+    "ExperimentResult": "experiment", "run_experiment": "experiment", "run_training": "experiment",
+    "run_pending": "experiment", "benchmark_jobs": "experiment", "parse_variant": "experiment",
+    "planned_steps": "experiment",
+    "EvaluateAtEnd": "callbacks", "FalseNegativeLog": "callbacks", "LossDiagnosticsCallback": "callbacks",
+    "StatefulLossCallback": "callbacks", "StepTimer": "callbacks", "StopAfterSteps": "callbacks",
+    "add_stateful_loss_callback": "callbacks",
+}
+
+__all__ = [
+    "LOSSES", "EvaluateAtEnd", "ExperimentResult", "FalseNegativeLog", "LossDiagnosticsCallback",
+    "StatefulLossCallback", "StepTimer", "StopAfterSteps", "TrainConfig", "TrainResult", "add_stateful_loss_callback",
+    "benchmark_jobs", "build_loss", "parse_loss_args", "parse_variant", "planned_steps", "run_experiment",
+    "run_pending", "run_training", "train", "training_arguments",
+]
+
+if TYPE_CHECKING:  # pragma: no cover
+    from st_hardneg.training.callbacks import (
+        EvaluateAtEnd,
+        FalseNegativeLog,
+        LossDiagnosticsCallback,
+        StatefulLossCallback,
+        StepTimer,
+        StopAfterSteps,
+        add_stateful_loss_callback,
+    )
+    from st_hardneg.training.experiment import (
+        ExperimentResult,
+        benchmark_jobs,
+        parse_variant,
+        planned_steps,
+        run_experiment,
+        run_pending,
+        run_training,
+    )
+    from st_hardneg.training.loop import TrainConfig, TrainResult, train, training_arguments
+    from st_hardneg.training.registry import LOSSES, build_loss, parse_loss_args
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        value = getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

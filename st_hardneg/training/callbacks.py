@@ -1,0 +1,269 @@
+"""Every ``TrainerCallback`` of st-hardneg, in one place.
+
+- :class:`StepTimer`, :class:`EvaluateAtEnd`, :class:`StopAfterSteps`: the training recipe's timing, final
+  evaluation and early stop (added by :func:`st_hardneg.training.train`);
+- :class:`LossDiagnosticsCallback`: the loss's cosine diagnostics in the Trainer's logs;
+- :class:`FalseNegativeLog`: what false-negative control masked at every step;
+- :class:`StatefulLossCallback`: connects stateful losses (:class:`~st_hardneg.AdversarialNegativesLoss`) to a
+  Trainer, as explained below.
+
+**Stateful losses.**
+
+A stateful loss keeps training state outside the model (AdCSE: key encoder, adversaries) and checkpoints it inside
+the optimizer's ``state_dict`` (see :mod:`st_hardneg.losses.stateful`). :class:`StatefulLossCallback` gives it the
+Trainer's optimizer at ``on_train_begin``, which the Trainer calls after it has created the optimizer and, on
+``trainer.train(resume_from_checkpoint=...)``, loaded ``optimizer.pt`` into it, before the first forward. There the
+callback
+
+- restores the loss state saved in the checkpoint, so a resumed run continues bit-exactly;
+- warns loudly when the run resumes (``state.global_step > 0``) but the loss's step counter is behind it (a
+  checkpoint saved with ``save_only_model=True``, or whose loss entry was removed): the loss state restarts;
+- raises when the optimizer holds none of the online model's parameters (FSDP / DeepSpeed ZeRO-3 flat parameters,
+  or an optimizer for another model), the case in which the loss would otherwise never update.
+
+Usage::
+
+    # st_hardneg.training.loop.train adds it automatically. With a plain SentenceTransformerTrainer:
+    trainer = SentenceTransformerTrainer(model=model, args=args, train_dataset=ds, loss=loss,
+                                         callbacks=[StatefulLossCallback(loss)])
+    # or, for any trainer (also with a loss factory or a dict of losses): add_stateful_loss_callback(trainer)
+
+``model.fit`` accepts no callbacks (sentence-transformers 6.2): there the loss still updates at every optimizer
+step, and restores a checkpoint at the first step after resuming (one step late, with a warning).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from torch import nn
+from transformers import TrainerCallback
+
+from st_hardneg.losses.stateful import OptimizerDrivenLoss
+
+__all__ = ["EvaluateAtEnd", "FalseNegativeLog", "LossDiagnosticsCallback", "StatefulLossCallback", "StepTimer",
+           "StopAfterSteps", "add_stateful_loss_callback", "find_stateful_losses"]
+
+
+def _is_stateful(module: Any) -> bool:
+    return isinstance(module, OptimizerDrivenLoss)
+
+
+def find_stateful_losses(loss: Any) -> list[nn.Module]:
+    """The stateful losses inside ``loss``: a module (searched with its submodules) or a dict of them."""
+    found: list[nn.Module] = []
+    for item in (loss.values() if isinstance(loss, dict) else [loss]):
+        if isinstance(item, nn.Module):
+            found.extend(m for m in item.modules() if _is_stateful(m) and not any(m is f for f in found))
+    return found
+
+
+class StatefulLossCallback(TrainerCallback):
+    """Attach stateful losses to the Trainer's optimizer at ``on_train_begin`` (restore, check, warn).
+
+    Args:
+        *losses: the losses (modules containing them are searched too).
+    """
+
+    def __init__(self, *losses: nn.Module) -> None:
+        found = [loss for item in losses for loss in find_stateful_losses(item)]
+        if not found:
+            raise ValueError(
+                "StatefulLossCallback needs at least one stateful loss (e.g. AdversarialNegativesLoss), got "
+                f"{[type(item).__name__ for item in losses]}"
+            )
+        self.losses = found
+
+    def on_train_begin(self, args, state, control, optimizer=None, **kwargs):
+        if optimizer is None:
+            raise RuntimeError("StatefulLossCallback.on_train_begin received no optimizer from the Trainer")
+        for loss in self.losses:
+            loss.on_train_begin(optimizer, global_step=state.global_step)
+        return control
+
+
+def add_stateful_loss_callback(trainer: Any) -> StatefulLossCallback | None:
+    """Add a :class:`StatefulLossCallback` for the stateful losses of ``trainer.loss``, if any (idempotent)."""
+    if any(isinstance(cb, StatefulLossCallback) for cb in trainer.callback_handler.callbacks):
+        return None
+    losses = find_stateful_losses(getattr(trainer, "loss", None))
+    if not losses:
+        return None
+    callback = StatefulLossCallback(*losses)
+    trainer.add_callback(callback)
+    return callback
+
+
+class FalseNegativeLog(TrainerCallback):
+    """Counts, after every optimizer step, the candidates an st-hardneg loss masked as false negatives in its last
+    batch (``loss.diagnostics["masked_false_negatives_total"]``, 0 before anything was masked), so a run can report
+    how much its false-negative control actually did.
+
+    With gradient accumulation or GradCache the count is that of the step's last forward.
+
+    Usage::
+
+        log = FalseNegativeLog(loss)
+        trainer = SentenceTransformerTrainer(model=model, args=args, train_dataset=ds, loss=loss, callbacks=[log])
+        trainer.train()
+        log.summary()   # {"steps": 40, "masked_total": 113.0, "masked_per_batch": 2.825, "batches_with_any": 31}
+
+    Args:
+        loss: a loss with a ``diagnostics`` mapping (every st-hardneg loss).
+
+    Raises:
+        TypeError: ``loss`` has no ``diagnostics``.
+    """
+
+    def __init__(self, loss: nn.Module) -> None:
+        if not hasattr(loss, "diagnostics"):
+            raise TypeError(f"FalseNegativeLog needs a loss with `diagnostics` (an st-hardneg loss), got "
+                            f"{type(loss).__name__}")
+        self.loss = loss
+        #: masked candidates of each optimizer step's last batch
+        self.per_step: list[float] = []
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.per_step.append(float(self.loss.diagnostics.get("masked_false_negatives_total", 0.0)))
+
+    def summary(self) -> dict[str, float | int]:
+        """``steps``, ``masked_total``, ``masked_per_batch`` (mean over steps) and ``batches_with_any``."""
+        steps = len(self.per_step)
+        total = sum(self.per_step)
+        return {"steps": steps, "masked_total": total, "masked_per_batch": total / steps if steps else 0.0,
+                "batches_with_any": sum(1 for value in self.per_step if value > 0)}
+
+
+# --------------------------------------------------------------------------- the training recipe's own
+class StepTimer(TrainerCallback):
+    """Wall time of every optimizer step (forward + backward + optimizer), excluding evaluation and saving."""
+
+    def __init__(self) -> None:
+        self.step_seconds: list[float] = []
+        self._start: float | None = None
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        self._start = time.perf_counter()
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if self._start is not None:
+            self.step_seconds.append(time.perf_counter() - self._start)
+            self._start = None
+
+    def median(self, skip: int = 3) -> float | None:
+        """Median step time, leaving out the first ``skip`` (warm-up) steps when there are enough."""
+        times = self.step_seconds[skip:] if len(self.step_seconds) > skip + 2 else self.step_seconds
+        return statistics.median(times) if times else None
+
+
+class EvaluateAtEnd(TrainerCallback):
+    """Evaluate and save at the last step too, so the final model competes in best-checkpoint selection."""
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.max_steps and state.global_step >= state.max_steps and args.eval_strategy != "no":
+            control.should_evaluate = True
+            if args.save_strategy != "no":
+                control.should_save = True
+        return control
+
+
+class StopAfterSteps(TrainerCallback):
+    """End training after ``steps`` optimizer steps while keeping the LR schedule of the full run.
+
+    A truncated run sees exactly the first ``steps`` updates of the full one (same batches, same learning rates), so
+    its score is the full run's score at that step: a cheap screen for hyperparameters. This holds when both runs
+    evaluate at the same steps before ``steps``: an evaluation inside the Trainer slightly changes the updates that
+    follow it (measured on a tiny model: step-2 loss 4.4999 vs 4.5047 with and without an evaluation at step 1; the
+    evaluator itself leaves the torch, numpy and python RNG states untouched). The model is evaluated (and
+    saved, when checkpoints are on) at the stopping step, so best-checkpoint selection includes it.
+    """
+
+    def __init__(self, steps: int):
+        if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
+            raise ValueError(f"steps must be a positive integer, got {steps!r}")
+        self.steps = steps
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step >= self.steps:
+            control.should_training_stop = True
+            if args.eval_strategy != "no":
+                control.should_evaluate = True
+                if args.save_strategy != "no":
+                    control.should_save = True
+        return control
+
+
+# --------------------------------------------------------------------------- diagnostics
+class LossDiagnosticsCallback(TrainerCallback):
+    """Log the loss's ``diagnostics`` (mean cosines of the last training batch) with the Trainer's own logs.
+
+    At every logging step, the entries ``cos_positive``, ``cos_negative`` and (for losses with synthetic
+    negatives) ``cos_synthetic`` are added next to ``loss`` and ``learning_rate``: in ``trainer.state.log_history``
+    (so they are saved in ``trainer_state.json`` and can be plotted with
+    :func:`st_hardneg.plots.plot_training_curves`) and in the ``logs`` passed on to the callbacks after this one
+    (the progress printer, TensorBoard, W&B …; :meth:`attach` puts this callback first so that all of them see
+    the entries). Only read-only: the loss value and the gradients are untouched. Evaluation logs are left alone.
+
+    The Trainer appends a copy of ``logs`` to ``state.log_history`` just before calling ``on_log``, so this
+    callback updates both that entry and the ``logs`` dict.
+
+    Args:
+        loss: the training loss (any st-hardneg loss, i.e. with a ``diagnostics`` property), or a dict
+            ``{dataset name: loss}`` for multi-dataset training (keys are then prefixed with the dataset name).
+        prefix: prefix of the logged cosine keys (``cos_positive`` …); the false-negative counts keep their own names
+            (``masked_false_negatives``, ``masked_false_negatives_total``), which are not cosines.
+
+    Example:
+        ::
+
+            from st_hardneg import MixCSELoss
+            from st_hardneg.training.callbacks import LossDiagnosticsCallback
+
+            loss = MixCSELoss(model, lam=0.2)
+            trainer = SentenceTransformerTrainer(model=model, args=args, train_dataset=train, loss=loss)
+            LossDiagnosticsCallback(loss).attach(trainer)
+            trainer.train()
+            print(trainer.state.log_history[0])  # {'loss': ..., 'cos_positive': ..., 'cos_negative': ..., ...}
+    """
+
+    def __init__(self, loss, prefix: str = "cos_") -> None:
+        losses = loss if isinstance(loss, Mapping) else {"": loss}
+        for name, item in losses.items():
+            if not hasattr(item, "diagnostics"):
+                raise TypeError(
+                    f"{type(item).__name__}{f' ({name})' if name else ''} has no `diagnostics` property; "
+                    "LossDiagnosticsCallback needs an st-hardneg loss (st_hardneg.losses.HardNegativeLoss)."
+                )
+        self.losses = dict(losses)
+        self.prefix = prefix
+
+    def attach(self, trainer) -> LossDiagnosticsCallback:
+        """Add this callback to ``trainer`` ahead of every other callback (so reporting integrations see the
+        entries); returns ``self``."""
+        trainer.callback_handler.callbacks.insert(0, self)
+        return self
+
+    def current(self) -> dict[str, float]:
+        """The entries that would be logged now: ``{prefix + key: value}`` for the cosines, ``{key: value}`` for the
+        masked false-negative counts (``{name}_...`` for dicts)."""
+        entries: dict[str, float] = {}
+        for name, loss in self.losses.items():
+            for key, value in loss.diagnostics.items():
+                logged = key if key.startswith("masked_") else f"{self.prefix}{key}"
+                entries[f"{name}_{logged}" if name else logged] = round(float(value), 6)
+        return entries
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if logs is None or "loss" not in logs:  # evaluation / end-of-training summaries
+            return control
+        entries = self.current()
+        if not entries:
+            return control
+        logs.update(entries)
+        if state.log_history and state.log_history[-1].get("step") == state.global_step \
+                and "loss" in state.log_history[-1]:
+            state.log_history[-1].update(entries)
+        return control
