@@ -12,7 +12,7 @@ import operator
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from torch import Tensor
+from torch import Tensor, nn
 
 #: the largest logit magnitude a loss may produce. float32 overflows at 3.4e38; the extra 1e8 of headroom keeps the
 #: gradients finite too (they are the logit slope 1/τ times at most 1/eps of the normalisation, see
@@ -20,28 +20,29 @@ from torch import Tensor
 MAX_LOGIT = 1e30
 
 
-def check_number(value: Any, name: str, minimum: float | None = None, maximum: float | None = None) -> float:
-    """A finite real number, optionally within ``[minimum, maximum]``."""
-    bounds = _describe_bounds(minimum, maximum)
+def check_number(value: Any, name: str, minimum: float | None = None, maximum: float | None = None,
+                 maximum_open: bool = False) -> float:
+    """A finite real number, optionally within ``[minimum, maximum]`` (``[minimum, maximum)`` with ``maximum_open``)."""
+    bounds = _describe_bounds(minimum, maximum, maximum_open)
     if isinstance(value, bool) or value is None or isinstance(value, str):
         raise ValueError(f"{name} must be a finite number{bounds}, got {value!r}")
     try:
         number = float(value)
     except (TypeError, ValueError):
         raise ValueError(f"{name} must be a finite number{bounds}, got {value!r}") from None
-    if not math.isfinite(number) or (minimum is not None and number < minimum) or (
-            maximum is not None and number > maximum):
+    above = maximum is not None and (number >= maximum if maximum_open else number > maximum)
+    if not math.isfinite(number) or (minimum is not None and number < minimum) or above:
         raise ValueError(f"{name} must be a finite number{bounds}, got {value!r}")
     return number
 
 
-def _describe_bounds(minimum: float | None, maximum: float | None) -> str:
+def _describe_bounds(minimum: float | None, maximum: float | None, maximum_open: bool = False) -> str:
     if minimum is not None and maximum is not None:
-        return f" in [{minimum:g}, {maximum:g}]"
+        return f" in [{minimum:g}, {maximum:g}{')' if maximum_open else ']'}"
     if minimum is not None:
         return f" >= {minimum:g}"
     if maximum is not None:
-        return f" <= {maximum:g}"
+        return f" {'<' if maximum_open else '<='} {maximum:g}"
     return ""
 
 
@@ -53,6 +54,11 @@ def check_non_negative(value: Any, name: str) -> float:
 def check_unit_interval(value: Any, name: str) -> float:
     """A number in [0, 1] (a mixing weight)."""
     return check_number(value, name, minimum=0.0, maximum=1.0)
+
+
+def check_momentum(value: Any, name: str) -> float:
+    """A momentum (EMA or SGD) in [0, 1): 1 would never move."""
+    return check_number(value, name, minimum=0.0, maximum=1.0, maximum_open=True)
 
 
 def check_optional_non_negative(value: Any, name: str) -> float | None:
@@ -87,15 +93,25 @@ def check_temperature(value: Any, name: str = "temperature", max_abs_similarity:
 
 def check_count(value: Any, name: str, minimum: int = 1) -> int:
     """An integer (not a bool, not a float) >= ``minimum``."""
+    expected = "a non-negative integer" if minimum == 0 else f"an integer >= {minimum}"
     if isinstance(value, bool):
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+        raise ValueError(f"{name} must be {expected}, got {value!r}")
     try:
         count = operator.index(value)
     except TypeError:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}") from None
+        raise ValueError(f"{name} must be {expected}, got {value!r}") from None
     if count < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+        raise ValueError(f"{name} must be {expected}, got {value!r}")
     return count
+
+
+def check_optional_count(value: Any, name: str) -> int | None:
+    """``None`` (off) or a positive integer."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"{name} must be a positive integer or None, got {value!r}")
+    return value
 
 
 def check_choice(value: Any, name: str, choices: Iterable[str]) -> str:
@@ -122,6 +138,31 @@ def check_seed(value: Any, name: str = "seed") -> int | None:
     return check_count(value, name, minimum=0)
 
 
+def check_guide(guide: Any, model: Any, margin: float | None) -> bool:
+    """Check a false-negative ``guide`` model against the trained ``model``; return whether the texts must be
+    re-tokenised for it (its vocabulary differs from the model's, or its ``max_seq_length`` is shorter).
+
+    A guide only decides the false-negative threshold, so it needs a ``margin``; both models need a Hugging Face
+    tokenizer (``.tokenizer`` with ``get_vocab()``), and re-tokenising needs the model's ``batch_decode``.
+    """
+    if margin is None:
+        raise ValueError("guide is only used by the false-negative threshold: also set false_negative_margin "
+                         "(e.g. 0.0 masks every candidate the guide finds closer than the positive)")
+    if not isinstance(guide, nn.Module) or not callable(guide):
+        raise ValueError(f"guide must be a SentenceTransformer model, got {type(guide).__name__}")
+    model_tok, guide_tok = getattr(model, "tokenizer", None), getattr(guide, "tokenizer", None)
+    if model_tok is None or guide_tok is None or not hasattr(model_tok, "get_vocab") or not hasattr(
+            guide_tok, "get_vocab"):
+        raise ValueError("guide: the model and the guide must both have a Hugging Face tokenizer "
+                         "(`.tokenizer` with `get_vocab()`), to re-tokenise the texts for the guide if needed")
+    retokenize = bool(model_tok.get_vocab() != guide_tok.get_vocab()
+                      or getattr(guide, "max_seq_length", 0) < getattr(model, "max_seq_length", 0))
+    if retokenize and not hasattr(model_tok, "batch_decode"):
+        raise ValueError("guide: the guide's tokenizer differs from the model's, and the model's tokenizer "
+                         "cannot decode token ids back to text (no batch_decode)")
+    return retokenize
+
+
 def check_weight_or_callable(value: Any, name: str, names: Iterable[str] = ()) -> float | str | Callable:
     """A mixing weight: a number in [0, 1], a callable returning weights, or one of the registered ``names``."""
     names = tuple(names)
@@ -146,7 +187,7 @@ def check_weights_tensor(weights: Tensor, name: str) -> Tensor:
 
 
 __all__ = [
-    "MAX_LOGIT", "check_bool", "check_choice", "check_count", "check_non_negative", "check_number",
-    "check_optional_non_negative", "check_seed", "check_temperature", "check_unit_interval", "check_weight_or_callable",
+    "MAX_LOGIT", "check_bool", "check_choice", "check_count", "check_guide", "check_momentum", "check_non_negative",
+    "check_number", "check_optional_count", "check_optional_non_negative", "check_seed", "check_temperature", "check_unit_interval", "check_weight_or_callable",
     "check_weights_tensor",
 ]

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from st_hardneg import AdversarialNegativesLoss, FocalInfoNCELoss, HNCSELoss, MixCSELoss
-from st_hardneg.losses.base import text_keys
+from st_hardneg.losses.batch import text_keys
 from st_hardneg.testing import ce, cosf, unit
 
 TAU = 0.05

@@ -94,7 +94,8 @@ def test_focal_diagnostics_and_config():
     assert loss.diagnostics["positive"] == pytest.approx(positive.item(), rel=1e-5)
     assert loss.diagnostics["negative"] == pytest.approx(negative.item(), rel=1e-5)
     assert "synthetic" not in loss.diagnostics
-    assert loss.get_config_dict() == {"temperature": 0.07, "m": 0.25, "symmetric": True, "gather_across_devices": False,
+    assert loss.get_config_dict() == {"temperature": 0.07, "m": 0.25, "symmetric": True, "seed": None,
+                                      "gather_across_devices": False,
                                       "mini_batch_size": None, "mini_batch_num_tokens": None}
     assert "Focal-{InfoNCE}" in loss.citation
     assert loss.scale == pytest.approx(1 / 0.07)

@@ -23,7 +23,8 @@ from sentence_transformers.sentence_transformer.losses import (
 )
 from torch import nn
 
-from st_hardneg.losses.gradcache import GradCached, GradCacheMixin, check_mini_batch_size
+from st_hardneg.losses.gradcache import GradCached, GradCacheMixin
+from st_hardneg.validation import check_optional_count
 
 TAU = 0.05
 
@@ -240,8 +241,8 @@ def test_evaluation_mode_returns_the_plain_loss(tiny_model, tiny_sentences):
 def test_bad_arguments(tiny_model):
     for bad in (0, -1, 2.0, True, "4"):
         with pytest.raises(ValueError, match="mini_batch_size"):
-            check_mini_batch_size(bad)
-    assert check_mini_batch_size(None) is None and check_mini_batch_size(8) == 8
+            check_optional_count(bad, "mini_batch_size")
+    assert check_optional_count(None, "mini_batch_size") is None and check_optional_count(8, "mini_batch_size") == 8
     with pytest.raises(ValueError, match="mini_batch_size or mini_batch_num_tokens"):
         GradCached(MultipleNegativesRankingLoss(tiny_model), mini_batch_size=None)
     with pytest.raises(ValueError, match="mini_batch_num_tokens"):

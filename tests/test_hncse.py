@@ -12,6 +12,7 @@ from torch.utils.data import DataLoader
 from st_hardneg import HNCSELoss
 from st_hardneg import functional as fn
 from st_hardneg.testing import parameter_snapshot, parameters_changed, record_loss_values
+from st_hardneg.testing.fixtures import hncse_positive_mixing, hncse_synthetic_negatives
 
 TAU = 0.05
 W1, W2 = 0.8, 0.2
@@ -134,7 +135,7 @@ def test_positive_mixing_cases(d1, d2, threshold, single, case, weights):
     assert ref_partners[0] == 1 and ref_cases[0] == case
 
     loss = HNCSELoss(None, mode="pm", temperature=TAU, pm_threshold=threshold, w1=W1, w2=W2, pm_single=single)
-    pm = loss.mixed_positives(h, hp)
+    pm = hncse_positive_mixing(loss, h, hp)
     assert [fn.PM_CASES[c] for c in pm.cases.tolist()] == ref_cases
     assert pm.partners.tolist() == ref_partners
     expected_p0 = unit(hp[0]) if weights is None else unit(weights[0] * unit(hp[0]) + weights[1] * unit(hp[1]))
@@ -212,9 +213,9 @@ def test_pm_gradient_off_blocks_the_mixed_rows():
 def test_hnm_shapes_and_candidate_counts():
     h, hp = (fn.normalize(c) for c in random_columns(n=8, d=5))
     mixing = HNCSELoss(None, mode="hnm", k=3, num_mixed=7, seed=0)
-    assert mixing.synthetic_negatives(h, hp).shape == (8, 7, 5)
+    assert hncse_synthetic_negatives(mixing, h, hp).shape == (8, 7, 5)
     single = HNCSELoss(None, mode="hnm", k=3, hnm_single=True)
-    assert single.synthetic_negatives(h, hp).shape == (8, 3, 5)
+    assert hncse_synthetic_negatives(single, h, hp).shape == (8, 3, 5)
     loss = HNCSELoss(None, mode="hnm", k=3, num_mixed=7, seed=0)
     loss.compute_loss_from_embeddings([h, hp], None)
     assert set(loss.diagnostics) == {"positive", "negative", "synthetic"}
@@ -245,7 +246,7 @@ def test_hnm_mixtures_are_pairs_of_top_k(alpha):
     h, hp = random_columns(n=7, d=6, seed=1)
     k, m = 4, 30
     weight = ref_adaptive if alpha == "adaptive" else alpha
-    synthetic = HNCSELoss(None, mode="hnm", k=k, num_mixed=m, alpha=alpha, seed=5).synthetic_negatives(h, hp)
+    synthetic = hncse_synthetic_negatives(HNCSELoss(None, mode="hnm", k=k, num_mixed=m, alpha=alpha, seed=5), h, hp)
     for i in range(h.shape[0]):
         top = ref_top_k(h, hp, i, k)
         allowed = []
@@ -280,13 +281,13 @@ def test_hnm_alpha_extremes_and_callables():
     h, hp = random_columns(n=6, d=5, seed=2)
     k = 3
     for alpha in [1.0, 0.0, lambda c: torch.ones_like(c)]:
-        synthetic = HNCSELoss(None, mode="hnm", k=k, num_mixed=12, alpha=alpha, seed=0).synthetic_negatives(h, hp)
+        synthetic = hncse_synthetic_negatives(HNCSELoss(None, mode="hnm", k=k, num_mixed=12, alpha=alpha, seed=0), h, hp)
         for i in range(6):
             top = torch.stack([unit(hp[j]) for j in ref_top_k(h, hp, i, k)])
             for u in synthetic[i].double():
                 assert torch.min((top - u).abs().amax(dim=1)) < 1e-6  # exactly one of the top-k
     # a callable returning a plain float works too
-    synthetic = HNCSELoss(None, mode="hnm", k=2, num_mixed=3, alpha=lambda c: 0.5).synthetic_negatives(h, hp)
+    synthetic = hncse_synthetic_negatives(HNCSELoss(None, mode="hnm", k=2, num_mixed=3, alpha=lambda c: 0.5), h, hp)
     a, b = ref_top_k(h, hp, 0, 2)
     torch.testing.assert_close(synthetic[0, 0].double(), unit(unit(hp[a]) + unit(hp[b])), rtol=1e-5, atol=1e-6)
 
@@ -318,7 +319,7 @@ def test_hnm_single_uses_top_k_themselves(focal_m):
     k = 3
     extras = [[unit(hp[j]) for j in ref_top_k(h, hp, i, k)] for i in range(h.shape[0])]
     loss = HNCSELoss(None, mode="hnm", k=k, hnm_single=True, focal_m=focal_m)
-    torch.testing.assert_close(loss.synthetic_negatives(fn.normalize(h), fn.normalize(hp)).double(),
+    torch.testing.assert_close(hncse_synthetic_negatives(loss, fn.normalize(h), fn.normalize(hp)).double(),
                                torch.stack([torch.stack(e) for e in extras]), rtol=1e-5, atol=1e-6)
     got = loss.compute_loss_from_embeddings([h, hp, neg], None)
     expected = ref_loss(h, list(hp), list(neg), extras, focal_m=focal_m)
@@ -434,7 +435,7 @@ def test_bf16_autocast_equals_float32(mode):
         loss = HNCSELoss(None, mode=mode, k=4, num_mixed=8, pm_threshold=0.3, alpha="adaptive", seed=0)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
             value = loss.compute_loss_from_embeddings([h, hp, neg], None)
-            pm = loss.mixed_positives(h, hp)
+            pm = hncse_positive_mixing(loss, h, hp)
         results.append((value, pm))
     (v32, pm32), (v16, pm16) = results
     assert v16.dtype == torch.float32 and v16.item() == pytest.approx(v32.item(), abs=1e-6)
@@ -451,7 +452,7 @@ def test_k_larger_than_batch_is_clamped_with_one_warning():
         warnings.simplefilter("error")
         loss.compute_loss_from_embeddings([h, hp], None)  # warned once per loss
         assert loss.effective_k(5) == 4
-        assert loss.synthetic_negatives(h, hp).shape[1] == 4
+        assert hncse_synthetic_negatives(loss, h, hp).shape[1] == 4
     extras = [[unit(hp[j]) for j in ref_top_k(h, hp, i, 4)] for i in range(5)]
     got = loss.compute_loss_from_embeddings([h, hp], None)
     assert got.item() == pytest.approx(ref_loss(h, list(hp), extras=extras).item(), rel=1e-5, abs=1e-6)

@@ -12,17 +12,18 @@ from __future__ import annotations
 import functools
 import weakref
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, Unpack
 
 import torch
 from sentence_transformers.base.losses.merged_forward import embed_columns
 from torch import Tensor, nn
 
 from st_hardneg import functional as fn
+from st_hardneg import validation
 from st_hardneg.losses import distributed as dist
 from st_hardneg.losses import stateful
 from st_hardneg.losses.adversaries import NegativeAdversaries
-from st_hardneg.losses.base import HardNegativeLoss, check_temperature
+from st_hardneg.losses.base import HardNegativeLoss, LossOptions, float32_loss
 from st_hardneg.losses.momentum import frozen_copy, update_momentum
 
 _STATE_FORMAT = 1
@@ -35,24 +36,17 @@ class AdversarialNegativesLoss(stateful.OptimizerDrivenLoss, HardNegativeLoss):
 
     def __init__(
         self,
-        model,
+        model: nn.Module,
+        *,
         num_adversaries: int = 64,
-        temperature: float = 0.05,
         momentum: float = 0.995,
         adversary_lr: float = 3e-3,
         adversary_momentum: float = 0.9,
         adversary_weight_decay: float = 1e-4,
         adversary_temperature: float = 0.05,
         untied: bool = True,
-        seed: int | None = None,
         in_batch_keys: bool = True,
-        mask_duplicates: bool = True,
-        false_negative_margin: float | None = None,
-        margin_strategy: str = "absolute",
-        guide=None,
-        gather_across_devices: bool = False,
-        mini_batch_size: int | None = None,
-        mini_batch_num_tokens: int | None = None,
+        **options: Unpack[LossOptions],
     ) -> None:
         """
         AdCSE: InfoNCE between an online encoder and a momentum (EMA) key encoder, with ``M`` learnable negative
@@ -94,37 +88,22 @@ class AdversarialNegativesLoss(stateful.OptimizerDrivenLoss, HardNegativeLoss):
             untied: ``True`` (paper): positives (and explicit negatives) are embedded by the momentum key encoder.
                 ``False`` is the "w/o untied dual-encoder" ablation: embedded by the online encoder with its own
                 dropout, as in SimCSE; no key encoder is created.
-            seed: seed of the adversaries' standard-normal initialisation; ``None``: torch's global generator (a
-                loss factory ``loss=lambda m: AdversarialNegativesLoss(m)`` is built after the Trainer seeds it).
             in_batch_keys: ``True`` (default): the other pairs' keys and all explicit negatives are negatives of
                 every anchor. ``False``: paper Eq. 5, row ``i`` sees only its positive, its own explicit negatives
                 and the adversaries (needs ``num_adversaries > 0``).
-            mask_duplicates: false-negative control: a key or explicit negative whose embedding, or whose text when
-                called through ``forward``, is identical to anchor ``i``'s positive is not a negative of anchor ``i``
-                (it leaves the denominator of the encoder's and of the adversaries' loss). The positive itself and the
-                adversaries are never masked. Default on.
-            false_negative_margin: ``None`` (off) or a margin >= 0: also mask every key / explicit negative whose
-                similarity to the anchor exceeds the positive's similarity minus the margin
-                (``margin_strategy="absolute"``) or minus ``|positive similarity|·margin`` (``"relative"``), as in
-                ``GISTEmbedLoss``. :attr:`diagnostics` reports ``masked_false_negatives`` (mean per anchor) and
-                ``masked_false_negatives_total``.
-            margin_strategy: ``"absolute"`` or ``"relative"``.
-            guide: optional SentenceTransformer whose embeddings (no gradient; re-tokenised if its tokenizer differs)
-                give the similarities of the threshold instead of the online encoder's.
-            gather_across_devices: under ``torch.distributed`` (e.g. ``torchrun``), gather the embeddings of all
-                processes so that every anchor is scored against the candidates of the whole global batch, as
-                sentence-transformers' ``gather_across_devices``. Gathered: the online anchors and the key-encoder keys (and explicit negatives); the
-                adversaries' ascent gradient is computed on the global batch, so the adversaries and the EMA key
-                encoder stay identical on all processes. The loss and its gradients equal those of
-                one process holding the global batch. Needs the same batch size on every process
-                (``dataloader_drop_last=True``). No effect without a process group.
-            mini_batch_size: if set, GradCache: the encoder embeds mini-batches of this many texts, twice (without,
-                then with gradient), and the loss and gradients are those of the whole batch; memory no longer grows
-                with the batch size. Composes with ``gather_across_devices``. With ``untied=True`` only the online (anchor) column
-                is cached; the key encoder embeds the other columns mini-batch by mini-batch without gradient.
-                Either way ``compute_loss_from_embeddings`` (and the adversaries' gradient) runs once per batch.
-            mini_batch_num_tokens: alternatively to ``mini_batch_size``, a budget of non-padding tokens per
-                mini-batch.
+            **options: the shared options of every loss, keyword-only: ``seed``, ``mask_duplicates`` (default on),
+                ``false_negative_margin``, ``margin_strategy``, ``guide``, ``gather_across_devices``,
+                ``mini_batch_size``, ``mini_batch_num_tokens`` (documented on :class:`~st_hardneg.HardNegativeLoss`).
+                Here: a masked key or explicit negative leaves the denominator of the encoder's and of the
+                adversaries' loss (the adversaries are never masked); the margin's similarities are the online
+                encoder's; ``seed`` seeds the adversaries' standard-normal initialisation (``None``: torch's global
+                generator; a loss factory ``loss=lambda m: AdversarialNegativesLoss(m)`` is built after the Trainer
+                seeds it). ``gather_across_devices`` gathers the online anchors and the key-encoder keys (and explicit
+                negatives); the adversaries' ascent gradient is computed on the global batch, so the adversaries and
+                the EMA key encoder stay identical on all processes. ``mini_batch_size``: with ``untied=True`` only
+                the online (anchor) column is cached; the key encoder embeds the other columns mini-batch by
+                mini-batch without gradient; either way ``compute_loss_from_embeddings`` (and the adversaries'
+                gradient) runs once per batch.
 
         References:
             - Li et al., "AdCSE: An Adversarial Method for Contrastive Learning of Sentence Embeddings", DASFAA 2022.
@@ -188,39 +167,28 @@ class AdversarialNegativesLoss(stateful.OptimizerDrivenLoss, HardNegativeLoss):
                 add_stateful_loss_callback(trainer)  # restores the loss state on resume
                 trainer.train()  # later: trainer.train(resume_from_checkpoint=True)
         """
-        super().__init__(model, temperature,
-                         gather_across_devices=gather_across_devices, mini_batch_size=mini_batch_size,
-                         mini_batch_num_tokens=mini_batch_num_tokens)
-        if isinstance(num_adversaries, bool) or not isinstance(num_adversaries, int) or num_adversaries < 0:
-            raise ValueError(f"num_adversaries (M) must be a non-negative integer, got {num_adversaries!r}")
-        for flag, name in ((untied, "untied"), (in_batch_keys, "in_batch_keys")):
-            if not isinstance(flag, bool):
-                raise ValueError(f"{name} must be True or False, got {flag!r}")
+        super().__init__(model, **options)
+        self.num_adversaries = validation.check_count(num_adversaries, "num_adversaries (M)", minimum=0)
+        self.untied = validation.check_bool(untied, "untied")
+        self.in_batch_keys = validation.check_bool(in_batch_keys, "in_batch_keys")
         if not in_batch_keys and not num_adversaries:
             raise ValueError("in_batch_keys=False (paper Eq. 5) needs num_adversaries > 0: no negatives are left")
-        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
-            raise ValueError(f"seed must be an int or None, got {seed!r}")
-        if isinstance(momentum, bool) or not isinstance(momentum, (int, float)) or not 0.0 <= momentum < 1.0:
-            raise ValueError(f"momentum (m, the key encoder's EMA momentum) must be in [0, 1), got {momentum!r}")
-        self.num_adversaries, self.untied, self.seed, self.in_batch_keys = num_adversaries, untied, seed, in_batch_keys
-        self.momentum, self._ema_updates, self._backward_seen = float(momentum), 0, False
+        self.momentum = validation.check_momentum(momentum, "momentum (m, the key encoder's EMA momentum)")
+        self._ema_updates, self._backward_seen = 0, False
         self._state_synced = False
-        self.adversary_temperature = check_temperature(adversary_temperature, "adversary_temperature")
+        self.adversary_temperature = validation.check_temperature(adversary_temperature, "adversary_temperature")
         self.min_batch_size = 1 if num_adversaries > 0 else 2  # with adversaries a single pair has negatives
-        dim = next((getattr(model, n)() for n in ("get_embedding_dimension", "get_sentence_embedding_dimension")
-                    if callable(getattr(model, n, None))), None)
-        if num_adversaries > 0 and dim is None:
+        if num_adversaries > 0 and self.embedding_dimension is None:
             raise ValueError("AdversarialNegativesLoss needs the model's embedding dimension for its adversaries, "
                              "but model.get_embedding_dimension() returned None.")
-        self.embedding_dim = int(dim or 0)
+        self.embedding_dim = self.embedding_dimension or 0
         param = next(model.parameters(), None)
         self.adversary_bank = NegativeAdversaries(
             num_adversaries, self.embedding_dim, lr=adversary_lr, momentum=adversary_momentum,
             weight_decay=adversary_weight_decay, device=param.device if param is not None else None,
-            generator=torch.Generator().manual_seed(seed) if seed is not None else None)
+            generator=torch.Generator().manual_seed(self.seed) if self.seed is not None else None)
         # Not child modules (set in __dict__): out of parameters(), state_dict(), override_model_in_loss, optimizers.
         vars(self).update(_online=model, _key_encoder=frozen_copy(model) if untied else None)
-        self.configure_false_negatives(mask_duplicates, false_negative_margin, margin_strategy, guide)
         self._start_listening()
 
     # ------------------------------------------------------------------ public state
@@ -281,7 +249,7 @@ class AdversarialNegativesLoss(stateful.OptimizerDrivenLoss, HardNegativeLoss):
 
     # ------------------------------------------------------------------ forward
     def forward(self, sentence_features: Iterable[dict[str, Tensor]], labels: Tensor | None) -> Tensor:
-        sentence_features = self.remember_false_negative_inputs(sentence_features)
+        sentence_features = self.remember_side_inputs(sentence_features)
         self._check_online_model()
         self._count_forward()
         self._sync_state_across_processes()
@@ -320,10 +288,11 @@ class AdversarialNegativesLoss(stateful.OptimizerDrivenLoss, HardNegativeLoss):
                 tensor.copy_(dist.broadcast_from_rank0(tensor))
         self._state_synced = True
 
+    @float32_loss
     def compute_loss_from_embeddings(self, embeddings: list[Tensor], labels: Tensor | None) -> Tensor:
         """The loss on given embeddings ``[anchors (online), keys, explicit negatives...]``; while training (grad
         enabled), also adds the adversaries' ascent gradient to the window of the next optimizer step."""
-        batch = self.split_batch(embeddings)  # with gather_across_devices: the global batch
+        batch = self.prepare_batch(embeddings)  # with gather_across_devices: the global batch
         masked = batch.false_negatives
         cos, logits = self._cosines_and_logits(batch.anchors, batch.candidates, self.adversaries.detach(),
                                                self.temperature, masked)
@@ -365,8 +334,10 @@ class AdversarialNegativesLoss(stateful.OptimizerDrivenLoss, HardNegativeLoss):
         bank.accumulate(loss_fn, anchors, candidates)
 
     # ------------------------------------------------------------------ training-loop integration
-    def _optimizer_step(self) -> None:
-        """EMA of the key encoder and one ascent step of the adversaries (after an optimizer step of the model)."""
+    def update_state(self) -> None:
+        """The per-step update: EMA of the key encoder and one ascent step of the adversaries. Called after every
+        completed optimizer step of the online model by :mod:`st_hardneg.losses.stateful`'s optimizer hook (any
+        training loop); call it by hand only in a loop that steps without a torch optimizer."""
         if self.untied:
             update_momentum(self.online_model, self.key_encoder, self.momentum)
             self._ema_updates += 1
@@ -374,14 +345,12 @@ class AdversarialNegativesLoss(stateful.OptimizerDrivenLoss, HardNegativeLoss):
         self._backward_seen = False
 
     # ------------------------------------------------------------------ config
-    def get_config_dict(self) -> dict[str, Any]:
+    def paper_config(self) -> dict[str, Any]:
         bank = self.adversary_bank
-        return {
-            "num_adversaries": self.num_adversaries, "temperature": self.temperature, "momentum": self.momentum,
-            "adversary_lr": bank.lr, "adversary_momentum": bank.momentum, "adversary_weight_decay": bank.weight_decay,
-            "adversary_temperature": self.adversary_temperature, "untied": self.untied, "seed": self.seed,
-            "in_batch_keys": self.in_batch_keys, **self.false_negative_config(), **self.scaling_config(),
-        }
+        return {"num_adversaries": self.num_adversaries, "momentum": self.momentum, "adversary_lr": bank.lr,
+                "adversary_momentum": bank.momentum, "adversary_weight_decay": bank.weight_decay,
+                "adversary_temperature": self.adversary_temperature, "untied": self.untied,
+                "in_batch_keys": self.in_batch_keys}
 
     @property
     def citation(self) -> str:

@@ -15,27 +15,14 @@ momentum buffer. It is trained to *maximise* a contrastive loss in which the vec
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 
 import torch
 from torch import Tensor, nn
 
+from st_hardneg import validation
+
 __all__ = ["NegativeAdversaries"]
-
-
-def _number(value, name: str, low: float, high: float, high_open: bool) -> float:
-    if isinstance(value, bool):
-        raise ValueError(f"{name} must be a number, got {value!r}")
-    try:
-        value = float(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"{name} must be a number, got {value!r}") from None
-    ok = math.isfinite(value) and value >= low and (value < high if high_open else value <= high)
-    if not ok:
-        bound = f"in [{low}, {high})" if high_open else f">= {low} and finite"
-        raise ValueError(f"{name} must be {bound}, got {value!r}")
-    return value
 
 
 class NegativeAdversaries(nn.Module):
@@ -60,14 +47,13 @@ class NegativeAdversaries(nn.Module):
     def __init__(self, num: int, dim: int, lr: float = 3e-3, momentum: float = 0.9, weight_decay: float = 1e-4,
                  generator: torch.Generator | None = None, device: torch.device | str | None = None) -> None:
         super().__init__()
-        for value, name in ((num, "num (M)"), (dim, "dim")):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
+        num = validation.check_count(num, "num (M)", minimum=0)
+        dim = validation.check_count(dim, "dim", minimum=0)
         if num and not dim:
             raise ValueError("dim must be >= 1 when the bank is not empty")
-        self.lr = _number(lr, "adversary_lr", 0.0, math.inf, high_open=False)
-        self.momentum = _number(momentum, "adversary_momentum", 0.0, 1.0, high_open=True)
-        self.weight_decay = _number(weight_decay, "adversary_weight_decay", 0.0, math.inf, high_open=False)
+        self.lr = validation.check_non_negative(lr, "adversary_lr")
+        self.momentum = validation.check_momentum(momentum, "adversary_momentum")
+        self.weight_decay = validation.check_non_negative(weight_decay, "adversary_weight_decay")
         self.register_buffer("weight", torch.randn(num, dim, generator=generator).to(device))
         self.register_buffer("velocity", torch.zeros_like(self.weight))
         self.updates = 0

@@ -1,13 +1,17 @@
-"""What every st-hardneg loss shares: input checking, the float32 batch, the ST forward, random draws, reduction and
-the diagnostics it records."""
+"""What every st-hardneg loss shares: the shared constructor options, input checking, the float32 batch, the ST
+forward, random draws, reduction and the diagnostics it records.
+
+One batch's path: ``forward`` (here) → the paper's ``compute_loss_from_embeddings`` (its own module, decorated with
+:func:`float32_loss`) → :meth:`HardNegativeLoss.prepare_batch` (here, with the mask of
+:mod:`~st_hardneg.losses.false_negatives`) → the paper's rows → :meth:`HardNegativeLoss.reduce`.
+"""
 
 from __future__ import annotations
 
 import functools
 import warnings
-from collections.abc import Iterable
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Callable, Iterable
+from typing import Any, Literal, TypedDict, TypeVar
 
 import torch
 from sentence_transformers.base.losses.merged_forward import embed_columns
@@ -16,76 +20,93 @@ from torch import Tensor, nn
 from st_hardneg import functional as fn
 from st_hardneg import validation
 from st_hardneg.losses import distributed as dist
-from st_hardneg.losses.false_negatives import FalseNegativeControl, text_keys  # noqa: F401  (text_keys re-exported)
-from st_hardneg.losses.gradcache import GradCacheMixin, check_cacheable_model, check_mini_batch_size
+from st_hardneg.losses import false_negatives
+from st_hardneg.losses.batch import Batch, SideInputs, column_name
+from st_hardneg.losses.gradcache import GradCacheMixin, check_cacheable_model
+
+__all__ = ["HardNegativeLoss", "LossOptions", "float32_loss"]
+
+_Method = TypeVar("_Method", bound=Callable[..., Tensor])
 
 
-def check_temperature(value: float, name: str = "temperature") -> float:
-    """Return ``value`` as a float if it is a usable temperature (> 0, finite), else raise ``ValueError``.
-    (Kept for backwards compatibility; see :func:`st_hardneg.validation.check_temperature`.)"""
-    return validation.check_temperature(value, name)
+class LossOptions(TypedDict, total=False):
+    """The keyword options every st-hardneg loss takes besides its paper's hyperparameters (their meaning:
+    :class:`HardNegativeLoss`)."""
+
+    temperature: float
+    seed: int | None
+    mask_duplicates: bool
+    false_negative_margin: float | None
+    margin_strategy: Literal["absolute", "relative"]
+    guide: nn.Module | None
+    gather_across_devices: bool
+    mini_batch_size: int | None
+    mini_batch_num_tokens: int | None
 
 
-def check_focal_m(value: float | None) -> float | None:
-    """``None`` disables the focal modulation; otherwise ``m`` must be a finite number >= 0."""
-    return validation.check_optional_non_negative(value, "focal_m (the Focal-InfoNCE margin m)")
+def float32_loss(method: _Method) -> _Method:
+    """Decorator of every loss's ``compute_loss_from_embeddings``: warn once about labels the loss does not read, run
+    the loss math with autocast disabled (float32 under bf16/fp16 mixed precision too), and drop what ``forward``
+    remembered for this call's false-negative mask afterwards, also when the loss raised."""
+
+    @functools.wraps(method)
+    def compute_loss_from_embeddings(self: HardNegativeLoss, embeddings: list[Tensor], labels: Tensor | None = None,
+                                     *args: Any, **kwargs: Any) -> Tensor:
+        self.check_labels(labels)
+        try:
+            with fn.autocast_disabled(embeddings):
+                return method(self, embeddings, labels, *args, **kwargs)
+        finally:
+            self._side_inputs = None
+
+    return compute_loss_from_embeddings  # type: ignore[return-value]
 
 
-@dataclass
-class Batch:
-    """The embeddings of one training batch in float32, split by role.
-
-    ``anchors`` (N, d), ``positives`` (N, d) and ``negatives`` (N·k, d) are unit rows (normalised exactly once, by
-    :func:`st_hardneg.functional.normalize`); ``negatives`` stacks the k explicit negative columns column after column
-    (as sentence-transformers orders its candidate columns). ``raw_anchors`` / ``raw_positives`` are the same rows
-    before normalisation (float32), for methods defined on unnormalised vectors.
-    """
-
-    anchors: Tensor
-    positives: Tensor
-    negatives: Tensor
-    raw_anchors: Tensor | None = None
-    raw_positives: Tensor | None = None
-    #: (num_columns, N) long text ids of every input row (equal id = identical text), when ``forward`` saw token ids
-    text_keys: Tensor | None = None
-    #: the guide model's unit embeddings of the same rows (a :class:`Batch`), when a ``guide`` is configured
-    guide: Batch | None = None
-    #: (N, N + N·k) bool, True where candidate ``c`` is a masked false negative of anchor ``i`` (never ``c == i``);
-    #: ``None`` when false-negative control is off
-    false_negatives: Tensor | None = None
-
-    @property
-    def size(self) -> int:
-        return self.anchors.size(0)
-
-    @property
-    def device(self) -> torch.device:
-        return self.anchors.device
-
-    @property
-    def candidates(self) -> Tensor:
-        """Shared candidates of the anchor → positive direction: in-batch positives, then explicit negatives."""
-        if self.negatives.size(0) == 0:
-            return self.positives
-        return torch.cat([self.positives, self.negatives], dim=0)
-
-
-def column_name(index: int) -> str:
-    """``anchor``, ``positive``, ``negative_1``, ... for input column ``index``."""
-    return ("anchor", "positive")[index] if index < 2 else f"negative_{index - 1}"
-
-
-class HardNegativeLoss(FalseNegativeControl, GradCacheMixin, nn.Module):
+class HardNegativeLoss(GradCacheMixin, nn.Module):
     """Base class of the st-hardneg losses.
 
-    Subclasses implement :meth:`compute_loss_from_embeddings` as::
+    Subclasses take their paper's hyperparameters and pass the shared options (:class:`LossOptions`) on, and
+    implement :meth:`compute_loss_from_embeddings` as::
 
-        batch = self.prepare_batch(embeddings, labels)   # checks, float32, unit rows
-        rows = ...                                       # (N,) loss of each anchor
-        return self.reduce(rows)                         # the mean
+        def __init__(self, model, *, lam=0.2, **options: Unpack[LossOptions]):
+            super().__init__(model, **options)
+            self.lam = validation.check_unit_interval(lam, "lam")
 
-    Every subclass's ``compute_loss_from_embeddings`` runs with autocast disabled (the loss math is float32 under
-    bf16/fp16 mixed precision too) and warns once if it receives labels it does not use. This class also provides the
+        @float32_loss                                        # labels checked, autocast off
+        def compute_loss_from_embeddings(self, embeddings, labels):
+            batch = self.prepare_batch(embeddings, labels)   # checks, float32, unit rows, false-negative mask
+            rows = ...                                       # (N,) loss of each anchor
+            return self.reduce(rows)                         # the mean
+
+        def paper_config(self):
+            return {"lam": self.lam}                         # get_config_dict() adds the shared options
+
+    Args (the shared options, keyword-only, on every loss):
+        model: SentenceTransformer model.
+        temperature: τ > 0 (0.05 = sentence-transformers' ``scale=20``). The logits are ``similarity / τ``.
+        seed: seed of the loss's random draws (random mixing partners, HNCSE's negative pairs, AdCSE's adversary
+            initialisation), drawn from a generator of its own; ``None`` uses torch's global generator (seeded by the
+            Trainer's ``seed``). A loss without random draws (Focal-InfoNCE) records it and draws nothing.
+        mask_duplicates: false-negative control: a candidate (another pair's positive or an explicit negative) whose
+            embedding, or whose text when the loss is called through ``forward``, is identical to anchor ``i``'s
+            positive is not a negative of anchor ``i``: it leaves the denominator and every hard-negative selection
+            (mixing partners, top-k pools). The positive itself is never masked (unsupervised ``(sentence,
+            sentence)`` pairs are fine). Default on.
+        false_negative_margin: ``None`` (off) or a margin >= 0: also mask every candidate whose similarity to the
+            anchor exceeds the positive's similarity minus the margin (``margin_strategy="absolute"``) or minus
+            ``|positive similarity|·margin`` (``"relative"``), the filter of sentence-transformers'
+            ``GISTEmbedLoss``. A symmetric loss's reverse direction uses the transposed mask. :attr:`diagnostics`
+            reports ``masked_false_negatives`` (mean per anchor) and ``masked_false_negatives_total``.
+        margin_strategy: ``"absolute"`` or ``"relative"``.
+        guide: optional SentenceTransformer whose embeddings (no gradient; the texts re-tokenised if its tokenizer
+            differs or its ``max_seq_length`` is shorter) give the similarities of the threshold instead of the
+            trained model's. Needs ``false_negative_margin``.
+        gather_across_devices: see **Scaling up** below.
+        mini_batch_size: see **Scaling up** below.
+        mini_batch_num_tokens: alternatively to ``mini_batch_size``, a budget of non-padding tokens per mini-batch.
+
+    :func:`float32_loss` runs each ``compute_loss_from_embeddings`` with autocast disabled (the loss math is float32
+    under bf16/fp16 mixed precision too) and warns once if it receives labels it does not use. This class also provides the
     sentence-transformers ``forward`` (one embedding per input column, merged forwards where ST can), the seeded
     random generator of the losses' random draws (:meth:`generator`), and :attr:`diagnostics`, the mean positive /
     negative / synthetic cosines of the last training batch.
@@ -122,41 +143,39 @@ class HardNegativeLoss(FalseNegativeControl, GradCacheMixin, nn.Module):
     #: (this process's rows, global rows) after a gathering prepare_batch, else None
     _local_rows: tuple[slice, int] | None = None
 
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        super().__init_subclass__(**kwargs)
-        method = cls.__dict__.get("compute_loss_from_embeddings")
-        if method is None or getattr(method, "_float32_loss", False):
-            return
-
-        @functools.wraps(method)
-        def compute_loss_from_embeddings(self, embeddings, labels=None, *args, **kw):
-            self.check_labels(labels)
-            try:
-                with fn.autocast_disabled(embeddings):
-                    return method(self, embeddings, labels, *args, **kw)
-            finally:
-                # what forward remembered for the false-negative mask serves this one call, also when it raised
-                self._false_negative_inputs = None
-
-        compute_loss_from_embeddings._float32_loss = True
-        cls.compute_loss_from_embeddings = compute_loss_from_embeddings
-
-    def __init__(self, model: nn.Module, temperature: float = 0.05, seed: int | None = None, *,
+    def __init__(self, model: nn.Module, *, temperature: float = 0.05, seed: int | None = None,
+                 mask_duplicates: bool = True, false_negative_margin: float | None = None,
+                 margin_strategy: Literal["absolute", "relative"] = "absolute", guide: nn.Module | None = None,
                  gather_across_devices: bool = False, mini_batch_size: int | None = None,
-                 mini_batch_num_tokens: int | None = None) -> None:
+                 mini_batch_num_tokens: int | None = None, **unknown: Any) -> None:
+        if unknown:
+            raise TypeError(f"{type(self).__name__}.__init__() got an unexpected keyword argument {next(iter(unknown))!r}")
         super().__init__()
         self.model = model
         self.temperature = validation.check_temperature(temperature)
         self.seed = validation.check_seed(seed)
         self.gather_across_devices = validation.check_bool(gather_across_devices, "gather_across_devices")
-        self.mini_batch_size = check_mini_batch_size(mini_batch_size)
-        self.mini_batch_num_tokens = check_mini_batch_size(mini_batch_num_tokens, "mini_batch_num_tokens")
+        self.mini_batch_size = validation.check_optional_count(mini_batch_size, "mini_batch_size")
+        self.mini_batch_num_tokens = validation.check_optional_count(mini_batch_num_tokens, "mini_batch_num_tokens")
         if self.uses_gradient_cache:
             if model is None:
                 raise ValueError(f"{type(self).__name__}: mini_batch_size / mini_batch_num_tokens need a model to embed "
                                  "the mini-batches, got model=None")
             check_cacheable_model(model, type(self).__name__)
-        self._local_rows: tuple[slice, int] | None = None
+        # false-negative control (the mask: st_hardneg.losses.false_negatives)
+        self.mask_duplicates = validation.check_bool(mask_duplicates, "mask_duplicates")
+        self.false_negative_margin = validation.check_optional_non_negative(
+            false_negative_margin, "false_negative_margin")
+        self.margin_strategy = validation.check_choice(margin_strategy, "margin_strategy", ("absolute", "relative"))
+        self._must_retokenize = (validation.check_guide(guide, model, self.false_negative_margin)
+                                      if guide is not None else False)
+        # kept out of the module tree (as AdCSE's key encoder): not trained, not in state_dict(), not in the optimizer
+        vars(self)["guide"] = guide
+        self._reports_false_negatives = False
+        self._false_negative_stats: dict[str, Tensor] = {}
+        #: what forward saw for the next compute_loss_from_embeddings call (text keys, guide embeddings)
+        self._side_inputs: SideInputs | None = None
+        self._local_rows = None
         self._generator: torch.Generator | None = None
         self._last_stats: dict[str, Tensor] = {}
         self._warned_labels = False
@@ -164,14 +183,20 @@ class HardNegativeLoss(FalseNegativeControl, GradCacheMixin, nn.Module):
 
     @staticmethod
     def _model_embedding_dimension(model: Any) -> int | None:
-        getter = getattr(model, "get_embedding_dimension", None)
-        if callable(getter):
-            try:
-                dim = getter()
-            except Exception:  # a model that cannot tell its size: nothing to compare against
-                return None
-            return int(dim) if dim is not None else None
+        for name in ("get_embedding_dimension", "get_sentence_embedding_dimension"):
+            getter = getattr(model, name, None)
+            if callable(getter):
+                try:
+                    dim = getter()
+                except Exception:  # a model that cannot tell its size: nothing to compare against
+                    return None
+                return int(dim) if dim is not None else None
         return None
+
+    @property
+    def controls_false_negatives(self) -> bool:
+        """Whether any candidate can be masked (``mask_duplicates`` or a ``false_negative_margin``)."""
+        return self.mask_duplicates or self.false_negative_margin is not None
 
     def check_logit_range(self, max_abs_similarity: float) -> None:
         """Raise if ``max_abs_similarity / temperature`` overflows (e.g. ``1 + m`` for Focal-InfoNCE logits)."""
@@ -183,16 +208,30 @@ class HardNegativeLoss(FalseNegativeControl, GradCacheMixin, nn.Module):
         return 1.0 / self.temperature
 
     def forward(self, sentence_features: Iterable[dict[str, Tensor]], labels: Tensor | None) -> Tensor:
-        sentence_features = self.remember_false_negative_inputs(sentence_features)
+        sentence_features = self.remember_side_inputs(sentence_features)
         if self.uses_gradient_cache:
             return self.cached_forward(sentence_features, labels)
         embeddings = embed_columns(self.model, sentence_features)
         return self.compute_loss_from_embeddings(embeddings, labels)
 
-    def scaling_config(self) -> dict[str, Any]:
-        """The ``gather_across_devices`` / ``mini_batch_size`` / ``mini_batch_num_tokens`` part of the config."""
-        return {"gather_across_devices": self.gather_across_devices, "mini_batch_size": self.mini_batch_size,
-                "mini_batch_num_tokens": self.mini_batch_num_tokens}
+    def remember_side_inputs(self, sentence_features: Iterable[dict[str, Tensor]]) -> list[dict[str, Tensor]]:
+        """Called by ``forward`` before the model runs: keep each row's text key (for ``mask_duplicates``) and the
+        guide's embeddings (no gradient) for the next :meth:`prepare_batch`. Returns the features as a list."""
+        sentence_features = list(sentence_features)
+        self._side_inputs = false_negatives.side_inputs(
+            sentence_features, mask_duplicates=self.mask_duplicates, guide=self.guide, model=self.model,
+            retokenize=self._must_retokenize)
+        return sentence_features
+
+    def set_false_negative_inputs(self, text_keys: Tensor | None = None,
+                                  guide_embeddings: list[Tensor] | None = None) -> None:
+        """Provide the text keys ((num_columns, N) ids, equal = identical text) and/or the guide's embeddings (one
+        (N, d') tensor per column) for the next :meth:`compute_loss_from_embeddings` call (``forward`` does this
+        itself)."""
+        inputs = SideInputs(
+            text_keys=torch.as_tensor(text_keys, dtype=torch.long) if text_keys is not None else None,
+            guide=[g.detach() for g in guide_embeddings] if guide_embeddings is not None else None)
+        self._side_inputs = inputs if inputs.text_keys is not None or inputs.guide is not None else None
 
     def compute_loss_from_embeddings(self, embeddings: list[Tensor], labels: Tensor | None) -> Tensor:
         raise NotImplementedError
@@ -274,9 +313,26 @@ class HardNegativeLoss(FalseNegativeControl, GradCacheMixin, nn.Module):
             raw = [dist.gather_with_grad(column) for column in raw]
             units = [column / fn.row_norms(column).clamp_min(fn.NORM_EPS) for column in raw]
             self._local_rows = (dist.local_rows(n), raw[0].size(0))
-        negatives = torch.cat(units[2:], dim=0) if len(units) > 2 else units[0].new_zeros((0, width))
-        batch = Batch(units[0], units[1], negatives, raw_anchors=raw[0], raw_positives=raw[1])
-        return self.attach_false_negatives(batch, len(embeddings))
+        batch = Batch.from_units(units, raw_anchors=raw[0], raw_positives=raw[1])
+        inputs, self._side_inputs = self._side_inputs, None
+        self._false_negative_stats = {}
+        if not self.controls_false_negatives:
+            return batch
+        batch = false_negatives.attach_side_inputs(
+            batch, inputs, len(embeddings), needs_guide=self.guide is not None,
+            gathered=self._local_rows is not None, loss_name=type(self).__name__)
+        batch.false_negatives, stats = false_negatives.false_negative_mask(
+            batch, mask_duplicates=self.mask_duplicates, margin=self.false_negative_margin,
+            margin_strategy=self.margin_strategy)
+        # Reported once anything can be masked beyond exact duplicates (a threshold is set), or from the first batch
+        # in which a duplicate was masked on: on duplicate-free data the default diagnostics stay as they were.
+        total = stats["masked_false_negatives_total"]
+        if not self._reports_false_negatives and (
+                self.false_negative_margin is not None or (total.device.type != "meta" and bool(total > 0))):
+            self._reports_false_negatives = True
+        if self._reports_false_negatives:
+            self._false_negative_stats = stats
+        return batch
 
     def _check_finite(self, column: Tensor, norms: Tensor, index: int) -> None:
         if column.device.type == "meta":
@@ -300,10 +356,6 @@ class HardNegativeLoss(FalseNegativeControl, GradCacheMixin, nn.Module):
         # With GradCache it decorates this loss's calculate_loss instead (the forward hook runs after the patch).
         return (type(getattr(self.model, "forward", None)).__name__ == "ForwardDecorator"
                 or type(self.__dict__.get("calculate_loss")).__name__ == "CachedLossDecorator")
-
-    def split_batch(self, embeddings: list[Tensor]) -> Batch:
-        """Backwards-compatible alias of :meth:`prepare_batch` (without labels)."""
-        return self.prepare_batch(embeddings)
 
     # ------------------------------------------------------------------ shared machinery
     def generator(self, device: torch.device | str) -> torch.Generator | None:
@@ -338,7 +390,7 @@ class HardNegativeLoss(FalseNegativeControl, GradCacheMixin, nn.Module):
         """Remember the batch's mean cosines (and ``extra`` scalars) for :attr:`diagnostics` (no gradient, no device
         sync)."""
         stats = fn.contrastive_stats(cos.detach(), num_in_batch, num_synthetic)
-        stats.update(getattr(self, "_false_negative_stats", {}))
+        stats.update(self._false_negative_stats)
         for key, value in (extra or {}).items():
             stats[key] = value.detach() if isinstance(value, Tensor) else torch.as_tensor(value)
         self._last_stats = stats
@@ -352,5 +404,21 @@ class HardNegativeLoss(FalseNegativeControl, GradCacheMixin, nn.Module):
         which ``mask_duplicates`` masked something on."""
         return {key: float(value) for key, value in self._last_stats.items()}
 
+    def paper_config(self) -> dict[str, Any]:
+        """The paper's own hyperparameters: each loss returns its constructor's own arguments."""
+        return {}
+
     def get_config_dict(self) -> dict[str, Any]:
-        return {"temperature": self.temperature}
+        """The paper's hyperparameters (:meth:`paper_config`), then the shared options: ``temperature``, ``seed``,
+        the false-negative options that differ from their defaults, and the scaling options."""
+        config = {**self.paper_config(), "temperature": self.temperature, "seed": self.seed}
+        if not self.mask_duplicates:
+            config["mask_duplicates"] = False
+        if self.false_negative_margin is not None:
+            config["false_negative_margin"] = self.false_negative_margin
+            config["margin_strategy"] = self.margin_strategy
+        if self.guide is not None:
+            card = getattr(self.guide, "model_card_data", None)
+            config["guide"] = getattr(card, "base_model", None) or type(self.guide).__name__
+        return {**config, "gather_across_devices": self.gather_across_devices,
+                "mini_batch_size": self.mini_batch_size, "mini_batch_num_tokens": self.mini_batch_num_tokens}

@@ -1,33 +1,25 @@
+"""Focal-InfoNCE (Hou & Li, Findings of EMNLP 2023): InfoNCE with self-paced modulation of the positive and negative
+logits."""
+
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Unpack
 
-from torch import Tensor
+from torch import Tensor, nn
 
 from st_hardneg import functional as fn
 from st_hardneg import validation
-from st_hardneg.losses.base import HardNegativeLoss
-
-
-def check_margin(value: float, name: str = "m") -> float:
-    """Return the Focal-InfoNCE margin as a float if it is a finite number >= 0, else raise ``ValueError``."""
-    return validation.check_non_negative(value, f"{name} (the Focal-InfoNCE margin)")
+from st_hardneg.losses.base import HardNegativeLoss, LossOptions, float32_loss
 
 
 class FocalInfoNCELoss(HardNegativeLoss):
     def __init__(
         self,
-        model,
-        temperature: float = 0.05,
+        model: nn.Module,
+        *,
         m: float = 0.3,
         symmetric: bool = False,
-        mask_duplicates: bool = True,
-        false_negative_margin: float | None = None,
-        margin_strategy: Literal["absolute", "relative"] = "absolute",
-        guide=None,
-        gather_across_devices: bool = False,
-        mini_batch_size: int | None = None,
-        mini_batch_num_tokens: int | None = None,
+        **options: Unpack[LossOptions],
     ) -> None:
         """
         Focal-InfoNCE: InfoNCE with self-paced modulation terms that weight hard negatives up and easy negatives down
@@ -58,29 +50,12 @@ class FocalInfoNCELoss(HardNegativeLoss):
                 modulation, and average both directions. ``False`` (default) is the paper's one-directional loss.
                 Explicit negatives are candidates of the anchor → positive direction only (as in MixCSELoss and ST's
                 ``MultipleNegativesRankingLoss`` ``doc_to_query``).
-            mask_duplicates: false-negative control: a candidate (another pair's positive or an explicit negative)
-                whose embedding, or whose text when called through ``forward``, is identical to anchor ``i``'s positive
-                is not a negative of anchor ``i``: it leaves the denominator (so it is not weighted up as the hardest
-                negative). The positive itself is never masked. Default on.
-            false_negative_margin: ``None`` (off) or a margin >= 0: also mask every candidate whose similarity to the
-                anchor exceeds the positive's similarity minus the margin (``margin_strategy="absolute"``) or minus
-                ``|positive similarity|·margin`` (``"relative"``), as in ``GISTEmbedLoss``. Under ``symmetric`` the
-                reverse direction uses the transposed mask. :attr:`diagnostics` reports ``masked_false_negatives``
-                (mean per anchor) and ``masked_false_negatives_total``.
-            margin_strategy: ``"absolute"`` or ``"relative"``.
-            guide: optional SentenceTransformer whose embeddings (no gradient; re-tokenised if its tokenizer differs)
-                give the similarities of the threshold instead of the trained model's.
-            gather_across_devices: under ``torch.distributed`` (e.g. ``torchrun``), gather the embeddings of all
-                processes so that every anchor is scored against the candidates of the whole global batch, as
-                sentence-transformers' ``gather_across_devices``. Gathered: anchors, positives and explicit negatives (the negatives of every anchor
-                are the global batch's). The loss and its gradients equal those of
-                one process holding the global batch. Needs the same batch size on every process
-                (``dataloader_drop_last=True``). No effect without a process group.
-            mini_batch_size: if set, GradCache: the encoder embeds mini-batches of this many texts, twice (without,
-                then with gradient), and the loss and gradients are those of the whole batch; memory no longer grows
-                with the batch size. Composes with ``gather_across_devices``.
-            mini_batch_num_tokens: alternatively to ``mini_batch_size``, a budget of non-padding tokens per
-                mini-batch.
+            **options: the shared options of every loss, keyword-only: ``seed``, ``mask_duplicates`` (default on),
+                ``false_negative_margin``, ``margin_strategy``, ``guide``, ``gather_across_devices``,
+                ``mini_batch_size``, ``mini_batch_num_tokens`` (documented on :class:`~st_hardneg.HardNegativeLoss`).
+                Here: a masked duplicate leaves the denominator, so it is not weighted up as the hardest negative;
+                ``gather_across_devices`` gathers the anchors, positives and explicit negatives (every anchor's
+                negatives are the global batch's); Focal-InfoNCE makes no random draws.
 
         References:
             - Hou & Li, "Improving Contrastive Learning of Sentence Embeddings with Focal-InfoNCE", Findings of EMNLP
@@ -141,19 +116,17 @@ class FocalInfoNCELoss(HardNegativeLoss):
                 trainer = SentenceTransformerTrainer(model=model, args=args, train_dataset=train_dataset, loss=loss)
                 trainer.train()
         """
-        super().__init__(model, temperature,
-                         gather_across_devices=gather_across_devices, mini_batch_size=mini_batch_size,
-                         mini_batch_num_tokens=mini_batch_num_tokens)
-        self.m = check_margin(m)
+        super().__init__(model, **options)
+        self.m = validation.check_non_negative(m, "m (the Focal-InfoNCE margin)")
         self.symmetric = validation.check_bool(symmetric, "symmetric")
         self.check_logit_range(1.0 + self.m)  # the largest negative logit is (1 + m) / τ
-        self.configure_false_negatives(mask_duplicates, false_negative_margin, margin_strategy, guide)
 
     def _direction(self, anchors: Tensor, similarity: Tensor, exclude: Tensor | None = None) -> Tensor:
         """Per-row focal InfoNCE of ``anchors`` given their cosines with the candidates (positive on the diagonal);
         ``exclude`` removes masked false negatives from the denominator."""
         return fn.info_nce_rows(fn.mask_columns(fn.contrastive_logits(similarity, self.temperature, self.m), exclude))
 
+    @float32_loss
     def compute_loss_from_embeddings(self, embeddings: list[Tensor], labels: Tensor | None) -> Tensor:
         """Focal-InfoNCE (paper Eq. 2), row i, with ``s_p = cos(h_i, h'_i)`` and ``s_n`` the other candidates::
 
@@ -172,9 +145,8 @@ class FocalInfoNCELoss(HardNegativeLoss):
             rows = (rows + self._direction(batch.positives, cos[:, : batch.size].T, reverse_masked)) / 2
         return self.reduce(rows)
 
-    def get_config_dict(self) -> dict[str, Any]:
-        return {"temperature": self.temperature, "m": self.m, "symmetric": self.symmetric,
-                **self.false_negative_config(), **self.scaling_config()}
+    def paper_config(self) -> dict[str, Any]:
+        return {"m": self.m, "symmetric": self.symmetric}
 
     @property
     def citation(self) -> str:

@@ -38,16 +38,9 @@ from sentence_transformers.base.losses.gradcache import (
 )
 from torch import Tensor, nn
 
-__all__ = ["GradCacheMixin", "GradCached", "check_mini_batch_size", "check_cacheable_model"]
+from st_hardneg import validation
 
-
-def check_mini_batch_size(value: int | None, name: str = "mini_batch_size") -> int | None:
-    """``None`` (no caching) or a positive int, else ``ValueError``."""
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"{name} must be a positive integer or None, got {value!r}")
-    return value
+__all__ = ["GradCacheMixin", "GradCached", "check_cacheable_model"]
 
 
 def check_cacheable_model(model: Any, loss_name: str) -> None:
@@ -98,7 +91,7 @@ class GradCacheMixin(CachedLossMixin):
         """The GradCache forward pass: returns the (detached, hooked) loss; ``loss.backward()`` fills the gradients."""
         if not self.uses_gradient_cache:
             raise RuntimeError(f"{type(self).__name__}: cached_forward needs mini_batch_size or mini_batch_num_tokens")
-        check_mini_batch_size(self.mini_batch_size)
+        validation.check_optional_count(self.mini_batch_size, "mini_batch_size")
         _validate_mini_batch_num_tokens(self.mini_batch_num_tokens)
         sentence_features = list(sentence_features)
         frozen: dict[int, Tensor] = {}
@@ -168,7 +161,7 @@ class GradCached(GradCacheMixin, nn.Module):
         if not callable(getattr(loss, "compute_loss_from_embeddings", None)) or getattr(loss, "model", None) is None:
             raise ValueError("GradCached needs a loss with a `model` and a `compute_loss_from_embeddings` method")
         self.loss = loss
-        self.mini_batch_size = check_mini_batch_size(mini_batch_size)
+        self.mini_batch_size = validation.check_optional_count(mini_batch_size, "mini_batch_size")
         _validate_mini_batch_num_tokens(mini_batch_num_tokens)
         self.mini_batch_num_tokens = mini_batch_num_tokens
         if not self.uses_gradient_cache:

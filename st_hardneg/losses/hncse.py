@@ -1,16 +1,20 @@
+"""HNCSE (Liu et al., 2024): positive mixing with the hardest negative (PM) and mixup of the top-k hard negatives
+(HNM)."""
+
 from __future__ import annotations
 
 import warnings
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Any, Literal
+from typing import Any, Literal, Unpack
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from st_hardneg import functional as fn
 from st_hardneg import validation
-from st_hardneg.losses.base import HardNegativeLoss, check_focal_m
+from st_hardneg.losses.base import HardNegativeLoss, LossOptions, float32_loss
+from st_hardneg.losses.batch import Batch
 
 Mode = Literal["pm", "hnm", "both"]
 HnmPool = Literal["in_batch_negatives", "hard_negatives", "all_negatives"]
@@ -20,9 +24,9 @@ Alpha = float | str | Callable[[Tensor], Tensor | float]
 class HNCSELoss(HardNegativeLoss):
     def __init__(
         self,
-        model,
+        model: nn.Module,
+        *,
         mode: Mode = "pm",
-        temperature: float = 0.05,
         pm_threshold: float = 0.1,
         w1: float = 0.8,
         w2: float = 0.2,
@@ -35,15 +39,8 @@ class HNCSELoss(HardNegativeLoss):
         hnm_single: bool = False,
         hnm_gradient: bool = True,
         focal_m: float | None = None,
-        seed: int | None = None,
         hnm_pool: HnmPool = "in_batch_negatives",
-        mask_duplicates: bool = True,
-        false_negative_margin: float | None = None,
-        margin_strategy: Literal["absolute", "relative"] = "absolute",
-        guide=None,
-        gather_across_devices: bool = False,
-        mini_batch_size: int | None = None,
-        mini_batch_num_tokens: int | None = None,
+        **options: Unpack[LossOptions],
     ) -> None:
         """
         HNCSE: SimCSE's InfoNCE with the hardest in-batch negatives used twice: mixed into the positive (positive
@@ -131,39 +128,21 @@ class HNCSELoss(HardNegativeLoss):
             focal_m: if set, apply the Focal-InfoNCE modulation (positive ``s²/τ``, negatives ``s(s+m)/τ``, including
                 the synthetic ones) with margin ``m``; ``None`` (default) = the paper's plain InfoNCE. An st-hardneg
                 extension.
-            seed: seed of the generator of the HNM pairs, created on the embeddings' device at the first batch;
-                ``None`` uses torch's global generator (seeded by the Trainer's ``seed``).
             hnm_pool: where HNM mines its top-``k`` (the ``hardness_mode`` vocabulary of sentence-transformers'
                 ``MultipleNegativesRankingLoss``): ``"in_batch_negatives"`` (default, the paper: the other pairs'
                 positives ``p_j``), ``"hard_negatives"`` (the explicit, e.g. mined, negatives of the batch: every
                 negative column of every pair, as they are shared candidates; needs a negative column) or
                 ``"all_negatives"`` (both). ``k`` is clamped to the size of the pool.
-            mask_duplicates: false-negative control: a candidate (another pair's positive or an explicit negative)
-                whose embedding, or whose text when called through ``forward``, is identical to anchor ``i``'s positive
-                is not a negative of anchor ``i``. Masked candidates leave the denominator, are never PM's ``j*``
-                (the hardest *unmasked* negative is used; a row without one keeps its positive) and never enter the
-                HNM pool (a row with fewer unmasked candidates than the mixing needs loses the synthetic negatives
-                that would use a masked one). The positive itself is never masked. Default on.
-            false_negative_margin: ``None`` (off) or a margin >= 0: also mask every candidate whose similarity to the
-                anchor exceeds the positive's similarity minus the margin (``margin_strategy="absolute"``) or minus
-                ``|positive similarity|·margin`` (``"relative"``), as in ``GISTEmbedLoss``; computed on the
-                embeddings before PM. :attr:`diagnostics` reports ``masked_false_negatives`` (mean per anchor) and
-                ``masked_false_negatives_total``.
-            margin_strategy: ``"absolute"`` or ``"relative"``.
-            guide: optional SentenceTransformer whose embeddings (no gradient; re-tokenised if its tokenizer differs)
-                give the similarities of the threshold instead of the trained model's.
-            gather_across_devices: under ``torch.distributed`` (e.g. ``torchrun``), gather the embeddings of all
-                processes so that every anchor is scored against the candidates of the whole global batch, as
-                sentence-transformers' ``gather_across_devices``. Gathered: anchors, positives and explicit negatives, so PM's hardest negative ``j*``
-                and HNM's top-``k`` pool are mined in the global batch; the HNM pairs are drawn identically on every
-                process. The loss and its gradients equal those of
-                one process holding the global batch. Needs the same batch size on every process
-                (``dataloader_drop_last=True``). No effect without a process group.
-            mini_batch_size: if set, GradCache: the encoder embeds mini-batches of this many texts, twice (without,
-                then with gradient), and the loss and gradients are those of the whole batch; memory no longer grows
-                with the batch size. Composes with ``gather_across_devices``.
-            mini_batch_num_tokens: alternatively to ``mini_batch_size``, a budget of non-padding tokens per
-                mini-batch.
+            **options: the shared options of every loss, keyword-only: ``seed``, ``mask_duplicates`` (default on),
+                ``false_negative_margin``, ``margin_strategy``, ``guide``, ``gather_across_devices``,
+                ``mini_batch_size``, ``mini_batch_num_tokens`` (documented on :class:`~st_hardneg.HardNegativeLoss`).
+                Here: masked candidates leave the denominator, are never PM's ``j*`` (the hardest *unmasked*
+                negative is used; a row without one keeps its positive) and never enter the HNM pool (a row with fewer
+                unmasked candidates than the mixing needs loses the synthetic negatives that would use a masked one);
+                the margin is computed on the embeddings before PM. ``seed`` seeds the generator of the HNM pairs
+                (created on the embeddings' device at the first batch). ``gather_across_devices`` gathers the anchors,
+                positives and explicit negatives, so PM's ``j*`` and HNM's top-``k`` pool are mined in the global
+                batch; the HNM pairs are drawn identically on every process.
 
         References:
             - Liu et al., "HNCSE: Advancing Sentence Embeddings via Hybrid Contrastive Learning with Hard Negatives",
@@ -221,9 +200,7 @@ class HNCSELoss(HardNegativeLoss):
                 trainer = SentenceTransformerTrainer(model=model, args=args, train_dataset=train_dataset, loss=loss)
                 trainer.train()
         """
-        super().__init__(model, temperature, seed=seed,
-                         gather_across_devices=gather_across_devices, mini_batch_size=mini_batch_size,
-                         mini_batch_num_tokens=mini_batch_num_tokens)
+        super().__init__(model, **options)
         self.mode = validation.check_choice(mode, "mode", ("pm", "hnm", "both"))
         self.pm_threshold = validation.check_non_negative(pm_threshold, "pm_threshold")
         self.w1 = validation.check_non_negative(w1, "w1")
@@ -239,12 +216,11 @@ class HNCSELoss(HardNegativeLoss):
         self.alpha = validation.check_weight_or_callable(alpha, "alpha (the weight of G_a in the mix)",
                                                          names=fn.ALPHA_FUNCTIONS)
         self.hnm_gradient = validation.check_bool(hnm_gradient, "hnm_gradient")
-        self.focal_m = check_focal_m(focal_m)
+        self.focal_m = validation.check_optional_non_negative(focal_m, "focal_m (the Focal-InfoNCE margin m)")
         self.check_logit_range(1.0 + (self.focal_m or 0.0))
         self._warned_k = False
         self.hnm_pool = validation.check_choice(hnm_pool, "hnm_pool",
                                                 ("in_batch_negatives", "hard_negatives", "all_negatives"))
-        self.configure_false_negatives(mask_duplicates, false_negative_margin, margin_strategy, guide)
         # a pair of distinct in-batch negatives needs two other pairs in the batch
         self.min_batch_size = 3 if self.uses_hnm and not self.hnm_single else 2
 
@@ -280,46 +256,8 @@ class HNCSELoss(HardNegativeLoss):
             self._warned_k = True
         return available
 
-    def mixed_positives(self, anchors: Tensor, positives: Tensor, similarity: Tensor | None = None,
-                        assume_normalized: bool = False) -> fn.PositiveMix:
-        """Positive mixing of ``anchors`` and ``positives`` (see :func:`st_hardneg.functional.positive_mixing`)."""
-        return fn.positive_mixing(
-            anchors, positives, self.pm_threshold, self.w1, self.w2, single=self.pm_single,
-            detach_mix=not self.pm_gradient, weight_gradient=self.pm_weight_gradient, similarity=similarity,
-            assume_normalized=assume_normalized,
-        )
-
-    def synthetic_negatives(self, anchors: Tensor, pool: Tensor) -> Tensor:
-        """The (N, S, d) synthetic hard negatives of each anchor, mined among the in-batch candidates ``pool``."""
-        synthetic = fn.hard_negative_mixing(
-            anchors, pool, self.effective_k(anchors.size(0)), self.num_mixed, alpha=self._alpha_function,
-            generator=self.generator(anchors.device), single=self.hnm_single,
-        )
-        return synthetic if self.hnm_gradient else synthetic.detach()
-
-    def synthetic_cosines(self, anchors: Tensor, pool: Tensor, similarity: Tensor | None = None,
-                          assume_normalized: bool = False) -> Tensor:
-        """The (N, S) cosines of each anchor with its synthetic hard negatives, i.e. with :meth:`synthetic_negatives`
-        (same random draws), computed without building the (N, S, d) mixtures
-        (:func:`st_hardneg.functional.mixed_negative_cosines`): the loss math then costs about as much as SimCSE's.
-        ``similarity``: the (N, ≥N) anchor-pool cosines if already computed."""
-        if not assume_normalized:
-            anchors, pool = fn.normalize(anchors), fn.normalize(pool)
-        if similarity is None:
-            similarity = anchors @ pool.T
-        k = self.effective_k(anchors.size(0))
-        if self.hnm_single:
-            hard = fn.hardest_negatives(similarity, k)
-            cos = similarity.gather(1, hard)
-            if not self.hnm_gradient:  # the mined negatives are constants: the gradient reaches the anchors only
-                cos = torch.einsum("nd,nkd->nk", anchors, pool.detach()[hard])
-            return cos
-        return fn.hard_negative_mixing_cosines(
-            anchors, pool, k, self.num_mixed, alpha=self._alpha_function, generator=self.generator(anchors.device),
-            detach_pool=not self.hnm_gradient, similarity=similarity, assume_normalized=True,
-        )
-
     # ------------------------------------------------------------------ loss
+    @float32_loss
     def compute_loss_from_embeddings(self, embeddings: list[Tensor], labels: Tensor | None) -> Tensor:
         """HNCSE (paper Eq. 1-3, 7), row i, with ``s(a, b) = cos(a, b) / τ``, ``p`` the positives after PM (``h'``
         without PM) and ``u_i1..u_im`` the HNM mixtures of anchor i (none without HNM)::
@@ -355,7 +293,7 @@ class HNCSELoss(HardNegativeLoss):
         logits = fn.mask_columns(fn.contrastive_logits(cos, self.temperature, self.focal_m), exclude)
         return self.reduce(fn.info_nce_rows(logits))
 
-    def _hnm_cosines(self, batch, cos: Tensor, masked: Tensor | None) -> tuple[Tensor, Tensor]:
+    def _hnm_cosines(self, batch: Batch, cos: Tensor, masked: Tensor | None) -> tuple[Tensor, Tensor]:
         """The (N, S) cosines with the synthetic negatives mined in :attr:`hnm_pool` (unmasked candidates only) and
         the (N, S) bool mask of those that use a masked candidate (rows with too few unmasked ones)."""
         n, num_explicit = batch.size, batch.negatives.size(0)
@@ -381,28 +319,13 @@ class HNCSELoss(HardNegativeLoss):
         )
         return synthetic, exclude.gather(1, parents_a) | exclude.gather(1, parents_b)
 
-    def get_config_dict(self) -> dict[str, Any]:
+    def paper_config(self) -> dict[str, Any]:
         alpha = self.alpha if isinstance(self.alpha, str | float) else getattr(self.alpha, "__name__", repr(self.alpha))
-        return {
-            "mode": self.mode,
-            "temperature": self.temperature,
-            "pm_threshold": self.pm_threshold,
-            "w1": self.w1,
-            "w2": self.w2,
-            "pm_gradient": self.pm_gradient,
-            "pm_single": self.pm_single,
-            "pm_weight_gradient": self.pm_weight_gradient,
-            "k": self.k,
-            "num_mixed": self.num_mixed,
-            "alpha": alpha,
-            "hnm_single": self.hnm_single,
-            "hnm_gradient": self.hnm_gradient,
-            "focal_m": self.focal_m,
-            "seed": self.seed,
-            "hnm_pool": self.hnm_pool,
-            **self.false_negative_config(),
-            **self.scaling_config(),
-        }
+        return {"mode": self.mode, "pm_threshold": self.pm_threshold, "w1": self.w1, "w2": self.w2,
+                "pm_gradient": self.pm_gradient, "pm_single": self.pm_single,
+                "pm_weight_gradient": self.pm_weight_gradient, "k": self.k, "num_mixed": self.num_mixed,
+                "alpha": alpha, "hnm_single": self.hnm_single, "hnm_gradient": self.hnm_gradient,
+                "focal_m": self.focal_m, "hnm_pool": self.hnm_pool}
 
     @property
     def citation(self) -> str:

@@ -1,13 +1,16 @@
+"""MixCSE (Zhang et al., AAAI 2022): one synthetic hard negative per anchor, the positive mixed with a partner."""
+
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, Unpack
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from st_hardneg import functional as fn
 from st_hardneg import validation
-from st_hardneg.losses.base import Batch, HardNegativeLoss, check_focal_m
+from st_hardneg.losses.base import HardNegativeLoss, LossOptions, float32_loss
+from st_hardneg.losses.batch import Batch
 
 Layout = Literal["paper", "official"]
 
@@ -15,23 +18,16 @@ Layout = Literal["paper", "official"]
 class MixCSELoss(HardNegativeLoss):
     def __init__(
         self,
-        model,
+        model: nn.Module,
+        *,
         lam: float = 0.2,
-        temperature: float = 0.05,
         symmetric: bool = True,
         stop_gradient: bool = True,
         partner: fn.PartnerMode = "shift",
         layout: Layout = "paper",
         focal_m: float | None = None,
-        seed: int | None = None,
         reverse_mix: bool | None = None,
-        mask_duplicates: bool = True,
-        false_negative_margin: float | None = None,
-        margin_strategy: Literal["absolute", "relative"] = "absolute",
-        guide=None,
-        gather_across_devices: bool = False,
-        mini_batch_size: int | None = None,
-        mini_batch_num_tokens: int | None = None,
+        **options: Unpack[LossOptions],
     ) -> None:
         """
         MixCSE: InfoNCE with in-batch negatives plus, for every anchor, one synthetic hard negative made by
@@ -89,32 +85,13 @@ class MixCSELoss(HardNegativeLoss):
                 mixed negatives) with margin ``m``; ``None`` (default) = the paper's plain InfoNCE. Combining hardness
                 weighting with synthetic hard negatives is an st-hardneg extension. τ must keep ``(1 + m) / τ``
                 representable (tiny temperatures are rejected).
-            seed: seed of the generator used by ``partner="random"``; ``None`` uses torch's global generator
-                (seeded by the Trainer's ``seed``).
-            mask_duplicates: false-negative control: a candidate (another pair's positive or an explicit negative)
-                whose embedding, or whose text when called through ``forward``, is identical to anchor ``i``'s positive
-                is not a negative of anchor ``i``: it leaves the denominator and cannot be a mixing partner. The
-                positive itself is never masked (unsupervised ``(sentence, sentence)`` pairs are fine). Default on.
-            false_negative_margin: ``None`` (off) or a margin >= 0: also mask every candidate whose similarity to the
-                anchor exceeds the positive's similarity minus the margin (``margin_strategy="absolute"``) or minus
-                ``|positive similarity|·margin`` (``"relative"``), as in ``GISTEmbedLoss``. Under ``symmetric`` the
-                reverse direction uses the transposed mask. :attr:`diagnostics` reports ``masked_false_negatives``
-                (mean per anchor) and ``masked_false_negatives_total``.
-            margin_strategy: ``"absolute"`` or ``"relative"``.
-            guide: optional SentenceTransformer whose embeddings (no gradient; re-tokenised if its tokenizer differs)
-                give the similarities of the threshold instead of the trained model's.
-            gather_across_devices: under ``torch.distributed`` (e.g. ``torchrun``), gather the embeddings of all
-                processes so that every anchor is scored against the candidates of the whole global batch, as
-                sentence-transformers' ``gather_across_devices``. Gathered: anchors, positives and explicit negatives, so the in-batch negatives, the mixing partner
-                (shift / random / hardest) and both mixed negatives come from the global batch; a random partner is
-                drawn identically on every process. The loss and its gradients equal those of
-                one process holding the global batch. Needs the same batch size on every process
-                (``dataloader_drop_last=True``). No effect without a process group.
-            mini_batch_size: if set, GradCache: the encoder embeds mini-batches of this many texts, twice (without,
-                then with gradient), and the loss and gradients are those of the whole batch; memory no longer grows
-                with the batch size. Composes with ``gather_across_devices``.
-            mini_batch_num_tokens: alternatively to ``mini_batch_size``, a budget of non-padding tokens per
-                mini-batch.
+            **options: the shared options of every loss, keyword-only: ``seed``, ``mask_duplicates`` (default on),
+                ``false_negative_margin``, ``margin_strategy``, ``guide``, ``gather_across_devices``,
+                ``mini_batch_size``, ``mini_batch_num_tokens`` (documented on :class:`~st_hardneg.HardNegativeLoss`).
+                Here: a masked candidate (``mask_duplicates``, ``false_negative_margin``) also cannot be a mixing
+                partner (see ``partner``); ``seed`` seeds ``partner="random"``; ``gather_across_devices`` gathers the
+                anchors, positives and explicit negatives, so the in-batch negatives, the mixing partner (shift /
+                random / hardest) and both mixed negatives come from the global batch.
 
         Deviations from the paper:
             - ``layout="paper"`` mixes the normalised embeddings (the paper's equation); ``layout="official"`` mixes
@@ -173,9 +150,7 @@ class MixCSELoss(HardNegativeLoss):
                 trainer = SentenceTransformerTrainer(model=model, args=args, train_dataset=train_dataset, loss=loss)
                 trainer.train()
         """
-        super().__init__(model, temperature, seed=seed,
-                         gather_across_devices=gather_across_devices, mini_batch_size=mini_batch_size,
-                         mini_batch_num_tokens=mini_batch_num_tokens)
+        super().__init__(model, **options)
         self.lam = validation.check_unit_interval(lam, "lam (λ, the weight of the positive in the mix)")
         self.symmetric = validation.check_bool(symmetric, "symmetric")
         self.stop_gradient = validation.check_bool(stop_gradient, "stop_gradient")
@@ -194,9 +169,8 @@ class MixCSELoss(HardNegativeLoss):
                 "layout='official' needs the mixing partners to form a permutation (partner='shift' or 'random'); "
                 f"partner={self.partner!r} does not."
             )
-        self.focal_m = check_focal_m(focal_m)
+        self.focal_m = validation.check_optional_non_negative(focal_m, "focal_m (the Focal-InfoNCE margin m)")
         self.check_logit_range(1.0 + (self.focal_m or 0.0))
-        self.configure_false_negatives(mask_duplicates, false_negative_margin, margin_strategy, guide)
 
     # ------------------------------------------------------------------ helpers
     def _partners(self, batch: Batch, similarity: Tensor | None) -> Tensor:
@@ -236,6 +210,7 @@ class MixCSELoss(HardNegativeLoss):
         return fn.info_nce_rows(logits), cos
 
     # ------------------------------------------------------------------ loss
+    @float32_loss
     def compute_loss_from_embeddings(self, embeddings: list[Tensor], labels: Tensor | None) -> Tensor:
         """MixCSE (paper Eq. 2-3), row i of the anchor → positive direction, with ``s(a, b) = cos(a, b) / τ``::
 
@@ -345,20 +320,9 @@ class MixCSELoss(HardNegativeLoss):
         mixed = fn.normalize(self.lam * raw + (1.0 - self.lam) * raw[partners])
         return mixed.detach() if self.stop_gradient else mixed
 
-    def get_config_dict(self) -> dict[str, Any]:
-        return {
-            "lam": self.lam,
-            "temperature": self.temperature,
-            "symmetric": self.symmetric,
-            "stop_gradient": self.stop_gradient,
-            "partner": self.partner,
-            "layout": self.layout,
-            "focal_m": self.focal_m,
-            "seed": self.seed,
-            "reverse_mix": self.reverse_mix,
-            **self.false_negative_config(),
-            **self.scaling_config(),
-        }
+    def paper_config(self) -> dict[str, Any]:
+        return {"lam": self.lam, "symmetric": self.symmetric, "stop_gradient": self.stop_gradient,
+                "partner": self.partner, "layout": self.layout, "focal_m": self.focal_m, "reverse_mix": self.reverse_mix}
 
     @property
     def citation(self) -> str:

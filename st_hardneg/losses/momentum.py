@@ -16,6 +16,8 @@ import copy
 import torch
 from torch import nn
 
+from st_hardneg import validation
+
 __all__ = ["frozen_copy", "update_momentum"]
 
 
@@ -32,18 +34,6 @@ def frozen_copy(model: nn.Module) -> nn.Module:
     ema.requires_grad_(False)
     ema.train()
     return ema
-
-
-def _check_momentum(m: float) -> float:
-    if isinstance(m, bool):
-        raise ValueError(f"momentum m must be a number in [0, 1], got {m!r}")
-    try:
-        m = float(m)
-    except (TypeError, ValueError):
-        raise ValueError(f"momentum m must be a number in [0, 1], got {m!r}") from None
-    if not 0.0 <= m <= 1.0:
-        raise ValueError(f"momentum m must be in [0, 1], got {m!r}")
-    return m
 
 
 @torch.no_grad()
@@ -70,7 +60,7 @@ def update_momentum(model: nn.Module, model_ema: nn.Module, m: float, copy_buffe
             same shape in ``model``, or ``model_ema`` has parameters but none of them matched (e.g. ``model`` is
             wrapped by FSDP / DeepSpeed ZeRO-3, which flatten parameters under other names).
     """
-    m = _check_momentum(m)
+    m = validation.check_unit_interval(m, "momentum m")
     online = dict(model.named_parameters())
     targets, sources = [], []
     for name, target in model_ema.named_parameters():

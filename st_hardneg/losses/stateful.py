@@ -204,7 +204,7 @@ class OptimizerDrivenLoss:
     online model and is checkpointed inside that optimizer.
 
     The subclass provides ``checkpoint_name``, ``model``, ``online_model``, ``training_state_dict``,
-    ``load_training_state_dict`` and ``_optimizer_step()`` (the update itself); it calls :meth:`_start_listening`
+    ``load_training_state_dict`` and ``update_state()`` (the update itself); it calls :meth:`_start_listening`
     at the end of ``__init__``, and :meth:`_check_online_model` and :meth:`_count_forward` in every ``forward``.
     The mixin counts the steps it acted on in ``_steps`` (the subclass saves and restores it).
     """
@@ -299,6 +299,6 @@ class OptimizerDrivenLoss:
                 "used a fresh state. Pass StatefulLossCallback(loss) to the Trainer, or call "
                 "loss.attach_optimizer(optimizer) before optimizer.load_state_dict(...) in a custom loop.",
                 type(self).__name__)
-        self._optimizer_step()
+        self.update_state()
         self._steps += 1
         self._forwards_since_step = 0

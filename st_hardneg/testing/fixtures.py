@@ -148,3 +148,41 @@ def ce(logits, target) -> float:
     """Cross-entropy of a list of logits with the ``target`` index, via a stable log-sum-exp in plain Python."""
     top = max(logits)
     return -(logits[target] - top - math.log(sum(math.exp(x - top) for x in logits)))
+
+
+# --------------------------------------------------------------------------- HNCSE's mixing steps, standalone
+# HNCSELoss runs these steps inside compute_loss_from_embeddings; the tests call them through the functional API with
+# a loss's settings (and its random generator) to check the mixtures themselves against hand computations.
+def hncse_positive_mixing(loss, anchors, positives):
+    """Positive mixing (HNCSE Eq. 2) of ``anchors`` / ``positives`` with ``loss``'s settings: a ``PositiveMix``."""
+    from st_hardneg import functional as fn
+
+    return fn.positive_mixing(anchors, positives, loss.pm_threshold, loss.w1, loss.w2, single=loss.pm_single,
+                              detach_mix=not loss.pm_gradient, weight_gradient=loss.pm_weight_gradient)
+
+
+def hncse_synthetic_negatives(loss, anchors, pool):
+    """The (N, S, d) explicit HNM mixtures of each anchor, mined in ``pool``, drawn from ``loss``'s generator."""
+    from st_hardneg import functional as fn
+
+    synthetic = fn.hard_negative_mixing(anchors, pool, loss.effective_k(anchors.size(0)), loss.num_mixed,
+                                        alpha=_hncse_alpha(loss), generator=loss.generator(anchors.device),
+                                        single=loss.hnm_single)
+    return synthetic if loss.hnm_gradient else synthetic.detach()
+
+
+def hncse_synthetic_cosines(loss, anchors, pool):
+    """The (N, S) cosines with the same mixtures (same draws), computed without building them."""
+    from st_hardneg import functional as fn
+
+    anchors, pool = fn.normalize(anchors), fn.normalize(pool)
+    return fn.hard_negative_mixing_cosines(
+        anchors, pool, loss.effective_k(anchors.size(0)), loss.num_mixed, alpha=_hncse_alpha(loss),
+        generator=loss.generator(anchors.device), detach_pool=not loss.hnm_gradient, similarity=anchors @ pool.T,
+        assume_normalized=True)
+
+
+def _hncse_alpha(loss):
+    from st_hardneg import functional as fn
+
+    return fn.ALPHA_FUNCTIONS[loss.alpha] if isinstance(loss.alpha, str) else loss.alpha

@@ -1,0 +1,97 @@
+"""What a loss computes on: :class:`Batch`, the float32 unit embeddings of one training batch split by role, and the
+column helpers that read the tokenised inputs (:func:`text_keys`, :func:`column_name`).
+
+This module imports nothing else from :mod:`st_hardneg.losses`: every other loss module may import it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+__all__ = ["Batch", "SideInputs", "column_name", "text_keys"]
+
+
+@dataclass
+class Batch:
+    """The embeddings of one training batch in float32, split by role.
+
+    ``anchors`` (N, d), ``positives`` (N, d) and ``negatives`` (N·k, d) are unit rows (normalised exactly once, by
+    :func:`st_hardneg.functional.normalize`); ``negatives`` stacks the k explicit negative columns column after column
+    (as sentence-transformers orders its candidate columns). ``raw_anchors`` / ``raw_positives`` are the same rows
+    before normalisation (float32), for methods defined on unnormalised vectors.
+    """
+
+    anchors: Tensor
+    positives: Tensor
+    negatives: Tensor
+    raw_anchors: Tensor | None = None
+    raw_positives: Tensor | None = None
+    #: (num_columns, N) long text ids of every input row (equal id = identical text), when ``forward`` saw token ids
+    text_keys: Tensor | None = None
+    #: the guide model's unit embeddings of the same rows (a :class:`Batch`), when a ``guide`` is configured
+    guide: Batch | None = None
+    #: (N, N + N·k) bool, True where candidate ``c`` is a masked false negative of anchor ``i`` (never ``c == i``);
+    #: ``None`` when false-negative control is off
+    false_negatives: Tensor | None = None
+
+    @property
+    def size(self) -> int:
+        return self.anchors.size(0)
+
+    @property
+    def device(self) -> torch.device:
+        return self.anchors.device
+
+    @property
+    def candidates(self) -> Tensor:
+        """Shared candidates of the anchor → positive direction: in-batch positives, then explicit negatives."""
+        if self.negatives.size(0) == 0:
+            return self.positives
+        return torch.cat([self.positives, self.negatives], dim=0)
+
+    @classmethod
+    def from_units(cls, units: list[Tensor], **fields: Tensor | None) -> Batch:
+        """A batch from per-column unit rows ``[anchors, positives, negative_1, ...]``."""
+        width = units[0].size(1)
+        negatives = torch.cat(units[2:], dim=0) if len(units) > 2 else units[0].new_zeros((0, width))
+        return cls(units[0], units[1], negatives, **fields)
+
+
+@dataclass
+class SideInputs:
+    """What ``forward`` knows about a batch besides its embeddings, for the false-negative mask of the
+    ``compute_loss_from_embeddings`` call that follows it."""
+
+    #: (num_columns, N) text ids (:func:`text_keys`), or ``None``
+    text_keys: Tensor | None = None
+    #: the guide model's embeddings, one (N, d') tensor per column, or ``None``
+    guide: list[Tensor] | None = None
+
+
+def column_name(index: int) -> str:
+    """``anchor``, ``positive``, ``negative_1``, ... for input column ``index``."""
+    return ("anchor", "positive")[index] if index < 2 else f"negative_{index - 1}"
+
+
+def text_keys(sentence_features: list[dict[str, Tensor]]) -> Tensor | None:
+    """(num_columns, N) long ids of the rows' texts, equal for identical token ids under the attention mask (i.e.
+    identical texts), compared across all columns; ``None`` if a column has no padded ``input_ids``.
+
+    The id is the hash of the token-id tuple: Python hashes tuples of ints deterministically (no per-process
+    randomisation, unlike strings), so ids from different processes can be compared after gathering."""
+    keys = []
+    for features in sentence_features:
+        input_ids = features.get("input_ids") if isinstance(features, Mapping) else None  # dict or BatchEncoding
+        if not isinstance(input_ids, Tensor) or input_ids.dim() != 2 or "cu_seq_lens_q" in features:
+            return None
+        attention = features.get("attention_mask")
+        tokens = input_ids.tolist()
+        if isinstance(attention, Tensor) and attention.shape == input_ids.shape:
+            tokens = [[t for t, a in zip(row, keep, strict=True) if a]
+                      for row, keep in zip(tokens, attention.tolist(), strict=True)]
+        keys.append([hash(tuple(row)) for row in tokens])
+    return torch.tensor(keys, dtype=torch.long)
