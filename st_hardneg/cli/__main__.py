@@ -1,5 +1,5 @@
 """``python -m st_hardneg.cli``: the ``st-hardneg`` command."""
 
-from st_hardneg.cli.main import main
+from st_hardneg.cli.app import main
 
 raise SystemExit(main())

@@ -1,4 +1,4 @@
-"""``st-hardneg train``: the two training tasks behind the command line (see :mod:`st_hardneg.cli.main`).
+"""``st-hardneg train``: the two training tasks behind the command line (see :mod:`st_hardneg.cli.app`).
 
 - ``--task sts`` (:func:`cmd_train`): the papers' unsupervised protocol, STS-B dev selection, the 7-task STS table;
 - ``--task retrieval`` (:func:`cmd_train_retrieval`): the recipe of :mod:`st_hardneg.training.retrieval`.

@@ -42,6 +42,7 @@ from typing import Any
 from torch import nn
 from transformers import TrainerCallback
 
+from st_hardneg import validation
 from st_hardneg.losses.stateful import OptimizerDrivenLoss
 
 __all__ = ["EvaluateAtEnd", "FalseNegativeLog", "LossDiagnosticsCallback", "StatefulLossCallback", "StepTimer",
@@ -182,9 +183,9 @@ class StopAfterSteps(TrainerCallback):
     """
 
     def __init__(self, steps: int):
-        if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
-            raise ValueError(f"steps must be a positive integer, got {steps!r}")
-        self.steps = steps
+        self.steps = validation.check_optional_count(steps, "steps")
+        if self.steps is None:
+            raise ValueError("steps must be a positive integer, got None")
 
     def on_step_end(self, args, state, control, **kwargs):
         if state.global_step >= self.steps:

@@ -48,12 +48,6 @@ LABEL_COLUMNS = ("label", "labels", "score", "scores")
 logger = logging.getLogger(__name__)
 
 
-def _check_count(name: str, value: Any, minimum: int) -> None:
-    """``ValueError`` unless ``value`` is an integer (not a bool) of at least ``minimum``."""
-    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
-
-
 def mined_triplets(
     data: MRPCRetrieval,
     load_model: Callable[[], Any],
@@ -93,11 +87,12 @@ def mined_triplets(
         ValueError: an unknown mining setting, a test-task sentence in the mined set, or fewer than ``min_rows``
             triplets.
     """
+    from st_hardneg import validation
     from st_hardneg.data.mining import cached_dataset, mine_training_negatives
     from st_hardneg.data.mrpc import assert_no_test_leak
 
-    _check_count("limit", limit, minimum=0)
-    _check_count("min_rows", min_rows, minimum=1)
+    validation.check_count(limit, "limit", minimum=0)
+    validation.check_count(min_rows, "min_rows", minimum=1)
     unknown = sorted(set(mining or {}) - set(MINING))
     if unknown:
         raise ValueError(f"unknown mining setting(s) {unknown}; choose from {', '.join(MINING)}")
@@ -201,8 +196,10 @@ def read_training_file(path: str | Path, *, min_rows: int = 1, limit: int = 0,
     import datasets
     from datasets import Dataset
 
-    _check_count("limit", limit, minimum=0)
-    _check_count("min_rows", min_rows, minimum=1)
+    from st_hardneg import validation
+
+    validation.check_count(limit, "limit", minimum=0)
+    validation.check_count(min_rows, "min_rows", minimum=1)
     path = Path(path).expanduser()
     where = f"training file {path}"
     if not path.is_file():
