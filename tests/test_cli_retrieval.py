@@ -91,7 +91,8 @@ def test_defaults_resolve_per_task_and_explicit_options_win():
 
 
 def test_resolving_the_retrieval_task_imports_no_heavy_module():
-    code = ("import sys, st_hardneg.cli as c; c.resolve_train_args(c.build_parser().parse_args(['train', '--task', "
+    code = ("import sys, st_hardneg.cli as c, st_hardneg.cli.train as t; "
+            "t.resolve_train_args(c.build_parser().parse_args(['train', '--task', "
             "'retrieval'])); print(','.join(m for m in ('torch', 'transformers', 'sentence_transformers', 'datasets') "
             "if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
