@@ -1,8 +1,8 @@
-"""Encoding helpers shared by every evaluation: whole-sentence encoding and one encode per distinct sentence."""
+"""Helpers shared by every evaluation: whole-sentence encoding, one encode per distinct sentence, task lists."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 
 import numpy as np
@@ -109,3 +109,20 @@ def encode_unique(
 @contextmanager
 def _nullcontext() -> Iterator[None]:
     yield
+
+
+def parse_task_list(tasks: Sequence[str] | str | None, known: Sequence[str] | None, what: str,
+                    default: Sequence[str] = ()) -> list[str]:
+    """Task names from a list or a comma-separated string, in order, without repeats.
+
+    ``None`` gives ``default``. With ``known``, a name outside it, or an empty list, raises ``ValueError`` naming
+    ``what`` ("STS", "transfer") and the choices; ``known=None`` accepts any name (the caller checks them)."""
+    if tasks is None:
+        return list(default)
+    if isinstance(tasks, str):
+        tasks = [t.strip() for t in tasks.split(",") if t.strip()]
+    if known is not None:
+        unknown = [t for t in tasks if t not in known]
+        if unknown or not tasks:
+            raise ValueError(f"unknown {what} task(s) {unknown}; choose from {', '.join(known)}")
+    return list(dict.fromkeys(tasks))

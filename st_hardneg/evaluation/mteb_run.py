@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from st_hardneg.evaluation.encoding import encode_unique, full_length
+from st_hardneg.evaluation.encoding import encode_unique, full_length, parse_task_list
 from st_hardneg.evaluation.mteb_tasks import (
     LOCAL_MTEB_TASKS,
     LOCAL_RETRIEVAL_TASKS,
@@ -99,10 +99,8 @@ def _model_meta(model, model_name: str | None):
 
 
 def _parse_tasks(tasks: Sequence[str] | str) -> list[str]:
-    if isinstance(tasks, str):
-        tasks = [t.strip() for t in tasks.split(",") if t.strip()]
     names: list[str] = []
-    for task in tasks:
+    for task in parse_task_list(tasks, None, "MTEB"):
         names.extend(LOCAL_TEST_TASKS if task == "local" else [task])
     if not names:
         raise ValueError(f"no MTEB task given; choose local tasks ({', '.join(LOCAL_MTEB_TASKS)}, or 'local') "

@@ -12,7 +12,7 @@ from scipy.stats import spearmanr
 from sentence_transformers.base.evaluation.evaluator import BaseEvaluator
 
 from st_hardneg.data.senteval import STS_DEV_TASKS, STS_TASKS, check_sts_data, read_sts_pairs, resolve_senteval_dir
-from st_hardneg.evaluation.encoding import DegenerateEmbeddingsError, encode_unique
+from st_hardneg.evaluation.encoding import DegenerateEmbeddingsError, encode_unique, parse_task_list
 from st_hardneg.reporting import markdown_table
 
 logger = logging.getLogger(__name__)
@@ -52,15 +52,8 @@ def cosine_spearman(embeddings1: np.ndarray, embeddings2: np.ndarray, gold: Sequ
     return float(spearmanr(cos, y).statistic * 100)
 
 
-def _check_tasks(tasks: Sequence[str] | None) -> list[str]:
-    if tasks is None:
-        return list(STS_TASKS)
-    if isinstance(tasks, str):
-        tasks = [t.strip() for t in tasks.split(",") if t.strip()]
-    unknown = [t for t in tasks if t not in STS_TASKS + STS_DEV_TASKS]
-    if unknown or not tasks:
-        raise ValueError(f"unknown STS task(s) {unknown}; choose from {', '.join(STS_TASKS + STS_DEV_TASKS)}")
-    return list(dict.fromkeys(tasks))
+def _check_tasks(tasks: Sequence[str] | str | None) -> list[str]:
+    return parse_task_list(tasks, STS_TASKS + STS_DEV_TASKS, "STS", default=STS_TASKS)
 
 
 def evaluate_sts(

@@ -29,7 +29,7 @@ from st_hardneg.data.transfer import (  # noqa: F401 - the data half, re-exporte
     read_transfer_task,
     transfer_files,
 )
-from st_hardneg.evaluation.encoding import encode_unique
+from st_hardneg.evaluation.encoding import encode_unique, parse_task_list
 from st_hardneg.reporting import markdown_table
 
 logger = logging.getLogger(__name__)
@@ -154,14 +154,7 @@ def _num_fits(protocol: str, grid_size: int, kfold: int) -> int:
 
 # --------------------------------------------------------------------------------------------- public API
 def _check_tasks(tasks: Sequence[str] | str | None) -> list[str]:
-    if tasks is None:
-        return list(TRANSFER_TASKS)
-    if isinstance(tasks, str):
-        tasks = [t.strip() for t in tasks.split(",") if t.strip()]
-    unknown = [t for t in tasks if t not in TRANSFER_TASKS]
-    if unknown or not tasks:
-        raise ValueError(f"unknown transfer task(s) {unknown}; choose from {', '.join(TRANSFER_TASKS)}")
-    return list(dict.fromkeys(tasks))
+    return parse_task_list(tasks, TRANSFER_TASKS, "transfer", default=TRANSFER_TASKS)
 
 
 def evaluate_transfer(
