@@ -19,7 +19,6 @@ import argparse
 import logging
 import shutil
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -70,7 +69,6 @@ def _model(args):
 def run_one(label: str, loss_name: str, loss_kwargs: dict, seed: int, args) -> dict[str, Any]:
     """Train one (method, seed) on the protocol; ``args.stop_after`` > 0 screens: same schedule, stops early, and
     with ``args.dev_only`` the 7-task test table is not computed (``"sts": None``)."""
-    import torch
     from transformers import set_seed
 
     from st_hardneg.data import read_corpus
@@ -90,22 +88,8 @@ def run_one(label: str, loss_name: str, loss_kwargs: dict, seed: int, args) -> d
     model = _model(args)
     run = run_experiment(model, loss_name, loss_kwargs, sentences, config, args.data_dir,
                          evaluate_test=not getattr(args, "dev_only", False), keep_checkpoints=False)
-    result = run.train
-    return {
-        "method": label,
-        "loss": loss_name,
-        "loss_config": run.loss_config,
-        "seed": seed,
-        "sts": run.sts,
-        "stsb_dev_best": result.best_metric,
-        "dev_curve": run.dev_curve(),
-        "train_seconds": round(result.train_seconds, 1),
-        "median_step_seconds": result.median_step_seconds,
-        "steps": result.steps,
-        "stop_after": stop_after or None,
-        "torch_threads": torch.get_num_threads(),
-        "finished": time.strftime("%Y-%m-%d %H:%M:%S"),
-    }
+    return run.record(label, seed, loss=loss_name, sts=run.sts, stsb_dev_best=run.train.best_metric,
+                      dev_curve=run.dev_curve(), stop_after=stop_after or None)
 
 
 def untrained(args) -> dict[str, Any]:

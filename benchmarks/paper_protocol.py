@@ -113,7 +113,6 @@ def resolve_inputs(args) -> None:
 
 def run_one(method: str, seed: int, args, evaluate_transfer) -> dict[str, Any]:
     """Train ``method`` at ``seed`` on the protocol, then score STS (and TR if available)."""
-    import torch
     from transformers import set_seed
 
     from st_hardneg.data import read_corpus
@@ -139,22 +138,9 @@ def run_one(method: str, seed: int, args, evaluate_transfer) -> dict[str, Any]:
     if args.save_models:
         save_inference_model(model, Path(args.save_models) / f"{method}-seed{seed}")
     show = not args.quiet
-    run: dict[str, Any] = {
-        "method": method,
-        "seed": seed,
-        "model": args.model if not args.dry_run else "tiny random BERT (dry run)",
-        "mlp_head": not args.no_mlp_head,
-        "loss_config": experiment.loss_config,
-        "sts": experiment.sts,
-        "transfer": None,
-        "stsb_dev_best": result.best_metric,
-        "train_seconds": round(result.train_seconds, 1),
-        "median_step_seconds": result.median_step_seconds,
-        "steps": result.steps,
-        "device": str(model.device),
-        "torch_threads": torch.get_num_threads(),
-        "finished": time.strftime("%Y-%m-%d %H:%M:%S"),
-    }
+    run = experiment.record(method, seed, model=args.model if not args.dry_run else "tiny random BERT (dry run)",
+                            mlp_head=not args.no_mlp_head, sts=experiment.sts, transfer=None,
+                            stsb_dev_best=result.best_metric, device=str(model.device))
     if evaluate_transfer is not None and not args.no_transfer:
         run["transfer"] = evaluate_transfer(model, args.data_dir, tasks=args.transfer_tasks, fast=args.transfer_fast,
                                             batch_size=args.eval_batch_size, show_progress_bar=show)

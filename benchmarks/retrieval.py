@@ -190,7 +190,6 @@ def evaluate(model, args, task=None) -> dict[str, Any]:
 
 def run_one(label: str, loss_name: str, loss_kwargs: dict, seed: int, dataset, args, task=None) -> dict[str, Any]:
     """Train one (method, seed) on ``dataset`` and score it with :func:`evaluate` (on ``task`` when given)."""
-    import torch
     from transformers import set_seed
 
     from st_hardneg.training.experiment import run_training
@@ -210,22 +209,10 @@ def run_one(label: str, loss_name: str, loss_kwargs: dict, seed: int, dataset, a
         callbacks.append(FalseNegativeLog(loss))
     run = run_training(model, loss, dataset, config, score=lambda trained: evaluate(trained, args, task),
                        callbacks=callbacks, keep_checkpoints=False)
-    result = run.train
-    return {
-        "method": label,
-        "loss": loss_name,
-        "loss_config": run.loss_config,
-        "seed": seed,
-        **run.scores,
-        "train_seconds": round(result.train_seconds, 1),
-        "median_step_seconds": result.median_step_seconds,
-        "steps": result.steps,
-        "false_negatives": callbacks[0].summary() if callbacks else None,
-        "torch_threads": torch.get_num_threads(),
-        # the machine's 1-minute load average at the end: ~threads when the run had the cores to itself
-        "load_avg": round(os.getloadavg()[0], 2),
-        "finished": time.strftime("%Y-%m-%d %H:%M:%S"),
-    }
+    # load_avg: the machine's 1-minute load average at the end (~threads when the run had the cores to itself)
+    return run.record(label, seed, loss=loss_name, **run.scores,
+                      false_negatives=callbacks[0].summary() if callbacks else None,
+                      load_avg=round(os.getloadavg()[0], 2))
 
 
 def untrained(args) -> dict[str, Any]:

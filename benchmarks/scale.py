@@ -58,6 +58,9 @@ under load; an estimate).
     python benchmarks/scale.py --methods mnrl cached_mnrl --batch-sizes 8 16 --steps 2 --out /tmp/s.json  # smoke
     python benchmarks/scale.py --report                         # only rewrite scale.md and scale.png
 
+This file is the driver (plan, subprocess per configuration, resume); ``scale_worker.py`` measures one configuration
+and ``scale_report.py`` turns the results into the summary, table and plot.
+
 Writes ``benchmarks/results/scale.json`` after every configuration (``{"runs": {key: result}, "_meta": ...}``); a
 finished configuration already in the JSON is skipped, so an interrupted run resumes where it stopped (failed ones
 are retried). Run it from the repository root (``PYTHONPATH=$PWD`` if the installed package points elsewhere).
@@ -66,188 +69,40 @@ are retried). Run it from the repository root (``PYTHONPATH=$PWD`` if the instal
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import os
 import platform
-import resource
-import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from scale_report import (  # noqa: E402,F401  (the report half of this benchmark; summarize, plot: its API here too)
+    MEMORY_TARGET,
+    REFERENCE,
+    TIME_TARGET,
+    config_key,
+    markdown,
+    plot,
+    summarize,
+    write_report,
+)
+from scale_worker import build_benchmark_loss, run_config  # noqa: E402,F401  (one measured configuration)
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
 DEFAULT_OUT = RESULTS / "scale.json"
 DEFAULT_CORPUS = REPO.parent / "shared" / "data" / "corpus" / "wiki10k.txt"
-#: ST's CachedMultipleNegativesRankingLoss, the reference of the cached step time
-REFERENCE = "cached_mnrl"
 DEFAULT_METHODS = ["mnrl", REFERENCE, "mixcse", "focal", "hncse_pm", "hncse_hnm", "adcse"]
 VARIANTS = ("uncached", "cached")
-#: targets: cached peak(1024) / cached peak(64), and cached step / cached_mnrl step at the same batch
-MEMORY_TARGET = 1.3
-TIME_TARGET = 1.25
 RESULT_PREFIX = "SCALE_RESULT "
 #: statuses of a finished configuration (skipped on resume); "error" is retried
 FINISHED = ("ok", "not supported")
 
 
-# ----------------------------------------------------------------------------------------------------- the worker
-def _status_kb(field: str) -> int | None:
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    except OSError:
-        return None
-    return None
-
-
-def _reset_peak() -> bool:
-    """Reset the kernel's resident-set high-water mark of this process to its current RSS (Linux); True if done."""
-    try:
-        Path("/proc/self/clear_refs").write_text("5")
-    except OSError:
-        return False
-    return _status_kb("VmHWM") is not None
-
-
-def _ru_maxrss_kb() -> int:
-    value = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return value // 1024 if sys.platform == "darwin" else value  # bytes on macOS, kilobytes on Linux
-
-
-def build_benchmark_loss(method: str, model, cached: bool, mini_batch_size: int, gather: bool):
-    """The loss of ``method`` (a name of ``st_hardneg.training.registry.LOSSES`` or ``cached_mnrl``).
-
-    Raises:
-        ValueError: the loss rejects ``mini_batch_size`` or ``gather_across_devices`` (reported as not supported),
-            or ``cached_mnrl`` asked for uncached (it is ``mnrl``).
-    """
-    kwargs: dict[str, Any] = {"gather_across_devices": True} if gather else {}
-    if method == REFERENCE:
-        if not cached:
-            raise ValueError(f"{REFERENCE} is always cached; its uncached counterpart is mnrl")
-        from sentence_transformers.sentence_transformer.losses import CachedMultipleNegativesRankingLoss
-
-        return CachedMultipleNegativesRankingLoss(model, scale=20.0, mini_batch_size=mini_batch_size, **kwargs)
-    from st_hardneg.training.registry import build_loss
-
-    if cached:
-        kwargs["mini_batch_size"] = mini_batch_size
-    return build_loss(method, model, **kwargs)
-
-
-def _load_model(spec: str, max_seq_length: int, work: Path):
-    from st_hardneg.models import resolve_model
-    from st_hardneg.testing import make_tiny_model_dir
-
-    if spec == "tiny":
-        return resolve_model(make_tiny_model_dir(work / "tiny-bert", seed=0), pooling="cls",
-                             max_seq_length=max_seq_length, device="cpu")
-    return resolve_model(spec, pooling="cls", max_seq_length=max_seq_length, device="cpu")
-
-
-def run_config(cfg: dict[str, Any]) -> dict[str, Any]:
-    """Run one configuration in this process (the ``--worker`` mode; under torchrun, one rank of it)."""
-    import torch
-
-    rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
-    torch.set_num_threads(cfg["threads"])
-    torch.manual_seed(cfg["seed"])
-    from st_hardneg.data import read_corpus
-
-    batch, steps = cfg["batch_size"], cfg["steps"]
-    if batch % world:
-        raise ValueError(f"global batch {batch} is not divisible by {world} processes")
-    local = batch // world
-    # the model before the process group: transformers' save_pretrained writes nothing on a non-main rank
-    with tempfile.TemporaryDirectory(prefix=f"scale-rank{rank}-") as tmp:
-        model = _load_model(cfg["model"], cfg["max_seq_length"], Path(tmp))
-    dist = None
-    if world > 1:
-        import torch.distributed as dist
-
-        dist.init_process_group("gloo")
-    model.train()
-    sentences = read_corpus(cfg["corpus"])
-    needed = batch * steps
-    pool = (sentences * (needed // len(sentences) + 1))[:needed]  # distinct sentences unless the corpus is short
-    # step s, rank r: its slice of the s-th global batch (the same global batches as with 1 process)
-    texts = [pool[s * batch + rank * local: s * batch + (rank + 1) * local] for s in range(steps)]
-    batches = [model.preprocess(t) for t in texts]
-    try:
-        loss = build_benchmark_loss(cfg["method"], model, cfg["variant"] == "cached", cfg["mini_batch_size"],
-                                    gather=world > 1)
-    except (ValueError, TypeError) as exc:
-        if dist is not None:
-            dist.destroy_process_group()
-        return {"status": "not supported", "reason": str(exc)}
-    loss.train()
-    params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=3e-5)
-
-    gc.collect()
-    baseline_kb = _status_kb("VmRSS") or _ru_maxrss_kb()
-    memory_method = "VmHWM after clear_refs reset" if _reset_peak() else "ru_maxrss (whole process)"
-    seconds, values = [], []
-    for features in batches:
-        if dist is not None:
-            dist.barrier()
-        start = time.perf_counter()
-        optimizer.zero_grad(set_to_none=True)
-        value = loss([dict(features), dict(features)], None)  # fresh dicts: the model writes into them
-        value.backward()
-        if dist is not None:
-            grads = [p.grad for p in params if p.grad is not None]
-            flat = torch.cat([g.reshape(-1) for g in grads])
-            dist.all_reduce(flat)
-            flat /= world
-            offset = 0
-            for g in grads:
-                g.copy_(flat[offset: offset + g.numel()].view_as(g))
-                offset += g.numel()
-            del flat
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        optimizer.step()
-        seconds.append(time.perf_counter() - start)
-        values.append(float(value.detach()))
-    peak_kb = _status_kb("VmHWM") if memory_method.startswith("VmHWM") else _ru_maxrss_kb()
-    state_bytes = sum(p.grad.numel() * p.grad.element_size() for p in params if p.grad is not None)
-    state_bytes += sum(t.numel() * t.element_size() for s in optimizer.state.values() for t in s.values()
-                       if torch.is_tensor(t) and t.dim() > 0)
-    per_rank = {"seconds": seconds, "peak_mb": (peak_kb - baseline_kb) / 1024, "baseline_mb": baseline_kb / 1024}
-    if dist is not None:
-        gathered: list[Any] = [None] * world
-        dist.all_gather_object(gathered, per_rank)
-        dist.destroy_process_group()
-    else:
-        gathered = [per_rank]
-    step_seconds = [max(r["seconds"][s] for r in gathered) for s in range(steps)]  # the slower rank's
-    measured = step_seconds[1:] or step_seconds
-    if not all(v == v and abs(v) != float("inf") for v in values):
-        raise RuntimeError(f"non-finite loss values {values}")
-    return {
-        "status": "ok", "loss_class": type(loss).__name__,
-        "step_ms": round(1000 * statistics.median(measured), 2),
-        "step_seconds": [round(s, 4) for s in step_seconds],
-        "peak_mb": round(max(r["peak_mb"] for r in gathered), 1),
-        "peak_mb_per_rank": [round(r["peak_mb"], 1) for r in gathered],
-        "baseline_rss_mb": round(max(r["baseline_mb"] for r in gathered), 1),
-        "state_mb": round(state_bytes / 2**20, 1),
-        "memory_method": memory_method, "loss_values": [round(v, 5) for v in values],
-        "torch_threads": torch.get_num_threads(), "world_size": world, "per_process_batch_size": local,
-    }
-
-
 # ----------------------------------------------------------------------------------------------------- the driver
-def config_key(method: str, variant: str, batch: int, processes: int = 1) -> str:
-    return f"{method}/{variant}/b{batch}" + (f"/p{processes}" if processes > 1 else "")
-
-
 def plan(methods: list[str], batch_sizes: list[int], ddp_methods: list[str], ddp_batch_sizes: list[int],
          ddp_variants: list[str], variants: list[str] = VARIANTS) -> list[dict[str, Any]]:
     """Every configuration to run: 1 process (``variants``; ``cached_mnrl`` cached only), then 2 processes."""
@@ -329,148 +184,6 @@ def load(path: Path) -> dict[str, Any]:
             raise ValueError(f"{path} is not a scale benchmark result (no 'runs' mapping)")
         return data
     return {"runs": {}}
-
-
-# ----------------------------------------------------------------------------------------------------- the report
-def _fmt(value: float | None, spec: str = ".0f") -> str:
-    return "–" if value is None else format(value, spec)
-
-
-def _ok(runs: dict[str, Any], key: str) -> dict[str, Any] | None:
-    run = runs.get(key)
-    return run if run is not None and run.get("status") == "ok" else None
-
-
-def summarize(data: dict[str, Any]) -> dict[str, Any]:
-    """Rows of the single-process table, the target checks and the 2-process comparison, from ``data["runs"]``."""
-    runs = data["runs"]
-    single = [r for r in runs.values() if r.get("processes", 1) == 1]
-    methods = list(dict.fromkeys(r["method"] for r in single))
-    batches = sorted({r["batch_size"] for r in single})
-    rows, memory, timing = [], [], []
-    for method in methods:
-        for batch in batches:
-            un = _ok(runs, config_key(method, "uncached", batch))
-            ca = _ok(runs, config_key(method, "cached", batch))
-            ref = _ok(runs, config_key(REFERENCE, "cached", batch))
-            cached_run = runs.get(config_key(method, "cached", batch))
-            uncached_run = runs.get(config_key(method, "uncached", batch))
-            time_ratio = ca["step_ms"] / ref["step_ms"] if ca and ref else None
-            rows.append({"method": method, "batch_size": batch,
-                         "uncached_step_ms": un and un["step_ms"], "uncached_peak_mb": un and un["peak_mb"],
-                         "cached_step_ms": ca and ca["step_ms"], "cached_peak_mb": ca and ca["peak_mb"],
-                         "cached_status": cached_run["status"] if cached_run else "not run",
-                         "uncached_status": uncached_run["status"] if uncached_run else "not run",
-                         "cached_time_vs_reference": time_ratio})
-            if time_ratio is not None and method != REFERENCE:
-                timing.append({"method": method, "batch_size": batch, "ratio": time_ratio,
-                               "meets_target": time_ratio <= TIME_TARGET})
-        cached = {b: _ok(runs, config_key(method, "cached", b)) for b in batches}
-        measured = [b for b in batches if cached[b]]
-        if len(measured) >= 2:
-            low, high = measured[0], measured[-1]
-            ratio = cached[high]["peak_mb"] / max(cached[low]["peak_mb"], 1e-9)
-            memory.append({"method": method, "from_batch": low, "to_batch": high, "ratio": ratio,
-                           "meets_target": ratio <= MEMORY_TARGET})
-    ddp = []
-    for run in runs.values():
-        if run.get("processes", 1) < 2:
-            continue
-        one = _ok(runs, config_key(run["method"], run["variant"], run["batch_size"]))
-        two = run if run.get("status") == "ok" else None
-        ddp.append({"method": run["method"], "variant": run["variant"], "global_batch": run["batch_size"],
-                    "processes": run["processes"], "status": run["status"],
-                    "one_process_ms": one and one["step_ms"], "two_process_ms": two and two["step_ms"],
-                    "ratio": two["step_ms"] / one["step_ms"] if one and two else None,
-                    "two_process_peak_mb": two and two["peak_mb"]})
-    return {"rows": rows, "memory": memory, "timing": timing, "ddp": ddp}
-
-
-def markdown(data: dict[str, Any]) -> str:
-    from st_hardneg.reporting import markdown_table
-
-    meta = data.get("_meta", {})
-    summary = summarize(data)
-    out = []
-    mbs = meta.get("mini_batch_size", "mini_batch_size")
-    header = ["method", "batch", "uncached step (ms)", "uncached peak (MB)", f"cached ({mbs}) step (ms)",
-              "cached peak (MB)", f"cached step / {REFERENCE}"]
-    body = []
-    for row in summary["rows"]:
-        cached_ms = _fmt(row["cached_step_ms"]) if row["cached_status"] in ("ok", "not run") else row["cached_status"]
-        ratio = row["cached_time_vs_reference"]
-        uncached_ms = _fmt(row["uncached_step_ms"]) if row["uncached_status"] in ("ok", "not run") \
-            else row["uncached_status"]
-        body.append([row["method"], row["batch_size"], uncached_ms, _fmt(row["uncached_peak_mb"]),
-                     cached_ms, _fmt(row["cached_peak_mb"]), "–" if ratio is None else f"{ratio:.2f}×"])
-    out.append(markdown_table(header, body, align=["l", "r", "r", "r", "r", "r", "r"]))
-    if summary["memory"]:
-        body = [[m["method"], f"{m['from_batch']} → {m['to_batch']}", f"{m['ratio']:.2f}×",
-                 "yes" if m["meets_target"] else "**no**"] for m in summary["memory"]]
-        out.append(markdown_table(["method", "batch", f"cached peak ratio (target ≤ {MEMORY_TARGET}×)", "met"], body))
-    if summary["timing"]:
-        body = [[t["method"], t["batch_size"], f"{t['ratio']:.2f}×", "yes" if t["meets_target"] else "**no**"]
-                for t in summary["timing"]]
-        out.append(markdown_table(["method", "batch", f"cached step / {REFERENCE} (target ≤ {TIME_TARGET}×)",
-                                   "met"], body))
-    if summary["ddp"]:
-        body = [[d["method"], d["variant"], d["global_batch"], _fmt(d["one_process_ms"]),
-                 _fmt(d["two_process_ms"]) if d["status"] == "ok" else d["status"],
-                 "–" if d["ratio"] is None else f"{d['ratio']:.2f}×", _fmt(d["two_process_peak_mb"])]
-                for d in summary["ddp"]]
-        out.append(markdown_table(["method", "variant", "global batch", "1 process step (ms)",
-                                   "2 processes step (ms)", "2 / 1", "peak per process (MB)"], body))
-    if meta:
-        out.append(f"{meta.get('model')}, max_seq_length {meta.get('max_seq_length')}, {meta.get('steps')} steps per "
-                   f"configuration (the first a warm-up; step = median of the rest), torch {meta.get('torch')}, "
-                   f"{meta.get('torch_threads')} torch thread(s) in 1 process, {meta.get('torch_threads_per_process_ddp')} "
-                   f"per process in 2, on {meta.get('cpu_count')} CPU cores. "
-                   "Peak = resident memory high-water mark during the steps minus the resident memory before them "
-                   "(gradients + AdamW state + activations); 2 processes: gloo, gather_across_devices, half the "
-                   "global batch each, step time of the slower rank.\n")
-    return "\n".join(out)
-
-
-def plot(data: dict[str, Any], path: Path) -> Path | None:
-    """Peak memory vs batch size per method: cached (solid) and uncached (dashed)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    rows = summarize(data)["rows"]
-    methods = list(dict.fromkeys(r["method"] for r in rows))
-    if not methods:
-        return None
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for index, method in enumerate(methods):
-        color = f"C{index % 10}"
-        for variant, style in (("cached", "-"), ("uncached", "--")):
-            points = [(r["batch_size"], r[f"{variant}_peak_mb"]) for r in rows
-                      if r["method"] == method and r[f"{variant}_peak_mb"] is not None]
-            if points:
-                xs, ys = zip(*points, strict=True)
-                ax.plot(xs, ys, style, marker="o", color=color, label=f"{method} ({variant})")
-    batches = sorted({r["batch_size"] for r in rows})
-    ax.set_xscale("log", base=2)
-    ax.set_xticks(batches, [str(b) for b in batches])
-    ax.minorticks_off()
-    ax.set_xlabel("batch size")
-    ax.set_ylabel("peak memory over baseline (MB)")
-    ax.set_title("Peak training memory (solid: mini_batch_size, dashed: uncached)")
-    ax.legend(fontsize=7, ncol=2)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
-
-
-def write_report(data: dict[str, Any], out: Path) -> None:
-    from st_hardneg.reporting import write_json
-
-    write_json(out, data)
-    out.with_suffix(".md").write_text(markdown(data))
-    plot(data, out.with_suffix(".png"))
 
 
 # ----------------------------------------------------------------------------------------------------- main

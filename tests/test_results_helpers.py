@@ -69,3 +69,29 @@ def test_results_files(tmp_path):
     assert load_results(out, {"ignored": True}) == data
     assert out.with_suffix(".md").read_text() == "1 run\n" and drawn == [out.with_suffix(".png")]
     assert not list(tmp_path.rglob("*.tmp"))
+
+
+def test_experiment_record_is_the_one_per_run_row(monkeypatch):
+    """Every benchmark writes its per-run row through ExperimentResult.record: the shared fields, by hand."""
+    import time
+
+    import torch
+
+    from st_hardneg.training.experiment import ExperimentResult
+    from st_hardneg.training.loop import TrainResult
+
+    class Loss:
+        def get_config_dict(self):
+            return {"lam": 0.2, "guide": object}  # a non-JSON value becomes its string
+
+    train = TrainResult(train_seconds=12.3456, steps=7, median_step_seconds=1.5, step_seconds=[1.5] * 7,
+                        best_metric=80.0, best_checkpoint=None, log_history=[])
+    monkeypatch.setattr(time, "strftime", lambda fmt: "2026-11-25 03:00:00")
+    row = ExperimentResult(model=None, loss=Loss(), train=train, sts=None).record(
+        "mixcse_x", 2, loss="mixcse", sts={"avg": 75.0}, stop_after=None)
+    assert row == {"method": "mixcse_x", "loss": "mixcse", "loss_config": {"lam": 0.2, "guide": str(object)},
+                   "seed": 2, "sts": {"avg": 75.0}, "stop_after": None, "train_seconds": 12.3,
+                   "median_step_seconds": 1.5, "steps": 7, "torch_threads": torch.get_num_threads(),
+                   "finished": "2026-11-25 03:00:00"}
+    assert list(row)[:4] == ["method", "loss", "loss_config", "seed"]
+    assert "loss" not in ExperimentResult(model=None, loss=Loss(), train=train, sts=None).record("untrained", 0)

@@ -14,6 +14,7 @@ import json
 import logging
 import math
 import shutil
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,6 +45,18 @@ class ExperimentResult:
     def dev_curve(self) -> list[list[float]]:
         """``[[step, STS-B dev spearman], ...]`` from the Trainer's log history."""
         return dev_curve(self.train.log_history)
+
+    def record(self, method: str, seed: int, *, loss: str | None = None, **fields: Any) -> dict[str, Any]:
+        """The benchmarks' per-run record (one JSON row): ``method``, ``loss`` (when given), ``loss_config``, ``seed``,
+        then the benchmark's own ``fields`` (scores, options), then the timing and the machine: ``train_seconds``
+        (rounded to 0.1 s), ``median_step_seconds``, ``steps``, ``torch_threads`` and ``finished`` (local time)."""
+        import torch
+
+        head: dict[str, Any] = {"method": method, **({"loss": loss} if loss is not None else {})}
+        return {**head, "loss_config": self.loss_config, "seed": seed, **fields,
+                "train_seconds": round(self.train.train_seconds, 1),
+                "median_step_seconds": self.train.median_step_seconds, "steps": self.train.steps,
+                "torch_threads": torch.get_num_threads(), "finished": time.strftime("%Y-%m-%d %H:%M:%S")}
 
 
 def dev_curve(log_history: list[dict[str, Any]]) -> list[list[float]]:

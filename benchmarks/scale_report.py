@@ -1,0 +1,158 @@
+"""The report half of ``benchmarks/scale.py``: the configuration keys, the summary with its target ratios, the markdown
+table and the plot of a scale results file (no torch import)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+#: ST's CachedMultipleNegativesRankingLoss, the reference of the cached step time
+REFERENCE = "cached_mnrl"
+#: targets: cached peak(1024) / cached peak(64), and cached step / cached_mnrl step at the same batch
+MEMORY_TARGET = 1.3
+TIME_TARGET = 1.25
+
+
+def config_key(method: str, variant: str, batch: int, processes: int = 1) -> str:
+    return f"{method}/{variant}/b{batch}" + (f"/p{processes}" if processes > 1 else "")
+
+
+def _fmt(value: float | None, spec: str = ".0f") -> str:
+    return "–" if value is None else format(value, spec)
+
+
+def _ok(runs: dict[str, Any], key: str) -> dict[str, Any] | None:
+    run = runs.get(key)
+    return run if run is not None and run.get("status") == "ok" else None
+
+
+def summarize(data: dict[str, Any]) -> dict[str, Any]:
+    """Rows of the single-process table, the target checks and the 2-process comparison, from ``data["runs"]``."""
+    runs = data["runs"]
+    single = [r for r in runs.values() if r.get("processes", 1) == 1]
+    methods = list(dict.fromkeys(r["method"] for r in single))
+    batches = sorted({r["batch_size"] for r in single})
+    rows, memory, timing = [], [], []
+    for method in methods:
+        for batch in batches:
+            un = _ok(runs, config_key(method, "uncached", batch))
+            ca = _ok(runs, config_key(method, "cached", batch))
+            ref = _ok(runs, config_key(REFERENCE, "cached", batch))
+            cached_run = runs.get(config_key(method, "cached", batch))
+            uncached_run = runs.get(config_key(method, "uncached", batch))
+            time_ratio = ca["step_ms"] / ref["step_ms"] if ca and ref else None
+            rows.append({"method": method, "batch_size": batch,
+                         "uncached_step_ms": un and un["step_ms"], "uncached_peak_mb": un and un["peak_mb"],
+                         "cached_step_ms": ca and ca["step_ms"], "cached_peak_mb": ca and ca["peak_mb"],
+                         "cached_status": cached_run["status"] if cached_run else "not run",
+                         "uncached_status": uncached_run["status"] if uncached_run else "not run",
+                         "cached_time_vs_reference": time_ratio})
+            if time_ratio is not None and method != REFERENCE:
+                timing.append({"method": method, "batch_size": batch, "ratio": time_ratio,
+                               "meets_target": time_ratio <= TIME_TARGET})
+        cached = {b: _ok(runs, config_key(method, "cached", b)) for b in batches}
+        measured = [b for b in batches if cached[b]]
+        if len(measured) >= 2:
+            low, high = measured[0], measured[-1]
+            ratio = cached[high]["peak_mb"] / max(cached[low]["peak_mb"], 1e-9)
+            memory.append({"method": method, "from_batch": low, "to_batch": high, "ratio": ratio,
+                           "meets_target": ratio <= MEMORY_TARGET})
+    ddp = []
+    for run in runs.values():
+        if run.get("processes", 1) < 2:
+            continue
+        one = _ok(runs, config_key(run["method"], run["variant"], run["batch_size"]))
+        two = run if run.get("status") == "ok" else None
+        ddp.append({"method": run["method"], "variant": run["variant"], "global_batch": run["batch_size"],
+                    "processes": run["processes"], "status": run["status"],
+                    "one_process_ms": one and one["step_ms"], "two_process_ms": two and two["step_ms"],
+                    "ratio": two["step_ms"] / one["step_ms"] if one and two else None,
+                    "two_process_peak_mb": two and two["peak_mb"]})
+    return {"rows": rows, "memory": memory, "timing": timing, "ddp": ddp}
+
+
+def markdown(data: dict[str, Any]) -> str:
+    from st_hardneg.reporting import markdown_table
+
+    meta = data.get("_meta", {})
+    summary = summarize(data)
+    out = []
+    mbs = meta.get("mini_batch_size", "mini_batch_size")
+    header = ["method", "batch", "uncached step (ms)", "uncached peak (MB)", f"cached ({mbs}) step (ms)",
+              "cached peak (MB)", f"cached step / {REFERENCE}"]
+    body = []
+    for row in summary["rows"]:
+        cached_ms = _fmt(row["cached_step_ms"]) if row["cached_status"] in ("ok", "not run") else row["cached_status"]
+        ratio = row["cached_time_vs_reference"]
+        uncached_ms = _fmt(row["uncached_step_ms"]) if row["uncached_status"] in ("ok", "not run") \
+            else row["uncached_status"]
+        body.append([row["method"], row["batch_size"], uncached_ms, _fmt(row["uncached_peak_mb"]),
+                     cached_ms, _fmt(row["cached_peak_mb"]), "–" if ratio is None else f"{ratio:.2f}×"])
+    out.append(markdown_table(header, body, align=["l", "r", "r", "r", "r", "r", "r"]))
+    if summary["memory"]:
+        body = [[m["method"], f"{m['from_batch']} → {m['to_batch']}", f"{m['ratio']:.2f}×",
+                 "yes" if m["meets_target"] else "**no**"] for m in summary["memory"]]
+        out.append(markdown_table(["method", "batch", f"cached peak ratio (target ≤ {MEMORY_TARGET}×)", "met"], body))
+    if summary["timing"]:
+        body = [[t["method"], t["batch_size"], f"{t['ratio']:.2f}×", "yes" if t["meets_target"] else "**no**"]
+                for t in summary["timing"]]
+        out.append(markdown_table(["method", "batch", f"cached step / {REFERENCE} (target ≤ {TIME_TARGET}×)",
+                                   "met"], body))
+    if summary["ddp"]:
+        body = [[d["method"], d["variant"], d["global_batch"], _fmt(d["one_process_ms"]),
+                 _fmt(d["two_process_ms"]) if d["status"] == "ok" else d["status"],
+                 "–" if d["ratio"] is None else f"{d['ratio']:.2f}×", _fmt(d["two_process_peak_mb"])]
+                for d in summary["ddp"]]
+        out.append(markdown_table(["method", "variant", "global batch", "1 process step (ms)",
+                                   "2 processes step (ms)", "2 / 1", "peak per process (MB)"], body))
+    if meta:
+        out.append(f"{meta.get('model')}, max_seq_length {meta.get('max_seq_length')}, {meta.get('steps')} steps per "
+                   f"configuration (the first a warm-up; step = median of the rest), torch {meta.get('torch')}, "
+                   f"{meta.get('torch_threads')} torch thread(s) in 1 process, {meta.get('torch_threads_per_process_ddp')} "
+                   f"per process in 2, on {meta.get('cpu_count')} CPU cores. "
+                   "Peak = resident memory high-water mark during the steps minus the resident memory before them "
+                   "(gradients + AdamW state + activations); 2 processes: gloo, gather_across_devices, half the "
+                   "global batch each, step time of the slower rank.\n")
+    return "\n".join(out)
+
+
+def plot(data: dict[str, Any], path: Path) -> Path | None:
+    """Peak memory vs batch size per method: cached (solid) and uncached (dashed)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = summarize(data)["rows"]
+    methods = list(dict.fromkeys(r["method"] for r in rows))
+    if not methods:
+        return None
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for index, method in enumerate(methods):
+        color = f"C{index % 10}"
+        for variant, style in (("cached", "-"), ("uncached", "--")):
+            points = [(r["batch_size"], r[f"{variant}_peak_mb"]) for r in rows
+                      if r["method"] == method and r[f"{variant}_peak_mb"] is not None]
+            if points:
+                xs, ys = zip(*points, strict=True)
+                ax.plot(xs, ys, style, marker="o", color=color, label=f"{method} ({variant})")
+    batches = sorted({r["batch_size"] for r in rows})
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(batches, [str(b) for b in batches])
+    ax.minorticks_off()
+    ax.set_xlabel("batch size")
+    ax.set_ylabel("peak memory over baseline (MB)")
+    ax.set_title("Peak training memory (solid: mini_batch_size, dashed: uncached)")
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def write_report(data: dict[str, Any], out: Path) -> None:
+    from st_hardneg.reporting import write_json
+
+    write_json(out, data)
+    out.with_suffix(".md").write_text(markdown(data))
+    plot(data, out.with_suffix(".png"))
