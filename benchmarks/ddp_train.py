@@ -114,6 +114,12 @@ def main(argv: list[str] | None = None) -> int:
         print(line, flush=True)
         if args.out:
             Path(args.out).write_text(line + "\n")
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        # tear the gloo group down before the interpreter exits: left to interpreter shutdown, its worker threads are
+        # destroyed while still joinable and the C++ runtime aborts the process ("terminate called without an active
+        # exception", SIGABRT) after the work is done
+        torch.distributed.barrier()
+        torch.distributed.destroy_process_group()
     return 0
 
 
