@@ -74,7 +74,7 @@ METHODS: dict[str, tuple[str, dict[str, Any]]] = {
     "hncse_hnm_all_negatives": ("hncse_hnm", {"hnm_pool": "all_negatives"}),
     "adcse_tied": ("adcse", {"untied": False}),  # keys from the online encoder (the paper's "w/o untied" ablation)
     # the false-negative ablation: focal's mask_duplicates masks nothing under NO_DUPLICATES, the margin does
-    "focal_margin_rel0.05": ("focal", {"false_negative_margin": 0.05, "margin_strategy": "relative"}),
+    "focal_margin_rel0.05": ("focal", {"margin": 0.05, "margin_strategy": "relative"}),
     # the mined negative as MixCSE's partner (second on dev)
     "mixcse_explicit": ("mixcse", {"partner": "explicit"}),
 }
@@ -95,7 +95,7 @@ OPTIONAL_METHODS: dict[str, tuple[str, dict[str, Any]]] = {
 SELECTION: dict[str, tuple[str, str, dict[str, Any]]] = {
     "mnrl": ("mnrl", "mnrl", {}),  # the reference, not a choice
     "focal": ("focal", "focal", {}),
-    "focal_margin_rel0.05": ("focal", "focal", {"false_negative_margin": 0.05, "margin_strategy": "relative"}),
+    "focal_margin_rel0.05": ("focal", "focal", {"margin": 0.05, "margin_strategy": "relative"}),
     "mixcse_explicit": ("mixcse", "mixcse", {"partner": "explicit"}),
     "mixcse_hardest": ("mixcse", "mixcse", {"partner": "hardest"}),
     "hncse_hnm_hard_negatives": ("hncse", "hncse_hnm", {"hnm_pool": "hard_negatives"}),

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import operator
+import warnings
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -138,16 +139,95 @@ def check_seed(value: Any, name: str = "seed") -> int | None:
     return check_count(value, name, minimum=0)
 
 
-def check_guide(guide: Any, model: Any, margin: float | None) -> bool:
+def check_scale_or_temperature(scale: Any, temperature: Any, default_temperature: float = 0.05,
+                               max_abs_similarity: float = 1.0) -> float:
+    """The temperature τ from sentence-transformers' ``scale`` (= 1/τ) or from ``temperature`` (at most one of the
+    two; neither: ``default_temperature``). Warns when τ > 1 (scale < 1): that is almost always a scale given as a
+    temperature (``temperature=20`` for ``scale=20``), which makes every logit nearly equal."""
+    if scale is not None and temperature is not None:
+        raise ValueError(f"give either scale (sentence-transformers' name, = 1/temperature) or temperature, not both; "
+                         f"got scale={scale!r} and temperature={temperature!r}")
+    if scale is not None:
+        value = check_number(scale, "scale (= 1/temperature)")
+        if not value > 0:
+            raise ValueError(f"scale (= 1/temperature) must be a positive, finite number, got {scale!r}")
+        tau = check_temperature(1.0 / value, "1/scale", max_abs_similarity)
+        given = f"scale={scale!r}"
+    else:
+        tau = check_temperature(default_temperature if temperature is None else temperature, "temperature",
+                                max_abs_similarity)
+        given = f"temperature={temperature!r}"
+    if tau > 1.0:
+        warnings.warn(
+            f"{given} means a temperature of {tau:g} (scale {1.0 / tau:g}): every logit is then within "
+            f"{2.0 / tau:.3g} of every other and the loss barely trains. Did you mean "
+            f"{'scale' if temperature is not None else 'temperature'}={tau if scale is not None else temperature!r}? "
+            "(scale = 1/temperature; sentence-transformers' default scale=20 is temperature=0.05.)",
+            UserWarning, stacklevel=4)
+    return tau
+
+
+#: the similarity functions a loss can take, by the name sentence-transformers gives them
+SIMILARITY_FUNCTIONS = ("cos_sim", "dot_score")
+
+
+def check_similarity_fct(value: Any) -> str:
+    """``"cos_sim"`` or ``"dot_score"`` from sentence-transformers' ``util.cos_sim`` / ``util.dot_score`` (or
+    their names)."""
+    name = value if isinstance(value, str) else getattr(value, "__name__", None)
+    module = "" if isinstance(value, str) else str(getattr(value, "__module__", ""))
+    if name in SIMILARITY_FUNCTIONS and (isinstance(value, str) or module.startswith("sentence_transformers")):
+        return name
+    raise ValueError(
+        "similarity_fct must be sentence_transformers.util.cos_sim or sentence_transformers.util.dot_score (or "
+        f"their names {list(SIMILARITY_FUNCTIONS)}), got {value!r}: the losses build their synthetic negatives "
+        "from these two similarities and cannot use an arbitrary function")
+
+
+def check_directions(directions: Any, partition_mode: Any) -> tuple[tuple[str, ...], str]:
+    """sentence-transformers' ``directions`` (a non-empty tuple of its four names, ``"query_to_doc"`` included, no
+    repeats) and ``partition_mode`` (``"joint"`` or ``"per_direction"``; per-direction needs every direction to
+    contain the positive, so not ``query_to_query`` / ``doc_to_doc``)."""
+    valid = ("query_to_doc", "query_to_query", "doc_to_query", "doc_to_doc")
+    if isinstance(directions, str) or not isinstance(directions, Iterable):
+        raise ValueError(f"directions must be a tuple of {list(valid)}, e.g. ('query_to_doc', 'doc_to_query'), "
+                         f"got {directions!r}")
+    directions = tuple(directions)
+    unknown = [d for d in directions if d not in valid]
+    if unknown or not directions:
+        raise ValueError(f"directions must be a non-empty tuple of {list(valid)}, got {directions!r}")
+    if len(set(directions)) != len(directions):
+        raise ValueError(f"directions must not repeat a direction, got {directions!r}")
+    if "query_to_doc" not in directions:
+        raise ValueError(f"directions must include 'query_to_doc' (it holds the positive pairs), got {directions!r}")
+    mode = check_choice(partition_mode, "partition_mode", ("joint", "per_direction"))
+    if mode == "per_direction" and {"query_to_query", "doc_to_doc"} & set(directions):
+        raise ValueError("partition_mode='per_direction' needs every direction to contain the positive pair; "
+                         "'query_to_query' and 'doc_to_doc' do not. Use partition_mode='joint'.")
+    return directions, mode
+
+
+def check_hardness(mode: Any, strength: Any) -> tuple[str | None, float]:
+    """sentence-transformers' ``hardness_mode`` (``None`` or one of its three modes) and ``hardness_strength``
+    (>= 0). A mode with strength 0 changes nothing and warns, as in sentence-transformers."""
+    if mode is not None:
+        mode = check_choice(mode, "hardness_mode", ("in_batch_negatives", "hard_negatives", "all_negatives"))
+    value = check_non_negative(strength, "hardness_strength")
+    if mode is not None and value == 0.0:
+        warnings.warn(f"hardness_mode={mode!r} is set but hardness_strength=0.0, so hardness weighting has no "
+                      "effect; set hardness_strength > 0 (ST's docs: 9 for in_batch_negatives, 5 for hard_negatives)",
+                      UserWarning, stacklevel=4)
+    return mode, value
+
+
+def check_guide(guide: Any, model: Any) -> bool:
     """Check a false-negative ``guide`` model against the trained ``model``; return whether the texts must be
     re-tokenised for it (its vocabulary differs from the model's, or its ``max_seq_length`` is shorter).
 
-    A guide only decides the false-negative threshold, so it needs a ``margin``; both models need a Hugging Face
-    tokenizer (``.tokenizer`` with ``get_vocab()``), and re-tokenising needs the model's ``batch_decode``.
+    A guide decides the false-negative threshold (``margin``; a guide alone means margin 0, as in GISTEmbedLoss);
+    both models need a Hugging Face tokenizer (``.tokenizer`` with ``get_vocab()``), and re-tokenising needs the
+    model's ``batch_decode``.
     """
-    if margin is None:
-        raise ValueError("guide is only used by the false-negative threshold: also set false_negative_margin "
-                         "(e.g. 0.0 masks every candidate the guide finds closer than the positive)")
     if not isinstance(guide, nn.Module) or not callable(guide):
         raise ValueError(f"guide must be a SentenceTransformer model, got {type(guide).__name__}")
     model_tok, guide_tok = getattr(model, "tokenizer", None), getattr(guide, "tokenizer", None)

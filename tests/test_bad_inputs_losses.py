@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import warnings
 
+from st_hardneg.testing import two_way
 import pytest
 import torch
 
@@ -22,7 +23,7 @@ LOSSES = {
     "mixcse": (lambda model: MixCSELoss(model), 1.0),
     "mixcse_official": (lambda model: MixCSELoss(model, layout="official"), 1.0),
     "mixcse_nosg_focal": (lambda model: MixCSELoss(model, stop_gradient=False, focal_m=0.3), 2.3),
-    "focal": (lambda model: FocalInfoNCELoss(model, symmetric=True), 2.3),
+    "focal": (lambda model: FocalInfoNCELoss(model, **two_way(True)), 2.3),
     "hncse_pm": (lambda model: HNCSELoss(model, mode="pm", pm_threshold=10.0), 1.0),
     "hncse_both": (lambda model: HNCSELoss(model, mode="both", k=3, num_mixed=4, seed=0), 1.0),
 }
@@ -210,7 +211,7 @@ def test_alpha_callable_outside_unit_interval_raises(bad):
 
 
 @pytest.mark.parametrize(("kwargs", "match"), [
-    ({"symmetric": "no"}, "symmetric must be True or False"),
+    ({"reverse_mix": "no", **two_way(True)}, "reverse_mix must be True or False"),
     ({"stop_gradient": None}, "stop_gradient"),
     ({"seed": -1}, "seed"),
     ({"seed": 1.5}, "seed"),

@@ -115,7 +115,7 @@ def test_resolved_options_reach_the_trainer(monkeypatch, mrpc_dir, model_dir, tm
     monkeypatch.setattr(training, "train", fake_train)
     own = _write_jsonl(tmp_path / "own.jsonl", OWN)
     argv = _argv(tmp_path / "out", mrpc_dir, model_dir, "--train-file", str(own), "--batch-size", "8",
-                 "--loss", "focal", "--loss-arg", "false_negative_margin=0.05", "--loss-arg",
+                 "--loss", "focal", "--loss-arg", "margin=0.05", "--loss-arg",
                  "margin_strategy=relative")
     with pytest.raises(_Stop):
         cli.main(argv)
@@ -124,7 +124,7 @@ def test_resolved_options_reach_the_trainer(monkeypatch, mrpc_dir, model_dir, tm
     assert config.eval_steps == 0 and not config.save_checkpoints and seen["evaluator"] is None
     assert model.max_seq_length == 128 and model[1].get_config_dict()["pooling_mode"] == "mean"
     assert seen["dataset"].to_dict() == {key: [row[key] for row in OWN] for key in ("anchor", "positive", "negative")}
-    assert seen["loss"].false_negative_margin == 0.05 and seen["loss"].margin_strategy == "relative"
+    assert seen["loss"].margin == 0.05 and seen["loss"].margin_strategy == "relative"
     with pytest.raises(_Stop):
         cli.main([*argv, "--lr", "5e-5", "--max-seq-length", "48"])
     assert seen["config"].learning_rate == 5e-5 and seen["model"].max_seq_length == 48

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from st_hardneg import FocalInfoNCELoss, HNCSELoss, MixCSELoss
-from st_hardneg.testing import ce, cosf, unit
+from st_hardneg.testing import ce, cosf, unit, two_way
 
 TAU = 0.05
 
@@ -49,22 +49,22 @@ def explicit_mix_reference(cols, lam, symmetric, reverse_mix, skip_mix=()):
 @pytest.mark.parametrize("num_negatives", [1, 2])
 def test_mixcse_explicit_partner_equals_hand_built_mix(symmetric, reverse_mix, num_negatives):
     cols = triplets(num_negatives=num_negatives)
-    loss = MixCSELoss(None, lam=0.3, partner="explicit", symmetric=symmetric, reverse_mix=reverse_mix)
+    loss = MixCSELoss(None, lam=0.3, partner="explicit", **two_way(symmetric), reverse_mix=reverse_mix)
     value = loss.compute_loss_from_embeddings(cols, None).item()
     assert value == pytest.approx(explicit_mix_reference(cols, 0.3, symmetric, reverse_mix), rel=1e-5)
     # and it is not the in-batch mix
-    shift = MixCSELoss(None, lam=0.3, partner="shift", symmetric=symmetric, reverse_mix=reverse_mix)
+    shift = MixCSELoss(None, lam=0.3, partner="shift", **two_way(symmetric), reverse_mix=reverse_mix)
     assert abs(shift.compute_loss_from_embeddings(cols, None).item() - value) > 1e-4
     assert loss.get_config_dict()["partner"] == "explicit"
 
 
 def test_mixcse_explicit_partner_stop_gradient_detaches_the_mix():
     cols = [c.float().requires_grad_(True) for c in triplets()]
-    MixCSELoss(None, partner="explicit", symmetric=False).compute_loss_from_embeddings(cols, None).backward()
+    MixCSELoss(None, partner="explicit", **two_way(False)).compute_loss_from_embeddings(cols, None).backward()
     with_sg = cols[2].grad.clone()
     for c in cols:
         c.grad = None
-    MixCSELoss(None, partner="explicit", symmetric=False, stop_gradient=False).compute_loss_from_embeddings(
+    MixCSELoss(None, partner="explicit", **two_way(False), stop_gradient=False).compute_loss_from_embeddings(
         cols, None).backward()
     # the negatives get a gradient as candidates either way, and an extra one through the mix without stop-gradient
     assert not torch.allclose(with_sg, cols[2].grad)
@@ -73,7 +73,7 @@ def test_mixcse_explicit_partner_stop_gradient_detaches_the_mix():
 def test_mixcse_explicit_partner_that_is_a_false_negative_gives_no_mix():
     cols = triplets(seed=3)
     cols[2][1] = cols[1][1]  # the mined negative of pair 1 is a copy of its positive
-    loss = MixCSELoss(None, lam=0.2, partner="explicit", symmetric=True)
+    loss = MixCSELoss(None, lam=0.2, partner="explicit", **two_way(True))
     value = loss.compute_loss_from_embeddings(cols, None).item()
     # reference: that copy leaves row 1's denominator, and row 1 has no mixed negative in either direction
     h, hp, neg = cols
@@ -122,7 +122,7 @@ def test_focal_modulates_explicit_negatives_like_in_batch_ones(num_negatives):
         c = cosf(h[i], unit(0.2 * unit(hp[i]) + 0.8 * unit(negs[0][i])))
         row.append(c * (c + m) / TAU)
         mix_total += ce(row, 0)
-    mixed = MixCSELoss(None, lam=0.2, partner="explicit", symmetric=False, focal_m=m)
+    mixed = MixCSELoss(None, lam=0.2, partner="explicit", **two_way(False), focal_m=m)
     assert mixed.compute_loss_from_embeddings(cols, None).item() == pytest.approx(mix_total / n, rel=1e-5)
 
 

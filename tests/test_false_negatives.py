@@ -1,4 +1,4 @@
-"""False-negative control (mask_duplicates, false_negative_margin, guide) in every loss, against losses written out
+"""False-negative control (mask_duplicates, margin, guide) in every loss, against losses written out
 here with plain loops: a masked candidate is simply deleted from its anchor's row."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import torch
 
 from st_hardneg import AdversarialNegativesLoss, FocalInfoNCELoss, HNCSELoss, MixCSELoss
 from st_hardneg.losses.batch import text_keys
-from st_hardneg.testing import ce, cosf, unit
+from st_hardneg.testing import ce, cosf, unit, two_way
 
 TAU = 0.05
 
@@ -90,8 +90,8 @@ def test_focal_planted_duplicate_is_a_negative_only_without_masking(num, symmetr
             rows = [(a + b) / 2 for a, b in zip(rows, reverse, strict=True)]
         return mean(rows)
 
-    plain = FocalInfoNCELoss(None, m=m, symmetric=symmetric, mask_duplicates=False)
-    masked = FocalInfoNCELoss(None, m=m, symmetric=symmetric)
+    plain = FocalInfoNCELoss(None, m=m, **two_way(symmetric), mask_duplicates=False)
+    masked = FocalInfoNCELoss(None, m=m, **two_way(symmetric))
     without = plain.compute_loss_from_embeddings(cols, None).item()
     with_mask = masked.compute_loss_from_embeddings(cols, None).item()
     assert without == pytest.approx(expected(set()), rel=1e-5)
@@ -128,11 +128,11 @@ def test_focal_margin_threshold_matches_hand_mask(strategy, margin):
     sim = [[cosf(h[i], cands[c]) for c in range(cands.shape[0])] for i in range(h.shape[0])]
     removed = hand_threshold_mask(sim, margin, strategy)
     assert removed  # the scenario must mask something
-    loss = FocalInfoNCELoss(None, m=0.3, false_negative_margin=margin, margin_strategy=strategy)
+    loss = FocalInfoNCELoss(None, m=0.3, margin=margin, margin_strategy=strategy)
     value = loss.compute_loss_from_embeddings(cols, None).item()
     assert value == pytest.approx(mean(direction(h, cands, removed, focal_m=0.3)), rel=1e-5)
     assert loss.diagnostics["masked_false_negatives_total"] == len(removed)
-    assert loss.get_config_dict()["false_negative_margin"] == margin
+    assert loss.get_config_dict()["margin"] == margin
     assert loss.get_config_dict()["margin_strategy"] == strategy
 
 
@@ -145,7 +145,7 @@ def test_guide_embeddings_decide_the_threshold():
     sim = [[cosf(guide[0][i], guide[1][c]) for c in range(5)] for i in range(5)]
     removed = hand_threshold_mask(sim, 0.05, "absolute")
     assert (0, 2) in removed
-    loss = FocalInfoNCELoss(None, m=0.3, false_negative_margin=0.05)
+    loss = FocalInfoNCELoss(None, m=0.3, margin=0.05)
     loss.set_false_negative_inputs(guide_embeddings=guide)
     value = loss.compute_loss_from_embeddings(cols, None).item()
     assert value == pytest.approx(mean(direction(cols[0], cols[1], removed, focal_m=0.3)), rel=1e-5)
@@ -209,7 +209,7 @@ def test_forward_with_a_guide_that_must_retokenize(tiny_model, tiny_model_dir):
     from st_hardneg.models import load_model
 
     guide = load_model(tiny_model_dir, pooling="mean", max_seq_length=16, device="cpu")  # shorter: re-tokenise
-    loss = FocalInfoNCELoss(tiny_model, m=0.3, false_negative_margin=0.0, guide=guide)
+    loss = FocalInfoNCELoss(tiny_model, m=0.3, margin=0.0, guide=guide)
     assert loss._must_retokenize
     texts = ["a man plays the guitar.", "the sky is blue.", "the cat eats food.", "snow is cold."]
     tiny_model.eval()
@@ -256,7 +256,7 @@ def test_mixcse_hardest_partner_skips_the_planted_duplicate(symmetric):
     h, hp, negs = cols[0], cols[1], [cols[2]]
     n = h.shape[0]
     removed = duplicate_pairs(n, 3)
-    kw = dict(lam=0.2, partner="hardest", symmetric=symmetric, seed=0)
+    kw = dict(lam=0.2, partner="hardest", **two_way(symmetric), seed=0)
     masked = MixCSELoss(None, **kw).compute_loss_from_embeddings(cols, None).item()
     plain = MixCSELoss(None, mask_duplicates=False, **kw).compute_loss_from_embeddings(cols, None).item()
     exp_masked = mixcse_rows(h, hp, negs, 0.2, removed, lambda i: hardest_allowed(h, hp, removed, i),
@@ -284,7 +284,7 @@ def test_mixcse_shift_partner_moves_past_a_masked_one():
             return None
         return partner
 
-    loss = MixCSELoss(None, lam=0.2, partner="shift", symmetric=True)
+    loss = MixCSELoss(None, lam=0.2, partner="shift", **two_way(True))
     batch = loss.prepare_batch(cols)
     for i, c in removed:
         batch.false_negatives[i, c] = True
@@ -295,13 +295,13 @@ def test_mixcse_shift_partner_moves_past_a_masked_one():
 
 
 @pytest.mark.parametrize("loss_factory", [
-    lambda: MixCSELoss(None, partner="hardest", false_negative_margin=3.0),
-    lambda: MixCSELoss(None, partner="shift", false_negative_margin=3.0),
-    lambda: MixCSELoss(None, partner="explicit", false_negative_margin=3.0),
-    lambda: MixCSELoss(None, layout="official", symmetric=False, false_negative_margin=3.0),
-    lambda: FocalInfoNCELoss(None, symmetric=True, false_negative_margin=3.0),
-    lambda: HNCSELoss(None, mode="both", k=3, num_mixed=4, seed=0, false_negative_margin=3.0),
-    lambda: HNCSELoss(None, mode="hnm", hnm_single=True, k=2, hnm_pool="all_negatives", false_negative_margin=3.0),
+    lambda: MixCSELoss(None, partner="hardest", margin=3.0),
+    lambda: MixCSELoss(None, partner="shift", margin=3.0),
+    lambda: MixCSELoss(None, partner="explicit", margin=3.0),
+    lambda: MixCSELoss(None, layout="official", reverse_mix=False, margin=3.0),
+    lambda: FocalInfoNCELoss(None, **two_way(True), margin=3.0),
+    lambda: HNCSELoss(None, mode="both", k=3, num_mixed=4, seed=0, margin=3.0),
+    lambda: HNCSELoss(None, mode="hnm", hnm_single=True, k=2, hnm_pool="all_negatives", margin=3.0),
 ], ids=["mix-hardest", "mix-shift", "mix-explicit", "mix-official", "focal", "hncse-both", "hncse-single-all"])
 def test_every_negative_masked_still_works(loss_factory):
     """A margin of 3 masks every candidate (cosines are >= -1): each row keeps only its positive, so the loss is 0
@@ -321,7 +321,7 @@ def test_mixcse_official_layout_masks_block_one_columns():
     h, hp = cols[0], cols[1]
     n, lam = h.shape[0], 0.2
     removed = duplicate_pairs(n, 2)
-    value = MixCSELoss(None, lam=lam, layout="official", symmetric=False).compute_loss_from_embeddings(
+    value = MixCSELoss(None, lam=lam, layout="official", reverse_mix=False).compute_loss_from_embeddings(
         cols, None).item()
     total = 0.0
     for a in range(n):
@@ -427,8 +427,8 @@ def test_adcse_masks_keys_but_never_adversaries(tiny_model, num_adversaries):
 
 # ---------------------------------------------------------------------------------------------- bad input
 @pytest.mark.parametrize("kwargs,match", [
-    (dict(false_negative_margin=-0.1), "false_negative_margin"),
-    (dict(false_negative_margin=float("nan")), "false_negative_margin"),
+    (dict(margin=-0.1), "margin"),
+    (dict(margin=float("nan")), "margin"),
     (dict(margin_strategy="percent"), "margin_strategy"),
     (dict(mask_duplicates="yes"), "mask_duplicates"),
     (dict(guide=object()), "guide"),
@@ -440,7 +440,7 @@ def test_bad_false_negative_arguments(cls, kwargs, match):
 
 
 def test_guide_needs_embeddings_when_called_directly(tiny_model):
-    loss = FocalInfoNCELoss(tiny_model, false_negative_margin=0.1, guide=tiny_model)
+    loss = FocalInfoNCELoss(tiny_model, margin=0.1, guide=tiny_model)
     d = tiny_model.get_embedding_dimension()
     with pytest.raises(ValueError, match="guide embeddings"):
         loss.compute_loss_from_embeddings([torch.randn(3, d), torch.randn(3, d)], None)
@@ -482,7 +482,7 @@ def test_false_negative_log_in_a_real_training_step_matches_the_diagnostics(tiny
     from st_hardneg.training.callbacks import FalseNegativeLog
 
     # an absolute margin of 2 masks every non-positive candidate: 3 other positives + 4 negatives per anchor
-    loss = FocalInfoNCELoss(tiny_model, false_negative_margin=2.0)
+    loss = FocalInfoNCELoss(tiny_model, margin=2.0)
     log = FalseNegativeLog(loss)
     texts = [f"sentence number {i}" for i in range(8)]
     data = Dataset.from_dict({"anchor": texts, "positive": [t + " again" for t in texts],

@@ -9,7 +9,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from st_hardneg import FocalInfoNCELoss, MixCSELoss
-from st_hardneg.testing import parameter_snapshot, parameters_changed, record_loss_values
+from st_hardneg.testing import parameter_snapshot, parameters_changed, record_loss_values, two_way
 
 TAU = 0.05
 M = 0.3
@@ -61,7 +61,7 @@ def embeddings(n=5, d=6, columns=2, seed=0, requires_grad=False):
 def test_focal_matches_paper_formula(symmetric, columns):
     cols = embeddings(columns=columns)
     h, hp, negatives = cols[0], cols[1], cols[2:]
-    loss = FocalInfoNCELoss(None, temperature=TAU, m=M, symmetric=symmetric)
+    loss = FocalInfoNCELoss(None, temperature=TAU, m=M, **two_way(symmetric))
     got = loss.compute_loss_from_embeddings(cols, None)
 
     # every explicit negative of every anchor is a shared candidate (ST's convention)
@@ -85,7 +85,7 @@ def test_focal_gradients_match_formula():
 
 def test_focal_diagnostics_and_config():
     h, hp = embeddings()
-    loss = FocalInfoNCELoss(None, temperature=0.07, m=0.25, symmetric=True)
+    loss = FocalInfoNCELoss(None, temperature=0.07, m=0.25, **two_way(True))
     assert loss.diagnostics == {}
     loss.compute_loss_from_embeddings([h, hp], None)
     n = h.shape[0]
@@ -94,8 +94,12 @@ def test_focal_diagnostics_and_config():
     assert loss.diagnostics["positive"] == pytest.approx(positive.item(), rel=1e-5)
     assert loss.diagnostics["negative"] == pytest.approx(negative.item(), rel=1e-5)
     assert "synthetic" not in loss.diagnostics
-    assert loss.get_config_dict() == {"temperature": 0.07, "m": 0.25, "symmetric": True, "seed": None,
-                                      "gather_across_devices": False,
+    assert loss.get_config_dict() == {"m": 0.25, "scale": 1 / 0.07, "temperature": 0.07, "similarity_fct": "cos_sim",
+                                      "directions": ("query_to_doc", "doc_to_query"),
+                                      "partition_mode": "per_direction", "hardness_mode": None,
+                                      "hardness_strength": 0.0, "seed": None, "mask_duplicates": True,
+                                      "margin": None, "margin_strategy": "absolute", "contrast_anchors": False,
+                                      "contrast_positives": False, "gather_across_devices": False,
                                       "mini_batch_size": None, "mini_batch_num_tokens": None}
     assert "Focal-{InfoNCE}" in loss.citation
     assert loss.scale == pytest.approx(1 / 0.07)
@@ -124,7 +128,7 @@ def test_focal_rejects_bad_batches():
 def test_focal_bf16_autocast_is_finite():
     h, hp, neg = (c.float().bfloat16().requires_grad_() for c in embeddings(n=16, d=32, columns=3))
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        value = FocalInfoNCELoss(None, symmetric=True).compute_loss_from_embeddings([h, hp, neg], None)
+        value = FocalInfoNCELoss(None, **two_way(True)).compute_loss_from_embeddings([h, hp, neg], None)
     value.backward()
     assert torch.isfinite(value)
     assert all(torch.isfinite(t.grad).all() for t in (h, hp, neg))
@@ -144,7 +148,7 @@ def test_focal_bf16_autocast_equals_float32(symmetric):
     for autocast in (False, True):
         hp_ = hp.clone().requires_grad_(True)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
-            value = FocalInfoNCELoss(None, symmetric=symmetric).compute_loss_from_embeddings([h, hp_, neg], None)
+            value = FocalInfoNCELoss(None, **two_way(symmetric)).compute_loss_from_embeddings([h, hp_, neg], None)
         value.backward()
         values.append(value)
         grads.append(hp_.grad)
@@ -169,7 +173,7 @@ def test_mixcse_focal_matches_formula(symmetric):
     cols = embeddings(columns=3)
     h, hp, neg = cols
     n = h.shape[0]
-    loss = MixCSELoss(None, lam=lam, temperature=TAU, symmetric=symmetric, partner="shift", focal_m=M)
+    loss = MixCSELoss(None, lam=lam, temperature=TAU, **two_way(symmetric), partner="shift", focal_m=M)
     got = loss.compute_loss_from_embeddings(cols, None)
 
     # forward: candidates h'_1..h'_N, the explicit negatives, and mix_i = normalize(λ ĥ'_i + (1-λ) ĥ'_{i+1 mod N})
@@ -184,8 +188,8 @@ def test_mixcse_focal_matches_formula(symmetric):
 
 def test_mixcse_focal_differs_from_plain_and_rejects_bad_margin():
     cols = embeddings()
-    plain = MixCSELoss(None, symmetric=False).compute_loss_from_embeddings(cols, None)
-    focal = MixCSELoss(None, symmetric=False, focal_m=M).compute_loss_from_embeddings(cols, None)
+    plain = MixCSELoss(None, **two_way(False)).compute_loss_from_embeddings(cols, None)
+    focal = MixCSELoss(None, **two_way(False), focal_m=M).compute_loss_from_embeddings(cols, None)
     assert not torch.isclose(plain, focal)
     with pytest.raises(ValueError, match="focal_m"):
         MixCSELoss(None, focal_m=-0.5)
@@ -215,7 +219,7 @@ def test_focal_trains_with_trainer(tiny_model, tiny_sentences, tmp_path):
         output_dir=str(tmp_path), per_device_train_batch_size=8, num_train_epochs=1, learning_rate=1e-3,
         report_to=[], save_strategy="no", seed=0,
     )
-    loss = FocalInfoNCELoss(tiny_model, symmetric=True)
+    loss = FocalInfoNCELoss(tiny_model, **two_way(True))
     values = record_loss_values(loss)
     before = parameter_snapshot(tiny_model)
     trainer = SentenceTransformerTrainer(model=tiny_model, args=args, train_dataset=dataset, loss=loss)

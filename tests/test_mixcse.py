@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+from st_hardneg.testing import two_way
 import pytest
 import torch
 from datasets import Dataset
@@ -96,7 +97,7 @@ DUMMY = torch.nn.Linear(1, 1)
 @pytest.mark.parametrize("lam", [0.0, 0.2, 0.7, 1.0])
 def test_paper_layout_matches_equation(emb, symmetric, stop_gradient, lam):
     h, hp, *_ = emb
-    loss = MixCSELoss(DUMMY, lam=lam, symmetric=symmetric, stop_gradient=stop_gradient)
+    loss = MixCSELoss(DUMMY, lam=lam, **two_way(symmetric), stop_gradient=stop_gradient)
     got = loss.compute_loss_from_embeddings([h, hp], None).item()
     want = reference_paper(h, hp, [], lam, 0.05, shift, symmetric)
     assert got == pytest.approx(want, rel=1e-5)
@@ -104,14 +105,14 @@ def test_paper_layout_matches_equation(emb, symmetric, stop_gradient, lam):
 
 def test_paper_layout_with_explicit_negatives(emb):
     h, hp, n1, n2 = emb
-    got = MixCSELoss(DUMMY, temperature=0.1).compute_loss_from_embeddings([h, hp, n1, n2], None).item()
+    got = MixCSELoss(DUMMY, temperature=0.1, **two_way(True)).compute_loss_from_embeddings([h, hp, n1, n2], None).item()
     want = reference_paper(h, hp, [*n1, *n2], 0.2, 0.1, shift, True)
     assert got == pytest.approx(want, rel=1e-5)
 
 
 def test_hardest_partner(emb):
     h, hp, *_ = emb
-    got = MixCSELoss(DUMMY, partner="hardest").compute_loss_from_embeddings([h, hp], None).item()
+    got = MixCSELoss(DUMMY, partner="hardest", **two_way(True)).compute_loss_from_embeddings([h, hp], None).item()
     assert got == pytest.approx(reference_paper(h, hp, [], 0.2, 0.05, hardest, True), rel=1e-5)
 
 
@@ -130,7 +131,7 @@ def test_random_partner_is_a_seeded_derangement():
     hp = h + 0.3 * torch.randn(6, 3, generator=g)
 
     def make():
-        return MixCSELoss(DUMMY, partner="random", seed=3, lam=0.5, temperature=0.5)
+        return MixCSELoss(DUMMY, partner="random", seed=3, lam=0.5, temperature=0.5, **two_way(True))
 
     references = {p: reference_paper(h, hp, [], 0.5, 0.5, lambda i, *_, p=p: p[i], True) for p in all_derangements(6)}
 
@@ -150,7 +151,7 @@ def test_random_partner_is_a_seeded_derangement():
 def test_mixcse_single_drops_only_the_reverse_mixed_negative(emb):
     """The paper's MixCSE_single: both InfoNCE directions, the forward mixed negative only."""
     h, hp, n1, _ = emb
-    single = MixCSELoss(DUMMY, symmetric=True, reverse_mix=False).compute_loss_from_embeddings([h, hp, n1], None)
+    single = MixCSELoss(DUMMY, **two_way(True), reverse_mix=False).compute_loss_from_embeddings([h, hp, n1], None)
     n = h.size(0)
     forward = reference_paper(h, hp, list(n1), 0.2, 0.05, shift, False)
     reverse = 0.0
@@ -158,10 +159,10 @@ def test_mixcse_single_drops_only_the_reverse_mixed_negative(emb):
         reverse += row_ce([dot(hp[i], h[b]) / 0.05 for b in range(n)], i)
     assert single.item() == pytest.approx((forward + reverse / n) / 2, rel=1e-5)
     # the old symmetric=False (one direction with its mix) stays reachable
-    one_way = MixCSELoss(DUMMY, symmetric=False).compute_loss_from_embeddings([h, hp, n1], None)
+    one_way = MixCSELoss(DUMMY, **two_way(False)).compute_loss_from_embeddings([h, hp, n1], None)
     assert one_way.item() == pytest.approx(forward, rel=1e-5)
     with pytest.raises(ValueError, match="reverse_mix"):
-        MixCSELoss(DUMMY, symmetric=False, reverse_mix=True)
+        MixCSELoss(DUMMY, **two_way(False), reverse_mix=True)
     assert MixCSELoss(DUMMY, reverse_mix=False).get_config_dict()["reverse_mix"] is False
 
 
@@ -194,15 +195,15 @@ def test_official_layout_matches_released_code(emb, symmetric):
     h, hp, *_ = emb
     # the embeddings' norms differ from row to row, so mixing raw and mixing normalised vectors differ
     h, hp = h * torch.linspace(0.5, 3.0, 6).unsqueeze(1), hp * torch.linspace(2.0, 0.3, 6).unsqueeze(1)
-    loss = MixCSELoss(DUMMY, layout="official", symmetric=symmetric)
+    loss = MixCSELoss(DUMMY, layout="official", reverse_mix=symmetric)
     got = loss.compute_loss_from_embeddings([h, hp], None).item()
     assert got == pytest.approx(reference_official(h, hp, 0.2, 0.05, symmetric), rel=1e-5)
     # the released script's λ = 0.6 (run_unsup_example.sh: --lambdas 0.6)
-    got = MixCSELoss(DUMMY, layout="official", lam=0.6, symmetric=symmetric).compute_loss_from_embeddings([h, hp], None)
+    got = MixCSELoss(DUMMY, layout="official", lam=0.6, reverse_mix=symmetric).compute_loss_from_embeddings([h, hp], None)
     assert got.item() == pytest.approx(reference_official(h, hp, 0.6, 0.05, symmetric), rel=1e-5)
     # with unit-norm inputs raw and normalised mixing coincide (the numbers of earlier versions)
     hn, hpn = torch.nn.functional.normalize(h, dim=1), torch.nn.functional.normalize(hp, dim=1)
-    got = MixCSELoss(DUMMY, layout="official", symmetric=symmetric).compute_loss_from_embeddings([hn, hpn], None)
+    got = MixCSELoss(DUMMY, layout="official", reverse_mix=symmetric).compute_loss_from_embeddings([hn, hpn], None)
     assert got.item() == pytest.approx(reference_official(hn, hpn, 0.2, 0.05, symmetric), rel=1e-5)
 
 
@@ -235,7 +236,7 @@ def test_stop_gradient_blocks_the_mix(emb, layout):
 
     def grad_of_positive(stop_gradient):
         hp_ = hp.clone().requires_grad_(True)
-        loss = MixCSELoss(DUMMY, lam=0.5, symmetric=False, stop_gradient=stop_gradient, layout=layout)
+        loss = MixCSELoss(DUMMY, lam=0.5, reverse_mix=False, stop_gradient=stop_gradient, layout=layout)
         loss.compute_loss_from_embeddings([h, hp_], None).backward()
         return hp_.grad
 
@@ -289,7 +290,7 @@ def test_stop_gradient_gradients_match_reference(emb, layout, stop_gradient):
     h, hp, *_ = emb
     hp = hp * torch.linspace(0.5, 2.0, 6).unsqueeze(1)  # unequal norms: raw and normalised mixing differ
     hp_ = hp.clone().requires_grad_(True)
-    loss = MixCSELoss(DUMMY, lam=0.5, symmetric=False, stop_gradient=stop_gradient, layout=layout)
+    loss = MixCSELoss(DUMMY, lam=0.5, reverse_mix=False, stop_gradient=stop_gradient, layout=layout)
     loss.compute_loss_from_embeddings([h, hp_], None).backward()
     torch.testing.assert_close(hp_.grad, reference_gradients(h, hp, 0.5, layout, stop_gradient), rtol=1e-4, atol=1e-6)
     other = reference_gradients(h, hp, 0.5, layout, not stop_gradient)
@@ -300,8 +301,8 @@ def test_mix_gradient_flows_without_stop_gradient(emb):
     h, hp, *_ = emb
     hp_ = hp.clone().requires_grad_(True)
     hn = torch.nn.functional.normalize(hp_, dim=1)
-    loss = MixCSELoss(DUMMY, symmetric=False, stop_gradient=False)
-    mixed_only = loss._mix(hn, torch.tensor([1, 2, 3, 4, 5, 0]))
+    loss = MixCSELoss(DUMMY, **two_way(False), stop_gradient=False)
+    mixed_only = loss._mix(hn, hn[torch.tensor([1, 2, 3, 4, 5, 0])])
     assert mixed_only.requires_grad
     mixed_only[0].sum().backward()
     # d/dh' of sum(normalize(0.2 ĥ'_0 + 0.8 ĥ'_1)) by hand: only rows 0 and 1 receive a gradient
@@ -309,12 +310,12 @@ def test_mix_gradient_flows_without_stop_gradient(emb):
     unit(0.2 * unit(ref[0]) + 0.8 * unit(ref[1])).sum().backward()
     torch.testing.assert_close(hp_.grad, ref.grad, rtol=1e-4, atol=1e-6)
     assert hp_.grad[2:].abs().sum() == 0 and hp_.grad[:2].abs().sum() > 0
-    assert not MixCSELoss(DUMMY)._mix(hn, torch.tensor([1, 2, 3, 4, 5, 0])).requires_grad
+    assert not MixCSELoss(DUMMY)._mix(hn, hn[torch.tensor([1, 2, 3, 4, 5, 0])]).requires_grad
 
 
 def test_focal_modulation_inside_mixcse(emb):
     h, hp, n1, _ = emb
-    got = MixCSELoss(DUMMY, focal_m=0.3).compute_loss_from_embeddings([h, hp, n1], None).item()
+    got = MixCSELoss(DUMMY, focal_m=0.3, **two_way(True)).compute_loss_from_embeddings([h, hp, n1], None).item()
     assert got == pytest.approx(reference_paper(h, hp, list(n1), 0.2, 0.05, shift, True, focal_m=0.3), rel=1e-5)
 
 

@@ -397,7 +397,7 @@ def test_retrieval_benchmark_selection_on_the_dev_split(shared_data, text_model_
                                                                 ("focal_margin_rel0.05", 0)]
     for run in data["runs"]:  # scored on the dev task only: 522 dev queries, no STS, never the test task
         assert run["retrieval"]["queries"] == 522 and run["retrieval"]["corpus"] == 7134 and run["sts"] is None
-    assert data["runs"][2]["loss_config"]["false_negative_margin"] == 0.05
+    assert data["runs"][2]["loss_config"]["margin"] == 0.05
     assert data["runs"][0]["false_negatives"] is None  # ST's MNRL has no false-negative control
     for run in data["runs"][1:]:
         log = run["false_negatives"]
@@ -483,11 +483,11 @@ def test_ablation_check_and_readme_table_by_hand():
     assert margin["delta_ndcg@10"] == pytest.approx(0.2) and margin["masked_per_batch"] == 4.0
     assert margin["reference_masked_per_batch"] == 0.0
     assert margin["never_worse"] is False  # better on the mean, worse on seed 1
-    table = bench.readme_table({"runs": runs}, {"focal_margin_rel0.05": ("focal", {"false_negative_margin": 0.05})})
+    table = bench.readme_table({"runs": runs}, {"focal_margin_rel0.05": ("focal", {"margin": 0.05})})
     lines = table.splitlines()
     assert lines[0].startswith("| method | loss, options | seeds | nDCG@10 |")
     # mnrl is the only built-in: the Δ column is relative to its mean 90.5; focal_margin mean (91.5+91.9+99)/3 = 94.13
-    assert "| focal_margin_rel0.05 | `focal` `false_negative_margin=0.05` | 3 | 94.13 ± 4.22 |" in table
+    assert "| focal_margin_rel0.05 | `focal` `margin=0.05` | 3 | 94.13 ± 4.22 |" in table
     assert "| mnrl | `mnrl` | 2 | 90.50 ± 0.71 | 89.50 ± 0.71 | 50.00 ± 0.00 | 70.50 | +0.00 |" in table
     assert "focal_margin_rel0.05 vs focal: Δ nDCG@10 = +0.20 (seed 0: +0.50, seed 1: -0.10; candidates masked per " \
            "batch: with 4.00, without 0.00) → worse on the mean or on a seed." in table

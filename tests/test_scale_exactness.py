@@ -33,6 +33,7 @@ from st_hardneg.losses.adcse import AdversarialNegativesLoss
 from st_hardneg.losses.focal import FocalInfoNCELoss
 from st_hardneg.losses.hncse import HNCSELoss
 from st_hardneg.losses.mixcse import MixCSELoss
+from st_hardneg.testing import SYMMETRIC
 from st_hardneg.testing.distributed import compare, gathered_loss_job, model_step, spawn_jobs
 
 N, DIM = 8, 6
@@ -40,18 +41,22 @@ CLASSES = {"mixcse": MixCSELoss, "focal": FocalInfoNCELoss, "hncse": HNCSELoss, 
 
 #: (id, loss class, keyword arguments, number of columns): every loss and each of its modes
 CASES = [
-    ("mixcse-paper-symmetric-shift", "mixcse", {}, 2),
-    ("mixcse-paper-symmetric-shift-negatives", "mixcse", {}, 3),
-    ("mixcse-paper-single-random-seeded", "mixcse", {"reverse_mix": False, "partner": "random", "seed": 3}, 2),
+    ("mixcse-paper-symmetric-shift", "mixcse", {**SYMMETRIC}, 2),
+    ("mixcse-paper-symmetric-shift-negatives", "mixcse", {**SYMMETRIC}, 3),
+    ("mixcse-paper-single-random-seeded", "mixcse",
+     {**SYMMETRIC, "reverse_mix": False, "partner": "random", "seed": 3}, 2),
     ("mixcse-paper-random-unseeded-no-sg-focal", "mixcse",
-     {"partner": "random", "stop_gradient": False, "focal_m": 0.3}, 2),
-    ("mixcse-paper-one-direction-hardest", "mixcse", {"symmetric": False, "partner": "hardest"}, 2),
-    ("mixcse-paper-symmetric-hardest-negatives", "mixcse", {"partner": "hardest"}, 3),
+     {**SYMMETRIC, "partner": "random", "stop_gradient": False, "focal_m": 0.3}, 2),
+    ("mixcse-paper-one-direction-hardest", "mixcse", {"partner": "hardest"}, 2),
+    ("mixcse-paper-symmetric-hardest-negatives", "mixcse", {**SYMMETRIC, "partner": "hardest"}, 3),
+    ("mixcse-paper-dot-joint-hardness", "mixcse",
+     {"directions": ("query_to_doc", "query_to_query", "doc_to_query", "doc_to_doc"), "similarity_fct": "dot_score",
+      "hardness_mode": "all_negatives", "hardness_strength": 5.0}, 3),
     ("mixcse-official-shift", "mixcse", {"layout": "official", "lam": 0.6}, 2),
     ("mixcse-official-random-no-reverse", "mixcse",
      {"layout": "official", "partner": "random", "reverse_mix": False, "seed": 5}, 3),
     ("focal", "focal", {}, 2),
-    ("focal-symmetric-negatives", "focal", {"symmetric": True, "m": 0.2}, 3),
+    ("focal-symmetric-negatives", "focal", {**SYMMETRIC, "m": 0.2}, 3),
     ("hncse-pm", "hncse", {"mode": "pm", "pm_threshold": 0.2}, 2),
     ("hncse-pm-single-weight-grad-negatives", "hncse",
      {"mode": "pm", "pm_threshold": 0.2, "pm_single": True, "pm_weight_gradient": True}, 3),
@@ -64,11 +69,11 @@ CASES = [
     ("adcse-eq5", "adcse", {"num_adversaries": 4, "seed": 7, "in_batch_keys": False}, 3),
     ("adcse-no-adversaries", "adcse", {"num_adversaries": 0}, 2),
     # false-negative control on the gathered batch (row i's near-duplicate i + N/2 lives on the other process)
-    ("mixcse-hardest-margin-negatives", "mixcse", {"partner": "hardest", "false_negative_margin": 0.05}, 3),
-    ("focal-relative-margin-negatives", "focal", {"false_negative_margin": 0.3, "margin_strategy": "relative"}, 3),
+    ("mixcse-hardest-margin-negatives", "mixcse", {"partner": "hardest", "margin": 0.05}, 3),
+    ("focal-relative-margin-negatives", "focal", {"margin": 0.3, "margin_strategy": "relative"}, 3),
     ("hncse-both-margin-all-pool", "hncse", {"mode": "both", "pm_threshold": 0.2, "k": 3, "num_mixed": 5, "seed": 2,
-                                             "false_negative_margin": 0.05, "hnm_pool": "all_negatives"}, 3),
-    ("adcse-margin-negatives", "adcse", {"num_adversaries": 4, "seed": 7, "false_negative_margin": 0.05}, 3),
+                                             "margin": 0.05, "hnm_pool": "all_negatives"}, 3),
+    ("adcse-margin-negatives", "adcse", {"num_adversaries": 4, "seed": 7, "margin": 0.05}, 3),
 ]
 IDS = [case[0] for case in CASES]
 
@@ -139,7 +144,7 @@ TEXT_COLUMNS = [
 MODEL_CASES = [
     ("mixcse", "mixcse", {"partner": "random", "seed": 1}),
     ("mixcse-official", "mixcse", {"layout": "official"}),
-    ("focal", "focal", {"symmetric": True}),
+    ("focal", "focal", {**SYMMETRIC}),
     ("hncse-both", "hncse", {"mode": "both", "pm_threshold": 0.2, "k": 3, "num_mixed": 5, "seed": 4}),
     ("adcse-untied", "adcse", {"num_adversaries": 4, "seed": 0}),
     ("adcse-tied", "adcse", {"num_adversaries": 4, "seed": 0, "untied": False}),

@@ -15,6 +15,7 @@ from collections.abc import Iterable
 from typing import Any, Unpack
 
 import torch
+from sentence_transformers import SentenceTransformer
 from sentence_transformers.base.losses.merged_forward import embed_columns
 from torch import Tensor, nn
 
@@ -36,7 +37,8 @@ class AdversarialNegativesLoss(stateful.OptimizerDrivenLoss, HardNegativeLoss):
 
     def __init__(
         self,
-        model: nn.Module,
+        model: SentenceTransformer,
+        guide: SentenceTransformer | None = None,
         *,
         num_adversaries: int = 64,
         momentum: float = 0.995,
@@ -76,6 +78,7 @@ class AdversarialNegativesLoss(stateful.OptimizerDrivenLoss, HardNegativeLoss):
 
         Args:
             model: SentenceTransformer model (the online encoder ``q``).
+            guide: optional guide model for false-negative filtering, as in ``GISTEmbedLoss(model, guide)``.
             num_adversaries: ``M`` >= 0 (paper: 64, the batch size). ``0`` is the paper's "w/o negative
                 adversaries" ablation (MoCo-style in-batch InfoNCE with a momentum encoder).
             temperature: τ > 0 of the encoder's loss (paper: 0.05).
@@ -91,9 +94,16 @@ class AdversarialNegativesLoss(stateful.OptimizerDrivenLoss, HardNegativeLoss):
             in_batch_keys: ``True`` (default): the other pairs' keys and all explicit negatives are negatives of
                 every anchor. ``False``: paper Eq. 5, row ``i`` sees only its positive, its own explicit negatives
                 and the adversaries (needs ``num_adversaries > 0``).
-            **options: the shared options of every loss, keyword-only: ``seed``, ``mask_duplicates`` (default on),
-                ``false_negative_margin``, ``margin_strategy``, ``guide``, ``gather_across_devices``,
-                ``mini_batch_size``, ``mini_batch_num_tokens`` (documented on :class:`~st_hardneg.HardNegativeLoss`).
+            **options: the options of sentence-transformers' ``MultipleNegativesRankingLoss`` / ``GISTEmbedLoss`` and
+                st-hardneg's shared ones, keyword-only, documented on :class:`~st_hardneg.HardNegativeLoss`:
+                ``scale`` or ``temperature``, ``similarity_fct``, ``directions``, ``partition_mode``,
+                ``hardness_mode``, ``hardness_strength``, ``seed``, ``mask_duplicates`` (default on), ``margin``,
+                ``margin_strategy``, ``contrast_anchors``, ``contrast_positives``, ``gather_across_devices``,
+                ``mini_batch_size``, ``mini_batch_num_tokens``, ``show_progress_bar``.
+                Here: the adversaries are extra columns of the ``query_to_doc`` direction (the paper's); further
+                ``directions`` use the keys as documents; ST's hardness penalty applies to ST's columns, not to the
+                adversaries; ``similarity_fct=dot_score`` needs ``num_adversaries=0`` (the adversaries live on the
+                unit sphere, as in AdCo).
                 Here: a masked key or explicit negative leaves the denominator of the encoder's and of the
                 adversaries' loss (the adversaries are never masked); the margin's similarities are the online
                 encoder's; ``seed`` seeds the adversaries' standard-normal initialisation (``None``: torch's global
@@ -167,7 +177,10 @@ class AdversarialNegativesLoss(stateful.OptimizerDrivenLoss, HardNegativeLoss):
                 add_stateful_loss_callback(trainer)  # restores the loss state on resume
                 trainer.train()  # later: trainer.train(resume_from_checkpoint=True)
         """
-        super().__init__(model, **options)
+        super().__init__(model, guide, **options)
+        if num_adversaries and self.similarity_fct_name != "cos_sim":
+            raise ValueError("AdversarialNegativesLoss with num_adversaries > 0 needs similarity_fct=cos_sim: the "
+                             "adversaries are points on the unit sphere (AdCo), scored by their cosines")
         self.num_adversaries = validation.check_count(num_adversaries, "num_adversaries (M)", minimum=0)
         self.untied = validation.check_bool(untied, "untied")
         self.in_batch_keys = validation.check_bool(in_batch_keys, "in_batch_keys")
@@ -294,13 +307,24 @@ class AdversarialNegativesLoss(stateful.OptimizerDrivenLoss, HardNegativeLoss):
         enabled), also adds the adversaries' ascent gradient to the window of the next optimizer step."""
         batch = self.prepare_batch(embeddings)  # with gather_across_devices: the global batch
         masked = batch.false_negatives
-        cos, logits = self._cosines_and_logits(batch.anchors, batch.candidates, self.adversaries.detach(),
-                                               self.temperature, masked)
-        loss = self.reduce(fn.info_nce_rows(logits))
-        self.record_stats(cos, num_in_batch=batch.size, num_synthetic=self.num_adversaries)
+        blocks = self.ranking_blocks(batch)
+        q2d = blocks["query_to_doc"]
+        if not self.in_batch_keys:  # paper Eq. 5: drop the other rows' keys and explicit negatives
+            q2d = q2d.excluding(self._other_rows(batch.size, q2d.similarity.size(1), q2d.similarity.device))
+        if self.num_adversaries:  # never masked
+            q2d = q2d.with_columns(batch.anchors @ fn.normalize(self.adversaries.detach()).T)
+        blocks["query_to_doc"] = q2d
+        loss = self.reduce(self.ranking_rows(blocks))
+        self.record_stats(q2d.similarity, num_in_batch=batch.size, num_synthetic=self.num_adversaries)
         if self.num_adversaries and self.training and torch.is_grad_enabled():
             self._accumulate(batch.anchors, batch.candidates, masked)
         return loss
+
+    @staticmethod
+    def _other_rows(n: int, columns: int, device: torch.device) -> Tensor:
+        """(n, columns) True where a candidate column belongs to another pair (column ``c`` is pair ``c mod n``)."""
+        own = torch.arange(columns, device=device) % n
+        return own.unsqueeze(0) != torch.arange(n, device=device).unsqueeze(1)
 
     def adversary_loss(self, anchors: Tensor, candidates: Tensor, adversaries: Tensor,
                        exclude: Tensor | None = None) -> Tensor:
@@ -314,10 +338,8 @@ class AdversarialNegativesLoss(stateful.OptimizerDrivenLoss, HardNegativeLoss):
         cos = fn.candidate_cosines(anchors, torch.cat([candidates, adversaries.to(candidates.dtype)], dim=0))
         logits = fn.mask_columns(fn.contrastive_logits(cos, tau), exclude)  # adversaries are never masked
         if not self.in_batch_keys:  # paper Eq. 5: drop the other rows' keys and explicit negatives
-            n = anchors.size(0)
-            own = torch.arange(candidates.size(0), device=cos.device) % n
-            drop = own.unsqueeze(0) != torch.arange(n, device=cos.device).unsqueeze(1)
-            drop = torch.cat([drop, drop.new_zeros(n, adversaries.size(0))], dim=1)
+            drop = self._other_rows(anchors.size(0), candidates.size(0), cos.device)
+            drop = torch.cat([drop, drop.new_zeros(anchors.size(0), adversaries.size(0))], dim=1)
             logits = logits.masked_fill(drop, float("-inf"))
         return cos, logits
 

@@ -14,11 +14,13 @@ from collections.abc import Callable, Iterable
 from typing import Any, Literal, TypedDict, TypeVar
 
 import torch
+from sentence_transformers import SentenceTransformer
 from sentence_transformers.base.losses.merged_forward import embed_columns
 from torch import Tensor, nn
 
 from st_hardneg import functional as fn
 from st_hardneg import validation
+from st_hardneg.functional import ranking as fr
 from st_hardneg.losses import distributed as dist
 from st_hardneg.losses import false_negatives
 from st_hardneg.losses.batch import Batch, SideInputs, column_name
@@ -30,18 +32,26 @@ _Method = TypeVar("_Method", bound=Callable[..., Tensor])
 
 
 class LossOptions(TypedDict, total=False):
-    """The keyword options every st-hardneg loss takes besides its paper's hyperparameters (their meaning:
-    :class:`HardNegativeLoss`)."""
+    """The keyword options every st-hardneg loss takes besides its paper's hyperparameters and the ``guide`` (their
+    meaning: :class:`HardNegativeLoss`)."""
 
-    temperature: float
+    scale: float | None
+    temperature: float | None
+    similarity_fct: Callable[[Tensor, Tensor], Tensor] | str
+    directions: tuple[fr.Direction, ...]
+    partition_mode: fr.PartitionMode
+    hardness_mode: fr.HardnessMode | None
+    hardness_strength: float
     seed: int | None
     mask_duplicates: bool
-    false_negative_margin: float | None
+    margin: float | None
     margin_strategy: Literal["absolute", "relative"]
-    guide: nn.Module | None
+    contrast_anchors: bool | None
+    contrast_positives: bool | None
     gather_across_devices: bool
     mini_batch_size: int | None
     mini_batch_num_tokens: int | None
+    show_progress_bar: bool
 
 
 def float32_loss(method: _Method) -> _Method:
@@ -81,9 +91,34 @@ class HardNegativeLoss(GradCacheMixin, nn.Module):
         def paper_config(self):
             return {"lam": self.lam}                         # get_config_dict() adds the shared options
 
-    Args (the shared options, keyword-only, on every loss):
+    Args (the shared options on every loss; all but ``guide`` keyword-only). The names, defaults and meanings of
+    sentence-transformers 6.2's ``MultipleNegativesRankingLoss`` (and its Cached / Symmetric forms) and
+    ``GISTEmbedLoss``, so that swapping one of them for an st-hardneg loss changes the class name only:
         model: SentenceTransformer model.
-        temperature: τ > 0 (0.05 = sentence-transformers' ``scale=20``). The logits are ``similarity / τ``.
+        guide: optional SentenceTransformer (the only argument that may also be given by position, as in
+            ``GISTEmbedLoss(model, guide)``) whose embeddings (no gradient; the texts re-tokenised if its tokenizer
+            differs or its ``max_seq_length`` is shorter) decide the false negatives instead of the trained model's.
+            A guide alone means ``margin=0`` and turns ``contrast_anchors`` / ``contrast_positives`` on, as in GIST.
+            Any other positional value after ``model`` is a ``TypeError`` (``Loss(model, 20.0)`` names ``scale``).
+        scale: sentence-transformers' inverse temperature (default 20): the logits are ``similarity · scale``.
+        temperature: τ = 1 / scale (default 0.05). Give ``scale`` or ``temperature``, not both; τ > 1 warns (it looks
+            like a scale).
+        similarity_fct: ``sentence_transformers.util.cos_sim`` (default) or ``dot_score`` (scored on the raw
+            embeddings). A loss whose equation needs cosines rejects ``dot_score`` and says why.
+        directions: sentence-transformers' interaction terms, a tuple of ``"query_to_doc"`` (required: query i
+            against every document: the positives, then every explicit negative), ``"query_to_query"`` (against the
+            other queries), ``"doc_to_query"`` (positive i against every query) and ``"doc_to_doc"`` (positive i
+            against every document of the other pairs). Default ``("query_to_doc",)``, every paper's equation. Each
+            paper's extra negatives (mixed, synthetic, adversarial) are columns of ``query_to_doc`` (MixCSE's
+            ``reverse_mix`` also of ``doc_to_query``).
+        partition_mode: ``"joint"`` (one softmax over every direction; default) or ``"per_direction"`` (one softmax
+            per direction, averaged; not with ``query_to_query`` / ``doc_to_doc``). ``directions=("query_to_doc",
+            "doc_to_query"), partition_mode="per_direction"`` is ``MultipleNegativesSymmetricRankingLoss``.
+        hardness_mode: sentence-transformers' hardness weighting (Lan et al. 2025): ``None`` (default),
+            ``"in_batch_negatives"``, ``"hard_negatives"`` or ``"all_negatives"``: ``hardness_strength · sg(s)`` is
+            added to those ``query_to_doc`` logits (after the scaling, and after a Focal-InfoNCE modulation). It
+            composes with the papers' extra negatives, which it leaves unpenalised.
+        hardness_strength: α >= 0 (default 0; a mode with α = 0 warns).
         seed: seed of the loss's random draws (random mixing partners, HNCSE's negative pairs, AdCSE's adversary
             initialisation), drawn from a generator of its own; ``None`` uses torch's global generator (seeded by the
             Trainer's ``seed``). A loss without random draws (Focal-InfoNCE) records it and draws nothing.
@@ -91,19 +126,28 @@ class HardNegativeLoss(GradCacheMixin, nn.Module):
             embedding, or whose text when the loss is called through ``forward``, is identical to anchor ``i``'s
             positive is not a negative of anchor ``i``: it leaves the denominator and every hard-negative selection
             (mixing partners, top-k pools). The positive itself is never masked (unsupervised ``(sentence,
-            sentence)`` pairs are fine). Default on.
-        false_negative_margin: ``None`` (off) or a margin >= 0: also mask every candidate whose similarity to the
-            anchor exceeds the positive's similarity minus the margin (``margin_strategy="absolute"``) or minus
-            ``|positive similarity|·margin`` (``"relative"``), the filter of sentence-transformers'
-            ``GISTEmbedLoss``. A symmetric loss's reverse direction uses the transposed mask. :attr:`diagnostics`
-            reports ``masked_false_negatives`` (mean per anchor) and ``masked_false_negatives_total``.
+            sentence)`` pairs are fine). Default on (sentence-transformers has no such mask: ``False`` for its exact
+            behaviour on data with duplicates).
+        margin: GISTEmbedLoss's false-negative filter: ``None`` (off; ``0.0`` when a guide is given) or a margin >= 0:
+            mask every candidate whose similarity to the anchor exceeds the positive's similarity minus the margin
+            (``margin_strategy="absolute"``) or minus ``|positive similarity|·margin`` (``"relative"``), judged by
+            the guide when given, else by the trained model itself (detached). ``doc_to_query`` uses the transposed
+            mask, ``query_to_query`` / ``doc_to_doc`` the same threshold on their own similarities. A row whose
+            every negative is masked teaches nothing: the first such batch warns, and :attr:`diagnostics` reports
+            ``masked_false_negatives`` (mean per anchor), ``masked_false_negatives_total``, ``masked_fraction`` and
+            ``rows_without_negatives``.
         margin_strategy: ``"absolute"`` or ``"relative"``.
-        guide: optional SentenceTransformer whose embeddings (no gradient; the texts re-tokenised if its tokenizer
-            differs or its ``max_seq_length`` is shorter) give the similarities of the threshold instead of the
-            trained model's. Needs ``false_negative_margin``.
+        contrast_anchors: GISTEmbedLoss's anchor-anchor block: every anchor also against the other anchors of its
+            process (false negatives masked as above). ``None`` (default): on with a guide (GIST's default), off
+            without one (MNRL's). With a guide and ``gather_across_devices`` the anchors of other processes are not
+            contrasted, as in GIST; ``directions`` with ``"query_to_query"`` contrasts them all.
+        contrast_positives: GISTEmbedLoss's positive-positive block: every positive against the other positives (not
+            the explicit negatives; ``"doc_to_doc"`` in ``directions`` is sentence-transformers' block with them).
+            ``None``: as ``contrast_anchors``.
         gather_across_devices: see **Scaling up** below.
-        mini_batch_size: see **Scaling up** below.
+        mini_batch_size: see **Scaling up** below (``None``, the default, is uncached; CachedMNRL's default is 32).
         mini_batch_num_tokens: alternatively to ``mini_batch_size``, a budget of non-padding tokens per mini-batch.
+        show_progress_bar: with ``mini_batch_size``, a progress bar over the mini-batches (as in the Cached losses).
 
     :func:`float32_loss` runs each ``compute_loss_from_embeddings`` with autocast disabled (the loss math is float32
     under bf16/fp16 mixed precision too) and warns once if it receives labels it does not use. This class also provides the
@@ -143,36 +187,76 @@ class HardNegativeLoss(GradCacheMixin, nn.Module):
     #: (this process's rows, global rows) after a gathering prepare_batch, else None
     _local_rows: tuple[slice, int] | None = None
 
-    def __init__(self, model: nn.Module, *, temperature: float = 0.05, seed: int | None = None,
-                 mask_duplicates: bool = True, false_negative_margin: float | None = None,
-                 margin_strategy: Literal["absolute", "relative"] = "absolute", guide: nn.Module | None = None,
+    def __init__(self, model: SentenceTransformer, guide: SentenceTransformer | None = None, *,
+                 scale: float | None = None, temperature: float | None = None,
+                 similarity_fct: Callable[[Tensor, Tensor], Tensor] | str = "cos_sim",
+                 directions: tuple[fr.Direction, ...] = ("query_to_doc",),
+                 partition_mode: fr.PartitionMode = "joint", hardness_mode: fr.HardnessMode | None = None,
+                 hardness_strength: float = 0.0, seed: int | None = None, mask_duplicates: bool = True,
+                 margin: float | None = None, margin_strategy: Literal["absolute", "relative"] = "absolute",
+                 contrast_anchors: bool | None = None, contrast_positives: bool | None = None,
                  gather_across_devices: bool = False, mini_batch_size: int | None = None,
-                 mini_batch_num_tokens: int | None = None, **unknown: Any) -> None:
+                 mini_batch_num_tokens: int | None = None, show_progress_bar: bool = False,
+                 **unknown: Any) -> None:
+        name = type(self).__name__
         if unknown:
-            raise TypeError(f"{type(self).__name__}.__init__() got an unexpected keyword argument {next(iter(unknown))!r}")
+            key = next(iter(unknown))
+            renamed = {"margin": "margin (GISTEmbedLoss's name)",
+                       "symmetric": "directions=('query_to_doc', 'doc_to_query'), partition_mode='per_direction'",
+                       }
+            hint = f"; it is now {renamed[key]}" if key in renamed else ""
+            raise TypeError(f"{name}.__init__() got an unexpected keyword argument {key!r}{hint}")
+        if isinstance(guide, int | float | str) and not isinstance(guide, nn.Module):
+            # the one positional slot after `model` is GISTEmbedLoss's guide; MNRL's positional scale lands here
+            hint = (f" Did you mean scale={guide!r} (sentence-transformers' MultipleNegativesRankingLoss(model, "
+                    f"{guide!r})) or temperature={guide!r}?" if isinstance(guide, int | float) else "")
+            raise TypeError(f"{name}: every argument after `model` is keyword-only, except a guide model "
+                            f"(GISTEmbedLoss(model, guide)); got {guide!r} as the second positional argument.{hint}")
         super().__init__()
         self.model = model
-        self.temperature = validation.check_temperature(temperature)
+        self.similarity_fct_name = validation.check_similarity_fct(similarity_fct)
+        cosine_reason = self.cosine_only_reason()
+        if self.similarity_fct_name != "cos_sim" and cosine_reason:
+            raise ValueError(f"{name} needs similarity_fct=cos_sim: {cosine_reason}")
+        self.temperature = validation.check_scale_or_temperature(
+            scale, temperature, max_abs_similarity=self.max_abs_similarity())
+        self.directions, self.partition_mode = validation.check_directions(directions, partition_mode)
+        self.hardness_mode, self.hardness_strength = validation.check_hardness(hardness_mode, hardness_strength)
         self.seed = validation.check_seed(seed)
         self.gather_across_devices = validation.check_bool(gather_across_devices, "gather_across_devices")
         self.mini_batch_size = validation.check_optional_count(mini_batch_size, "mini_batch_size")
         self.mini_batch_num_tokens = validation.check_optional_count(mini_batch_num_tokens, "mini_batch_num_tokens")
+        self.show_progress_bar = validation.check_bool(show_progress_bar, "show_progress_bar")
         if self.uses_gradient_cache:
             if model is None:
-                raise ValueError(f"{type(self).__name__}: mini_batch_size / mini_batch_num_tokens need a model to embed "
+                raise ValueError(f"{name}: mini_batch_size / mini_batch_num_tokens need a model to embed "
                                  "the mini-batches, got model=None")
-            check_cacheable_model(model, type(self).__name__)
+            check_cacheable_model(model, name)
         # false-negative control (the mask: st_hardneg.losses.false_negatives)
         self.mask_duplicates = validation.check_bool(mask_duplicates, "mask_duplicates")
-        self.false_negative_margin = validation.check_optional_non_negative(
-            false_negative_margin, "false_negative_margin")
+        if margin is None and guide is not None:
+            margin = 0.0  # GISTEmbedLoss: a guide alone masks every candidate it finds closer than the positive
+        self.margin = validation.check_optional_non_negative(margin, "margin")
         self.margin_strategy = validation.check_choice(margin_strategy, "margin_strategy", ("absolute", "relative"))
-        self._must_retokenize = (validation.check_guide(guide, model, self.false_negative_margin)
-                                      if guide is not None else False)
+        self._must_retokenize = validation.check_guide(guide, model) if guide is not None else False
         # kept out of the module tree (as AdCSE's key encoder): not trained, not in state_dict(), not in the optimizer
         vars(self)["guide"] = guide
+        # GISTEmbedLoss's anchor-anchor and positive-positive blocks: on by default with a guide (GIST's default),
+        # off without one (MultipleNegativesRankingLoss's)
+        self.contrast_anchors = validation.check_bool(
+            guide is not None if contrast_anchors is None else contrast_anchors, "contrast_anchors")
+        self.contrast_positives = validation.check_bool(
+            guide is not None if contrast_positives is None else contrast_positives, "contrast_positives")
+        if (self.contrast_anchors or self.contrast_positives) and self.partition_mode == "per_direction":
+            raise ValueError(f"{name}: contrast_anchors / contrast_positives add same-type blocks without the positive "
+                             "pair, which partition_mode='per_direction' cannot normalise; use partition_mode='joint' "
+                             "(or contrast_anchors=False, contrast_positives=False)")
+        if self.contrast_anchors and "query_to_query" in self.directions:
+            raise ValueError(f"{name}: contrast_anchors=True and directions with 'query_to_query' would contrast the "
+                             "anchors twice; use one of them")
         self._reports_false_negatives = False
         self._false_negative_stats: dict[str, Tensor] = {}
+        self._warned_unusable = False
         #: what forward saw for the next compute_loss_from_embeddings call (text keys, guide embeddings)
         self._side_inputs: SideInputs | None = None
         self._local_rows = None
@@ -180,6 +264,31 @@ class HardNegativeLoss(GradCacheMixin, nn.Module):
         self._last_stats: dict[str, Tensor] = {}
         self._warned_labels = False
         self.embedding_dimension = self._model_embedding_dimension(model)
+
+    def cosine_only_reason(self) -> str | None:
+        """Why this loss's equation needs cosine similarities (then ``similarity_fct=dot_score`` is rejected), or
+        ``None`` if it works with both. Called by the constructor before the loss's own arguments are set."""
+        return None
+
+    def max_abs_similarity(self) -> float:
+        """The largest magnitude a logit's numerator reaches before the scaling (1 for a cosine), for the
+        temperature's overflow check; without a bound (dot products) nothing is checked."""
+        return 1.0
+
+    @property
+    def blocks(self) -> tuple[str, ...]:
+        """The blocks of the softmax: :attr:`directions` plus ``anchor_to_anchor`` / ``positive_to_positive`` for
+        ``contrast_anchors`` / ``contrast_positives`` (GISTEmbedLoss)."""
+        extra = (("anchor_to_anchor",) if self.contrast_anchors else ()) + (
+            ("positive_to_positive",) if self.contrast_positives else ())
+        return self.directions + extra
+
+    @property
+    def similarity_fct(self) -> Callable[[Tensor, Tensor], Tensor]:
+        """sentence-transformers' function of the similarity the loss scores with (``cos_sim`` or ``dot_score``)."""
+        from sentence_transformers import util
+
+        return util.cos_sim if self.similarity_fct_name == "cos_sim" else util.dot_score
 
     @staticmethod
     def _model_embedding_dimension(model: Any) -> int | None:
@@ -195,16 +304,17 @@ class HardNegativeLoss(GradCacheMixin, nn.Module):
 
     @property
     def controls_false_negatives(self) -> bool:
-        """Whether any candidate can be masked (``mask_duplicates`` or a ``false_negative_margin``)."""
-        return self.mask_duplicates or self.false_negative_margin is not None
+        """Whether any candidate can be masked (``mask_duplicates`` or a ``margin``)."""
+        return self.mask_duplicates or self.margin is not None
 
     def check_logit_range(self, max_abs_similarity: float) -> None:
         """Raise if ``max_abs_similarity / temperature`` overflows (e.g. ``1 + m`` for Focal-InfoNCE logits)."""
-        validation.check_temperature(self.temperature, "temperature", max_abs_similarity)
+        if self.similarity_fct_name == "cos_sim":
+            validation.check_temperature(self.temperature, "temperature", max_abs_similarity)
 
-    # sentence-transformers' losses expose `scale = 1 / temperature`; offer the same for familiarity.
     @property
     def scale(self) -> float:
+        """sentence-transformers' name of the inverse temperature: the logits are ``similarity · scale``."""
         return 1.0 / self.temperature
 
     def forward(self, sentence_features: Iterable[dict[str, Tensor]], labels: Tensor | None) -> Tensor:
@@ -313,7 +423,7 @@ class HardNegativeLoss(GradCacheMixin, nn.Module):
             raw = [dist.gather_with_grad(column) for column in raw]
             units = [column / fn.row_norms(column).clamp_min(fn.NORM_EPS) for column in raw]
             self._local_rows = (dist.local_rows(n), raw[0].size(0))
-        batch = Batch.from_units(units, raw_anchors=raw[0], raw_positives=raw[1])
+        batch = Batch.from_units(units, raw=raw)
         inputs, self._side_inputs = self._side_inputs, None
         self._false_negative_stats = {}
         if not self.controls_false_negatives:
@@ -322,13 +432,16 @@ class HardNegativeLoss(GradCacheMixin, nn.Module):
             batch, inputs, len(embeddings), needs_guide=self.guide is not None,
             gathered=self._local_rows is not None, loss_name=type(self).__name__)
         batch.false_negatives, stats = false_negatives.false_negative_mask(
-            batch, mask_duplicates=self.mask_duplicates, margin=self.false_negative_margin,
+            batch, mask_duplicates=self.mask_duplicates, margin=self.margin,
             margin_strategy=self.margin_strategy)
+        batch.block_masks = false_negatives.block_masks(
+            batch, frozenset(self.blocks) - {"query_to_doc"}, mask_duplicates=self.mask_duplicates,
+            margin=self.margin, margin_strategy=self.margin_strategy)
         # Reported once anything can be masked beyond exact duplicates (a threshold is set), or from the first batch
         # in which a duplicate was masked on: on duplicate-free data the default diagnostics stay as they were.
         total = stats["masked_false_negatives_total"]
         if not self._reports_false_negatives and (
-                self.false_negative_margin is not None or (total.device.type != "meta" and bool(total > 0))):
+                self.margin is not None or (total.device.type != "meta" and bool(total > 0))):
             self._reports_false_negatives = True
         if self._reports_false_negatives:
             self._false_negative_stats = stats
@@ -356,6 +469,98 @@ class HardNegativeLoss(GradCacheMixin, nn.Module):
         # With GradCache it decorates this loss's calculate_loss instead (the forward hook runs after the patch).
         return (type(getattr(self.model, "forward", None)).__name__ == "ForwardDecorator"
                 or type(self.__dict__.get("calculate_loss")).__name__ == "CachedLossDecorator")
+
+    # ------------------------------------------------------------------ ranking (sentence-transformers' directions)
+    def similarity(self, a: Tensor, b: Tensor) -> Tensor:
+        """``similarity_fct`` of two sets of rows of a :class:`Batch`: unit rows give cosines; for ``dot_score`` pass
+        the raw rows (:meth:`Batch.role_rows`)."""
+        return a @ b.T
+
+    def ranking_blocks(self, batch: Batch) -> dict[str, fr.Block]:
+        """The blocks of :attr:`blocks` for ``batch`` as sentence-transformers' ``MultipleNegativesRankingLoss``
+        (and ``GISTEmbedLoss`` for the contrast blocks) builds them: similarities (cosines of the unit rows, or dot
+        products of the raw rows), the excluded entries (a row itself, the documents of its own pair in
+        ``doc_to_doc``, other processes' anchors in ``anchor_to_anchor``, and the masked false negatives) and the
+        hardness penalty of ``query_to_doc``. A loss appends its own columns with :meth:`Block.with_columns`."""
+        dot = self.similarity_fct_name == "dot_score"
+        queries, positives = (batch.raw_anchors, batch.raw_positives) if dot else (batch.anchors, batch.positives)
+        documents = batch.raw_candidates if dot else batch.candidates
+        n, device = batch.size, batch.device
+        masks = batch.block_masks or {}
+        eye = torch.eye(n, dtype=torch.bool, device=device)
+        out: dict[str, fr.Block] = {}
+        q2d = self.similarity(queries, documents)
+        out["query_to_doc"] = fr.Block(
+            q2d, has_positive=True, exclude=batch.false_negatives,
+            penalty=fr.hardness_penalty(q2d, n, self.hardness_mode, self.hardness_strength))
+        for name in self.blocks:
+            if name == "query_to_doc":
+                continue
+            if name in ("query_to_query", "anchor_to_anchor"):
+                exclude = eye.clone()
+                if name == "anchor_to_anchor" and self._local_rows is not None:
+                    # GISTEmbedLoss does not gather the anchors: only this process's anchors are contrasted
+                    own = self._local_rows[0]
+                    process = torch.arange(n, device=device) // (own.stop - own.start)
+                    exclude |= process.unsqueeze(1) != process.unsqueeze(0)
+                block = fr.Block(self.similarity(queries, queries), exclude=exclude)
+            elif name == "doc_to_query":
+                block = fr.Block(self.similarity(positives, queries), has_positive=True)
+            elif name == "doc_to_doc":
+                columns = torch.arange(documents.size(0), device=device) % n
+                own = columns.unsqueeze(0) == torch.arange(n, device=device).unsqueeze(1)
+                block = fr.Block(self.similarity(positives, documents), exclude=own)
+            elif name == "positive_to_positive":
+                block = fr.Block(self.similarity(positives, positives), exclude=eye.clone())
+            else:  # pragma: no cover - the constructor validated the names
+                raise ValueError(f"unknown block {name!r}")
+            out[name] = block.excluding(masks.get(name))
+        return out
+
+    def ranking_rows(self, blocks: dict[str, fr.Block], focal_m: float | None = None) -> Tensor:
+        """The (N,) per-row losses of the blocks (:func:`st_hardneg.functional.ranking.ranking_rows` with this
+        loss's scale and partition mode); warns once when rows have no negative left (every candidate masked)."""
+        self._count_unusable_rows(blocks)
+        return fr.ranking_rows(blocks, self.scale, self.partition_mode, focal_m)
+
+    def _count_unusable_rows(self, blocks: dict[str, fr.Block]) -> None:
+        """Record how many rows have no unmasked negative (their loss is 0: they teach nothing) and the masked
+        fraction of the candidates, and warn once per loss when some row has none."""
+        q2d = blocks["query_to_doc"]
+        n = q2d.similarity.size(0)
+        if q2d.exclude is None and n > 1:
+            return
+        available = torch.zeros(n, dtype=torch.long, device=q2d.similarity.device)
+        total = 0
+        masked = torch.zeros((), device=q2d.similarity.device)
+        for name, block in blocks.items():
+            count = block.similarity.size(1)
+            keep = ~block.exclude if block.exclude is not None else torch.ones_like(block.similarity, dtype=torch.bool)
+            if block.has_positive:
+                keep = keep.clone()
+                keep[torch.arange(n), torch.arange(n)] = False
+                count -= 1
+            available += keep.sum(dim=1)
+            total += count
+            masked = masked + (count * n - keep.sum())
+        unusable = (available == 0).sum()
+        if available.device.type == "meta":
+            return
+        count_unusable = int(unusable)
+        if self._reports_false_negatives or count_unusable:
+            coverage = {"rows_without_negatives": unusable.float().detach(),
+                        "masked_fraction": (masked.float() / max(total * n, 1)).detach()}
+            # into the diagnostics whether the loss records its statistics before or after its rows
+            self._false_negative_stats = {**self._false_negative_stats, **coverage}
+            self._last_stats = {**self._last_stats, **coverage}
+        if count_unusable and not self._warned_unusable:
+            self._warned_unusable = True
+            warnings.warn(
+                f"{type(self).__name__}: {count_unusable} of {n} rows of a batch have no negative left (every "
+                "candidate was masked as a false negative, or the batch repeats one text): their loss is 0 and they "
+                "teach nothing. Check margin / mask_duplicates and the data (BatchSamplers.NO_DUPLICATES). The "
+                "diagnostics report rows_without_negatives and masked_fraction. This warning is shown once.",
+                UserWarning, stacklevel=4)
 
     # ------------------------------------------------------------------ shared machinery
     def generator(self, device: torch.device | str) -> torch.Generator | None:
@@ -400,7 +605,7 @@ class HardNegativeLoss(GradCacheMixin, nn.Module):
         """Mean cosines of the last batch seen in training: ``positive``, ``negative`` and, for losses that
         synthesise negatives, ``synthetic`` (MixCSE Fig. 4a). Empty before the first batch. With false-negative
         control also ``masked_false_negatives`` (masked candidates per anchor, mean) and
-        ``masked_false_negatives_total``: always when ``false_negative_margin`` is set, and from the first batch in
+        ``masked_false_negatives_total``: always when ``margin`` is set, and from the first batch in
         which ``mask_duplicates`` masked something on."""
         return {key: float(value) for key, value in self._last_stats.items()}
 
@@ -409,14 +614,15 @@ class HardNegativeLoss(GradCacheMixin, nn.Module):
         return {}
 
     def get_config_dict(self) -> dict[str, Any]:
-        """The paper's hyperparameters (:meth:`paper_config`), then the shared options: ``temperature``, ``seed``,
-        the false-negative options that differ from their defaults, and the scaling options."""
-        config = {**self.paper_config(), "temperature": self.temperature, "seed": self.seed}
-        if not self.mask_duplicates:
-            config["mask_duplicates"] = False
-        if self.false_negative_margin is not None:
-            config["false_negative_margin"] = self.false_negative_margin
-            config["margin_strategy"] = self.margin_strategy
+        """Every setting that changes the loss, for the model card: the paper's hyperparameters
+        (:meth:`paper_config`), then the shared options (sentence-transformers' names first)."""
+        config = {**self.paper_config(), "scale": self.scale, "temperature": self.temperature,
+                  "similarity_fct": self.similarity_fct_name, "directions": self.directions,
+                  "partition_mode": self.partition_mode, "hardness_mode": self.hardness_mode,
+                  "hardness_strength": self.hardness_strength, "seed": self.seed,
+                  "mask_duplicates": self.mask_duplicates, "margin": self.margin,
+                  "margin_strategy": self.margin_strategy, "contrast_anchors": self.contrast_anchors,
+                  "contrast_positives": self.contrast_positives}
         if self.guide is not None:
             card = getattr(self.guide, "model_card_data", None)
             config["guide"] = getattr(card, "base_model", None) or type(self.guide).__name__

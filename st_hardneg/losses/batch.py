@@ -37,6 +37,10 @@ class Batch:
     #: (N, N + N·k) bool, True where candidate ``c`` is a masked false negative of anchor ``i`` (never ``c == i``);
     #: ``None`` when false-negative control is off
     false_negatives: Tensor | None = None
+    #: the raw (float32, unnormalised) explicit negatives, stacked as ``negatives``
+    raw_negatives: Tensor | None = None
+    #: the masked false negatives of the other ranking blocks (``doc_to_query``, ``query_to_query``...), by name
+    block_masks: dict[str, Tensor] | None = None
 
     @property
     def size(self) -> int:
@@ -53,12 +57,26 @@ class Batch:
             return self.positives
         return torch.cat([self.positives, self.negatives], dim=0)
 
+    @property
+    def raw_candidates(self) -> Tensor:
+        """:attr:`candidates` before normalisation (for ``dot_score``)."""
+        if self.raw_anchors is None or self.raw_positives is None:
+            raise ValueError("this batch has no raw (unnormalised) rows")
+        if self.raw_negatives is None or self.raw_negatives.size(0) == 0:
+            return self.raw_positives
+        return torch.cat([self.raw_positives, self.raw_negatives], dim=0)
+
     @classmethod
-    def from_units(cls, units: list[Tensor], **fields: Tensor | None) -> Batch:
-        """A batch from per-column unit rows ``[anchors, positives, negative_1, ...]``."""
+    def from_units(cls, units: list[Tensor], raw: list[Tensor] | None = None, **fields: Tensor | None) -> Batch:
+        """A batch from per-column unit rows ``[anchors, positives, negative_1, ...]`` and, optionally, the same
+        columns before normalisation (``raw``)."""
         width = units[0].size(1)
         negatives = torch.cat(units[2:], dim=0) if len(units) > 2 else units[0].new_zeros((0, width))
-        return cls(units[0], units[1], negatives, **fields)
+        if raw is not None:
+            fields = {"raw_anchors": raw[0], "raw_positives": raw[1],
+                      "raw_negatives": torch.cat(raw[2:], dim=0) if len(raw) > 2 else raw[0].new_zeros((0, width)),
+                      **fields}
+        return cls(units[0], units[1], negatives, **fields)  # type: ignore[arg-type]
 
 
 @dataclass

@@ -20,7 +20,7 @@ from st_hardneg import functional as fn
 from st_hardneg.losses import distributed as dist
 from st_hardneg.losses.batch import Batch, SideInputs, text_keys
 
-__all__ = ["attach_side_inputs", "false_negative_mask", "guide_embeddings", "side_inputs"]
+__all__ = ["attach_side_inputs", "block_masks", "false_negative_mask", "guide_embeddings", "side_inputs"]
 
 
 def side_inputs(sentence_features: list[dict[str, Tensor]], *, mask_duplicates: bool, guide: nn.Module | None,
@@ -122,3 +122,68 @@ def false_negative_mask(batch: Batch, *, mask_duplicates: bool, margin: float | 
     mask.fill_diagonal_(False)
     count = mask.sum(dim=1).float()
     return mask, {"masked_false_negatives": count.mean(), "masked_false_negatives_total": count.sum()}
+
+
+@torch.no_grad()
+def block_masks(batch: Batch, names: set[str] | frozenset[str], *, mask_duplicates: bool, margin: float | None,
+                margin_strategy: str = "absolute") -> dict[str, Tensor]:
+    """The false negatives of the blocks other than ``query_to_doc`` (whose mask is :func:`false_negative_mask`,
+    ``batch.false_negatives``, which must be set): one (N, C) bool mask per name in ``names``.
+
+    - ``doc_to_query``: the transposed in-batch part of the ``query_to_doc`` mask (positive i vs query j is masked
+      when positive i is a false negative of query j);
+    - ``query_to_query`` / ``anchor_to_anchor``: query j is masked for row i when it duplicates query i or positive
+      i (embedding, or text when known), or when ``sim(q_i, q_j) > threshold_i``;
+    - ``doc_to_doc`` (every document) / ``positive_to_positive`` (the positives): a document is masked for row i when
+      it duplicates positive i, or when ``sim(p_i, d) > threshold_i``.
+
+    ``threshold_i`` is row i's positive similarity minus the margin (``"absolute"``) or minus ``|positive|·margin``
+    (``"relative"``), in the guide's embeddings when ``batch.guide`` is set (GISTEmbedLoss's rule for its
+    anchor-anchor and positive-positive blocks), else in the batch's own (detached).
+    """
+    n = batch.size
+    masks: dict[str, Tensor] = {}
+    q2d = batch.false_negatives
+    if q2d is None:
+        raise ValueError("block_masks needs batch.false_negatives (false_negative_mask) first")
+    if "doc_to_query" in names:
+        masks["doc_to_query"] = q2d[:, :n].T.contiguous()
+    same_type = {"query_to_query", "anchor_to_anchor", "doc_to_doc", "positive_to_positive"} & set(names)
+    if not same_type:
+        return masks
+    source = batch.guide if batch.guide is not None else batch
+    threshold = None
+    if margin is not None:
+        positive = (source.anchors.detach() * source.positives.detach()).sum(-1, keepdim=True)
+        threshold = positive - margin if margin_strategy == "absolute" else positive - positive.abs() * margin
+    anchors, candidates = batch.anchors.detach(), batch.candidates.detach()
+    ids = None
+    if mask_duplicates and anchors.device.type != "meta":
+        ids = torch.unique(torch.cat([anchors, candidates]), dim=0, return_inverse=True)[1]
+    keys = batch.text_keys
+    if {"query_to_query", "anchor_to_anchor"} & set(names):
+        mask = torch.zeros(n, n, dtype=torch.bool, device=batch.device)
+        if ids is not None:
+            query_ids, positive_ids = ids[:n], ids[n:2 * n]
+            mask |= (query_ids.unsqueeze(1) == query_ids.unsqueeze(0)) | (positive_ids.unsqueeze(1) == query_ids)
+        if mask_duplicates and keys is not None:
+            mask |= (keys[0].unsqueeze(1) == keys[0].unsqueeze(0)) | (keys[1].unsqueeze(1) == keys[0].unsqueeze(0))
+        if threshold is not None:
+            mask |= source.anchors.detach() @ source.anchors.detach().T > threshold
+        for name in ("query_to_query", "anchor_to_anchor"):
+            if name in names:
+                masks[name] = mask
+    if {"doc_to_doc", "positive_to_positive"} & set(names):
+        mask = torch.zeros(n, candidates.size(0), dtype=torch.bool, device=batch.device)
+        if ids is not None:
+            positive_ids, candidate_ids = ids[n:2 * n], ids[n:]
+            mask |= positive_ids.unsqueeze(1) == candidate_ids.unsqueeze(0)
+        if mask_duplicates and keys is not None:
+            mask |= keys[1].unsqueeze(1) == keys[1:].reshape(-1).unsqueeze(0)
+        if threshold is not None:
+            mask |= source.positives.detach() @ source.candidates.detach().T > threshold
+        if "doc_to_doc" in names:
+            masks["doc_to_doc"] = mask
+        if "positive_to_positive" in names:
+            masks["positive_to_positive"] = mask[:, :n]
+    return masks

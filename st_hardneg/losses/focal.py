@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from typing import Any, Unpack
 
-from torch import Tensor, nn
+from sentence_transformers import SentenceTransformer
+from torch import Tensor
 
-from st_hardneg import functional as fn
 from st_hardneg import validation
 from st_hardneg.losses.base import HardNegativeLoss, LossOptions, float32_loss
 
@@ -15,10 +15,10 @@ from st_hardneg.losses.base import HardNegativeLoss, LossOptions, float32_loss
 class FocalInfoNCELoss(HardNegativeLoss):
     def __init__(
         self,
-        model: nn.Module,
+        model: SentenceTransformer,
+        guide: SentenceTransformer | None = None,
         *,
         m: float = 0.3,
-        symmetric: bool = False,
         **options: Unpack[LossOptions],
     ) -> None:
         """
@@ -43,19 +43,22 @@ class FocalInfoNCELoss(HardNegativeLoss):
 
         Args:
             model: SentenceTransformer model.
-            temperature: τ > 0. 0.05 (``scale=20`` in ST terms) is the SimCSE default and inside the best range of the
-                paper's ablation (Table 4: 0.05-0.07 on STS-B).
+            guide: optional guide model for false-negative filtering, as in ``GISTEmbedLoss(model, guide)``.
             m: the hardness margin, >= 0 (paper: 0.3; Table 5 finds 0.2-0.3 best). ``m = 0`` keeps the squared logits.
-            symmetric: also treat ``h'_i`` as an anchor, with candidates ``h_1..h_N`` (positive ``h_i``) and the same
-                modulation, and average both directions. ``False`` (default) is the paper's one-directional loss.
-                Explicit negatives are candidates of the anchor → positive direction only (as in MixCSELoss and ST's
-                ``MultipleNegativesRankingLoss`` ``doc_to_query``).
-            **options: the shared options of every loss, keyword-only: ``seed``, ``mask_duplicates`` (default on),
-                ``false_negative_margin``, ``margin_strategy``, ``guide``, ``gather_across_devices``,
-                ``mini_batch_size``, ``mini_batch_num_tokens`` (documented on :class:`~st_hardneg.HardNegativeLoss`).
+            **options: the options of sentence-transformers' ``MultipleNegativesRankingLoss`` / ``GISTEmbedLoss`` and
+                st-hardneg's shared ones, keyword-only, documented on :class:`~st_hardneg.HardNegativeLoss`:
+                ``scale`` or ``temperature`` (τ = 0.05, ``scale=20``, is the SimCSE default and inside the best range
+                of the paper's ablation, Table 4: 0.05-0.07 on STS-B), ``directions`` and ``partition_mode`` (default:
+                the paper's one-directional loss; ``directions=("query_to_doc", "doc_to_query"),
+                partition_mode="per_direction"`` is the symmetric form, every direction with the same modulation:
+                its positive ``s_p²`` and every other entry ``s (s + m)``), ``hardness_mode`` /
+                ``hardness_strength`` (ST's penalty is added after the modulation), ``seed``, ``mask_duplicates``,
+                ``margin``, ``margin_strategy``, ``contrast_anchors``, ``contrast_positives``,
+                ``gather_across_devices``, ``mini_batch_size``, ``mini_batch_num_tokens``, ``show_progress_bar``.
                 Here: a masked duplicate leaves the denominator, so it is not weighted up as the hardest negative;
                 ``gather_across_devices`` gathers the anchors, positives and explicit negatives (every anchor's
-                negatives are the global batch's); Focal-InfoNCE makes no random draws.
+                negatives are the global batch's); Focal-InfoNCE makes no random draws. ``similarity_fct`` must be
+                ``cos_sim``: the modulation ``s_p²`` and ``s_n (s_n + m)`` is defined on cosines.
 
         References:
             - Hou & Li, "Improving Contrastive Learning of Sentence Embeddings with Focal-InfoNCE", Findings of EMNLP
@@ -80,7 +83,7 @@ class FocalInfoNCELoss(HardNegativeLoss):
         Recommendations:
             - Use ``BatchSamplers.NO_DUPLICATES``: a duplicate of the anchor in the batch is a false negative, and
               Focal-InfoNCE weights it up because it is the hardest one. ``mask_duplicates`` (default) removes exact
-              duplicates; ``false_negative_margin`` also removes near-duplicates and false mined negatives.
+              duplicates; ``margin`` also removes near-duplicates and false mined negatives.
 
         Relations:
             - With ``m`` irrelevant and plain ``s / τ`` logits this is ST's ``MultipleNegativesRankingLoss`` (SimCSE).
@@ -116,15 +119,12 @@ class FocalInfoNCELoss(HardNegativeLoss):
                 trainer = SentenceTransformerTrainer(model=model, args=args, train_dataset=train_dataset, loss=loss)
                 trainer.train()
         """
-        super().__init__(model, **options)
-        self.m = validation.check_non_negative(m, "m (the Focal-InfoNCE margin)")
-        self.symmetric = validation.check_bool(symmetric, "symmetric")
+        super().__init__(model, guide, **options)
+        self.m = validation.check_number(m, "m (the Focal-InfoNCE margin)", minimum=0.0, maximum=1e6)
         self.check_logit_range(1.0 + self.m)  # the largest negative logit is (1 + m) / τ
 
-    def _direction(self, anchors: Tensor, similarity: Tensor, exclude: Tensor | None = None) -> Tensor:
-        """Per-row focal InfoNCE of ``anchors`` given their cosines with the candidates (positive on the diagonal);
-        ``exclude`` removes masked false negatives from the denominator."""
-        return fn.info_nce_rows(fn.mask_columns(fn.contrastive_logits(similarity, self.temperature, self.m), exclude))
+    def cosine_only_reason(self) -> str | None:
+        return "the Focal-InfoNCE logits s_p² and s_n (s_n + m) are defined on cosines"
 
     @float32_loss
     def compute_loss_from_embeddings(self, embeddings: list[Tensor], labels: Tensor | None) -> Tensor:
@@ -132,21 +132,16 @@ class FocalInfoNCELoss(HardNegativeLoss):
 
             ℓ_i = -log  e^{s_p² / τ} / (e^{s_p² / τ} + Σ_n e^{s_n (s_n + m) / τ})
 
-        ``symmetric``: each row is the mean of ℓ_i and the same loss with ``h'_i`` as the anchor over ``h_1..h_N``.
+        Other ``directions`` get the same modulation (their positive ``s_p²``, every other entry ``s (s + m)``), and
+        ``partition_mode`` combines them as in sentence-transformers' ``MultipleNegativesRankingLoss``.
         """
         batch = self.prepare_batch(embeddings, labels)
-        cos = batch.anchors @ batch.candidates.T  # computed once; its in-batch block transposed is the reverse side
-        masked = batch.false_negatives
-        rows = self._direction(batch.anchors, cos, masked)
-        self.record_stats(cos, num_in_batch=batch.size)
-        if self.symmetric:
-            # h'_i as the anchor: candidates h_1..h_N, positive h_i; explicit negatives stay on the forward side.
-            reverse_masked = masked[:, : batch.size].T if masked is not None else None
-            rows = (rows + self._direction(batch.positives, cos[:, : batch.size].T, reverse_masked)) / 2
-        return self.reduce(rows)
+        blocks = self.ranking_blocks(batch)
+        self.record_stats(blocks["query_to_doc"].similarity, num_in_batch=batch.size)
+        return self.reduce(self.ranking_rows(blocks, focal_m=self.m))
 
     def paper_config(self) -> dict[str, Any]:
-        return {"m": self.m, "symmetric": self.symmetric}
+        return {"m": self.m}
 
     @property
     def citation(self) -> str:

@@ -9,6 +9,7 @@ from dataclasses import replace
 from typing import Any, Literal, Unpack
 
 import torch
+from sentence_transformers import SentenceTransformer
 from torch import Tensor, nn
 
 from st_hardneg import functional as fn
@@ -24,7 +25,8 @@ Alpha = float | str | Callable[[Tensor], Tensor | float]
 class HNCSELoss(HardNegativeLoss):
     def __init__(
         self,
-        model: nn.Module,
+        model: SentenceTransformer,
+        guide: SentenceTransformer | None = None,
         *,
         mode: Mode = "pm",
         pm_threshold: float = 0.1,
@@ -93,6 +95,7 @@ class HNCSELoss(HardNegativeLoss):
 
         Args:
             model: SentenceTransformer model.
+            guide: optional guide model for false-negative filtering, as in ``GISTEmbedLoss(model, guide)``.
             mode: ``"pm"`` (HNCSE-PM), ``"hnm"`` (HNCSE-HNM) or ``"both"``.
             temperature: τ > 0 (SimCSE's 0.05; the paper follows SimCSE's protocol).
             pm_threshold: the bound on ``r`` below which the positive is mixed (paper: 0.1), >= 0.
@@ -133,9 +136,15 @@ class HNCSELoss(HardNegativeLoss):
                 positives ``p_j``), ``"hard_negatives"`` (the explicit, e.g. mined, negatives of the batch: every
                 negative column of every pair, as they are shared candidates; needs a negative column) or
                 ``"all_negatives"`` (both). ``k`` is clamped to the size of the pool.
-            **options: the shared options of every loss, keyword-only: ``seed``, ``mask_duplicates`` (default on),
-                ``false_negative_margin``, ``margin_strategy``, ``guide``, ``gather_across_devices``,
-                ``mini_batch_size``, ``mini_batch_num_tokens`` (documented on :class:`~st_hardneg.HardNegativeLoss`).
+            **options: the options of sentence-transformers' ``MultipleNegativesRankingLoss`` / ``GISTEmbedLoss`` and
+                st-hardneg's shared ones, keyword-only, documented on :class:`~st_hardneg.HardNegativeLoss`:
+                ``scale`` or ``temperature``, ``similarity_fct``, ``directions``, ``partition_mode``,
+                ``hardness_mode``, ``hardness_strength``, ``seed``, ``mask_duplicates`` (default on), ``margin``,
+                ``margin_strategy``, ``contrast_anchors``, ``contrast_positives``, ``gather_across_devices``,
+                ``mini_batch_size``, ``mini_batch_num_tokens``, ``show_progress_bar``.
+                Here: PM and HNM act on the ``query_to_doc`` direction (the paper's); further ``directions`` see the
+                mixed positives; ST's hardness penalty applies to ST's columns, not to the synthetic negatives;
+                ``similarity_fct`` must be ``cos_sim``.
                 Here: masked candidates leave the denominator, are never PM's ``j*`` (the hardest *unmasked*
                 negative is used; a row without one keeps its positive) and never enter the HNM pool (a row with fewer
                 unmasked candidates than the mixing needs loses the synthetic negatives that would use a masked one);
@@ -169,7 +178,7 @@ class HNCSELoss(HardNegativeLoss):
         Recommendations:
             - Use ``BatchSamplers.NO_DUPLICATES``: a duplicate of the anchor is its hardest in-batch negative, so PM
               would mix it into the positive and HNM would mix it into the synthetic negatives. ``mask_duplicates``
-              (default) keeps exact duplicates out of PM and HNM; ``false_negative_margin`` also near-duplicates.
+              (default) keeps exact duplicates out of PM and HNM; ``margin`` also near-duplicates.
             - With mined negatives, ``hnm_pool="hard_negatives"`` (or ``"all_negatives"``) mixes them into the
               synthetic negatives.
             - Batch size 64, the paper's best (its Fig. 4a) and well above ``k + 1``.
@@ -200,7 +209,7 @@ class HNCSELoss(HardNegativeLoss):
                 trainer = SentenceTransformerTrainer(model=model, args=args, train_dataset=train_dataset, loss=loss)
                 trainer.train()
         """
-        super().__init__(model, **options)
+        super().__init__(model, guide, **options)
         self.mode = validation.check_choice(mode, "mode", ("pm", "hnm", "both"))
         self.pm_threshold = validation.check_non_negative(pm_threshold, "pm_threshold")
         self.w1 = validation.check_non_negative(w1, "w1")
@@ -280,18 +289,20 @@ class HNCSELoss(HardNegativeLoss):
             )
             batch = replace(batch, positives=pm.positives)
             extra["pm_mixed"] = pm.mixed.float().mean()  # share of the anchors whose positive was mixed
-            cos = batch.anchors @ batch.candidates.T  # the in-batch candidates changed
-        exclude = masked
+        blocks = self.ranking_blocks(batch)
+        q2d = blocks["query_to_doc"]
         num_synthetic = 0
         if self.uses_hnm:
-            synthetic, dropped = self._hnm_cosines(batch, cos, masked)
-            cos = torch.cat([cos, synthetic], dim=1)
+            synthetic, dropped = self._hnm_cosines(batch, q2d.similarity, masked)
+            q2d = q2d.with_columns(synthetic, dropped if masked is not None else None)
             num_synthetic = synthetic.size(1)
-            if masked is not None:
-                exclude = torch.cat([masked, dropped], dim=1)
-        self.record_stats(cos, num_in_batch=batch.size, num_synthetic=num_synthetic, extra=extra)
-        logits = fn.mask_columns(fn.contrastive_logits(cos, self.temperature, self.focal_m), exclude)
-        return self.reduce(fn.info_nce_rows(logits))
+        blocks["query_to_doc"] = q2d
+        self.record_stats(q2d.similarity, num_in_batch=batch.size, num_synthetic=num_synthetic, extra=extra)
+        return self.reduce(self.ranking_rows(blocks, focal_m=self.focal_m))
+
+    def cosine_only_reason(self) -> str | None:
+        return ("positive mixing compares the ratio (d1 - d2) / d1 of cosines and both mixes weight unit "
+                "directions")
 
     def _hnm_cosines(self, batch: Batch, cos: Tensor, masked: Tensor | None) -> tuple[Tensor, Tensor]:
         """The (N, S) cosines with the synthetic negatives mined in :attr:`hnm_pool` (unmasked candidates only) and

@@ -5,7 +5,8 @@ from __future__ import annotations
 from typing import Any, Literal, Unpack
 
 import torch
-from torch import Tensor, nn
+from sentence_transformers import SentenceTransformer
+from torch import Tensor
 
 from st_hardneg import functional as fn
 from st_hardneg import validation
@@ -18,10 +19,10 @@ Layout = Literal["paper", "official"]
 class MixCSELoss(HardNegativeLoss):
     def __init__(
         self,
-        model: nn.Module,
+        model: SentenceTransformer,
+        guide: SentenceTransformer | None = None,
         *,
         lam: float = 0.2,
-        symmetric: bool = True,
         stop_gradient: bool = True,
         partner: fn.PartnerMode = "shift",
         layout: Layout = "paper",
@@ -46,21 +47,17 @@ class MixCSELoss(HardNegativeLoss):
 
         Args:
             model: SentenceTransformer model.
+            guide: optional guide model for false-negative filtering, as in ``GISTEmbedLoss(model, guide)``.
             lam: λ, the weight of the positive in the mix, in [0, 1]. The paper uses 0.2 and warns that a large λ
                 can turn the "negative" into a second positive; the released training script
                 (``run_unsup_example.sh``, ``--lambdas 0.6``) uses 0.6, with the same meaning (weight of the positive).
-            temperature: τ > 0 (paper: 0.05, i.e. ``scale=20`` in ST terms).
-            symmetric: both InfoNCE directions: also treat ``h'_i`` as an anchor, with candidates ``h_1..h_N``; each
-                row is the mean of its two directions. ``False``: the anchor → positive direction only. Explicit
-                negatives are candidates of the anchor → positive direction only (as in ST's
-                ``MultipleNegativesRankingLoss`` ``doc_to_query``). No effect on ``layout="official"`` (one
-                cross-entropy, see ``reverse_mix``).
-            reverse_mix: the mixed negative of the reverse direction, ``normalize(λ·h_i + (1-λ)·h_π(i))`` (block 3 of
-                ``layout="official"``). Default: equal to ``symmetric``. Mapping to the paper's ablations:
-                full MixCSE = ``symmetric=True, reverse_mix=True`` (default); **MixCSE_single** (drop the second mixed
-                negative, keep both InfoNCE directions) = ``symmetric=True, reverse_mix=False``;
-                ``symmetric=False`` = one direction with its mixed negative (the behaviour of ``symmetric=False`` in
-                earlier versions). ``reverse_mix=True`` with ``symmetric=False`` is rejected for ``layout="paper"``.
+            reverse_mix: with ``"doc_to_query"`` in ``directions``, give that direction its own mixed negative
+                ``normalize(λ·h_i + (1-λ)·h_π(i))`` too (``layout="official"``: block 3). Default: ``True`` when
+                ``"doc_to_query"`` is a direction (and for ``layout="official"``), else ``False``. Mapping to the
+                paper's ablations: MixCSE (the paper's Eq. 2) = the default ``directions=("query_to_doc",)``; the
+                two-directional form with both mixed negatives = ``directions=("query_to_doc", "doc_to_query"),
+                partition_mode="per_direction"``; **MixCSE_single** (both InfoNCE directions, one mixed negative) =
+                the same with ``reverse_mix=False``.
             stop_gradient: detach the mixed negatives (paper). ``False`` is the "w/o sg" ablation.
             partner: how ``π(i)`` is chosen: ``"shift"`` (``i+1 mod N``, the authors' code), ``"random"`` (a random
                 derangement per batch, drawn from :meth:`generator`), ``"hardest"`` (the in-batch negative most
@@ -79,19 +76,28 @@ class MixCSELoss(HardNegativeLoss):
                 mixes the pooler outputs and only the cosine normalises), where the entries in which the anchor's own
                 sample enters a mix at weight 1-λ (``π(b) = a`` in block 2, ``b = π(a)`` in block 3) are set to logit
                 0 rather than removed. Every anchor therefore sees all N mixes as negatives (not only its own), and
-                block 3 compares a *mixed anchor* with the positives. ``reverse_mix=False`` (or ``symmetric=False``)
+                block 3 compares a *mixed anchor* with the positives. ``reverse_mix=False``
                 drops block 3. Needs a permutation partner (``"shift"`` as released, or ``"random"``).
             focal_m: if set, apply the Focal-InfoNCE modulation (positive ``s²/τ``, negatives ``s(s+m)/τ``, also to the
                 mixed negatives) with margin ``m``; ``None`` (default) = the paper's plain InfoNCE. Combining hardness
                 weighting with synthetic hard negatives is an st-hardneg extension. τ must keep ``(1 + m) / τ``
                 representable (tiny temperatures are rejected).
-            **options: the shared options of every loss, keyword-only: ``seed``, ``mask_duplicates`` (default on),
-                ``false_negative_margin``, ``margin_strategy``, ``guide``, ``gather_across_devices``,
-                ``mini_batch_size``, ``mini_batch_num_tokens`` (documented on :class:`~st_hardneg.HardNegativeLoss`).
-                Here: a masked candidate (``mask_duplicates``, ``false_negative_margin``) also cannot be a mixing
-                partner (see ``partner``); ``seed`` seeds ``partner="random"``; ``gather_across_devices`` gathers the
-                anchors, positives and explicit negatives, so the in-batch negatives, the mixing partner (shift /
-                random / hardest) and both mixed negatives come from the global batch.
+            **options: the options of sentence-transformers' ``MultipleNegativesRankingLoss`` / ``GISTEmbedLoss`` and
+                st-hardneg's shared ones, keyword-only, documented on :class:`~st_hardneg.HardNegativeLoss`:
+                ``scale`` or ``temperature`` (paper: τ = 0.05, ``scale=20``), ``similarity_fct``, ``directions``,
+                ``partition_mode``, ``hardness_mode``, ``hardness_strength``, ``seed``, ``mask_duplicates`` (default
+                on), ``margin``, ``margin_strategy``, ``contrast_anchors``, ``contrast_positives``,
+                ``gather_across_devices``, ``mini_batch_size``, ``mini_batch_num_tokens``, ``show_progress_bar``.
+                Here: the mixed negative is one more column of the ``query_to_doc`` direction (and, with
+                ``reverse_mix``, of ``doc_to_query``); ST's hardness penalty applies to ST's columns, not to the mixed
+                negatives (they are hard by construction); with ``similarity_fct=dot_score`` the mix is the linear
+                interpolation of the raw embeddings, ``λ·h'_i + (1-λ)·h'_π(i)``, scored by its dot product (no
+                normalisation). A masked candidate (``mask_duplicates``, ``margin``) also cannot be a mixing partner
+                (see ``partner``); ``seed`` seeds ``partner="random"``; ``gather_across_devices`` gathers the anchors,
+                positives and explicit negatives, so the in-batch negatives, the mixing partner (shift / random /
+                hardest) and both mixed negatives come from the global batch. ``layout="official"`` is the released
+                code's own equation: it takes none of ``directions``, ``partition_mode``, ``hardness_mode``,
+                ``contrast_*`` or ``dot_score`` (a ``ValueError`` says so).
 
         Deviations from the paper:
             - ``layout="paper"`` mixes the normalised embeddings (the paper's equation); ``layout="official"`` mixes
@@ -121,7 +127,7 @@ class MixCSELoss(HardNegativeLoss):
             - Use ``BatchSamplers.NO_DUPLICATES``: a sentence that occurs twice in a batch is a false negative of
               itself, and with ``partner="hardest"`` it would even be chosen as the mixing partner (unsupervised
               corpora such as wiki1m contain duplicate lines). ``mask_duplicates`` (default) catches exact duplicates
-              in the batch; near-duplicates and false mined negatives need ``false_negative_margin`` (optionally
+              in the batch; near-duplicates and false mined negatives need ``margin`` (optionally
               with a ``guide``).
             - With mined negatives, ``partner="explicit"`` makes each anchor's own mined negative the source of
               hardness: the mix lies between the positive and that negative.
@@ -150,26 +156,38 @@ class MixCSELoss(HardNegativeLoss):
                 trainer = SentenceTransformerTrainer(model=model, args=args, train_dataset=train_dataset, loss=loss)
                 trainer.train()
         """
-        super().__init__(model, **options)
+        super().__init__(model, guide, **options)
         self.lam = validation.check_unit_interval(lam, "lam (λ, the weight of the positive in the mix)")
-        self.symmetric = validation.check_bool(symmetric, "symmetric")
         self.stop_gradient = validation.check_bool(stop_gradient, "stop_gradient")
         self.partner = validation.check_choice(partner, "partner", ("shift", "random", "hardest", "explicit"))
         self.layout = validation.check_choice(layout, "layout", ("paper", "official"))
+        two_way = "doc_to_query" in self.directions
         if reverse_mix is None:
-            reverse_mix = self.symmetric
+            reverse_mix = two_way or self.layout == "official"
         self.reverse_mix = validation.check_bool(reverse_mix, "reverse_mix")
-        if self.reverse_mix and not self.symmetric and self.layout == "paper":
+        if self.layout == "paper" and self.reverse_mix and not two_way:
             raise ValueError(
-                "reverse_mix=True needs symmetric=True with layout='paper': the reverse mixed negative belongs to the "
-                "reverse (positive → anchor) InfoNCE direction. Use symmetric=True, reverse_mix=False for MixCSE_single."
-            )
-        if self.layout == "official" and self.partner in ("hardest", "explicit"):
-            raise ValueError(
-                "layout='official' needs the mixing partners to form a permutation (partner='shift' or 'random'); "
-                f"partner={self.partner!r} does not."
-            )
+                "reverse_mix=True needs 'doc_to_query' in directions with layout='paper': the reverse mixed negative "
+                "belongs to the reverse (positive → anchor) direction. Use directions=('query_to_doc', "
+                "'doc_to_query'), partition_mode='per_direction', reverse_mix=False for MixCSE_single.")
+        if self.layout == "official":
+            changed = [f"{key}={value!r}" for key, value, default in (
+                ("directions", self.directions, ("query_to_doc",)), ("partition_mode", self.partition_mode, "joint"),
+                ("hardness_mode", self.hardness_mode, None), ("similarity_fct", self.similarity_fct_name, "cos_sim"),
+                ("contrast_anchors", self.contrast_anchors, False),
+                ("contrast_positives", self.contrast_positives, False)) if value != default]
+            if changed:
+                raise ValueError(f"layout='official' is the released code's N×3N cross-entropy over cosines and takes "
+                                 f"none of {', '.join(changed)} (its block 3 is reverse_mix); use layout='paper'")
+            if self.partner in ("hardest", "explicit"):
+                raise ValueError(
+                    "layout='official' needs the mixing partners to form a permutation (partner='shift' or 'random'); "
+                    f"partner={self.partner!r} does not."
+                )
         self.focal_m = validation.check_optional_non_negative(focal_m, "focal_m (the Focal-InfoNCE margin m)")
+        if self.focal_m is not None and self.similarity_fct_name != "cos_sim":
+            raise ValueError("MixCSELoss: focal_m needs similarity_fct=cos_sim (the Focal-InfoNCE logits s² and "
+                             "s (s + m) are defined on cosines)")
         self.check_logit_range(1.0 + (self.focal_m or 0.0))
 
     # ------------------------------------------------------------------ helpers
@@ -194,21 +212,6 @@ class MixCSELoss(HardNegativeLoss):
             return partners.squeeze(1), valid.squeeze(1)
         return fn.allowed_partners(proposed, exclude)
 
-    def _mix(self, source: Tensor, partners: Tensor) -> Tensor:
-        """``normalize(λ·source_i + (1-λ)·source_π(i))`` for unit rows ``source``, detached under stop-gradient."""
-        mixed = fn.mix(source, source[partners], self.lam, assume_normalized=True)
-        return mixed.detach() if self.stop_gradient else mixed
-
-    def _direction(self, anchors: Tensor, candidates: Tensor, mixed: Tensor | None,
-                   similarity: Tensor | None = None, exclude: Tensor | None = None) -> tuple[Tensor, Tensor]:
-        """Per-row InfoNCE of unit ``anchors`` over ``[candidates | own mixed negative]`` and the cosines; ``exclude``
-        ((N, K) or (N, K + 1) bool) removes entries from the denominator."""
-        cos = anchors @ candidates.T if similarity is None else similarity
-        if mixed is not None:
-            cos = torch.cat([cos, (anchors * mixed).sum(-1, keepdim=True)], dim=1)
-        logits = fn.mask_columns(fn.contrastive_logits(cos, self.temperature, self.focal_m), exclude)
-        return fn.info_nce_rows(logits), cos
-
     # ------------------------------------------------------------------ loss
     @float32_loss
     def compute_loss_from_embeddings(self, embeddings: list[Tensor], labels: Tensor | None) -> Tensor:
@@ -217,8 +220,8 @@ class MixCSELoss(HardNegativeLoss):
             mix_i = normalize(λ h'_i + (1-λ) h'_π(i))                                      (SG: detached)
             ℓ_i   = -log  e^{s(h_i, h'_i)} / (Σ_j e^{s(h_i, h'_j)} + Σ_k e^{s(h_i, n_k)} + e^{s(h_i, SG(mix_i))})
 
-        ``symmetric`` adds the reverse direction (h'_i as anchor, h as candidates, mixed negative
-        ``normalize(λ h_i + (1-λ) h_π(i))`` if ``reverse_mix``); each row is then the mean of its two directions.
+        Further ``directions`` are sentence-transformers' (``partition_mode`` combines them); ``reverse_mix`` gives
+        ``doc_to_query`` (h'_i as anchor, h as candidates) the mixed negative ``normalize(λ h_i + (1-λ) h_π(i))``.
         ``layout="official"``: row i of the released code's N×3N cross-entropy (see the class docstring).
         """
         batch = self.prepare_batch(embeddings, labels)
@@ -226,56 +229,56 @@ class MixCSELoss(HardNegativeLoss):
         return self.reduce(rows)
 
     def _paper_rows(self, batch: Batch) -> Tensor:
-        h, h_pos, n = batch.anchors, batch.positives, batch.size
-        candidate_cos = h @ batch.candidates.T  # computed once: logits, hardest partner and its transpose
-        in_batch = candidate_cos[:, :n].detach()
+        n = batch.size
+        blocks = self.ranking_blocks(batch)
+        q2d = blocks["query_to_doc"]
+        in_batch = q2d.similarity[:, :n].detach()  # the hardest partner and, transposed, the reverse direction's
         masked = batch.false_negatives  # (N, N + N·k) or None
         in_batch_masked = masked[:, :n] if masked is not None else None
+        dot = self.similarity_fct_name == "dot_score"
+        anchors = batch.raw_anchors if dot else batch.anchors
+        positives = batch.raw_positives if dot else batch.positives
         if self.partner == "explicit":
             if batch.negatives.size(0) == 0:
                 raise ValueError("MixCSELoss(partner='explicit') mixes each positive with the anchor's own mined "
                                  "negative, but the batch has no negative column: pass (anchor, positive, negative) "
                                  "triplets or use partner='shift' / 'random' / 'hardest'.")
-            own_negatives = batch.negatives[:n]
+            own_negatives = (batch.raw_negatives if dot else batch.negatives)[:n]
             has_partner = torch.ones(n, dtype=torch.bool, device=batch.device)
             if masked is not None:
                 has_partner = ~masked[torch.arange(n, device=batch.device), n + torch.arange(n, device=batch.device)]
-            mixed = fn.mix(h_pos, own_negatives, self.lam, assume_normalized=True)
-            mixed = mixed.detach() if self.stop_gradient else mixed
+            mixed = self._mix(positives, own_negatives)
         else:
             proposed = self._partners(batch, in_batch) if self.partner != "hardest" else None
             partners, has_partner = self._allowed_partners(batch, in_batch, in_batch_masked, proposed)
-            mixed = self._mix(h_pos, partners)
-        rows, cos = self._direction(h, batch.candidates, mixed, similarity=candidate_cos,
-                                    exclude=self._with_mix_column(masked, has_partner))
-        self.record_stats(cos, num_in_batch=n, num_synthetic=1)
-        if not self.symmetric:
-            return rows
-        # h'_i as the anchor: candidates h_1..h_N, mixed negative normalize(λ h_i + (1-λ) h_π(i)); its false
-        # negatives are the transposed in-batch mask.
-        reverse_masked = in_batch_masked.T if in_batch_masked is not None else None
-        reverse_has_partner = has_partner
-        if not self.reverse_mix:
-            reverse_mixed = None
-        elif self.partner == "explicit":
-            reverse_mixed = fn.mix(h, own_negatives, self.lam, assume_normalized=True)
-            reverse_mixed = reverse_mixed.detach() if self.stop_gradient else reverse_mixed
-        else:
-            reverse_partners, reverse_has_partner = self._allowed_partners(batch, in_batch.T, reverse_masked,
-                                                                           proposed)
-            reverse_mixed = self._mix(h, reverse_partners)
-        reverse_exclude = self._with_mix_column(reverse_masked, reverse_has_partner) if reverse_mixed is not None \
-            else reverse_masked
-        reverse_rows, _ = self._direction(h_pos, h, reverse_mixed, similarity=candidate_cos[:, :n].T,
-                                          exclude=reverse_exclude)
-        return (rows + reverse_rows) / 2
+            mixed = self._mix(positives, positives[partners])
+        no_mix = (~has_partner).unsqueeze(1) if masked is not None else None
+        blocks["query_to_doc"] = q2d = q2d.with_columns((anchors * mixed).sum(-1, keepdim=True), no_mix)
+        self.record_stats(q2d.similarity, num_in_batch=n, num_synthetic=1)
+        if self.reverse_mix:
+            # h'_i as the anchor: mixed negative normalize(λ h_i + (1-λ) h_π(i)); its false negatives are the
+            # transposed in-batch mask
+            reverse_has_partner = has_partner
+            if self.partner == "explicit":
+                reverse_mixed = self._mix(anchors, own_negatives)
+            else:
+                reverse_masked = in_batch_masked.T if in_batch_masked is not None else None
+                reverse_partners, reverse_has_partner = self._allowed_partners(batch, in_batch.T, reverse_masked,
+                                                                               proposed)
+                reverse_mixed = self._mix(anchors, anchors[reverse_partners])
+            reverse_no_mix = (~reverse_has_partner).unsqueeze(1) if masked is not None else None
+            blocks["doc_to_query"] = blocks["doc_to_query"].with_columns(
+                (positives * reverse_mixed).sum(-1, keepdim=True), reverse_no_mix)
+        return self.ranking_rows(blocks, focal_m=self.focal_m)
 
-    @staticmethod
-    def _with_mix_column(masked: Tensor | None, has_partner: Tensor) -> Tensor | None:
-        """The exclude mask over ``[candidates | mixed negative]``: rows without a partner lose their mix."""
-        if masked is None:  # no false-negative control: every row has its partner
-            return None
-        return torch.cat([masked, (~has_partner).unsqueeze(1)], dim=1)
+    def _mix(self, own: Tensor, partner_rows: Tensor) -> Tensor:
+        """The mixed negative of every row, detached under stop-gradient: ``normalize(λ·own + (1-λ)·partner)`` of
+        unit rows (cosines), or the raw interpolation ``λ·own + (1-λ)·partner`` (``dot_score``)."""
+        if self.similarity_fct_name == "dot_score":
+            mixed = self.lam * own + (1.0 - self.lam) * partner_rows
+        else:
+            mixed = fn.mix(own, partner_rows, self.lam, assume_normalized=True)
+        return mixed.detach() if self.stop_gradient else mixed
 
     def _official_rows(self, batch: Batch) -> Tensor:
         """Row a of ``CE([cos(z1_a, z2_b) | cos(z1_a, mix_b) | cos(mix'_a, z2_b)] / τ)``, mixes of the RAW vectors."""
@@ -321,7 +324,7 @@ class MixCSELoss(HardNegativeLoss):
         return mixed.detach() if self.stop_gradient else mixed
 
     def paper_config(self) -> dict[str, Any]:
-        return {"lam": self.lam, "symmetric": self.symmetric, "stop_gradient": self.stop_gradient,
+        return {"lam": self.lam, "stop_gradient": self.stop_gradient,
                 "partner": self.partner, "layout": self.layout, "focal_m": self.focal_m, "reverse_mix": self.reverse_mix}
 
     @property

@@ -9,6 +9,7 @@
 
 from st_hardneg.testing.fixtures import (
     MINI_SENTEVAL_FILES,
+    SYMMETRIC,
     WORDS,
     ce,
     cosf,
@@ -18,8 +19,9 @@ from st_hardneg.testing.fixtures import (
     parameter_snapshot,
     parameters_changed,
     record_loss_values,
+    two_way,
     unit,
 )
 
-__all__ = ["MINI_SENTEVAL_FILES", "WORDS", "ce", "cosf", "make_mini_senteval", "make_text_model_dir",
-           "make_tiny_model_dir", "parameter_snapshot", "parameters_changed", "record_loss_values", "unit"]
+__all__ = ["MINI_SENTEVAL_FILES", "SYMMETRIC", "WORDS", "ce", "cosf", "make_mini_senteval", "make_text_model_dir",
+           "make_tiny_model_dir", "parameter_snapshot", "parameters_changed", "record_loss_values", "two_way", "unit"]

@@ -23,6 +23,15 @@ WORDS = (
 ).split()
 
 
+#: sentence-transformers' symmetric form (MultipleNegativesSymmetricRankingLoss): both directions, one softmax each
+SYMMETRIC = {"directions": ("query_to_doc", "doc_to_query"), "partition_mode": "per_direction"}
+
+
+def two_way(symmetric: bool) -> dict:
+    """The keyword arguments of a loss's symmetric form (:data:`SYMMETRIC`) when ``symmetric``, else none."""
+    return dict(SYMMETRIC) if symmetric else {}
+
+
 def make_tiny_model_dir(path: str | Path, seed: int = 0, hidden: int = 32) -> Path:
     """Save a randomly initialised 2-layer BERT with a small WordPiece vocabulary to ``path``; returns ``path``.
 

@@ -1,0 +1,158 @@
+"""The ranking formulation of sentence-transformers' ``MultipleNegativesRankingLoss`` (6.2) as pure functions, with
+room for each paper's extra columns.
+
+A batch of N (query, document) pairs, optionally with explicit negative documents, is scored in up to four
+*directions* (ST's names): ``query_to_doc`` (query i against every document: all positives, then every negative
+column), ``query_to_query`` (query i against the other queries), ``doc_to_query`` (positive i against every query) and
+``doc_to_doc`` (positive i against every document that does not belong to pair i). GISTEmbedLoss's two extra blocks
+are ``anchor_to_anchor`` (``contrast_anchors``: as ``query_to_query``, but only the queries of the same process) and
+``positive_to_positive`` (``contrast_positives``: positive i against the other positives, no negatives).
+
+Each direction is a :class:`Block`: an (N, C) similarity matrix, the entries that leave the softmax (``exclude``) and
+an additive logit ``penalty`` (ST's hardness weighting). A loss may append per-row columns to a block (a paper's
+synthetic negatives: :meth:`Block.with_columns`). :func:`ranking_rows` turns the blocks into the loss of every row,
+exactly as ST does: the positive logit is ``query_to_doc[i, i]``; ``"joint"`` takes one log-sum-exp over all blocks,
+``"per_direction"`` the mean of one log-sum-exp per block.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Literal
+
+import torch
+from torch import Tensor
+
+__all__ = [
+    "DIRECTIONS",
+    "Block",
+    "Direction",
+    "HardnessMode",
+    "PartitionMode",
+    "block_logits",
+    "hardness_penalty",
+    "ranking_rows",
+]
+
+Direction = Literal["query_to_doc", "query_to_query", "doc_to_query", "doc_to_doc"]
+PartitionMode = Literal["joint", "per_direction"]
+HardnessMode = Literal["in_batch_negatives", "hard_negatives", "all_negatives"]
+
+#: sentence-transformers' four directions, in its order
+DIRECTIONS: tuple[str, ...] = ("query_to_doc", "query_to_query", "doc_to_query", "doc_to_doc")
+#: the blocks whose column ``i`` is row ``i``'s positive
+POSITIVE_BLOCKS = frozenset({"query_to_doc", "doc_to_query"})
+
+
+@dataclass
+class Block:
+    """One direction's candidates for every row.
+
+    ``similarity`` (N, C): the raw similarities (cosines, or dot products); ``exclude`` (N, C) bool or ``None``:
+    entries that leave the softmax (logit ``-inf``); ``penalty`` (N, C) or ``None``: added to the logits after the
+    scaling (no gradient); ``has_positive``: column ``i`` of row ``i`` is the row's positive (``query_to_doc``,
+    ``doc_to_query``), which matters for a logit transform that treats positives differently (Focal-InfoNCE).
+    """
+
+    similarity: Tensor
+    has_positive: bool = False
+    exclude: Tensor | None = None
+    penalty: Tensor | None = None
+
+    def with_columns(self, similarity: Tensor, exclude: Tensor | None = None) -> Block:
+        """This block with per-row ``similarity`` columns (N, S) appended (a paper's extra negatives; no penalty);
+        ``exclude`` (N, S) removes some of them."""
+        n, s = similarity.shape
+        if n != self.similarity.size(0):
+            raise ValueError(f"extra columns have {n} rows, the block has {self.similarity.size(0)}")
+        if s == 0:
+            return self
+        old = self.similarity.size(1)
+        if self.exclude is None and exclude is None:
+            new_exclude = None
+        else:
+            left = self.exclude if self.exclude is not None else self.similarity.new_zeros((n, old), dtype=torch.bool)
+            right = exclude if exclude is not None else similarity.new_zeros((n, s), dtype=torch.bool)
+            new_exclude = torch.cat([left, right.to(left.device)], dim=1)
+        penalty = None if self.penalty is None else torch.cat([self.penalty, self.penalty.new_zeros(n, s)], dim=1)
+        return replace(self, similarity=torch.cat([self.similarity, similarity], dim=1), exclude=new_exclude,
+                       penalty=penalty)
+
+    def excluding(self, exclude: Tensor | None) -> Block:
+        """This block with the entries of ``exclude`` (its first columns) also excluded."""
+        if exclude is None:
+            return self
+        if exclude.size(1) < self.similarity.size(1):
+            pad = exclude.new_zeros(exclude.size(0), self.similarity.size(1) - exclude.size(1))
+            exclude = torch.cat([exclude, pad], dim=1)
+        return replace(self, exclude=exclude if self.exclude is None else self.exclude | exclude)
+
+
+def hardness_penalty(similarity: Tensor, num_rows: int, mode: HardnessMode | None, strength: float) -> Tensor | None:
+    """ST's hardness weighting of the ``query_to_doc`` block (Lan et al. 2025, Eq. 5): ``strength · sg(similarity)``
+    on the selected negatives, added to the scaled logits; ``None`` when off.
+
+    Columns are ``[positives (num_rows) | negative_1 (num_rows) | ...]``, column ``c`` belongs to pair ``c mod
+    num_rows``. ``"in_batch_negatives"``: every column of another pair; ``"hard_negatives"``: the row's own explicit
+    negatives; ``"all_negatives"``: every column but the row's positive.
+    """
+    if mode is None or strength == 0.0:
+        return None
+    n, c = similarity.shape
+    columns = torch.arange(c, device=similarity.device)
+    own = (columns % num_rows).unsqueeze(0) == torch.arange(n, device=similarity.device).unsqueeze(1)
+    if mode == "in_batch_negatives":
+        selected = ~own
+    elif mode == "hard_negatives":
+        selected = own & (columns >= num_rows).unsqueeze(0)
+    elif mode == "all_negatives":
+        selected = ~(own & (columns < num_rows).unsqueeze(0))
+    else:
+        raise ValueError(f"hardness_mode must be None, 'in_batch_negatives', 'hard_negatives' or 'all_negatives', "
+                         f"got {mode!r}")
+    return (strength * similarity.detach()).masked_fill(~selected, 0.0)
+
+
+def block_logits(block: Block, scale: float, focal_m: float | None = None) -> Tensor:
+    """The logits of a block: ``similarity · scale`` (Focal-InfoNCE with ``focal_m``: ``s² · scale`` for the
+    positive, ``s (s + m) · scale`` for every other column), plus the penalty, with excluded entries at ``-inf``."""
+    sim = block.similarity
+    if focal_m is None:
+        logits = sim * scale
+    else:
+        negative = sim * (sim + focal_m)
+        if block.has_positive:
+            n = sim.size(0)
+            is_positive = torch.zeros_like(sim, dtype=torch.bool)
+            is_positive[torch.arange(n, device=sim.device), torch.arange(n, device=sim.device)] = True
+            negative = torch.where(is_positive, sim * sim, negative)
+        logits = negative * scale
+    if block.penalty is not None:
+        logits = logits + block.penalty
+    if block.exclude is not None:
+        logits = logits.masked_fill(block.exclude, float("-inf"))
+    return logits
+
+
+def ranking_rows(blocks: dict[str, Block], scale: float, partition_mode: PartitionMode = "joint",
+                 focal_m: float | None = None) -> Tensor:
+    """The (N,) loss of every row: ``log Z_i - positive_i`` with the positive logit ``query_to_doc[i, i]`` and ``Z``
+    the joint softmax denominator over every block (``"joint"``) or the geometric mean of one denominator per block
+    (``"per_direction"``), as in sentence-transformers' ``MultipleNegativesRankingLoss``."""
+    if "query_to_doc" not in blocks:
+        raise ValueError("the query_to_doc block (which holds the positive pairs) is required")
+    logits = {name: block_logits(block, scale, focal_m) for name, block in blocks.items()}
+    q2d = logits["query_to_doc"]
+    rows = torch.arange(q2d.size(0), device=q2d.device)
+    # log Z - positive = logsumexp(logits - positive): subtracting first keeps the small losses of well-separated
+    # rows accurate in float32 (the positive's own entry becomes exactly 0), as a cross-entropy does
+    positive = q2d[rows, rows].unsqueeze(1)
+    if partition_mode == "joint":
+        return torch.logsumexp(torch.cat(list(logits.values()), dim=1) - positive, dim=1)
+    if partition_mode == "per_direction":
+        # every block here holds the positive pair; a block's own diagonal is the same similarity as query_to_doc's
+        # (up to float rounding), and subtracting it keeps that entry exactly 0
+        parts = [torch.logsumexp(value - (value[rows, rows].unsqueeze(1) if blocks[name].has_positive else positive),
+                                 dim=1) for name, value in logits.items()]
+        return torch.stack(parts).mean(dim=0)
+    raise ValueError(f"partition_mode must be 'joint' or 'per_direction', got {partition_mode!r}")
