@@ -311,14 +311,21 @@ class AdversarialNegativesLoss(stateful.OptimizerDrivenLoss, HardNegativeLoss):
         q2d = blocks["query_to_doc"]
         if not self.in_batch_keys:  # paper Eq. 5: drop the other rows' keys and explicit negatives
             q2d = q2d.excluding(self._other_rows(batch.size, q2d.similarity.size(1), q2d.similarity.device))
-        if self.num_adversaries:  # never masked
-            q2d = q2d.with_columns(batch.anchors @ fn.normalize(self.adversaries.detach()).T)
+        if self.num_adversaries:  # never masked; inside MatryoshkaLoss the first `width` dimensions of each
+            q2d = q2d.with_columns(batch.anchors @ fn.normalize(self._prefix(self.adversaries.detach(), batch)).T)
         blocks["query_to_doc"] = q2d
         loss = self.reduce(self.ranking_rows(blocks))
         self.record_stats(q2d.similarity, num_in_batch=batch.size, num_synthetic=self.num_adversaries)
         if self.num_adversaries and self.training and torch.is_grad_enabled():
             self._accumulate(batch.anchors, batch.candidates, masked)
         return loss
+
+    @staticmethod
+    def _prefix(adversaries: Tensor, batch_or_width: Any) -> Tensor:
+        """The adversaries cut to the embeddings' width: inside ``MatryoshkaLoss`` the model's output is truncated
+        to its first dimensions, and the adversaries' first dimensions are their Matryoshka counterpart."""
+        width = batch_or_width.anchors.size(1) if hasattr(batch_or_width, "anchors") else int(batch_or_width)
+        return adversaries if adversaries.size(1) == width else adversaries[:, :width]
 
     @staticmethod
     def _other_rows(n: int, columns: int, device: torch.device) -> Tensor:
@@ -330,8 +337,8 @@ class AdversarialNegativesLoss(stateful.OptimizerDrivenLoss, HardNegativeLoss):
                        exclude: Tensor | None = None) -> Tensor:
         """The loss whose gradient the adversaries ascend: the encoder's loss at ``adversary_temperature`` (with the
         same masked false negatives ``exclude``)."""
-        return fn.info_nce(self._cosines_and_logits(anchors, candidates, adversaries, self.adversary_temperature,
-                                                    exclude)[1])
+        return fn.info_nce(self._cosines_and_logits(anchors, candidates, self._prefix(adversaries, anchors.size(1)),
+                                                    self.adversary_temperature, exclude)[1])
 
     def _cosines_and_logits(self, anchors: Tensor, candidates: Tensor, adversaries: Tensor, tau: float,
                             exclude: Tensor | None = None):

@@ -201,7 +201,7 @@ class HardNegativeLoss(GradCacheMixin, nn.Module):
         name = type(self).__name__
         if unknown:
             key = next(iter(unknown))
-            renamed = {"margin": "margin (GISTEmbedLoss's name)",
+            renamed = {"false_negative_margin": "margin (GISTEmbedLoss's name)",
                        "symmetric": "directions=('query_to_doc', 'doc_to_query'), partition_mode='per_direction'",
                        }
             hint = f"; it is now {renamed[key]}" if key in renamed else ""
@@ -376,6 +376,13 @@ class HardNegativeLoss(GradCacheMixin, nn.Module):
         self.check_labels(labels)
         embeddings = list(embeddings)
         name = type(self).__name__
+        if (len(embeddings) > 1 and isinstance(embeddings[0], Tensor) and embeddings[0].dim() == 2
+                and any(isinstance(e, Tensor) and e.dim() == 2 and e.size(1) > embeddings[0].size(1)
+                        for e in embeddings[1:]) and self._in_matryoshka()):
+            # columns embedded by another module (AdCSE's key encoder) are not truncated by MatryoshkaLoss's
+            # decorator: cut them to the anchors' width as it does (its normalisation follows below)
+            width = embeddings[0].size(1)
+            embeddings = [embeddings[0], *(e[:, :width] if e.size(1) > width else e for e in embeddings[1:])]
         if len(embeddings) < 2:
             raise ValueError(
                 f"{name} needs at least 2 input columns, (anchor, positive[, negative_1, ...]), got {len(embeddings)}. "
@@ -465,10 +472,13 @@ class HardNegativeLoss(GradCacheMixin, nn.Module):
             )
 
     def _in_matryoshka(self) -> bool:
-        # MatryoshkaLoss truncates the model's output by decorating its forward for the duration of the call.
-        # With GradCache it decorates this loss's calculate_loss instead (the forward hook runs after the patch).
-        return (type(getattr(self.model, "forward", None)).__name__ == "ForwardDecorator"
-                or type(self.__dict__.get("calculate_loss")).__name__ == "CachedLossDecorator")
+        """Whether ``MatryoshkaLoss`` / ``Matryoshka2dLoss`` is calling this loss with truncated embeddings: it
+        decorates the model's ``forward`` with its ``ForwardDecorator`` for the duration of the call, or (GradCache)
+        this loss's ``calculate_loss`` with its ``CachedLossDecorator``."""
+        from sentence_transformers.sentence_transformer.losses.matryoshka import CachedLossDecorator, ForwardDecorator
+
+        return (isinstance(getattr(self.model, "forward", None), ForwardDecorator)
+                or isinstance(self.__dict__.get("calculate_loss"), CachedLossDecorator))
 
     # ------------------------------------------------------------------ ranking (sentence-transformers' directions)
     def similarity(self, a: Tensor, b: Tensor) -> Tensor:
