@@ -9,12 +9,12 @@ from __future__ import annotations
 import math
 import warnings
 
-from st_hardneg.testing import two_way
 import pytest
 import torch
 
 from st_hardneg import AdversarialNegativesLoss, FocalInfoNCELoss, HNCSELoss, MixCSELoss
 from st_hardneg.functional import NORM_EPS
+from st_hardneg.testing import two_way
 
 TAU = 0.05
 

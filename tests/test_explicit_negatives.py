@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from st_hardneg import FocalInfoNCELoss, HNCSELoss, MixCSELoss
-from st_hardneg.testing import ce, cosf, unit, two_way
+from st_hardneg.testing import ce, cosf, two_way, unit
 
 TAU = 0.05
 

@@ -11,7 +11,7 @@ import torch
 
 from st_hardneg import AdversarialNegativesLoss, FocalInfoNCELoss, HNCSELoss, MixCSELoss
 from st_hardneg.losses.batch import text_keys
-from st_hardneg.testing import ce, cosf, unit, two_way
+from st_hardneg.testing import ce, cosf, two_way, unit
 
 TAU = 0.05
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 
-from st_hardneg.testing import two_way
 import pytest
 import torch
 from datasets import Dataset
@@ -13,6 +12,7 @@ from sentence_transformers import SentenceTransformerTrainingArguments as Args
 from torch.utils.data import DataLoader
 
 from st_hardneg import MixCSELoss
+from st_hardneg.testing import two_way
 
 
 def unit(v: torch.Tensor) -> torch.Tensor:

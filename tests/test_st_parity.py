@@ -333,7 +333,7 @@ GATHER_CASES = [(("query_to_doc",), "joint", None), (DIRECTIONS[1], "per_directi
 @pytest.mark.distributed
 def test_gathered_reduction_equals_gathered_mnrl(tmp_path):
     cols = embeddings(3)
-    jobs, makers = [], []
+    jobs = []
     for directions, partition, mode in GATHER_CASES:
         options = dict(scale=20.0, directions=directions, partition_mode=partition, hardness_mode=mode,
                        hardness_strength=5.0 if mode else 0.0, gather_across_devices=True)
@@ -507,3 +507,22 @@ def test_every_loss_trains_inside_matryoshka2d_and_adaptive_layer_loss(tiny_pair
         value.backward()
         assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in model.parameters())
     model.zero_grad()
+
+
+def test_packed_inputs_keep_the_duplicate_mask(tiny_pair):
+    """Packed (flash-attention style) columns: one (1, total) row of token ids cut at ``cu_seq_lens_q``. Their text
+    keys equal the padded columns' (so mask_duplicates still sees a repeated text)."""
+    from st_hardneg.losses.batch import text_keys
+
+    model, _ = tiny_pair
+    texts = [TEXTS[:4], [POSITIVES[0], POSITIVES[1], POSITIVES[0], TEXTS[0]]]
+    padded = [model.preprocess(column) for column in texts]
+    packed = []
+    for features in padded:
+        rows = [ids[mask.bool()].tolist() for ids, mask in zip(features["input_ids"], features["attention_mask"],
+                                                               strict=True)]
+        bounds = torch.tensor([0, *itertools.accumulate(len(r) for r in rows)])
+        packed.append({"input_ids": torch.tensor([sum(rows, [])]), "cu_seq_lens_q": bounds})
+    keys = text_keys(packed)
+    torch.testing.assert_close(keys, text_keys(padded))
+    assert keys[1, 0] == keys[1, 2] and keys[1, 3] == keys[0, 0] and len(set(keys[0].tolist())) == 4

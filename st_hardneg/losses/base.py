@@ -543,12 +543,13 @@ class HardNegativeLoss(GradCacheMixin, nn.Module):
         available = torch.zeros(n, dtype=torch.long, device=q2d.similarity.device)
         total = 0
         masked = torch.zeros((), device=q2d.similarity.device)
-        for name, block in blocks.items():
+        for block in blocks.values():
             count = block.similarity.size(1)
             keep = ~block.exclude if block.exclude is not None else torch.ones_like(block.similarity, dtype=torch.bool)
             if block.has_positive:
                 keep = keep.clone()
-                keep[torch.arange(n), torch.arange(n)] = False
+                diagonal = torch.arange(n, device=keep.device)
+                keep[diagonal, diagonal] = False
                 count -= 1
             available += keep.sum(dim=1)
             total += count

@@ -97,14 +97,21 @@ def column_name(index: int) -> str:
 
 def text_keys(sentence_features: list[dict[str, Tensor]]) -> Tensor | None:
     """(num_columns, N) long ids of the rows' texts, equal for identical token ids under the attention mask (i.e.
-    identical texts), compared across all columns; ``None`` if a column has no padded ``input_ids``.
+    identical texts), compared across all columns; packed inputs (``cu_seq_lens_q``, flash-attention style) are cut
+    into their rows first. ``None`` if a column has no ``input_ids``.
 
     The id is the hash of the token-id tuple: Python hashes tuples of ints deterministically (no per-process
     randomisation, unlike strings), so ids from different processes can be compared after gathering."""
     keys = []
     for features in sentence_features:
         input_ids = features.get("input_ids") if isinstance(features, Mapping) else None  # dict or BatchEncoding
-        if not isinstance(input_ids, Tensor) or input_ids.dim() != 2 or "cu_seq_lens_q" in features:
+        if isinstance(input_ids, Tensor) and "cu_seq_lens_q" in features:
+            # packed (flash-attention style) rows: one (1, total) sequence cut at cu_seq_lens_q
+            bounds = features["cu_seq_lens_q"].tolist()
+            flat = input_ids.reshape(-1).tolist()
+            keys.append([hash(tuple(flat[start:end])) for start, end in zip(bounds[:-1], bounds[1:], strict=True)])
+            continue
+        if not isinstance(input_ids, Tensor) or input_ids.dim() != 2:
             return None
         attention = features.get("attention_mask")
         tokens = input_ids.tolist()

@@ -47,10 +47,14 @@ def guide_embeddings(guide: nn.Module, model: Any, sentence_features: list[dict[
         return embed_columns(guide, features)
     columns = []
     for features in sentence_features:
-        if "input_ids" not in features or "cu_seq_lens_q" in features:
-            raise ValueError("guide: re-tokenising for a guide with another tokenizer needs padded `input_ids` "
-                             "in the features")
-        texts = model.tokenizer.batch_decode(features["input_ids"], skip_special_tokens=True)
+        if "input_ids" not in features:
+            raise ValueError("guide: re-tokenising for a guide with another tokenizer needs `input_ids` in the features")
+        input_ids = features["input_ids"]
+        if "cu_seq_lens_q" in features:  # packed rows: cut the (1, total) sequence into its rows, as GIST does
+            bounds = features["cu_seq_lens_q"].tolist()
+            flat = input_ids.reshape(-1).tolist()
+            input_ids = [flat[start:end] for start, end in zip(bounds[:-1], bounds[1:], strict=True)]
+        texts = model.tokenizer.batch_decode(input_ids, skip_special_tokens=True)
         guide_features = batch_to_device(guide.preprocess(texts), device or features["input_ids"].device)
         columns.append(guide(guide_features)["sentence_embedding"])
     return columns

@@ -10,7 +10,7 @@ from typing import Any, Literal, Unpack
 
 import torch
 from sentence_transformers import SentenceTransformer
-from torch import Tensor, nn
+from torch import Tensor
 
 from st_hardneg import functional as fn
 from st_hardneg import validation
