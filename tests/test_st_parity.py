@@ -526,3 +526,55 @@ def test_packed_inputs_keep_the_duplicate_mask(tiny_pair):
     keys = text_keys(packed)
     torch.testing.assert_close(keys, text_keys(padded))
     assert keys[1, 0] == keys[1, 2] and keys[1, 3] == keys[0, 0] and len(set(keys[0].tolist())) == 4
+
+
+# ------------------------------------------------------------------ one word: the class name, in the Trainer
+#: how a retrieval team constructs each ST loss (ST's own argument names); ours is the same call, another class
+ST_CALLS = {
+    "MultipleNegativesRankingLoss": lambda model, guide: ((model,), dict(
+        scale=20.0, similarity_fct=util.cos_sim, directions=("query_to_doc", "doc_to_query"),
+        partition_mode="per_direction", hardness_mode="in_batch_negatives", hardness_strength=9.0)),
+    "CachedMultipleNegativesRankingLoss": lambda model, guide: ((model,), dict(scale=20.0, mini_batch_size=4,
+                                                                               show_progress_bar=False)),
+    "MultipleNegativesSymmetricRankingLoss": lambda model, guide: ((model,), dict(scale=20.0,
+                                                                                  similarity_fct=util.dot_score)),
+    "GISTEmbedLoss": lambda model, guide: ((model, guide), dict(temperature=0.05, margin_strategy="absolute",
+                                                                margin=0.0, contrast_positives=False)),
+    "CachedGISTEmbedLoss": lambda model, guide: ((model, guide), dict(temperature=0.05, mini_batch_size=4)),
+}
+OURS = {"MixCSELoss": MixCSELoss, "FocalInfoNCELoss": FocalInfoNCELoss, "HNCSELoss": HNCSELoss,
+        "AdversarialNegativesLoss": AdversarialNegativesLoss}
+
+
+@pytest.mark.parametrize("ours", list(OURS))
+@pytest.mark.parametrize("st_loss", list(ST_CALLS))
+def test_replacing_the_class_name_trains_in_the_trainer(tiny_model_dir, tiny_pair, tiny_sentences, st_loss, ours):
+    from datasets import Dataset
+    from sentence_transformers import SentenceTransformerTrainer, SentenceTransformerTrainingArguments
+    from sentence_transformers.sentence_transformer import losses as st_losses
+
+    model = load_model(tiny_model_dir, pooling="cls", max_seq_length=16, device="cpu")
+    guide = tiny_pair[1]  # another random tiny BERT
+    args, kwargs = ST_CALLS[st_loss](model, guide)
+    if ours != "MixCSELoss" and kwargs.get("similarity_fct") is util.dot_score:  # cosine equations say why
+        with pytest.raises(ValueError, match="needs similarity_fct=cos_sim"):
+            OURS[ours](*args, **kwargs)
+        return
+    getattr(st_losses, st_loss)(*args, **kwargs)  # the call is valid for ST
+    loss = OURS[ours](*args, **kwargs)
+    config = loss.get_config_dict()
+    for key, value in kwargs.items():  # every argument reached the loss and shows in its config
+        if key == "similarity_fct":
+            assert config[key] == value.__name__
+        elif key != "show_progress_bar":
+            assert config[key] == value, key
+    data = Dataset.from_dict({"anchor": tiny_sentences[:8], "positive": tiny_sentences[8:16]})
+    before = [p.detach().clone() for p in model.parameters()]
+    trainer = SentenceTransformerTrainer(model=model, train_dataset=data, loss=loss, args=SentenceTransformerTrainingArguments(
+        output_dir=str(tiny_model_dir.parent / f"out-{st_loss}-{ours}"), max_steps=2, per_device_train_batch_size=8,
+        learning_rate=1e-3, warmup_steps=0, save_strategy="no", report_to="none", use_cpu=True, disable_tqdm=True,
+        logging_steps=1, seed=0))
+    trainer.train()
+    losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
+    assert len(losses) == 2 and all(torch.isfinite(torch.tensor(losses)))
+    assert any(not torch.equal(a, b.detach()) for a, b in zip(before, model.parameters(), strict=True))
