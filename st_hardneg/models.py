@@ -20,6 +20,7 @@ import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any, cast
 
 import torch
 from sentence_transformers import SentenceTransformer
@@ -143,7 +144,8 @@ class TrainOnlyDense(Dense):
                 if self.linear.bias is not None:
                     self.linear.bias.zero_()
 
-    def forward(self, features: dict[str, Tensor]) -> dict[str, Tensor]:
+    # the signature of ST's Dense.forward, which ST's base Module annotates with **kwargs
+    def forward(self, features: dict[str, Tensor]) -> dict[str, Tensor]:  # type: ignore[override]
         if not self.training:
             return features
         return super().forward(features)
@@ -164,8 +166,8 @@ def strip_train_only_modules(model: SentenceTransformer) -> list[nn.Module]:
     removed = []
     for name in train_only_module_names(model):
         removed.append(model._modules.pop(name))
-        if getattr(model, "module_kwargs", None) and name in model.module_kwargs:
-            model.module_kwargs.pop(name)
+        if getattr(model, "module_kwargs", None) and name in cast(dict[str, Any], model.module_kwargs):
+            cast(dict[str, Any], model.module_kwargs).pop(name)
     return removed
 
 
@@ -173,7 +175,7 @@ def strip_train_only_modules(model: SentenceTransformer) -> list[nn.Module]:
 def without_train_only_modules(model: SentenceTransformer) -> Iterator[SentenceTransformer]:
     """Within the block, ``model`` lacks its train-only modules; they are put back afterwards (same order)."""
     saved_modules = dict(model._modules)
-    saved_kwargs = dict(model.module_kwargs) if getattr(model, "module_kwargs", None) else None
+    saved_kwargs = dict(cast(dict[str, Any], model.module_kwargs)) if getattr(model, "module_kwargs", None) else None
     strip_train_only_modules(model)
     try:
         yield model
@@ -181,11 +183,11 @@ def without_train_only_modules(model: SentenceTransformer) -> Iterator[SentenceT
         model._modules.clear()
         model._modules.update(saved_modules)
         if saved_kwargs is not None:
-            model.module_kwargs.clear()
-            model.module_kwargs.update(saved_kwargs)
+            cast(dict[str, Any], model.module_kwargs).clear()
+            cast(dict[str, Any], model.module_kwargs).update(saved_kwargs)
 
 
-def save_inference_model(model: SentenceTransformer, path: str | Path, **save_kwargs) -> Path:
+def save_inference_model(model: SentenceTransformer, path: str | Path, **save_kwargs: Any) -> Path:
     """Save ``model`` without its train-only modules (``model`` itself is left as it is); returns ``path``.
 
     The result is a plain sentence-transformers model (Transformer + Pooling for ``load_model(..., mlp_head=True)``)
@@ -234,7 +236,7 @@ def add_mlp_head(model: SentenceTransformer, init_std: float | None = None) -> S
         raise ValueError("cannot add an MLP head: the model does not report its embedding dimension")
     if init_std is None:
         try:
-            init_std = getattr(model[0].auto_model.config, "initializer_range", None)
+            init_std = getattr(cast(Any, model[0]).auto_model.config, "initializer_range", None)
         except (AttributeError, IndexError, TypeError, KeyError):
             init_std = None
     head = TrainOnlyDense(dim, dim, init_std=init_std)

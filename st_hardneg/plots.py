@@ -13,9 +13,9 @@ helpers work headless and leave the caller's backend and open figures alone (e.g
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
@@ -25,7 +25,7 @@ _NOT_METRICS = {"step", "epoch", "total_flos", "train_runtime", "train_samples_p
                 "eval_runtime", "eval_samples_per_second", "eval_steps_per_second", "train_loss"}
 
 
-def _figure(**kwargs) -> Figure:
+def _figure(**kwargs: Any) -> Figure:
     fig = Figure(**kwargs)
     FigureCanvasAgg(fig)
     return fig
@@ -114,16 +114,17 @@ def plot_alignment_uniformity(
     return _save(fig, path, dpi)
 
 
-def _as_runs(history) -> dict[str, list[dict[str, Any]]]:
+def _as_runs(history: Any) -> dict[str, list[dict[str, Any]]]:
     if hasattr(history, "log_history"):  # a TrainerState
         history = history.log_history
     if isinstance(history, Mapping):
-        return {str(name): list(getattr(h, "log_history", h)) for name, h in history.items()}
+        return {str(name): list(cast(Iterable[dict[str, Any]], getattr(h, "log_history", h)))
+                for name, h in history.items()}
     return {"": list(history)}
 
 
 def plot_training_curves(
-    history,
+    history: Any,
     path: str | Path,
     metrics: Sequence[str] | None = None,
     *,

@@ -12,7 +12,7 @@ import argparse
 import logging
 import sys
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from st_hardneg.cli.train import (
     STS_DEFAULTS,
@@ -22,10 +22,13 @@ from st_hardneg.cli.train import (
 )
 from st_hardneg.data.senteval import DataNotFoundError
 
+if TYPE_CHECKING:
+    from sentence_transformers import SentenceTransformer
+
 logger = logging.getLogger("st_hardneg")
 
 EVAL_TASK_GROUPS = ("sts", "transfer", "mteb", "align")
-def load_for_eval(name: str | None, pooling: str):
+def load_for_eval(name: str | None, pooling: str) -> SentenceTransformer:
     """A saved SentenceTransformer directory as saved (its own pooling), else an encoder with ``pooling``: see
     :func:`st_hardneg.models.resolve_model` (``saved="as_is"``)."""
     from st_hardneg.models import resolve_model

@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 import logging
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from st_hardneg.data.senteval import DataNotFoundError
 from st_hardneg.training.registry import parse_loss_args
@@ -167,7 +167,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         "median_step_seconds": result.median_step_seconds,
     }
     write_json(output_dir / "results.json", payload)
-    print(format_sts_table({args.loss: scores}))
+    print(format_sts_table({args.loss: cast(dict[str, float], scores)}))  # evaluate_test: the STS scores are set
     step = f"{result.median_step_seconds:.3f} s" if result.median_step_seconds is not None else "–"
     print(f"\nSTS-B dev (best): {result.best_metric}  steps: {result.steps}  train time: {result.train_seconds:.0f} s  "
           f"median step: {step}")

@@ -12,7 +12,11 @@ import json
 import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from datasets import Dataset
+    from sentence_transformers import SentenceTransformer
 
 
 def file_digest(paths: Iterable[str | Path]) -> str:
@@ -23,7 +27,8 @@ def file_digest(paths: Iterable[str | Path]) -> str:
     return digest.hexdigest()[:12]
 
 
-def cached_dataset(cache_dir: str | Path, prefix: str, key: dict[str, Any], build: Callable[[], Any]):
+def cached_dataset(cache_dir: str | Path, prefix: str, key: dict[str, Any], build: Callable[[], Any]
+                   ) -> tuple[Dataset, Path, float]:
     """The ``datasets.Dataset`` stored under ``key`` in ``cache_dir``, or ``build()``'s, stored there first.
 
     The file is ``<cache_dir>/<prefix>-<sha256(key)[:12]>.json`` (written atomically), holding the key, the build
@@ -56,7 +61,7 @@ def cached_dataset(cache_dir: str | Path, prefix: str, key: dict[str, Any], buil
 
 
 def mine_training_negatives(
-    model,
+    model: SentenceTransformer,
     pairs: Sequence[tuple[str, str]] | Any,
     corpus: Sequence[str],
     *,
@@ -68,7 +73,7 @@ def mine_training_negatives(
     range_max: int | None = None,
     batch_size: int = 64,
     verbose: bool = False,
-):
+) -> Dataset:
     """One mined hard negative per (anchor, positive) pair, with sentence-transformers' ``mine_hard_negatives``.
 
     ``mine_hard_negatives`` ranks ``corpus`` by cosine to each anchor and keeps the ``num_candidates`` best

@@ -27,10 +27,13 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from st_hardneg.data.mining import mine_training_negatives  # noqa: F401 - re-exported: the data's mining step
 from st_hardneg.data.senteval import DataNotFoundError, resolve_senteval_dir
+
+if TYPE_CHECKING:
+    from datasets import Dataset
 
 MRPC_FILES = {"train": "MRPC/msr_paraphrase_train.txt", "test": "MRPC/msr_paraphrase_test.txt"}
 MRPC_HEADER = ("Quality", "#1 ID", "#2 ID", "#1 String", "#2 String")
@@ -90,7 +93,7 @@ class MRPCRetrieval:
         texts.update(self.task.corpus[d] for docs in self.task.relevant_docs.values() for d in docs)
         return texts
 
-    def train_dataset(self):
+    def train_dataset(self) -> Dataset:
         """The training pairs as a ``datasets.Dataset`` with columns ``anchor``, ``positive``."""
         from datasets import Dataset
 
@@ -173,7 +176,7 @@ def _doc_ids(pairs: Iterable[MRPCPair]) -> dict[str, str]:
         ids.setdefault(pair.sentence1, []).append(pair.id1)
         ids.setdefault(pair.sentence2, []).append(pair.id2)
 
-    def key(value: str):
+    def key(value: str) -> tuple[int, int, str]:
         return (0, int(value), "") if value.isdigit() else (1, 0, value)
 
     result = {text: "d" + min(found, key=key) for text, found in ids.items()}

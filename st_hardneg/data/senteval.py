@@ -23,8 +23,12 @@ import tempfile
 import urllib.request
 from collections.abc import Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tqdm.auto import tqdm
+
+if TYPE_CHECKING:
+    from datasets import Dataset
 
 logger = logging.getLogger(__name__)
 
@@ -163,8 +167,8 @@ def _score(path: Path, number: int, raw: str) -> float:
     return value
 
 
-def _read_scored_rows(path: Path, rows, layout: str, columns: tuple[int, int, int], s1: list[str], s2: list[str],
-                      gold: list[float]) -> None:
+def _read_scored_rows(path: Path, rows: Iterable[tuple[int, str]], layout: str, columns: tuple[int, int, int],
+                      s1: list[str], s2: list[str], gold: list[float]) -> None:
     """Append the (score, sentence 1, sentence 2) ``columns`` of every non-blank ``(line number, line)`` of a
     tab-separated file with the fields of ``layout`` to ``gold``, ``s1`` and ``s2``."""
     needed = len(layout.split(", "))
@@ -274,7 +278,7 @@ def read_corpus(path: str | Path, min_chars: int = 0, dedupe: bool = False) -> l
     return sentences
 
 
-def pair_dataset(sentences: list[str] | object, column: str | None = None):
+def pair_dataset(sentences: list[str] | Dataset, column: str | None = None) -> Dataset:
     """A ``datasets.Dataset`` with columns ``anchor`` and ``positive`` holding the same sentence (unsupervised SimCSE).
 
     Args:

@@ -3,9 +3,10 @@ them; the classification protocol on their embeddings is :mod:`st_hardneg.evalua
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -62,7 +63,7 @@ def _tokens(text: str) -> list[str]:
     return text.split()
 
 
-def _ordered(items: list[tuple], key) -> list[tuple]:
+def _ordered(items: list[tuple], key: Callable[[Any], Any]) -> list[tuple]:
     # SentEval sorts every split by length (then label) "to reduce padding" before classifying; the order decides
     # which items fall into which shuffled fold, so it is kept to reproduce SentEval's folds.
     return sorted(items, key=key)
@@ -87,9 +88,10 @@ def read_transfer_task(root: str | Path, task: str) -> dict[str, TransferSplit]:
     """
     root = Path(root)
     check_transfer_data(root, [task])
+    label: int | str
     if task in _BINARY_FILES:
         folder, pos, neg = _BINARY_FILES[task]
-        items = []
+        items: list[tuple[Any, ...]] = []
         for name, label in ((pos, 1), (neg, 0)):
             lines = (root / folder / name).read_text(encoding="latin-1").splitlines()
             items += [(_tokens(line), label) for line in lines]

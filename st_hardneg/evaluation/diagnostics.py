@@ -11,13 +11,16 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from st_hardneg.data.senteval import read_sts_pairs, resolve_senteval_dir
 from st_hardneg.evaluation.encoding import check_embeddings, encode_unique
 from st_hardneg.reporting import markdown_table
+
+if TYPE_CHECKING:
+    from sentence_transformers import SentenceTransformer
 
 logger = logging.getLogger(__name__)
 
@@ -68,7 +71,7 @@ def uniformity(x: np.ndarray, t: float = 2.0) -> float:
 
 
 def alignment_uniformity(
-    model,
+    model: SentenceTransformer,
     data_dir: str | Path | None = None,
     split: str = "dev",
     threshold: float = 4.0,

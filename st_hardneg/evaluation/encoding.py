@@ -4,16 +4,20 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
+if TYPE_CHECKING:
+    from sentence_transformers import SentenceTransformer
 
-def model_length_limit(model) -> int | None:
+
+def model_length_limit(model: SentenceTransformer) -> int | None:
     """The longest input the encoder accepts: its ``max_position_embeddings`` (RoBERTa-style models reserve two
     positions for the padding offset). sentence-transformers stores ``max_seq_length`` in the tokenizer's
     ``model_max_length``, so the tokenizer cannot tell the model's real limit once a training length is set."""
     try:
-        config = model[0].auto_model.config
+        config: Any = cast(Any, model[0]).auto_model.config
     except (AttributeError, IndexError, TypeError, KeyError):
         return None
     if hasattr(config, "get_text_config"):
@@ -26,7 +30,7 @@ def model_length_limit(model) -> int | None:
 
 
 @contextmanager
-def full_length(model) -> Iterator[None]:
+def full_length(model: SentenceTransformer) -> Iterator[None]:
     """Encode whole sentences, as SentEval does: lift a training ``max_seq_length`` (32 in the papers) to the
     model's limit for the duration of the block, then restore it."""
     original = getattr(model, "max_seq_length", None)
@@ -71,8 +75,8 @@ def check_embeddings(embeddings: np.ndarray, what: str = "the evaluated sentence
 
 
 def encode_unique(
-    model, sentences: Iterable[str], batch_size: int = 64, show_progress_bar: bool = False, whole: bool = True,
-    check: bool = True,
+    model: SentenceTransformer, sentences: Iterable[str], batch_size: int = 64, show_progress_bar: bool = False,
+    whole: bool = True, check: bool = True,
 ) -> dict[str, np.ndarray]:
     """Encode each distinct sentence once; returns ``{sentence: float32 embedding}``.
 

@@ -13,10 +13,10 @@ import json
 import os
 import random
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
@@ -32,8 +32,16 @@ from st_hardneg.evaluation.mteb_tasks import (
 )
 from st_hardneg.reporting import markdown_table
 
+if TYPE_CHECKING:
+    from mteb.abstasks.task_metadata import TaskMetadata
+    from mteb.models import ModelMeta, SentenceTransformerEncoderWrapper
+    from mteb.types import Array, BatchedInput, PromptType
+    from sentence_transformers import SentenceTransformer
+    from torch.utils.data import DataLoader
 
-def _encoder_class():
+
+def _encoder_class() -> Callable[[SentenceTransformer, ModelMeta, dict[str, Any], int, bool],
+                                  SentenceTransformerEncoderWrapper]:
     require_mteb()
     from mteb.models import SentenceTransformerEncoderWrapper
 
@@ -42,7 +50,8 @@ def _encoder_class():
         (as :func:`evaluate_sts` does) and the embeddings are handed to mteb in float64, so that mteb's cosine is
         computed in the same precision as :func:`~st_hardneg.evaluation.cosine_spearman`."""
 
-        def __init__(self, model, meta, local_tasks: dict[str, Any], batch_size: int, show_progress_bar: bool):
+        def __init__(self, model: SentenceTransformer, meta: ModelMeta, local_tasks: dict[str, Any], batch_size: int,
+                     show_progress_bar: bool) -> None:
             super().__init__(model)
             self.mteb_model_meta = meta
             self._local_tasks = local_tasks
@@ -50,7 +59,8 @@ def _encoder_class():
             self._batch_size = batch_size
             self._show_progress_bar = show_progress_bar
 
-        def encode(self, inputs, *, task_metadata, hf_split, hf_subset, prompt_type=None, **kwargs):
+        def encode(self, inputs: DataLoader[BatchedInput], *, task_metadata: TaskMetadata, hf_split: str,
+                   hf_subset: str, prompt_type: PromptType | None = None, **kwargs: Any) -> Array:
             name = task_metadata.name
             if name not in self._local_tasks:
                 return super().encode(inputs, task_metadata=task_metadata, hf_split=hf_split, hf_subset=hf_subset,
@@ -67,13 +77,13 @@ def _encoder_class():
     return _Encoder
 
 
-def _weights_digest(model) -> str:
+def _weights_digest(model: SentenceTransformer) -> str:
     """SHA-256 (first 12 hex digits) of the module configs and weights: two checkpoints never share it."""
     import torch
 
     digest = hashlib.sha256()
     for module in model:
-        config = module.get_config_dict() if hasattr(module, "get_config_dict") else {}
+        config = cast(Any, module).get_config_dict() if hasattr(module, "get_config_dict") else {}
         digest.update(f"{type(module).__name__}:{json.dumps(config, sort_keys=True, default=str)}".encode())
     for name, tensor in model.state_dict().items():
         digest.update(name.encode())
@@ -81,7 +91,7 @@ def _weights_digest(model) -> str:
     return digest.hexdigest()[:12]
 
 
-def _model_meta(model, model_name: str | None):
+def _model_meta(model: SentenceTransformer, model_name: str | None) -> ModelMeta:
     from mteb.models import ModelMeta
 
     meta = ModelMeta.from_sentence_transformer_model(model)
@@ -149,7 +159,7 @@ def _official_tasks(names: list[str]) -> list:
 
 
 @contextmanager
-def _preserved_rng():
+def _preserved_rng() -> Iterator[None]:
     """mteb seeds ``random``, numpy and torch globally whenever a task is created; undo that for the caller."""
     import torch
 
@@ -163,7 +173,7 @@ def _preserved_rng():
 
 
 def run_mteb(
-    model,
+    model: SentenceTransformer,
     tasks: Sequence[str] | str,
     data_dir: str | Path | None = None,
     output_dir: str | Path | None = None,
@@ -246,6 +256,7 @@ def run_mteb(
             warnings.filterwarnings("ignore", message=".*get_sentence_embedding_dimension", category=FutureWarning)
             meta = _model_meta(model, model_name)
             encoder = _encoder_class()(model, meta, local, batch_size, show_progress_bar)
+        cache_obj: ResultCache | None
         if output_dir is not None:
             cache_obj = ResultCache(Path(output_dir))
         else:

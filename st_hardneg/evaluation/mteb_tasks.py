@@ -14,11 +14,21 @@ import logging
 from collections.abc import Sequence
 from functools import cache
 from pathlib import Path
-from typing import Any
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from st_hardneg.data.senteval import STS_YEAR_SUBSETS, check_sts_data, read_sts_pairs, resolve_senteval_dir, sts_files
+
+if TYPE_CHECKING:
+    from mteb.abstasks.abstask import AbsTask
+    from mteb.abstasks.retrieval import AbsTaskRetrieval
+    from mteb.abstasks.sts import AbsTaskSTS
+    from mteb.abstasks.task_metadata import TaskMetadata
+    from mteb.types import RelevantDocumentsType
+
+    from st_hardneg.data.mrpc import RetrievalTask
 
 logger = logging.getLogger(__name__)
 
@@ -67,7 +77,7 @@ def local_equivalents_message(names: Sequence[str]) -> str:
     return text
 
 
-def require_mteb():
+def require_mteb() -> ModuleType:
     """The ``mteb`` module, or an ImportError saying how to install it (it is the optional ``[mteb]`` extra)."""
     try:
         import mteb
@@ -78,7 +88,7 @@ def require_mteb():
     return mteb
 
 
-def _metadata(name: str, data_file: Path, description: str, **fields: Any):
+def _metadata(name: str, data_file: Path, description: str, **fields: Any) -> TaskMetadata:
     """mteb ``TaskMetadata`` of a local English text-to-text task on its test split (the file's folder as dataset
     path, revision ``local``); ``fields`` adds the task-specific ones (``reference``, ``type``, ``main_score`` …)."""
     from mteb.abstasks.task_metadata import TaskMetadata
@@ -91,7 +101,7 @@ def _metadata(name: str, data_file: Path, description: str, **fields: Any):
 
 
 @cache
-def _local_task_base():
+def _local_task_base() -> type[AbsTaskSTS]:
     require_mteb()
     from datasets import Dataset, DatasetDict
     from mteb.abstasks.sts import AbsTaskSTS
@@ -124,7 +134,7 @@ def _local_task_base():
     return SentEvalSTSTask
 
 
-def local_sts_task(name: str, data_dir: str | Path | None = None):
+def local_sts_task(name: str, data_dir: str | Path | None = None) -> AbsTaskSTS:
     """A local SentEval STS set as an mteb task (a subclass of ``mteb.abstasks.sts.AbsTaskSTS``).
 
     Args:
@@ -169,7 +179,7 @@ def local_sts_task(name: str, data_dir: str | Path | None = None):
 
 
 @cache
-def _local_retrieval_base():
+def _local_retrieval_base() -> type[AbsTaskRetrieval]:
     from datasets import Dataset
     from mteb.abstasks.retrieval import AbsTaskRetrieval
 
@@ -186,7 +196,7 @@ def _local_retrieval_base():
         embedding_dtype = np.float32
         k_values = (1, 3, 5, 10, 20, 100, 1000)
 
-        def _task(self):
+        def _task(self) -> RetrievalTask:
             from st_hardneg.data.mrpc import build_retrieval_task
 
             return build_retrieval_task(self.retrieval_task, self.root)
@@ -205,7 +215,9 @@ def _local_retrieval_base():
             }}}
             self.data_loaded = True
 
-        def task_specific_scores(self, scores, qrels, results, hf_split, hf_subset):
+        def task_specific_scores(self, scores: dict[str, dict[str, float]], qrels: RelevantDocumentsType,
+                                 results: dict[str, dict[str, float]], hf_split: str, hf_subset: str
+                                 ) -> dict[str, float]:
             # mteb rounds its nDCG, MAP, recall and precision means to 5 decimals; report the unrounded means of
             # the same per-query pytrec_eval values, so the scores compare to the sentence-transformers evaluator
             # beyond 1e-5 (MRR is not rounded by mteb).
@@ -225,7 +237,7 @@ def _local_retrieval_base():
     return LocalRetrievalTask
 
 
-def local_retrieval_task(name: str, data_dir: str | Path | None = None):
+def local_retrieval_task(name: str, data_dir: str | Path | None = None) -> AbsTaskRetrieval:
     """A local retrieval task as an mteb task (a subclass of ``mteb.abstasks.retrieval.AbsTaskRetrieval``).
 
     ``MRPC-retrieval-local`` is MRPC paraphrase retrieval (:func:`st_hardneg.data.mrpc.build_mrpc_retrieval`):
@@ -261,7 +273,7 @@ def local_retrieval_task(name: str, data_dir: str | Path | None = None):
     return cls()
 
 
-def local_task(name: str, data_dir: str | Path | None = None):
+def local_task(name: str, data_dir: str | Path | None = None) -> AbsTask:
     """The local STS or retrieval task ``name`` (see :data:`LOCAL_MTEB_TASKS`, :data:`LOCAL_RETRIEVAL_TASKS`)."""
     if name in LOCAL_RETRIEVAL_TASKS:
         return local_retrieval_task(name, data_dir)

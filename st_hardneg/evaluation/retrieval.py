@@ -9,14 +9,21 @@ report the same nDCG@10 / MRR@10.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 from sentence_transformers.sentence_transformer.evaluation import InformationRetrievalEvaluator
 from sentence_transformers.util import cos_sim
 
 from st_hardneg.evaluation.encoding import encode_unique
+
+if TYPE_CHECKING:
+    from sentence_transformers import SentenceTransformer
+    from torch import Tensor
+
+    from st_hardneg.data.mrpc import RetrievalTask
 
 #: the metrics :func:`evaluate_retrieval` returns (x 100), in the evaluator's naming without the score function
 RETRIEVAL_METRICS = ("ndcg@10", "mrr@10", "recall@1", "recall@10", "accuracy@1", "map@100")
@@ -46,13 +53,17 @@ class LocalRetrievalEvaluator(InformationRetrievalEvaluator):
         kwargs.setdefault("precision_recall_at_k", [1, 3, 5, 10])
         kwargs.setdefault("map_at_k", [100])
         kwargs.setdefault("write_csv", False)
-        super().__init__(queries, corpus, relevant_docs, name=name, batch_size=batch_size,
-                         show_progress_bar=show_progress_bar, score_functions={"cosine": cos_sim},
-                         main_score_function="cosine", **kwargs)
-        self._texts = [*self.queries, *self.corpus]
+        super().__init__(cast(dict[str, Any], queries), cast(dict[str, Any], corpus), relevant_docs, name=name,
+                         batch_size=batch_size, show_progress_bar=show_progress_bar,
+                         score_functions={"cosine": cos_sim}, main_score_function="cosine", **kwargs)
+        self._texts = cast(list[str], [*self.queries, *self.corpus])
         self._table: dict[str, np.ndarray] | None = None
 
-    def __call__(self, model, output_path: str | None = None, epoch: int = -1, steps: int = -1, *args, **kwargs):
+    # the signature of InformationRetrievalEvaluator.__call__, which narrows BaseEvaluator's model: BaseModel
+    def __call__(  # type: ignore[override]
+        self, model: SentenceTransformer, output_path: str | None = None, epoch: int = -1, steps: int = -1,
+        *args: Any, **kwargs: Any,
+    ) -> dict[str, float]:
         self._table = encode_unique(model, self._texts, batch_size=self.batch_size,
                                     show_progress_bar=self.show_progress_bar)
         try:
@@ -60,16 +71,20 @@ class LocalRetrievalEvaluator(InformationRetrievalEvaluator):
         finally:
             self._table = None
 
-    def embed_inputs(self, model, sentences, encode_fn_name=None, prompt_name=None, prompt=None, **kwargs):
+    # ST annotates the result np.ndarray, but its embed_inputs returns a Tensor (convert_to_tensor=True), as this does
+    def embed_inputs(  # type: ignore[override]
+        self, model: SentenceTransformer, sentences: Sequence[str], encode_fn_name: str | None = None,
+        prompt_name: str | None = None, prompt: str | None = None, **kwargs: Any,
+    ) -> Tensor:
         if self._table is None or prompt or prompt_name or self.truncate_dim is not None:
-            return super().embed_inputs(model, sentences, encode_fn_name=encode_fn_name, prompt_name=prompt_name,
-                                        prompt=prompt, **kwargs)
+            return cast("Tensor", super().embed_inputs(model, sentences, encode_fn_name=encode_fn_name,
+                                                       prompt_name=prompt_name, prompt=prompt, **kwargs))
         import torch
 
         return torch.from_numpy(np.stack([self._table[s] for s in sentences]))
 
 
-def retrieval_evaluator(task, batch_size: int = 64, show_progress_bar: bool = False,
+def retrieval_evaluator(task: RetrievalTask, batch_size: int = 64, show_progress_bar: bool = False,
                         **kwargs: Any) -> LocalRetrievalEvaluator:
     """A :class:`LocalRetrievalEvaluator` for a :class:`~st_hardneg.data.mrpc.RetrievalTask` (named after it)."""
     return LocalRetrievalEvaluator(task.queries, task.corpus, task.relevant_docs, name=task.name,
@@ -100,7 +115,8 @@ def mrpc_retrieval_evaluator(data_dir: str | Path | None = None, batch_size: int
                                show_progress_bar=show_progress_bar, **kwargs)
 
 
-def evaluate_retrieval(model, data_dir: str | Path | None = None, task=None, batch_size: int = 64,
+def evaluate_retrieval(model: SentenceTransformer, data_dir: str | Path | None = None,
+                       task: RetrievalTask | None = None, batch_size: int = 64,
                        show_progress_bar: bool = False) -> dict[str, float]:
     """Retrieval metrics x 100 of ``model`` on a local retrieval task (default: MRPC paraphrase retrieval).
 

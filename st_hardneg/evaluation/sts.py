@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 from scipy.stats import spearmanr
@@ -14,6 +14,10 @@ from sentence_transformers.base.evaluation.evaluator import BaseEvaluator
 from st_hardneg.data.senteval import STS_DEV_TASKS, STS_TASKS, check_sts_data, read_sts_pairs, resolve_senteval_dir
 from st_hardneg.evaluation.encoding import DegenerateEmbeddingsError, encode_unique, parse_task_list
 from st_hardneg.reporting import markdown_table
+
+if TYPE_CHECKING:
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.base.model import BaseModel
 
 logger = logging.getLogger(__name__)
 
@@ -57,7 +61,7 @@ def _check_tasks(tasks: Sequence[str] | str | None) -> list[str]:
 
 
 def evaluate_sts(
-    model,
+    model: SentenceTransformer,
     data_dir: str | Path | None = None,
     tasks: Sequence[str] | None = None,
     batch_size: int = 64,
@@ -166,11 +170,12 @@ class SentEvalSTSEvaluator(BaseEvaluator):
         self.primary_metric = "spearman"
         self.greater_is_better = True
 
-    def __call__(self, model, output_path: str | None = None, epoch: int = -1, steps: int = -1) -> dict[str, float]:
+    def __call__(self, model: BaseModel, output_path: str | None = None, epoch: int = -1,
+                 steps: int = -1) -> dict[str, float]:
         sentences = (s for s1, s2, _ in self.pairs.values() for s in (*s1, *s2))
         metrics: dict[str, float] = {}
         try:
-            table = encode_unique(model, sentences, batch_size=self.batch_size,
+            table = encode_unique(cast("SentenceTransformer", model), sentences, batch_size=self.batch_size,
                                   show_progress_bar=self.show_progress_bar)
             for task, (s1, s2, gold) in self.pairs.items():
                 score = cosine_spearman(np.stack([table[s] for s in s1]), np.stack([table[s] for s in s2]), gold)

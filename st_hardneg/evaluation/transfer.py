@@ -12,7 +12,7 @@ import logging
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 from sklearn.linear_model import LogisticRegression
@@ -31,6 +31,9 @@ from st_hardneg.data.transfer import (  # noqa: F401 - the data half, re-exporte
 )
 from st_hardneg.evaluation.encoding import encode_unique, parse_task_list
 from st_hardneg.reporting import markdown_table
+
+if TYPE_CHECKING:
+    from sentence_transformers import SentenceTransformer
 
 logger = logging.getLogger(__name__)
 
@@ -68,11 +71,12 @@ def _pick(grid: Sequence[float], scores: list[float]) -> tuple[float, float]:
     return float(grid[best]), rounded[best]
 
 
-def _accuracy(clf, x: np.ndarray, y: np.ndarray) -> float:
+def _accuracy(clf: LogisticRegression, x: np.ndarray, y: np.ndarray) -> float:
     return 100.0 * float(clf.score(x, y))
 
 
-def _select_c(x: np.ndarray, y: np.ndarray, folds, grid: Sequence[float], seed: int, bar=None) -> tuple[float, float]:
+def _select_c(x: np.ndarray, y: np.ndarray, folds: Sequence[tuple[np.ndarray, np.ndarray]], grid: Sequence[float],
+              seed: int, bar: tqdm | None = None) -> tuple[float, float]:
     """The C of ``grid`` with the best mean validation accuracy over ``folds`` (SentEval's rule, see :func:`_pick`)."""
     scores = []
     for c in grid:
@@ -87,7 +91,7 @@ def _select_c(x: np.ndarray, y: np.ndarray, folds, grid: Sequence[float], seed: 
 
 
 def inner_kfold_classify(
-    x: np.ndarray, y: np.ndarray, grid: Sequence[float], kfold: int, seed: int = SENTEVAL_SEED, bar=None
+    x: np.ndarray, y: np.ndarray, grid: Sequence[float], kfold: int, seed: int = SENTEVAL_SEED, bar: tqdm | None = None
 ) -> dict[str, Any]:
     """SentEval's ``InnerKFoldClassifier`` (MR, CR, SUBJ, MPQA): ``kfold`` stratified shuffled outer folds; on each
     outer training fold, C is chosen by a ``kfold`` stratified inner CV (mean accuracy), refit on the whole outer
@@ -111,7 +115,7 @@ def inner_kfold_classify(
 
 def kfold_classify(
     x_train: np.ndarray, y_train: np.ndarray, x_test: np.ndarray, y_test: np.ndarray, grid: Sequence[float],
-    kfold: int, seed: int = SENTEVAL_SEED, bar=None,
+    kfold: int, seed: int = SENTEVAL_SEED, bar: tqdm | None = None,
 ) -> dict[str, Any]:
     """SentEval's ``KFoldClassifier`` (TREC, MRPC): C chosen by ``kfold`` stratified shuffled CV on the training
     set, refit on the whole training set, scored on the test set. Returns accuracy (x 100), details and predictions.
@@ -127,7 +131,7 @@ def kfold_classify(
 
 def split_classify(
     x_train: np.ndarray, y_train: np.ndarray, x_dev: np.ndarray, y_dev: np.ndarray, x_test: np.ndarray,
-    y_test: np.ndarray, grid: Sequence[float], seed: int = SENTEVAL_SEED, bar=None,
+    y_test: np.ndarray, grid: Sequence[float], seed: int = SENTEVAL_SEED, bar: tqdm | None = None,
 ) -> dict[str, Any]:
     """SentEval's ``SplitClassifier`` (SST2): one fit per C on train, C chosen on dev accuracy, test accuracy of
     that classifier (x 100)."""
@@ -158,7 +162,7 @@ def _check_tasks(tasks: Sequence[str] | str | None) -> list[str]:
 
 
 def evaluate_transfer(
-    model,
+    model: SentenceTransformer,
     data_dir: str | Path | None = None,
     tasks: Sequence[str] | str | None = None,
     fast: bool = False,
@@ -257,8 +261,8 @@ def evaluate_transfer(
                                      embed(te.sentences), te.labels, grid, seed, bar)
             elif task == "MRPC":
                 tr, te = splits["train"], splits["test"]
-                u_tr, v_tr = embed(tr.sentences), embed(tr.sentences2)
-                u_te, v_te = embed(te.sentences), embed(te.sentences2)
+                u_tr, v_tr = embed(tr.sentences), embed(cast(list[str], tr.sentences2))
+                u_te, v_te = embed(te.sentences), embed(cast(list[str], te.sentences2))
                 x_tr = np.c_[np.abs(u_tr - v_tr), u_tr * v_tr]
                 x_te = np.c_[np.abs(u_te - v_te), u_te * v_te]
                 out = kfold_classify(x_tr, tr.labels, x_te, te.labels, grid, kfold, seed, bar)

@@ -41,7 +41,7 @@ def float32_math(func: _F) -> _F:
     """Run ``func`` with autocast disabled on its first argument's device (its inputs are cast to float32 inside)."""
 
     @functools.wraps(func)
-    def wrapper(first, *args, **kwargs):
+    def wrapper(first: Any, *args: Any, **kwargs: Any) -> Any:
         with autocast_disabled(first):
             return func(first, *args, **kwargs)
 
@@ -94,7 +94,8 @@ def offdiagonal_mask(n: int, device: torch.device | str | None = None) -> Tensor
     return ~torch.eye(n, dtype=torch.bool, device=device)
 
 
-def random_derangement(n: int, generator: torch.Generator | None = None, device=None) -> Tensor:
+def random_derangement(n: int, generator: torch.Generator | None = None,
+                       device: torch.device | str | None = None) -> Tensor:
     """A random permutation without fixed points (a uniformly random single n-cycle).
 
     Built by walking a random ordering of the indices in a circle, so it costs one ``randperm``: no rejection
@@ -132,7 +133,7 @@ def partner_indices(
     mode: PartnerMode = "shift",
     similarity: Tensor | None = None,
     generator: torch.Generator | None = None,
-    device=None,
+    device: torch.device | str | None = None,
 ) -> Tensor:
     """Index of the in-batch negative that each anchor is mixed with; never the anchor itself.
 

@@ -149,7 +149,8 @@ def positive_mixing(
 
 
 def sample_distinct_pairs(
-    rows: int, k: int, num: int, generator: torch.Generator | None = None, device=None
+    rows: int, k: int, num: int, generator: torch.Generator | None = None,
+    device: torch.device | str | None = None,
 ) -> tuple[Tensor, Tensor]:
     """``num`` ordered pairs ``(a, b)`` of distinct indices in ``[0, k)`` for each of ``rows`` rows.
 

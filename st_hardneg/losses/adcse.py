@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 import weakref
 from collections.abc import Iterable
-from typing import Any, Unpack
+from typing import Any, Unpack, cast
 
 import torch
 from sentence_transformers import SentenceTransformer
@@ -34,6 +34,9 @@ class AdversarialNegativesLoss(stateful.OptimizerDrivenLoss, HardNegativeLoss):
     #: name of this loss's entry in optimizer checkpoints (see :mod:`st_hardneg.losses.stateful`)
     checkpoint_name = "AdversarialNegativesLoss"
     _state_synced = False
+    # set in __dict__ by __init__ (not child modules)
+    _online: nn.Module
+    _key_encoder: nn.Module | None
 
     def __init__(
         self,
@@ -267,7 +270,7 @@ class AdversarialNegativesLoss(stateful.OptimizerDrivenLoss, HardNegativeLoss):
         self._count_forward()
         self._sync_state_across_processes()
         if self.untied and len(sentence_features) > 1:
-            key_encoder = self.key_encoder
+            key_encoder = cast(nn.Module, self.key_encoder)  # untied: the key encoder exists
             param, online = next(key_encoder.parameters(), None), next(self.online_model.parameters(), None)
             if param is not None and online is not None and param.device != online.device:
                 key_encoder.to(online.device)
@@ -280,7 +283,7 @@ class AdversarialNegativesLoss(stateful.OptimizerDrivenLoss, HardNegativeLoss):
         keys: list[Tensor] = []
         if len(sentence_features) > 1:
             with torch.no_grad():
-                keys = embed_columns(self.key_encoder, sentence_features[1:], separate_first=False)
+                keys = embed_columns(cast(nn.Module, self.key_encoder), sentence_features[1:], separate_first=False)
         return self.compute_loss_from_embeddings([anchors, *keys], labels)
 
     def frozen_column_model(self, column: int) -> nn.Module | None:
@@ -341,7 +344,7 @@ class AdversarialNegativesLoss(stateful.OptimizerDrivenLoss, HardNegativeLoss):
                                                     self.adversary_temperature, exclude)[1])
 
     def _cosines_and_logits(self, anchors: Tensor, candidates: Tensor, adversaries: Tensor, tau: float,
-                            exclude: Tensor | None = None):
+                            exclude: Tensor | None = None) -> tuple[Tensor, Tensor]:
         cos = fn.candidate_cosines(anchors, torch.cat([candidates, adversaries.to(candidates.dtype)], dim=0))
         logits = fn.mask_columns(fn.contrastive_logits(cos, tau), exclude)  # adversaries are never masked
         if not self.in_batch_keys:  # paper Eq. 5: drop the other rows' keys and explicit negatives
@@ -368,7 +371,7 @@ class AdversarialNegativesLoss(stateful.OptimizerDrivenLoss, HardNegativeLoss):
         completed optimizer step of the online model by :mod:`st_hardneg.losses.stateful`'s optimizer hook (any
         training loop); call it by hand only in a loop that steps without a torch optimizer."""
         if self.untied:
-            update_momentum(self.online_model, self.key_encoder, self.momentum)
+            update_momentum(self.online_model, cast(nn.Module, self.key_encoder), self.momentum)
             self._ema_updates += 1
         self.adversary_bank.step()
         self._backward_seen = False

@@ -16,6 +16,7 @@ momentum buffer. It is trained to *maximise* a contrastive loss in which the vec
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import cast
 
 import torch
 from torch import Tensor, nn
@@ -44,6 +45,9 @@ class NegativeAdversaries(nn.Module):
         pending_micro_batches: number of gradients in the current accumulation window.
     """
 
+    weight: Tensor
+    velocity: Tensor
+
     def __init__(self, num: int, dim: int, lr: float = 3e-3, momentum: float = 0.9, weight_decay: float = 1e-4,
                  generator: torch.Generator | None = None, device: torch.device | str | None = None) -> None:
         super().__init__()
@@ -63,7 +67,7 @@ class NegativeAdversaries(nn.Module):
     def __len__(self) -> int:
         return self.weight.size(0)
 
-    def accumulate(self, loss_fn: Callable[[Tensor], Tensor], *inputs: Tensor) -> Tensor:
+    def accumulate(self, loss_fn: Callable[..., Tensor], *inputs: Tensor) -> Tensor:
         """Add ``∂ loss_fn(*inputs, adversaries) / ∂ adversaries`` to the accumulation window and return it.
 
         ``inputs`` are detached and cast to float32; ``loss_fn`` receives them followed by a float32 leaf copy of
@@ -89,7 +93,7 @@ class NegativeAdversaries(nn.Module):
         if not self.pending_micro_batches or not len(self):
             self.reset_window()
             return False
-        grad = self._grad_sum / self.pending_micro_batches
+        grad = cast(Tensor, self._grad_sum) / self.pending_micro_batches
         if torch.distributed.is_available() and torch.distributed.is_initialized():
             world_size = torch.distributed.get_world_size()
             if world_size > 1:

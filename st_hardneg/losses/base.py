@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import warnings
 from collections.abc import Callable, Iterable
-from typing import Any, Literal, TypedDict, TypeVar
+from typing import Any, Literal, TypedDict, TypeVar, cast
 
 import torch
 from sentence_transformers import SentenceTransformer
@@ -186,6 +186,8 @@ class HardNegativeLoss(GradCacheMixin, nn.Module):
     uses_labels: bool = False
     #: (this process's rows, global rows) after a gathering prepare_batch, else None
     _local_rows: tuple[slice, int] | None = None
+    #: set in __dict__ by __init__ (kept out of the module tree)
+    guide: SentenceTransformer | None
 
     def __init__(self, model: SentenceTransformer, guide: SentenceTransformer | None = None, *,
                  scale: float | None = None, temperature: float | None = None,
@@ -220,8 +222,10 @@ class HardNegativeLoss(GradCacheMixin, nn.Module):
             raise ValueError(f"{name} needs similarity_fct=cos_sim: {cosine_reason}")
         self.temperature = validation.check_scale_or_temperature(
             scale, temperature, max_abs_similarity=self.max_abs_similarity())
-        self.directions, self.partition_mode = validation.check_directions(directions, partition_mode)
-        self.hardness_mode, self.hardness_strength = validation.check_hardness(hardness_mode, hardness_strength)
+        self.directions, self.partition_mode = cast(
+            tuple[tuple[fr.Direction, ...], fr.PartitionMode], validation.check_directions(directions, partition_mode))
+        self.hardness_mode, self.hardness_strength = cast(
+            tuple[fr.HardnessMode | None, float], validation.check_hardness(hardness_mode, hardness_strength))
         self.seed = validation.check_seed(seed)
         self.gather_across_devices = validation.check_bool(gather_across_devices, "gather_across_devices")
         self.mini_batch_size = validation.check_optional_count(mini_batch_size, "mini_batch_size")
@@ -493,12 +497,14 @@ class HardNegativeLoss(GradCacheMixin, nn.Module):
         ``doc_to_doc``, other processes' anchors in ``anchor_to_anchor``, and the masked false negatives) and the
         hardness penalty of ``query_to_doc``. A loss appends its own columns with :meth:`Block.with_columns`."""
         dot = self.similarity_fct_name == "dot_score"
-        queries, positives = (batch.raw_anchors, batch.raw_positives) if dot else (batch.anchors, batch.positives)
+        queries, positives = cast(tuple[Tensor, Tensor], (batch.raw_anchors, batch.raw_positives) if dot
+                                  else (batch.anchors, batch.positives))
         documents = batch.raw_candidates if dot else batch.candidates
         n, device = batch.size, batch.device
         masks = batch.block_masks or {}
         eye = torch.eye(n, dtype=torch.bool, device=device)
         out: dict[str, fr.Block] = {}
+        own: slice | Tensor
         q2d = self.similarity(queries, documents)
         out["query_to_doc"] = fr.Block(
             q2d, has_positive=True, exclude=batch.false_negatives,

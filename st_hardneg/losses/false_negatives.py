@@ -10,7 +10,7 @@ The loss base class (:class:`~st_hardneg.losses.base.HardNegativeLoss`) calls th
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from sentence_transformers.base.losses.merged_forward import embed_columns
@@ -20,10 +20,13 @@ from st_hardneg import functional as fn
 from st_hardneg.losses import distributed as dist
 from st_hardneg.losses.batch import Batch, SideInputs, text_keys
 
+if TYPE_CHECKING:
+    from sentence_transformers import SentenceTransformer
+
 __all__ = ["attach_side_inputs", "block_masks", "false_negative_mask", "guide_embeddings", "side_inputs"]
 
 
-def side_inputs(sentence_features: list[dict[str, Tensor]], *, mask_duplicates: bool, guide: nn.Module | None,
+def side_inputs(sentence_features: list[dict[str, Tensor]], *, mask_duplicates: bool, guide: SentenceTransformer | None,
                 model: nn.Module, retokenize: bool) -> SideInputs | None:
     """What the false-negative mask needs besides the embeddings, read from the tokenised batch before the model
     runs: the rows' text keys (``mask_duplicates``) and the guide's embeddings (no gradient). ``None`` if neither."""
@@ -34,18 +37,20 @@ def side_inputs(sentence_features: list[dict[str, Tensor]], *, mask_duplicates: 
 
 
 @torch.no_grad()
-def guide_embeddings(guide: nn.Module, model: Any, sentence_features: list[dict[str, Tensor]],
+def guide_embeddings(guide: SentenceTransformer, model: Any, sentence_features: list[dict[str, Tensor]],
                      retokenize: bool) -> list[Tensor]:
     """The guide's embeddings of every column; with ``retokenize`` the model's token ids are decoded and tokenised
     again with the guide's tokenizer (see :func:`st_hardneg.validation.check_guide`)."""
     from sentence_transformers.util import batch_to_device
 
     device = getattr(guide, "device", None)
+    features: list[dict[str, Any]] | dict[str, Tensor]
     if not retokenize:
         # shallow copies: the guide writes its outputs into the dicts it is given
         features = [dict(f) if device is None else batch_to_device(dict(f), device) for f in sentence_features]
         return embed_columns(guide, features)
     columns = []
+    input_ids: Tensor | list[list[int]]
     for features in sentence_features:
         if "input_ids" not in features:
             raise ValueError("guide: re-tokenising for a guide with another tokenizer needs `input_ids` in the features")

@@ -26,7 +26,7 @@ A loss that cannot use the mixin directly wraps itself in :class:`GradCached`::
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, cast
 
 import torch
 from sentence_transformers.base.losses.gradcache import (
@@ -70,7 +70,8 @@ class GradCacheMixin(CachedLossMixin):
     happens once per batch, as in the uncached forward. With ``gather_across_devices`` the gather stays inside it.
     """
 
-    mini_batch_size: int | None = None
+    # optional here (ST declares int, but reads it only when mini_batch_num_tokens is None)
+    mini_batch_size: int | None = None  # type: ignore[assignment]
     mini_batch_num_tokens: int | None = None
     _gradcache_frozen: tuple[int, dict[int, Tensor]] | None = None
 
@@ -110,7 +111,7 @@ class GradCacheMixin(CachedLossMixin):
             self._gradcache_frozen = None
 
     def _embed_without_grad(self, module: nn.Module, features: dict[str, Tensor]) -> Tensor:
-        ranges = _minibatch_ranges(features, self.mini_batch_size, self.mini_batch_num_tokens)
+        ranges = _minibatch_ranges(features, self.mini_batch_size, self.mini_batch_num_tokens)  # type: ignore[arg-type]
         with torch.no_grad():
             parts = [module(_create_minibatch(features, begin, end))["sentence_embedding"] for begin, end in ranges]
         return torch.cat(parts).detach()
@@ -171,7 +172,7 @@ class GradCached(GradCacheMixin, nn.Module):
 
     @property
     def model(self) -> nn.Module:
-        return self.loss.model
+        return cast(nn.Module, self.loss.model)
 
     def __setattr__(self, name: str, value: Any) -> None:
         # The trainer re-points `loss.model`; nn.Module.__setattr__ would register the module here instead.
@@ -184,12 +185,12 @@ class GradCached(GradCacheMixin, nn.Module):
         return self._frozen_columns.get(column)
 
     def compute_loss_from_embeddings(self, embeddings: list[Tensor], labels: Tensor | None) -> Tensor:
-        return self.loss.compute_loss_from_embeddings(embeddings, labels)
+        return cast(Any, self.loss).compute_loss_from_embeddings(embeddings, labels)
 
     def forward(self, sentence_features: Iterable[dict[str, Tensor]], labels: Tensor | None) -> Tensor:
         return self.cached_forward(sentence_features, labels)
 
     def get_config_dict(self) -> dict[str, Any]:
-        config = dict(self.loss.get_config_dict()) if hasattr(self.loss, "get_config_dict") else {}
+        config = dict(cast(Any, self.loss).get_config_dict()) if hasattr(self.loss, "get_config_dict") else {}
         config.update(mini_batch_size=self.mini_batch_size, mini_batch_num_tokens=self.mini_batch_num_tokens)
         return config

@@ -6,7 +6,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Any, Literal, Unpack
+from typing import Any, Literal, Unpack, cast
 
 import torch
 from sentence_transformers import SentenceTransformer
@@ -250,7 +250,7 @@ class HNCSELoss(HardNegativeLoss):
         """``k`` clamped to the ``available`` negatives of the HNM pool (default ``batch_size - 1``, the in-batch
         negatives); warns once per loss when it clamps."""
         in_batch = available is None
-        available = batch_size - 1 if in_batch else available
+        available = batch_size - 1 if in_batch else cast(int, available)
         if self.k <= available:
             return self.k
         if not self._warned_k:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal, Unpack
+from typing import Any, Literal, Unpack, cast
 
 import torch
 from sentence_transformers import SentenceTransformer
@@ -194,8 +194,8 @@ class MixCSELoss(HardNegativeLoss):
     def _partners(self, batch: Batch, similarity: Tensor | None) -> Tensor:
         """π: the mixing partner of each anchor, on the batch's device; ``similarity`` is needed for "hardest"."""
         generator = self.generator(batch.device) if self.partner == "random" else None
-        return fn.partner_indices(batch.size, self.partner, similarity=similarity, generator=generator,
-                                  device=batch.device)
+        return fn.partner_indices(batch.size, cast(fn.PartnerMode, self.partner), similarity=similarity,
+                                  generator=generator, device=batch.device)
 
     def _allowed_partners(self, batch: Batch, similarity: Tensor, exclude: Tensor | None,
                           proposed: Tensor | None = None) -> tuple[Tensor, Tensor]:
@@ -210,7 +210,7 @@ class MixCSELoss(HardNegativeLoss):
         if self.partner == "hardest":
             partners, valid = fn.top_candidates(similarity, 1, exclude)
             return partners.squeeze(1), valid.squeeze(1)
-        return fn.allowed_partners(proposed, exclude)
+        return fn.allowed_partners(cast(Tensor, proposed), exclude)  # not hardest: proposed is set
 
     # ------------------------------------------------------------------ loss
     @float32_loss
@@ -236,14 +236,14 @@ class MixCSELoss(HardNegativeLoss):
         masked = batch.false_negatives  # (N, N + N·k) or None
         in_batch_masked = masked[:, :n] if masked is not None else None
         dot = self.similarity_fct_name == "dot_score"
-        anchors = batch.raw_anchors if dot else batch.anchors
-        positives = batch.raw_positives if dot else batch.positives
+        anchors = cast(Tensor, batch.raw_anchors) if dot else batch.anchors
+        positives = cast(Tensor, batch.raw_positives) if dot else batch.positives
         if self.partner == "explicit":
             if batch.negatives.size(0) == 0:
                 raise ValueError("MixCSELoss(partner='explicit') mixes each positive with the anchor's own mined "
                                  "negative, but the batch has no negative column: pass (anchor, positive, negative) "
                                  "triplets or use partner='shift' / 'random' / 'hardest'.")
-            own_negatives = (batch.raw_negatives if dot else batch.negatives)[:n]
+            own_negatives = (cast(Tensor, batch.raw_negatives) if dot else batch.negatives)[:n]
             has_partner = torch.ones(n, dtype=torch.bool, device=batch.device)
             if masked is not None:
                 has_partner = ~masked[torch.arange(n, device=batch.device), n + torch.arange(n, device=batch.device)]
@@ -290,14 +290,14 @@ class MixCSELoss(HardNegativeLoss):
         blocks = [z1 @ batch.candidates.T]
         # Block 2: anchor a vs every mix_b = λ z2_b + (1-λ) z2_π(b) (raw, then normalised once for the cosine);
         # mix_b contains a's own positive when π(b) = a: that entry's logit is set to 0.
-        block2 = z1 @ self._raw_mix(batch.raw_positives, partners).T
+        block2 = z1 @ self._raw_mix(cast(Tensor, batch.raw_positives), partners).T
         blocks.append(block2)
         inverse = torch.empty_like(partners)
         inverse[partners] = rows
         zeroed = [(rows, num_shared + inverse)]
         if self.reverse_mix:
             # Block 3: mixed anchor mix'_a = λ z1_a + (1-λ) z1_π(a) vs every positive z2_b; zero b = π(a).
-            blocks.append(self._raw_mix(batch.raw_anchors, partners) @ z2.T)
+            blocks.append(self._raw_mix(cast(Tensor, batch.raw_anchors), partners) @ z2.T)
             zeroed.append((rows, num_shared + n + partners))
         cos = torch.cat(blocks, dim=1)
         logits = fn.contrastive_logits(cos, self.temperature, self.focal_m)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import copy
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 
 from st_hardneg import validation
 
@@ -62,6 +62,10 @@ def update_momentum(model: nn.Module, model_ema: nn.Module, m: float, copy_buffe
     """
     m = validation.check_unit_interval(m, "momentum m")
     online = dict(model.named_parameters())
+    targets: list[Tensor]
+    sources: list[Tensor]
+    target: Tensor
+    source: Tensor | None
     targets, sources = [], []
     for name, target in model_ema.named_parameters():
         source = online.get(name)

@@ -56,7 +56,7 @@ from __future__ import annotations
 import logging
 import warnings
 import weakref
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook
@@ -85,7 +85,7 @@ _listeners: weakref.WeakSet = weakref.WeakSet()
 _global_hook_handle = None
 
 
-def _global_step_post_hook(optimizer: torch.optim.Optimizer, args, kwargs) -> None:
+def _global_step_post_hook(optimizer: torch.optim.Optimizer, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
     for listener in list(_listeners):
         listener._after_optimizer_step(optimizer)
 
@@ -114,6 +114,7 @@ def unwrap_optimizer(optimizer: Any) -> torch.optim.Optimizer:
 
 def _live_losses(optimizer: torch.optim.Optimizer) -> list[tuple[str, StatefulLoss]]:
     """(checkpoint slot name, loss) of the live losses attached to ``optimizer``."""
+    counts: dict[str, int]
     slots, counts = [], {}
     for ref in _attached.get(optimizer, []):
         loss = ref()
@@ -147,7 +148,7 @@ def _load_state_dict_post_hook(optimizer: torch.optim.Optimizer) -> None:
 
 def consume_pending_state(optimizer: torch.optim.Optimizer) -> list[StatefulLoss]:
     """Hand the checkpointed entries found in ``optimizer.state`` to the attached losses; return those restored."""
-    pending = optimizer.state.get(STATE_KEY)  # a defaultdict: .get does not insert
+    pending = cast(dict[Any, Any], optimizer.state).get(STATE_KEY)  # a defaultdict: .get does not insert
     if not isinstance(pending, dict):
         return []
     restored = []
@@ -156,7 +157,7 @@ def consume_pending_state(optimizer: torch.optim.Optimizer) -> list[StatefulLoss
             loss.load_training_state_dict(pending.pop(slot))
             restored.append(loss)
     if not pending:
-        del optimizer.state[STATE_KEY]
+        del cast(dict[Any, Any], optimizer.state)[STATE_KEY]
     return restored
 
 
@@ -213,6 +214,19 @@ class OptimizerDrivenLoss:
     _steps: int = 0
     _forwards_since_step: int = 0
 
+    if TYPE_CHECKING:  # provided by nn.Module and the subclass
+        training: bool
+        model: torch.nn.Module
+
+        @property
+        def online_model(self) -> torch.nn.Module: ...
+
+        def training_state_dict(self) -> dict[str, Any]: ...
+
+        def load_training_state_dict(self, state: dict[str, Any]) -> None: ...
+
+        def update_state(self) -> None: ...
+
     def _count_forward(self) -> None:
         """Note a training forward (one whose step is still to come)."""
         if self.training and torch.is_grad_enabled():
@@ -236,7 +250,7 @@ class OptimizerDrivenLoss:
         add_step_listener(self)
 
     def __setstate__(self, state: dict[str, Any]) -> None:  # deepcopy / unpickling bypass __init__
-        super().__setstate__(state)
+        cast(Any, super()).__setstate__(state)
         self._start_listening()
 
     def __getstate__(self) -> dict[str, Any]:

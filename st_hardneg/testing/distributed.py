@@ -29,7 +29,7 @@ import os
 import pickle
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import Tensor
@@ -105,7 +105,7 @@ def _shard(tensor: Tensor | None, rank: int, world_size: int) -> Tensor | None:
 
 def _gathered_loss_worker(rank: int, world_size: int, make_loss: Callable, embeddings: list[Tensor],
                           labels: Tensor | None, seed: int) -> tuple[float, list[Tensor]]:
-    local = [_shard(e, rank, world_size) for e in embeddings]
+    local = cast(list[Tensor], [_shard(e, rank, world_size) for e in embeddings])  # no column is None
     return loss_and_embedding_grads(make_loss, local, _shard(labels, rank, world_size), seed + rank)
 
 
@@ -152,7 +152,7 @@ def _shard_list(items: list, rank: int, world_size: int) -> list:
 
 
 def model_step(rank: int, world_size: int, make_loss: Callable, model_dir: str, columns: list[list[str]],
-               seed: int = 0, pooling: str = "cls") -> tuple[float, dict[str, Tensor]]:
+               seed: int = 0, pooling: str = "cls") -> tuple[float, dict[str, Tensor | None]]:
     """One forward + backward of ``make_loss(model)`` on this process's shard of the text ``columns``.
 
     The model is the tiny test BERT at ``model_dir`` (``pooling``, CLS by default) in float64 and eval mode (no dropout), so the

@@ -12,8 +12,15 @@ from __future__ import annotations
 
 import math
 import string
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from torch import Tensor, nn
+
+    from st_hardneg.functional import Alpha, PositiveMix
+    from st_hardneg.losses.hncse import HNCSELoss
 
 #: the words of the tiny WordPiece vocabulary (enough for the test sentences; the rest falls back to characters)
 WORDS = (
@@ -57,7 +64,7 @@ def make_text_model_dir(path: str | Path, texts: Iterable[str], seed: int = 0, h
     Raises:
         AssertionError: the saved tokenizer does not split the first text into its words.
     """
-    from transformers import BertTokenizerFast
+    from transformers import BertTokenizerFast  # type: ignore[attr-defined]  # a lazy alias of BertTokenizer
 
     texts = list(texts)
     words = sorted({w for text in texts for w in text.lower().split()})
@@ -72,7 +79,7 @@ def make_text_model_dir(path: str | Path, texts: Iterable[str], seed: int = 0, h
 
 def _save_tiny_bert(path: str | Path, vocab: list[str], seed: int, hidden: int) -> Path:
     import torch
-    from transformers import BertConfig, BertModel, BertTokenizerFast
+    from transformers import BertConfig, BertModel, BertTokenizerFast  # type: ignore[attr-defined]  # lazy alias
 
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
@@ -121,19 +128,19 @@ def make_mini_senteval(source: str | Path | None, dest: str | Path) -> Path:
     return dest
 
 
-def parameter_snapshot(model) -> dict:
+def parameter_snapshot(model: nn.Module) -> dict:
     """A detached copy of every named parameter, to check later that training changed the weights."""
     return {name: p.detach().clone() for name, p in model.named_parameters()}
 
 
-def parameters_changed(model, before: dict) -> bool:
+def parameters_changed(model: nn.Module, before: dict) -> bool:
     """Whether any parameter differs from the :func:`parameter_snapshot` ``before``."""
     import torch
 
     return any(not torch.equal(before[name], p.detach()) for name, p in model.named_parameters())
 
 
-def record_loss_values(loss) -> list[float]:
+def record_loss_values(loss: nn.Module) -> list[float]:
     """A list that receives the value of every forward of ``loss`` (a forward hook)."""
     values: list[float] = []
     loss.register_forward_hook(lambda module, args, output: values.append(output.detach().item()))
@@ -141,19 +148,19 @@ def record_loss_values(loss) -> list[float]:
 
 
 # --------------------------------------------------------------------------- reference math for the loss tests
-def cosf(a, b) -> float:
+def cosf(a: Tensor, b: Tensor) -> float:
     """Cosine of two vectors in float64, written out (an independent reference, not the library's normalize)."""
     a, b = a.double(), b.double()
     return float((a * b).sum() / (a.norm() * b.norm()))
 
 
-def unit(v):
+def unit(v: Tensor) -> Tensor:
     """``v`` scaled to unit length in float64."""
     v = v.double()
     return v / v.norm()
 
 
-def ce(logits, target) -> float:
+def ce(logits: Sequence[float], target: int) -> float:
     """Cross-entropy of a list of logits with the ``target`` index, via a stable log-sum-exp in plain Python."""
     top = max(logits)
     return -(logits[target] - top - math.log(sum(math.exp(x - top) for x in logits)))
@@ -162,7 +169,7 @@ def ce(logits, target) -> float:
 # --------------------------------------------------------------------------- HNCSE's mixing steps, standalone
 # HNCSELoss runs these steps inside compute_loss_from_embeddings; the tests call them through the functional API with
 # a loss's settings (and its random generator) to check the mixtures themselves against hand computations.
-def hncse_positive_mixing(loss, anchors, positives):
+def hncse_positive_mixing(loss: HNCSELoss, anchors: Tensor, positives: Tensor) -> PositiveMix:
     """Positive mixing (HNCSE Eq. 2) of ``anchors`` / ``positives`` with ``loss``'s settings: a ``PositiveMix``."""
     from st_hardneg import functional as fn
 
@@ -170,7 +177,7 @@ def hncse_positive_mixing(loss, anchors, positives):
                               detach_mix=not loss.pm_gradient, weight_gradient=loss.pm_weight_gradient)
 
 
-def hncse_synthetic_negatives(loss, anchors, pool):
+def hncse_synthetic_negatives(loss: HNCSELoss, anchors: Tensor, pool: Tensor) -> Tensor:
     """The (N, S, d) explicit HNM mixtures of each anchor, mined in ``pool``, drawn from ``loss``'s generator."""
     from st_hardneg import functional as fn
 
@@ -180,7 +187,7 @@ def hncse_synthetic_negatives(loss, anchors, pool):
     return synthetic if loss.hnm_gradient else synthetic.detach()
 
 
-def hncse_synthetic_cosines(loss, anchors, pool):
+def hncse_synthetic_cosines(loss: HNCSELoss, anchors: Tensor, pool: Tensor) -> Tensor:
     """The (N, S) cosines with the same mixtures (same draws), computed without building them."""
     from st_hardneg import functional as fn
 
@@ -191,7 +198,7 @@ def hncse_synthetic_cosines(loss, anchors, pool):
         assume_normalized=True)
 
 
-def _hncse_alpha(loss):
+def _hncse_alpha(loss: HNCSELoss) -> Alpha:
     from st_hardneg import functional as fn
 
     return fn.ALPHA_FUNCTIONS[loss.alpha] if isinstance(loss.alpha, str) else loss.alpha

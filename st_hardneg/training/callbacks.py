@@ -37,13 +37,16 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from torch import nn
 from transformers import TrainerCallback
 
 from st_hardneg import validation
 from st_hardneg.losses.stateful import OptimizerDrivenLoss
+
+if TYPE_CHECKING:
+    from transformers import Trainer, TrainerControl, TrainerState, TrainingArguments
 
 __all__ = ["EvaluateAtEnd", "FalseNegativeLog", "LossDiagnosticsCallback", "StatefulLossCallback", "StepTimer",
            "StopAfterSteps", "add_stateful_loss_callback", "find_stateful_losses"]
@@ -78,11 +81,12 @@ class StatefulLossCallback(TrainerCallback):
             )
         self.losses = found
 
-    def on_train_begin(self, args, state, control, optimizer=None, **kwargs):
+    def on_train_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                       optimizer: Any = None, **kwargs: Any) -> TrainerControl:
         if optimizer is None:
             raise RuntimeError("StatefulLossCallback.on_train_begin received no optimizer from the Trainer")
         for loss in self.losses:
-            loss.on_train_begin(optimizer, global_step=state.global_step)
+            cast(OptimizerDrivenLoss, loss).on_train_begin(optimizer, global_step=state.global_step)
         return control
 
 
@@ -127,8 +131,9 @@ class FalseNegativeLog(TrainerCallback):
         #: masked candidates of each optimizer step's last batch
         self.per_step: list[float] = []
 
-    def on_step_end(self, args, state, control, **kwargs):
-        self.per_step.append(float(self.loss.diagnostics.get("masked_false_negatives_total", 0.0)))
+    def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                    **kwargs: Any) -> None:
+        self.per_step.append(float(cast(Any, self.loss).diagnostics.get("masked_false_negatives_total", 0.0)))
 
     def summary(self) -> dict[str, float | int]:
         """``steps``, ``masked_total``, ``masked_per_batch`` (mean over steps) and ``batches_with_any``."""
@@ -146,10 +151,12 @@ class StepTimer(TrainerCallback):
         self.step_seconds: list[float] = []
         self._start: float | None = None
 
-    def on_step_begin(self, args, state, control, **kwargs):
+    def on_step_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                      **kwargs: Any) -> None:
         self._start = time.perf_counter()
 
-    def on_step_end(self, args, state, control, **kwargs):
+    def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                    **kwargs: Any) -> None:
         if self._start is not None:
             self.step_seconds.append(time.perf_counter() - self._start)
             self._start = None
@@ -163,7 +170,8 @@ class StepTimer(TrainerCallback):
 class EvaluateAtEnd(TrainerCallback):
     """Evaluate and save at the last step too, so the final model competes in best-checkpoint selection."""
 
-    def on_step_end(self, args, state, control, **kwargs):
+    def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                    **kwargs: Any) -> TrainerControl:
         if state.max_steps and state.global_step >= state.max_steps and args.eval_strategy != "no":
             control.should_evaluate = True
             if args.save_strategy != "no":
@@ -187,8 +195,9 @@ class StopAfterSteps(TrainerCallback):
         if self.steps is None:
             raise ValueError("steps must be a positive integer, got None")
 
-    def on_step_end(self, args, state, control, **kwargs):
-        if state.global_step >= self.steps:
+    def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                    **kwargs: Any) -> TrainerControl:
+        if state.global_step >= cast(int, self.steps):  # the constructor refuses None
             control.should_training_stop = True
             if args.eval_strategy != "no":
                 control.should_evaluate = True
@@ -230,7 +239,7 @@ class LossDiagnosticsCallback(TrainerCallback):
             print(trainer.state.log_history[0])  # {'loss': ..., 'cos_positive': ..., 'cos_negative': ..., ...}
     """
 
-    def __init__(self, loss, prefix: str = "cos_") -> None:
+    def __init__(self, loss: nn.Module | Mapping[str, nn.Module], prefix: str = "cos_") -> None:
         losses = loss if isinstance(loss, Mapping) else {"": loss}
         for name, item in losses.items():
             if not hasattr(item, "diagnostics"):
@@ -241,7 +250,7 @@ class LossDiagnosticsCallback(TrainerCallback):
         self.losses = dict(losses)
         self.prefix = prefix
 
-    def attach(self, trainer) -> LossDiagnosticsCallback:
+    def attach(self, trainer: Trainer) -> LossDiagnosticsCallback:
         """Add this callback to ``trainer`` ahead of every other callback (so reporting integrations see the
         entries); returns ``self``."""
         trainer.callback_handler.callbacks.insert(0, self)
@@ -252,12 +261,13 @@ class LossDiagnosticsCallback(TrainerCallback):
         masked false-negative counts (``{name}_...`` for dicts)."""
         entries: dict[str, float] = {}
         for name, loss in self.losses.items():
-            for key, value in loss.diagnostics.items():
+            for key, value in cast(Any, loss).diagnostics.items():
                 logged = key if key.startswith("masked_") else f"{self.prefix}{key}"
                 entries[f"{name}_{logged}" if name else logged] = round(float(value), 6)
         return entries
 
-    def on_log(self, args, state, control, logs=None, **kwargs):
+    def on_log(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+               logs: dict[str, float] | None = None, **kwargs: Any) -> TrainerControl:
         if logs is None or "loss" not in logs:  # evaluation / end-of-training summaries
             return control
         entries = self.current()

@@ -18,9 +18,15 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from st_hardneg.training.loop import TrainConfig, TrainResult
+
+if TYPE_CHECKING:
+    from datasets import Dataset
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.base.evaluation.evaluator import BaseEvaluator
+    from torch import nn
 
 logger = logging.getLogger(__name__)
 
@@ -90,7 +96,7 @@ def planned_steps(num_examples: int, config: TrainConfig) -> int:
 
 
 def run_experiment(
-    model,
+    model: SentenceTransformer,
     loss_name: str,
     loss_kwargs: dict[str, Any] | None,
     sentences: Sequence[str],
@@ -132,7 +138,7 @@ def run_experiment(
     dev = SentEvalSTSEvaluator(data_dir, batch_size=eval_batch_size)  # reads the data: missing files fail here
     loss = build_loss(loss_name, model, **(loss_kwargs or {}))
 
-    def score(trained):
+    def score(trained: SentenceTransformer) -> dict[str, float]:
         return evaluate_sts(trained, data_dir, tasks=sts_tasks, batch_size=eval_batch_size,
                             show_progress_bar=config.show_progress_bar)
 
@@ -143,12 +149,12 @@ def run_experiment(
 
 
 def run_training(
-    model,
-    loss,
-    dataset,
+    model: SentenceTransformer,
+    loss: nn.Module,
+    dataset: Dataset,
     config: TrainConfig,
     *,
-    evaluator=None,
+    evaluator: BaseEvaluator | None = None,
     score: Callable[[Any], Any] | None = None,
     callbacks: list | None = None,
     keep_checkpoints: bool = True,

@@ -10,9 +10,16 @@ import logging
 import math
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from st_hardneg.training.callbacks import EvaluateAtEnd, StepTimer, StopAfterSteps
+
+if TYPE_CHECKING:
+    from datasets import Dataset
+    from sentence_transformers import SentenceTransformer, SentenceTransformerTrainingArguments
+    from sentence_transformers.base.evaluation.evaluator import BaseEvaluator
+    from torch import nn
+    from transformers import TrainerCallback
 
 logger = logging.getLogger(__name__)
 
@@ -96,7 +103,7 @@ class TrainResult:
         return asdict(self)
 
 
-def training_arguments(config: TrainConfig, with_evaluator: bool):
+def training_arguments(config: TrainConfig, with_evaluator: bool) -> SentenceTransformerTrainingArguments:
     """``SentenceTransformerTrainingArguments`` for the protocol in ``config``."""
     from sentence_transformers import SentenceTransformerTrainingArguments
     from sentence_transformers.base.sampler import BatchSamplers
@@ -133,7 +140,8 @@ def training_arguments(config: TrainConfig, with_evaluator: bool):
     return SentenceTransformerTrainingArguments(**kwargs)
 
 
-def train(model, train_dataset, loss, config: TrainConfig, evaluator=None, callbacks=None) -> TrainResult:
+def train(model: SentenceTransformer, train_dataset: Dataset, loss: nn.Module, config: TrainConfig,
+          evaluator: BaseEvaluator | None = None, callbacks: list[TrainerCallback] | None = None) -> TrainResult:
     """Train ``model`` with ``loss`` on ``train_dataset`` (columns anchor, positive) using the ST Trainer.
 
     With an ``evaluator`` (e.g. :class:`~st_hardneg.evaluation.SentEvalSTSEvaluator` on STS-B dev) the model is

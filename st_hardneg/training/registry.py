@@ -11,24 +11,30 @@ from __future__ import annotations
 
 import ast
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from sentence_transformers import SentenceTransformer
+    from torch import nn
+
+    from st_hardneg.losses.hncse import Mode
 
 
-def _mnrl(model, **kwargs):
+def _mnrl(model: SentenceTransformer, **kwargs: Any) -> nn.Module:
     from sentence_transformers.sentence_transformer.losses import MultipleNegativesRankingLoss
 
     temperature = kwargs.pop("temperature", 0.05)
     return MultipleNegativesRankingLoss(model, scale=1.0 / float(temperature), **kwargs)
 
 
-def _mnrl_symmetric(model, **kwargs):
+def _mnrl_symmetric(model: SentenceTransformer, **kwargs: Any) -> nn.Module:
     from sentence_transformers.sentence_transformer.losses import MultipleNegativesSymmetricRankingLoss
 
     temperature = kwargs.pop("temperature", 0.05)
     return MultipleNegativesSymmetricRankingLoss(model, scale=1.0 / float(temperature), **kwargs)
 
 
-def _mnrl_hardness(model, **kwargs):
+def _mnrl_hardness(model: SentenceTransformer, **kwargs: Any) -> nn.Module:
     kwargs.setdefault("hardness_mode", "in_batch_negatives")
     kwargs.setdefault("hardness_strength", 9.0)  # Lan et al. 2025's alpha, as in ST's docstring
     return _mnrl(model, **kwargs)
@@ -39,7 +45,7 @@ def _mnrl_hardness(model, **kwargs):
 MIXCSE_BENCHMARK_FORM = {"directions": ("query_to_doc", "doc_to_query"), "partition_mode": "per_direction"}
 
 
-def _mixcse(model, **kwargs):
+def _mixcse(model: SentenceTransformer, **kwargs: Any) -> nn.Module:
     from st_hardneg.losses.mixcse import MixCSELoss
 
     if "directions" not in kwargs and kwargs.get("layout", "paper") == "paper":
@@ -47,14 +53,14 @@ def _mixcse(model, **kwargs):
     return MixCSELoss(model, **kwargs)
 
 
-def _focal(model, **kwargs):
+def _focal(model: SentenceTransformer, **kwargs: Any) -> nn.Module:
     from st_hardneg.losses.focal import FocalInfoNCELoss
 
     return FocalInfoNCELoss(model, **kwargs)
 
 
-def _hncse(mode: str) -> Callable:
-    def build(model, **kwargs):
+def _hncse(mode: Mode) -> Callable:
+    def build(model: SentenceTransformer, **kwargs: Any) -> nn.Module:
         from st_hardneg.losses.hncse import HNCSELoss
 
         return HNCSELoss(model, mode=mode, **kwargs)
@@ -62,7 +68,7 @@ def _hncse(mode: str) -> Callable:
     return build
 
 
-def _adcse(model, **kwargs):
+def _adcse(model: SentenceTransformer, **kwargs: Any) -> nn.Module:
     from st_hardneg.losses.adcse import AdversarialNegativesLoss
 
     return AdversarialNegativesLoss(model, **kwargs)
@@ -83,7 +89,7 @@ LOSSES: dict[str, Callable] = {
 }
 
 
-def build_loss(name: str, model, **kwargs):
+def build_loss(name: str, model: SentenceTransformer, **kwargs: Any) -> nn.Module:
     """The loss called ``name`` (see :data:`LOSSES`) for ``model``, with hyperparameters ``kwargs``."""
     if name not in LOSSES:
         raise ValueError(f"unknown loss {name!r}; choose from {', '.join(LOSSES)}")

@@ -27,7 +27,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from st_hardneg.data.mrpc import MRPCRetrieval
+    from sentence_transformers import SentenceTransformer
+
+    from st_hardneg.data.mrpc import MRPCRetrieval, RetrievalTask
     from st_hardneg.training.loop import TrainConfig
 
 #: mine_hard_negatives settings: top-5 candidates below 95 % of the anchor-positive score (NV-Retriever's
@@ -126,7 +128,7 @@ def train_config(output_dir: str | Path, seed: int = 0, **overrides: Any) -> Tra
     return TrainConfig(**values)
 
 
-def load_recipe_model(model_name: str | None = None):
+def load_recipe_model(model_name: str | None = None) -> SentenceTransformer:
     """The untrained model of the recipe: ``model_name`` (``None`` or ``"default"``: the embedded all-MiniLM-L6-v2;
     see :func:`st_hardneg.models.resolve_model`) with :data:`TRAINING`'s pooling and length. It mines the training set
     (the cache key of :func:`mined_triplets` names exactly these settings)."""
@@ -254,7 +256,8 @@ def read_training_file(path: str | Path, *, min_rows: int = 1, limit: int = 0,
     return dataset, info
 
 
-def evaluate_recipe(model, data_dir: str | Path | None = None, *, task=None, sts: bool = True, batch_size: int = 128,
+def evaluate_recipe(model: SentenceTransformer, data_dir: str | Path | None = None, *,
+                    task: RetrievalTask | None = None, sts: bool = True, batch_size: int = 128,
                     show_progress_bar: bool = False) -> dict[str, Any]:
     """The recipe's scores of ``model``: :func:`~st_hardneg.evaluation.evaluate_retrieval` on ``task`` (default: the
     MRPC test task of ``data_dir``) and, with ``sts``, :func:`~st_hardneg.evaluation.evaluate_sts` (the 7 tasks).
