@@ -540,26 +540,24 @@ class HardNegativeLoss(GradCacheMixin, nn.Module):
         return fr.ranking_rows(blocks, self.scale, self.partition_mode, focal_m)
 
     def _count_unusable_rows(self, blocks: dict[str, fr.Block]) -> None:
-        """Record how many rows have no unmasked negative (their loss is 0: they teach nothing) and the masked
-        fraction of the candidates, and warn once per loss when some row has none."""
+        """Record how many rows have no unmasked negative (their loss is 0: they teach nothing) and the fraction of
+        the candidate entries (positives aside) left out of the softmax, and warn once per loss when some row has
+        none."""
         q2d = blocks["query_to_doc"]
         n = q2d.similarity.size(0)
         if q2d.exclude is None and n > 1:
             return
+        # the positive entry of a block is never excluded: a row's negatives are its other entries that are not
         available = torch.zeros(n, dtype=torch.long, device=q2d.similarity.device)
         total = 0
-        masked = torch.zeros((), device=q2d.similarity.device)
+        masked = torch.zeros((), dtype=torch.long, device=q2d.similarity.device)
         for block in blocks.values():
-            count = block.similarity.size(1)
-            keep = ~block.exclude if block.exclude is not None else torch.ones_like(block.similarity, dtype=torch.bool)
-            if block.has_positive:
-                keep = keep.clone()
-                diagonal = torch.arange(n, device=keep.device)
-                keep[diagonal, diagonal] = False
-                count -= 1
-            available += keep.sum(dim=1)
+            count = block.similarity.size(1) - int(block.has_positive)
+            excluded = block.exclude.sum(dim=1) if block.exclude is not None else None
+            available += count if excluded is None else count - excluded
             total += count
-            masked = masked + (count * n - keep.sum())
+            if excluded is not None:
+                masked = masked + excluded.sum()
         unusable = (available == 0).sum()
         if available.device.type == "meta":
             return
