@@ -214,6 +214,10 @@ class HardNegativeLoss(GradCacheMixin, nn.Module):
                     f"{guide!r})) or temperature={guide!r}?" if isinstance(guide, int | float) else "")
             raise TypeError(f"{name}: every argument after `model` is keyword-only, except a guide model "
                             f"(GISTEmbedLoss(model, guide)); got {guide!r} as the second positional argument.{hint}")
+        if model is not None and not isinstance(model, nn.Module):
+            raise TypeError(f"{name}: model must be a SentenceTransformer (or a torch module; None for the functional "
+                            f"path compute_loss_from_embeddings), got {type(model).__name__} {model!r:.80}. Load it "
+                            "first: SentenceTransformer(name) or st_hardneg.models.load_model(path).")
         super().__init__()
         self.model = model
         self.similarity_fct_name = validation.check_similarity_fct(similarity_fct)
@@ -392,6 +396,11 @@ class HardNegativeLoss(GradCacheMixin, nn.Module):
                 f"{name} needs at least 2 input columns, (anchor, positive[, negative_1, ...]), got {len(embeddings)}. "
                 "For unsupervised SimCSE-style training pass every sentence twice: (sentence, sentence)."
             )
+        for i, column in enumerate(embeddings):
+            if not isinstance(column, Tensor):
+                raise TypeError(f"{name}: compute_loss_from_embeddings takes torch tensors, one per column; column {i} "
+                                f"({column_name(i)}) is a {type(column).__name__}" + (
+                                    " (convert it with torch.from_numpy)" if hasattr(column, "__array__") else ""))
         n = embeddings[0].size(0) if embeddings[0].dim() else 0
         for i, column in enumerate(embeddings):
             if not isinstance(column, Tensor) or column.dim() != 2 or column.size(0) != n:
