@@ -31,6 +31,7 @@ __all__ = [
     "PartitionMode",
     "block_logits",
     "hardness_penalty",
+    "own_pair_mask",
     "ranking_rows",
 ]
 
@@ -88,6 +89,13 @@ class Block:
         return replace(self, exclude=exclude if self.exclude is None else self.exclude | exclude)
 
 
+def own_pair_mask(num_rows: int, num_columns: int, device: torch.device | str | None = None) -> Tensor:
+    """(num_rows, num_columns) bool, True where a column belongs to the row's own pair: the columns are
+    ``[positives (num_rows) | negative_1 (num_rows) | ...]``, column ``c`` belongs to pair ``c mod num_rows``."""
+    columns = torch.arange(num_columns, device=device) % num_rows
+    return columns.unsqueeze(0) == torch.arange(num_rows, device=device).unsqueeze(1)
+
+
 def hardness_penalty(similarity: Tensor, num_rows: int, mode: HardnessMode | None, strength: float) -> Tensor | None:
     """ST's hardness weighting of the ``query_to_doc`` block (Lan et al. 2025, Eq. 5): ``strength · sg(similarity)``
     on the selected negatives, added to the scaled logits; ``None`` when off.
@@ -100,7 +108,7 @@ def hardness_penalty(similarity: Tensor, num_rows: int, mode: HardnessMode | Non
         return None
     n, c = similarity.shape
     columns = torch.arange(c, device=similarity.device)
-    own = (columns % num_rows).unsqueeze(0) == torch.arange(n, device=similarity.device).unsqueeze(1)
+    own = own_pair_mask(num_rows, c, similarity.device)[:n]
     if mode == "in_batch_negatives":
         selected = ~own
     elif mode == "hard_negatives":

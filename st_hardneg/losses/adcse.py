@@ -21,6 +21,7 @@ from torch import Tensor, nn
 
 from st_hardneg import functional as fn
 from st_hardneg import validation
+from st_hardneg.functional import ranking as fr
 from st_hardneg.losses import distributed as dist
 from st_hardneg.losses import stateful
 from st_hardneg.losses.adversaries import NegativeAdversaries
@@ -313,9 +314,10 @@ class AdversarialNegativesLoss(stateful.OptimizerDrivenLoss, HardNegativeLoss):
         blocks = self.ranking_blocks(batch)
         q2d = blocks["query_to_doc"]
         if not self.in_batch_keys:  # paper Eq. 5: drop the other rows' keys and explicit negatives
-            q2d = q2d.excluding(self._other_rows(batch.size, q2d.similarity.size(1), q2d.similarity.device))
+            q2d = q2d.excluding(~fr.own_pair_mask(batch.size, q2d.similarity.size(1), q2d.similarity.device))
         if self.num_adversaries:  # never masked; inside MatryoshkaLoss the first `width` dimensions of each
-            q2d = q2d.with_columns(batch.anchors @ fn.normalize(self._prefix(self.adversaries.detach(), batch)).T)
+            adversaries = self._prefix(self.adversaries.detach(), batch.anchors.size(1))
+            q2d = q2d.with_columns(batch.anchors @ fn.normalize(adversaries).T)
         blocks["query_to_doc"] = q2d
         loss = self.reduce(self.ranking_rows(blocks))
         self.record_stats(q2d.similarity, num_in_batch=batch.size, num_synthetic=self.num_adversaries)
@@ -324,17 +326,10 @@ class AdversarialNegativesLoss(stateful.OptimizerDrivenLoss, HardNegativeLoss):
         return loss
 
     @staticmethod
-    def _prefix(adversaries: Tensor, batch_or_width: Any) -> Tensor:
+    def _prefix(adversaries: Tensor, width: int) -> Tensor:
         """The adversaries cut to the embeddings' width: inside ``MatryoshkaLoss`` the model's output is truncated
         to its first dimensions, and the adversaries' first dimensions are their Matryoshka counterpart."""
-        width = batch_or_width.anchors.size(1) if hasattr(batch_or_width, "anchors") else int(batch_or_width)
         return adversaries if adversaries.size(1) == width else adversaries[:, :width]
-
-    @staticmethod
-    def _other_rows(n: int, columns: int, device: torch.device) -> Tensor:
-        """(n, columns) True where a candidate column belongs to another pair (column ``c`` is pair ``c mod n``)."""
-        own = torch.arange(columns, device=device) % n
-        return own.unsqueeze(0) != torch.arange(n, device=device).unsqueeze(1)
 
     def adversary_loss(self, anchors: Tensor, candidates: Tensor, adversaries: Tensor,
                        exclude: Tensor | None = None) -> Tensor:
@@ -348,7 +343,7 @@ class AdversarialNegativesLoss(stateful.OptimizerDrivenLoss, HardNegativeLoss):
         cos = fn.candidate_cosines(anchors, torch.cat([candidates, adversaries.to(candidates.dtype)], dim=0))
         logits = fn.mask_columns(fn.contrastive_logits(cos, tau), exclude)  # adversaries are never masked
         if not self.in_batch_keys:  # paper Eq. 5: drop the other rows' keys and explicit negatives
-            drop = self._other_rows(anchors.size(0), candidates.size(0), cos.device)
+            drop = ~fr.own_pair_mask(anchors.size(0), candidates.size(0), cos.device)
             drop = torch.cat([drop, drop.new_zeros(anchors.size(0), adversaries.size(0))], dim=1)
             logits = logits.masked_fill(drop, float("-inf"))
         return cos, logits

@@ -224,8 +224,8 @@ class HardNegativeLoss(GradCacheMixin, nn.Module):
         cosine_reason = self.cosine_only_reason()
         if self.similarity_fct_name != "cos_sim" and cosine_reason:
             raise ValueError(f"{name} needs similarity_fct=cos_sim: {cosine_reason}")
-        self.temperature = validation.check_scale_or_temperature(
-            scale, temperature, max_abs_similarity=self.max_abs_similarity())
+        # the cosine bound 1; a loss with larger logits (Focal's 1 + m) checks its own with check_logit_range
+        self.temperature = validation.check_scale_or_temperature(scale, temperature)
         self.directions, self.partition_mode = cast(
             tuple[tuple[fr.Direction, ...], fr.PartitionMode], validation.check_directions(directions, partition_mode))
         self.hardness_mode, self.hardness_strength = cast(
@@ -277,11 +277,6 @@ class HardNegativeLoss(GradCacheMixin, nn.Module):
         """Why this loss's equation needs cosine similarities (then ``similarity_fct=dot_score`` is rejected), or
         ``None`` if it works with both. Called by the constructor before the loss's own arguments are set."""
         return None
-
-    def max_abs_similarity(self) -> float:
-        """The largest magnitude a logit's numerator reaches before the scaling (1 for a cosine), for the
-        temperature's overflow check; without a bound (dot products) nothing is checked."""
-        return 1.0
 
     @property
     def blocks(self) -> tuple[str, ...]:
@@ -494,11 +489,6 @@ class HardNegativeLoss(GradCacheMixin, nn.Module):
                 or isinstance(self.__dict__.get("calculate_loss"), CachedLossDecorator))
 
     # ------------------------------------------------------------------ ranking (sentence-transformers' directions)
-    def similarity(self, a: Tensor, b: Tensor) -> Tensor:
-        """``similarity_fct`` of two sets of rows of a :class:`Batch`: unit rows give cosines; for ``dot_score`` pass
-        the raw rows (:meth:`Batch.role_rows`)."""
-        return a @ b.T
-
     def ranking_blocks(self, batch: Batch) -> dict[str, fr.Block]:
         """The blocks of :attr:`blocks` for ``batch`` as sentence-transformers' ``MultipleNegativesRankingLoss``
         (and ``GISTEmbedLoss`` for the contrast blocks) builds them: similarities (cosines of the unit rows, or dot
@@ -513,8 +503,7 @@ class HardNegativeLoss(GradCacheMixin, nn.Module):
         masks = batch.block_masks or {}
         eye = torch.eye(n, dtype=torch.bool, device=device)
         out: dict[str, fr.Block] = {}
-        own: slice | Tensor
-        q2d = self.similarity(queries, documents)
+        q2d = queries @ documents.T
         out["query_to_doc"] = fr.Block(
             q2d, has_positive=True, exclude=batch.false_negatives,
             penalty=fr.hardness_penalty(q2d, n, self.hardness_mode, self.hardness_strength))
@@ -525,18 +514,16 @@ class HardNegativeLoss(GradCacheMixin, nn.Module):
                 exclude = eye.clone()
                 if name == "anchor_to_anchor" and self._local_rows is not None:
                     # GISTEmbedLoss does not gather the anchors: only this process's anchors are contrasted
-                    own = self._local_rows[0]
-                    process = torch.arange(n, device=device) // (own.stop - own.start)
+                    local = self._local_rows[0]
+                    process = torch.arange(n, device=device) // (local.stop - local.start)
                     exclude |= process.unsqueeze(1) != process.unsqueeze(0)
-                block = fr.Block(self.similarity(queries, queries), exclude=exclude)
+                block = fr.Block(queries @ queries.T, exclude=exclude)
             elif name == "doc_to_query":
-                block = fr.Block(self.similarity(positives, queries), has_positive=True)
+                block = fr.Block(positives @ queries.T, has_positive=True)
             elif name == "doc_to_doc":
-                columns = torch.arange(documents.size(0), device=device) % n
-                own = columns.unsqueeze(0) == torch.arange(n, device=device).unsqueeze(1)
-                block = fr.Block(self.similarity(positives, documents), exclude=own)
+                block = fr.Block(positives @ documents.T, exclude=fr.own_pair_mask(n, documents.size(0), device))
             elif name == "positive_to_positive":
-                block = fr.Block(self.similarity(positives, positives), exclude=eye.clone())
+                block = fr.Block(positives @ positives.T, exclude=eye.clone())
             else:  # pragma: no cover - the constructor validated the names
                 raise ValueError(f"unknown block {name!r}")
             out[name] = block.excluding(masks.get(name))
