@@ -2,6 +2,8 @@
 
     st-hardneg train --loss mixcse                      # embedded all-MiniLM-L6-v2 (CLS), wiki10k, STS-B dev selection
     st-hardneg train --task retrieval --loss focal      # mined MRPC triplets, final model, retrieval + STS table
+    st-hardneg train --task beir --data PATH --loss focal   # any BEIR folder: mined from the corpus, dev/test nDCG@10
+    st-hardneg eval --task beir --data PATH --split test    # BEIR nDCG@10, MTEB-comparable (256 tokens)
     st-hardneg eval --model output/st-hardneg/final     # 7-task SentEval STS table
     st-hardneg download senteval --dest data            # users with a network
 """
@@ -27,7 +29,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("st_hardneg")
 
-EVAL_TASK_GROUPS = ("sts", "transfer", "mteb", "align")
+EVAL_TASK_GROUPS = ("sts", "transfer", "mteb", "align", "beir")
 def load_for_eval(name: str | None, pooling: str) -> SentenceTransformer:
     """A saved SentenceTransformer directory as saved (its own pooling), else an encoder with ``pooling``: see
     :func:`st_hardneg.models.resolve_model` (``saved="as_is"``)."""
@@ -45,7 +47,19 @@ def cmd_eval(args: argparse.Namespace) -> int:
     unknown = [g for g in groups if g not in EVAL_TASK_GROUPS]
     if unknown or not groups:
         raise ValueError(f"--tasks: unknown {unknown}; choose from {', '.join(EVAL_TASK_GROUPS)}")
-    model = load_for_eval(args.model, args.pooling)
+    if "beir" in groups:  # before the model loads: a bad folder or split fails first
+        from st_hardneg.data.beir import load_beir
+        from st_hardneg.validation import check_count
+
+        if not args.data:
+            raise ValueError("--task beir needs --data PATH: a BEIR folder (corpus.jsonl, queries.jsonl, qrels/*.tsv)")
+        check_count(args.max_seq_length, "--max-seq-length", minimum=1)
+        beir = load_beir(args.data)
+        beir_task = beir.task(args.split)
+    elif args.data is not None:
+        raise ValueError("--data is the BEIR folder of --task beir; SentEval data is --data-dir")
+    pooling = args.pooling or ("mean" if groups == ["beir"] else "cls")
+    model = load_for_eval(args.model, pooling)
     name = args.model or "default (all-MiniLM-L6-v2, embedded)"
     results: dict[str, Any] = {"model": name}
     tables: list[str] = []
@@ -71,6 +85,18 @@ def cmd_eval(args: argparse.Namespace) -> int:
         results["align"] = alignment_uniformity(model, args.data_dir)
         tables.append("### Alignment / uniformity (lower is better)\n\n" +
                       format_alignment_table({name: results["align"]}))
+    if "beir" in groups:
+        from st_hardneg.evaluation.retrieval import evaluate_beir
+        from st_hardneg.reporting import markdown_table
+
+        scores = evaluate_beir(model, [beir_task], max_seq_length=args.max_seq_length, batch_size=args.batch_size,
+                               show_progress_bar=not args.quiet, cache_dir=args.cache_dir)[beir_task.name]
+        results["beir"] = {"data": str(beir.root), "split": args.split, "max_seq_length": args.max_seq_length,
+                           **scores}
+        table = markdown_table(["model", "nDCG@10", "MRR@10", "R@100"],
+                               [[name, *(f"{scores[m]:.2f}" for m in ("ndcg@10", "mrr@10", "recall@100"))]])
+        tables.append(f"### {beir_task.name} (x 100, {scores['queries']} queries, {scores['corpus']} documents)\n\n"
+                      + table.rstrip("\n"))
     results["seconds"] = time.perf_counter() - start
     print("\n\n".join(tables))
     if args.output:
@@ -126,7 +152,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="sts: unsupervised sentences (--corpus), STS-B dev selection, 7-task STS table (the papers' "
                         "protocol); retrieval: (anchor, positive, mined hard negative) triplets of the MRPC train "
                         "pairs (or --train-file), the final model scored on MRPC paraphrase retrieval and STS "
-                        "(st_hardneg.training.retrieval)")
+                        "(st_hardneg.training.retrieval); beir: the BEIR folder --data, negatives mined from its "
+                        "corpus, dev and test nDCG@10 (BEIR_TRAINING)")
+    t.add_argument("--data", default=None,
+                   help="--task beir: a BEIR folder (corpus.jsonl, queries.jsonl, qrels/{train,test}.tsv)")
     t.add_argument("--pooling", default=None,
                    help="pooling when building a model from an encoder (default: cls for --task sts, the papers' "
                         "choice; mean for --task retrieval)")
@@ -184,9 +213,16 @@ def build_parser() -> argparse.ArgumentParser:
     e = sub.add_parser("eval", parents=[common], help="evaluate a model and print markdown tables",
                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     e.add_argument("--model", default=None, help="saved model directory or encoder name; default: embedded model")
-    e.add_argument("--pooling", default="cls",
-                   help="pooling when building a model from an encoder (default: cls, the papers' choice)")
-    e.add_argument("--tasks", default="sts", help=f"comma-separated groups from {', '.join(EVAL_TASK_GROUPS)}")
+    e.add_argument("--pooling", default=None,
+                   help="pooling when building a model from an encoder (default: cls, the papers' choice; mean "
+                        "with --task beir, the embedded model's own)")
+    e.add_argument("--tasks", "--task", default="sts",
+                   help=f"comma-separated groups from {', '.join(EVAL_TASK_GROUPS)}")
+    e.add_argument("--data", default=None, help="beir: the BEIR folder to evaluate on")
+    e.add_argument("--split", default="test", help="beir: the qrels split to evaluate")
+    e.add_argument("--max-seq-length", type=int, default=256,
+                   help="beir: the encoding length (256: MTEB's length for all-MiniLM-L6-v2)")
+    e.add_argument("--cache-dir", default=None, help="beir: cache the embeddings here, per model (default: none)")
     e.add_argument("--mteb-tasks", default="STSBenchmark-local",
                    help="tasks for the mteb group (local SentEval-backed tasks, or official names with a network)")
     e.add_argument("--fast", action="store_true", help="transfer: the quick protocol (5 folds, smaller grid)")

@@ -1,7 +1,9 @@
 """``st-hardneg train``: the two training tasks behind the command line (see :mod:`st_hardneg.cli.app`).
 
 - ``--task sts`` (:func:`cmd_train`): the papers' unsupervised protocol, STS-B dev selection, the 7-task STS table;
-- ``--task retrieval`` (:func:`cmd_train_retrieval`): the recipe of :mod:`st_hardneg.training.retrieval`.
+- ``--task retrieval`` (:func:`cmd_train_retrieval`): the recipe of :mod:`st_hardneg.training.retrieval`;
+- ``--task beir --data PATH`` (:func:`cmd_train_beir`): any BEIR folder: mined negatives from the whole corpus, dev and
+  test nDCG@10 (:data:`st_hardneg.training.retrieval.BEIR_TRAINING`).
 
 Options whose default depends on the task are ``None`` in the parser and filled by :func:`resolve_train_args`, which
 also refuses options of the other task. Only the standard library is imported at module level (``--help`` loads no
@@ -20,17 +22,18 @@ from st_hardneg.training.registry import parse_loss_args
 
 logger = logging.getLogger("st_hardneg")
 
-TRAIN_TASKS = ("sts", "retrieval")
+TRAIN_TASKS = ("sts", "retrieval", "beir")
 #: ``train`` defaults of ``--task sts`` (the papers' unsupervised protocol) for the options whose default depends on
 #: the task; ``--task retrieval`` takes them from :data:`st_hardneg.training.retrieval.TRAINING` (see
 #: :func:`task_defaults`)
 STS_DEFAULTS: dict[str, Any] = {"pooling": "cls", "max_seq_length": 32, "batch_size": 64, "lr": 3e-5,
                                 "warmup_ratio": 0.0, "epochs": 1.0, "eval_steps": 50}
-#: ``train`` options of one task only: dest → (option, task); given with the other task they are an error
-TASK_ONLY_OPTIONS: dict[str, tuple[str, str]] = {
-    "corpus": ("--corpus", "sts"), "eval_steps": ("--eval-steps", "sts"), "train_file": ("--train-file", "retrieval"),
-    "cache_dir": ("--cache-dir", "retrieval"), "mining_arg": ("--mining-arg", "retrieval"),
-    "no_sts": ("--no-sts", "retrieval"),
+#: ``train`` options of some tasks only: dest → (option, tasks); given with another task they are an error
+TASK_ONLY_OPTIONS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "corpus": ("--corpus", ("sts",)), "eval_steps": ("--eval-steps", ("sts",)),
+    "train_file": ("--train-file", ("retrieval",)), "cache_dir": ("--cache-dir", ("retrieval", "beir")),
+    "mining_arg": ("--mining-arg", ("retrieval", "beir")), "no_sts": ("--no-sts", ("retrieval",)),
+    "data": ("--data", ("beir",)),
 }
 WRONG_TASK_HINTS = {
     "corpus": "--corpus (one sentence per line) is for --task sts; --task retrieval trains on (anchor, positive"
@@ -57,15 +60,17 @@ def default_corpus(data_dir: str | None) -> Path:
 
 def task_defaults(task: str) -> dict[str, Any]:
     """The defaults of the ``train`` options left unset, per ``--task``: :data:`STS_DEFAULTS`, or for ``retrieval``
-    :data:`st_hardneg.training.retrieval.TRAINING` (no STS-B dev selection: ``eval_steps`` 0) and the mined-set cache
+    :data:`st_hardneg.training.retrieval.TRAINING` (``beir``: ``BEIR_TRAINING``; no STS-B dev selection:
+    ``eval_steps`` 0) and the mined-set cache
     :data:`~st_hardneg.training.retrieval.DEFAULT_CACHE_DIR`."""
     if task == "sts":
         return dict(STS_DEFAULTS)
-    from st_hardneg.training.retrieval import DEFAULT_CACHE_DIR, TRAINING
+    from st_hardneg.training.retrieval import BEIR_TRAINING, DEFAULT_CACHE_DIR, TRAINING
 
-    return {"pooling": TRAINING["pooling"], "max_seq_length": TRAINING["max_seq_length"],
-            "batch_size": TRAINING["batch_size"], "lr": TRAINING["learning_rate"],
-            "warmup_ratio": TRAINING["warmup_ratio"], "epochs": float(TRAINING["epochs"]), "eval_steps": 0,
+    recipe = BEIR_TRAINING if task == "beir" else TRAINING
+    return {"pooling": recipe["pooling"], "max_seq_length": recipe["max_seq_length"],
+            "batch_size": recipe["batch_size"], "lr": recipe["learning_rate"],
+            "warmup_ratio": recipe["warmup_ratio"], "epochs": float(recipe["epochs"]), "eval_steps": 0,
             "cache_dir": str(DEFAULT_CACHE_DIR)}
 
 
@@ -77,9 +82,12 @@ def resolve_train_args(args: argparse.Namespace) -> argparse.Namespace:
         ValueError: an option of the other task, or ``--mining-arg`` / ``--cache-dir`` with ``--train-file``
             (nothing is silently ignored); bad ``--stop-after``, ``--max-steps`` or ``--batch-size`` values.
     """
-    for dest, (option, task) in TASK_ONLY_OPTIONS.items():
-        if getattr(args, dest) is not None and getattr(args, dest) is not False and args.task != task:
-            raise ValueError(WRONG_TASK_HINTS.get(dest, f"{option} applies to --task {task} only"))
+    for dest, (option, tasks) in TASK_ONLY_OPTIONS.items():
+        if getattr(args, dest, None) not in (None, False) and args.task not in tasks:
+            also = "".join(f", or --task {task}" for task in tasks[1:])
+            raise ValueError(WRONG_TASK_HINTS.get(dest, f"{option} applies to --task {tasks[0]} only{also}"))
+    if args.task == "beir" and not getattr(args, "data", None):
+        raise ValueError("--task beir needs --data PATH: a BEIR folder (corpus.jsonl, queries.jsonl, qrels/*.tsv)")
     if args.train_file is not None and (args.mining_arg or args.cache_dir is not None):
         raise ValueError("--mining-arg and --cache-dir configure the mined MRPC triplets; --train-file trains on your "
                          "rows as they are: drop them")
@@ -106,6 +114,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     resolve_train_args(args)  # the task's defaults; an option of the other task fails here, before torch loads
     if args.task == "retrieval":
         return cmd_train_retrieval(args)
+    if args.task == "beir":
+        return cmd_train_beir(args)
     import torch
     from transformers import set_seed
 
@@ -242,5 +252,65 @@ def cmd_train_retrieval(args: argparse.Namespace) -> int:
     step = f"{result.median_step_seconds:.3f} s" if result.median_step_seconds is not None else "–"
     print(f"\ntraining data: {len(dataset)} rows ({source})  steps: {result.steps}  "
           f"train time: {result.train_seconds:.0f} s  median step: {step}")
+    print(f"model: {final}\nresults: {output_dir / 'results.json'}")
+    return 0
+
+
+def cmd_train_beir(args: argparse.Namespace) -> int:
+    """``train --task beir --data PATH`` (``args`` resolved): mine from the whole corpus, train, score dev and test."""
+    from transformers import set_seed
+
+    from st_hardneg.models import resolve_model, save_inference_model
+    from st_hardneg.reporting import write_json
+    from st_hardneg.training import retrieval as recipe
+    from st_hardneg.training.experiment import planned_steps, run_training
+    from st_hardneg.training.registry import build_loss
+
+    loss_kwargs = parse_loss_args(args.loss_arg)
+    mining = parse_loss_args(args.mining_arg, "--mining-arg")
+    output_dir = Path(args.output_dir)
+    config = recipe.train_config(output_dir / "checkpoints", seed=args.seed, batch_size=args.batch_size,
+                                 learning_rate=args.lr, epochs=args.epochs, warmup_ratio=args.warmup_ratio,
+                                 max_steps=args.max_steps, stop_after_steps=args.stop_after,
+                                 no_duplicates=not args.allow_duplicates, show_progress_bar=not args.quiet)
+    data, split = recipe.beir_split(args.data)  # a malformed folder fails here, before any model loads
+    logger.info("%s: %s", data.name, split.stats)
+    dataset, info = recipe.mined_beir_triplets(data, split, args.model, mining=mining, cache_dir=args.cache_dir,
+                                               limit=args.limit, min_rows=args.batch_size,
+                                               show_progress_bar=not args.quiet)
+    planned = planned_steps(len(dataset), config)
+    logger.info("training data: %d rows (%s), %d steps planned", len(dataset), info["source"], planned)
+
+    set_seed(args.seed)
+    model = resolve_model(args.model, pooling=args.pooling, max_seq_length=args.max_seq_length,
+                          mlp_head=args.mlp_head)
+    loss = build_loss(args.loss, model, **loss_kwargs)
+    run = run_training(model, loss, dataset, config, keep_checkpoints=False,
+                       score=lambda trained: recipe.evaluate_beir_recipe(
+                           trained, split, batch_size=args.eval_batch_size, show_progress_bar=not args.quiet))
+    final = output_dir / "final"
+    save_inference_model(model, final)
+    result = run.train
+    payload = {
+        "task": "beir",
+        "data": str(data.root),
+        "split": split.stats,
+        "loss": args.loss,
+        "loss_config": run.loss_config,
+        "model": args.model or "default (all-MiniLM-L6-v2, embedded)",
+        "pooling": args.pooling,
+        "training_data": info,
+        "config": {k: v for k, v in vars(args).items() if k not in ("func",)},
+        **run.scores,
+        "train_seconds": result.train_seconds,
+        "planned_steps": planned,
+        "steps": result.steps,
+        "median_step_seconds": result.median_step_seconds,
+    }
+    write_json(output_dir / "results.json", payload)
+    for role in ("dev", "test"):
+        print(f"### {data.name} {role}\n\n{recipe.beir_table({args.loss: run.scores}, role)}\n")
+    print(f"training data: {len(dataset)} rows ({info['source']})  steps: {result.steps}  "
+          f"train time: {result.train_seconds:.0f} s")
     print(f"model: {final}\nresults: {output_dir / 'results.json'}")
     return 0

@@ -30,9 +30,11 @@ from st_hardneg.evaluation.mteb_tasks import (
     local_task,
     require_mteb,
 )
+from st_hardneg.evaluation.retrieval import encode_at_length
 from st_hardneg.reporting import markdown_table
 
 if TYPE_CHECKING:
+    from mteb.abstasks.abstask import AbsTask
     from mteb.abstasks.task_metadata import TaskMetadata
     from mteb.models import ModelMeta, SentenceTransformerEncoderWrapper
     from mteb.types import Array, BatchedInput, PromptType
@@ -66,9 +68,15 @@ def _encoder_class() -> Callable[[SentenceTransformer, ModelMeta, dict[str, Any]
                 return super().encode(inputs, task_metadata=task_metadata, hf_split=hf_split, hf_subset=hf_subset,
                                       prompt_type=prompt_type, **kwargs)
             if name not in self._tables:
-                self._tables = {name: encode_unique(self.model, self._local_tasks[name].sentences(),
-                                                    batch_size=self._batch_size,
-                                                    show_progress_bar=self._show_progress_bar)}
+                task = self._local_tasks[name]
+                length = getattr(task, "max_seq_length", None)
+                if length is None:
+                    table = encode_unique(self.model, task.sentences(), batch_size=self._batch_size,
+                                          show_progress_bar=self._show_progress_bar)
+                else:  # a fixed length (BEIR folders: the model's MTEB length), not the full one
+                    table = encode_at_length(self.model, task.sentences(), length, batch_size=self._batch_size,
+                                             show_progress_bar=self._show_progress_bar)
+                self._tables = {name: table}
             table = self._tables[name]
             texts = [text for batch in inputs for text in batch["text"]]
             dtype = getattr(self._local_tasks[name], "embedding_dtype", np.float64)
@@ -77,7 +85,7 @@ def _encoder_class() -> Callable[[SentenceTransformer, ModelMeta, dict[str, Any]
     return _Encoder
 
 
-def _weights_digest(model: SentenceTransformer) -> str:
+def weights_digest(model: SentenceTransformer) -> str:
     """SHA-256 (first 12 hex digits) of the module configs and weights: two checkpoints never share it."""
     import torch
 
@@ -102,7 +110,7 @@ def _model_meta(model: SentenceTransformer, model_name: str | None) -> ModelMeta
         name = "st-hardneg/" + (base or "model").rstrip("/").rsplit("/", 1)[-1]
     if "/" not in name:
         name = f"local/{name}"
-    update = {"name": name, "revision": f"weights-{_weights_digest(model)}"}
+    update = {"name": name, "revision": f"weights-{weights_digest(model)}"}
     if base:
         update["adapted_from"] = base
     return meta.model_copy(update=update)
@@ -174,7 +182,7 @@ def _preserved_rng() -> Iterator[None]:
 
 def run_mteb(
     model: SentenceTransformer,
-    tasks: Sequence[str] | str,
+    tasks: Sequence[str | AbsTask] | str,
     data_dir: str | Path | None = None,
     output_dir: str | Path | None = None,
     *,
@@ -243,13 +251,17 @@ def run_mteb(
     mteb = require_mteb()
     from mteb.cache import ResultCache
 
-    names = _parse_tasks(tasks)
-    local_names = [n for n in names if n in LOCAL_MTEB_TASKS or n in LOCAL_RETRIEVAL_TASKS]
+    given: dict[str, AbsTask] = {}
+    if not isinstance(tasks, str):
+        given = {task.metadata.name: task for task in tasks if not isinstance(task, str)}
+    names = _parse_tasks(tasks if isinstance(tasks, str) else
+                         [task if isinstance(task, str) else task.metadata.name for task in tasks])
+    local_names = [n for n in names if n in LOCAL_MTEB_TASKS or n in LOCAL_RETRIEVAL_TASKS or n in given]
     official_names = [n for n in names if n not in local_names]
     was_training = getattr(model, "training", False)
     with _preserved_rng():
         official = _official_tasks(official_names) if official_names else []
-        local = {name: local_task(name, data_dir) for name in local_names}
+        local = {name: given[name] if name in given else local_task(name, data_dir) for name in local_names}
         by_name = {**local, **{task.metadata.name: task for task in official}}
         ordered = [by_name[n] for n in names if n in by_name]
         with warnings.catch_warnings():

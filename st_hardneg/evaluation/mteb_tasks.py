@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from st_hardneg.data.beir import BEIRData
 from st_hardneg.data.senteval import STS_YEAR_SUBSETS, check_sts_data, read_sts_pairs, resolve_senteval_dir, sts_files
 
 if TYPE_CHECKING:
@@ -88,14 +89,14 @@ def require_mteb() -> ModuleType:
     return mteb
 
 
-def _metadata(name: str, data_file: Path, description: str, **fields: Any) -> TaskMetadata:
+def _metadata(name: str, data_file: Path, description: str, split: str = "test", **fields: Any) -> TaskMetadata:
     """mteb ``TaskMetadata`` of a local English text-to-text task on its test split (the file's folder as dataset
     path, revision ``local``); ``fields`` adds the task-specific ones (``reference``, ``type``, ``main_score`` …)."""
     from mteb.abstasks.task_metadata import TaskMetadata
 
     return TaskMetadata(
         name=name, dataset={"path": str(data_file.parent), "revision": "local"}, description=description,
-        category="t2t", modalities=["text"], eval_splits=["test"], eval_langs=["eng-Latn"], license="not specified",
+        category="t2t", modalities=["text"], eval_splits=[split], eval_langs=["eng-Latn"], license="not specified",
         annotations_creators="human-annotated", dialect=[], sample_creation="found", bibtex_citation="", **fields,
     )
 
@@ -270,6 +271,81 @@ def local_retrieval_task(name: str, data_dir: str | Path | None = None) -> AbsTa
     )
     attributes = {"metadata": metadata, "retrieval_task": retrieval_task, "root": root}
     cls = type(name.replace("-", "_").replace(".", "_"), (_local_retrieval_base(),), attributes)
+    return cls()
+
+
+@cache
+def _beir_base() -> type[AbsTaskRetrieval]:
+    from datasets import Dataset
+
+    class BEIRFolderTask(_local_retrieval_base()):  # type: ignore[misc,valid-type]
+        """A BEIR folder's split as an mteb retrieval task: the corpus keeps its ``title`` and ``text`` columns, which
+        mteb joins as it does for its own BEIR tasks. Concrete tasks are made by :func:`beir_mteb_task`."""
+
+        beir: BEIRData
+        split: str
+        max_seq_length: int | None
+
+        def _task(self) -> RetrievalTask:
+            return self.beir.task(self.split, name=self.metadata.name)
+
+        def load_data(self, num_proc: int | None = None, **kwargs: Any) -> None:
+            if self.data_loaded:  # type: ignore[has-type]
+                return
+            data, relevant = self.beir, self.beir.relevant(self.split)
+            queries = sorted(relevant)
+            corpus = list(data.corpus)
+            self.dataset = {"default": {self.split: {
+                "queries": Dataset.from_dict({"id": queries, "text": [data.queries[q] for q in queries]}),
+                "corpus": Dataset.from_dict({"id": corpus, "title": [data.titles[d] for d in corpus],
+                                             "text": [data.texts[d] for d in corpus]}),
+                "relevant_docs": {q: dict(sorted(data.qrels[self.split][q].items())) for q in queries},
+                "top_ranked": None,
+            }}}
+            self.data_loaded = True
+
+        def sentences(self) -> list[str]:
+            task = self._task()
+            return [*(task.queries[q] for q in sorted(task.queries)), *task.corpus.values()]
+
+    return BEIRFolderTask
+
+
+def beir_mteb_task(data: BEIRData | str | Path, split: str = "test", name: str | None = None,
+                   max_seq_length: int | None = 256) -> AbsTaskRetrieval:
+    """A split of a BEIR folder as an mteb retrieval task (a subclass of ``mteb.abstasks.retrieval.AbsTaskRetrieval``),
+    scored by mteb's own retrieval evaluator with no network; pass it to
+    :func:`~st_hardneg.evaluation.mteb_run.run_mteb` in ``tasks``.
+
+    On SciFact's test split this is MTEB's ``SciFact`` task: same queries, corpus (title and text, joined by mteb),
+    judgements and main score nDCG@10; encoded at ``max_seq_length`` tokens (256: the length MTEB evaluates
+    all-MiniLM-L6-v2 at; ``None`` = the model's full length). Scores equal
+    :func:`~st_hardneg.evaluation.retrieval.evaluate_beir`'s at the same length.
+
+    Args:
+        data: a :class:`~st_hardneg.data.beir.BEIRData` or a BEIR folder.
+        split: the qrels split to evaluate.
+        name: the task name (default ``"<data name>-<split>-local"``).
+        max_seq_length: the encoding length.
+
+    Raises:
+        DataNotFoundError, BEIRFormatError: see :func:`~st_hardneg.data.beir.load_beir`.
+        ValueError: the split is absent or has no relevant judgement.
+    """
+    from st_hardneg.data.beir import load_beir
+
+    data = data if isinstance(data, BEIRData) else load_beir(data)
+    data.relevant(split)  # raises on an absent or empty split
+    name = name or f"{data.name}-{split}-local"
+    metadata = _metadata(
+        name, data.root / "corpus.jsonl",
+        f"The {split} split of the BEIR folder {data.root} ({len(data.corpus)} documents), read by "
+        "st_hardneg.data.beir; scored by mteb's retrieval evaluator (main score: nDCG@10).",
+        split=split, reference="https://github.com/beir-cellar/beir", type="Retrieval", main_score="ndcg_at_10",
+    )
+    attributes = {"metadata": metadata, "beir": data, "split": split, "max_seq_length": max_seq_length,
+                  "root": data.root, "retrieval_task": name}
+    cls = type(name.replace("-", "_").replace(".", "_"), (_beir_base(),), attributes)
     return cls()
 
 

@@ -24,11 +24,12 @@ import logging
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from sentence_transformers import SentenceTransformer
 
+    from st_hardneg.data.beir import BEIRData, BEIRRetrieval
     from st_hardneg.data.mrpc import MRPCRetrieval, RetrievalTask
     from st_hardneg.training.loop import TrainConfig
 
@@ -50,8 +51,19 @@ LABEL_COLUMNS = ("label", "labels", "score", "scores")
 logger = logging.getLogger(__name__)
 
 
+class TrainingSplit(Protocol):
+    """What mining reads of a split (:class:`~st_hardneg.data.mrpc.MRPCRetrieval`,
+    :class:`~st_hardneg.data.beir.BEIRRetrieval`)."""
+
+    train_pairs: list[tuple[str, str]]
+    train_corpus: list[str]
+    known_paraphrases: dict[str, set[str]]
+
+    def protected_sentences(self) -> set[str]: ...
+
+
 def mined_triplets(
-    data: MRPCRetrieval,
+    data: TrainingSplit,
     load_model: Callable[[], Any],
     *,
     model_key: str,
@@ -62,6 +74,7 @@ def mined_triplets(
     limit: int = 0,
     min_rows: int = 1,
     batch_size: int = 128,
+    max_seq_length: int = TRAINING["max_seq_length"],
 ) -> tuple[Any, dict[str, Any]]:
     """One mined hard negative per training pair of ``data`` (see
     :func:`st_hardneg.data.mining.mine_training_negatives`), mined once and cached.
@@ -80,6 +93,7 @@ def mined_triplets(
         limit: mine only the first ``limit`` pairs (0 = all; smoke runs).
         min_rows: fewer mined triplets than this (e.g. one batch) raise ``ValueError``.
         batch_size: encoding batch size of the mining.
+        max_seq_length: the mining model's length (part of the cache key).
 
     Returns:
         ``(dataset, info)``: a ``datasets.Dataset`` with columns ``anchor``, ``positive``, ``negative``, and what a
@@ -91,7 +105,6 @@ def mined_triplets(
     """
     from st_hardneg import validation
     from st_hardneg.data.mining import cached_dataset, mine_training_negatives
-    from st_hardneg.data.mrpc import assert_no_test_leak
 
     validation.check_count(limit, "limit", minimum=0)
     validation.check_count(min_rows, "min_rows", minimum=1)
@@ -100,13 +113,17 @@ def mined_triplets(
         raise ValueError(f"unknown mining setting(s) {unknown}; choose from {', '.join(MINING)}")
     settings = {**MINING, **(mining or {})}
     pairs = data.train_pairs[:limit] if limit else data.train_pairs
-    key = {"model": model_key, "pooling": TRAINING["pooling"], "max_seq_length": TRAINING["max_seq_length"],
+    key = {"model": model_key, "pooling": TRAINING["pooling"], "max_seq_length": max_seq_length,
            "mining": settings, "data": data_key, "limit": limit}
     dataset, path, seconds = cached_dataset(
         cache_dir, prefix, key,
         lambda: mine_training_negatives(load_model(), pairs, data.train_corpus, known_positives=data.known_paraphrases,
                                         forbidden=data.protected_sentences(), batch_size=batch_size, **settings))
-    assert_no_test_leak(data, [s for column in dataset.column_names for s in dataset[column]])
+    protected = data.protected_sentences()
+    leaked = sorted({s for column in dataset.column_names for s in dataset[column] if s in protected})
+    if leaked:
+        raise ValueError(f"{len(leaked)} evaluated (test or dev) sentence(s) in the mined training set, e.g. "
+                         f"{leaked[0]!r}; delete {path} and mine again")
     if len(dataset) < min_rows:
         raise ValueError(f"mining kept {len(dataset)} triplets from {len(pairs)} pairs, fewer than one batch "
                          f"({min_rows}); loosen the mining filters (relative_margin) or use more pairs. Cached in {path}.")
@@ -284,3 +301,88 @@ def recipe_table(rows: dict[str, dict[str, Any]]) -> str:
     body = [[name, *(f"{result['retrieval'][m]:.2f}" for m in ("ndcg@10", "mrr@10", "recall@1")),
              f"{result['sts']['avg']:.2f}" if result.get("sts") else "–"] for name, result in rows.items()]
     return markdown_table(["model", "nDCG@10", "MRR@10", "R@1", "STS avg"], body).rstrip("\n")
+
+
+# --------------------------------------------------------------------------- BEIR folders
+#: the BEIR fine-tuning protocol (``st-hardneg train --task beir``, ``benchmarks/retrieval.py --task scifact``): the
+#: model's mean pooling, training at 128 tokens (queries are short; abstracts are cut to their first 128 tokens, which
+#: halves a step's cost), evaluation and mining at 256 (MTEB's length for all-MiniLM-L6-v2), batch 32, lr 2e-5 with
+#: 10 % warm-up, 1 epoch; the dev task is 20 % of the training queries (seed 0)
+BEIR_TRAINING: dict[str, Any] = {**TRAINING, "batch_size": 32, "eval_max_seq_length": 256, "dev_fraction": 0.2,
+                                 "dev_seed": 0}
+
+
+def beir_split(path: str | Path, name: str | None = None, *, dev_fraction: float = BEIR_TRAINING["dev_fraction"],
+               seed: int = BEIR_TRAINING["dev_seed"], eval_split: str = "test") -> tuple[BEIRData, BEIRRetrieval]:
+    """A BEIR folder read (:func:`~st_hardneg.data.beir.load_beir`) and split into test task, dev task and training
+    pairs (:func:`~st_hardneg.data.beir.beir_retrieval`) with the recipe's dev settings."""
+    from st_hardneg.data.beir import beir_retrieval, load_beir
+
+    data = load_beir(path, name=name)
+    return data, beir_retrieval(data, eval_split=eval_split, dev_fraction=dev_fraction, seed=seed)
+
+
+def mined_beir_triplets(
+    data: BEIRData,
+    split: BEIRRetrieval,
+    model_name: str | None = None,
+    *,
+    mining: dict[str, Any] | None = None,
+    cache_dir: str | Path = DEFAULT_CACHE_DIR,
+    limit: int = 0,
+    min_rows: int = 1,
+    show_progress_bar: bool = False,
+) -> tuple[Any, dict[str, Any]]:
+    """One hard negative per training pair of a BEIR split, mined from the whole corpus (:func:`mined_triplets` with
+    :data:`MINING`) by the untrained ``model_name`` at :data:`BEIR_TRAINING`'s evaluation length, and cached on disk
+    under the data's content hash and the exact training pairs.
+
+    A query's relevant documents are never its negatives (``known_paraphrases`` holds every one of them, not just the
+    pair's positive), nor are the dev and test queries ever mined or trained on.
+
+    Returns:
+        ``(dataset, info)`` as :func:`mined_triplets`, ``info["source"]`` naming the data.
+    """
+    import hashlib
+
+    from st_hardneg.models import resolve_model
+
+    length = BEIR_TRAINING["eval_max_seq_length"]
+    pairs_digest = hashlib.sha256("\n".join(f"{a}\t{p}" for a, p in split.train_pairs).encode()).hexdigest()[:12]
+    dataset, info = mined_triplets(
+        split, lambda: resolve_model(model_name, pooling=BEIR_TRAINING["pooling"], max_seq_length=length),
+        model_key=model_name or "default", data_key=f"{data.digest()}-{pairs_digest}", mining=mining,
+        cache_dir=cache_dir, prefix=f"beir-{data.name}-mined", limit=limit, min_rows=min_rows,
+        batch_size=64, max_seq_length=length)
+    return dataset, {"source": f"mined {data.name} training pairs (whole corpus, {len(data.corpus)} documents)",
+                     **info}
+
+
+def evaluate_beir_recipe(model: SentenceTransformer, split: BEIRRetrieval, *, dev: bool = True, test: bool = True,
+                         batch_size: int = 64, show_progress_bar: bool = False,
+                         cache_dir: str | Path | None = None) -> dict[str, Any]:
+    """BEIR scores of ``model`` (:func:`~st_hardneg.evaluation.retrieval.evaluate_beir` at
+    :data:`BEIR_TRAINING`'s evaluation length): ``{"dev": {...}, "test": {...}, "eval_seconds": s}``, the dev and test
+    tasks sharing one corpus encoding."""
+    from st_hardneg.evaluation.retrieval import evaluate_beir
+
+    tasks = {"dev": split.dev_task if dev else None, "test": split.task if test else None}
+    chosen = {role: task for role, task in tasks.items() if task is not None}
+    if not chosen:
+        raise ValueError("nothing to evaluate: dev=False and test=False (or the split has no dev task)")
+    start = time.perf_counter()
+    scores = evaluate_beir(model, list(chosen.values()), max_seq_length=BEIR_TRAINING["eval_max_seq_length"],
+                           batch_size=batch_size, show_progress_bar=show_progress_bar, cache_dir=cache_dir)
+    out: dict[str, Any] = {role: scores[task.name] for role, task in chosen.items()}
+    out["eval_seconds"] = round(time.perf_counter() - start, 1)
+    return out
+
+
+def beir_table(rows: dict[str, dict[str, Any]], role: str = "test") -> str:
+    """A markdown table of :func:`evaluate_beir_recipe` results, one row per ``{name: result}``: nDCG@10, MRR@10,
+    R@100 (x 100) of the ``role`` task."""
+    from st_hardneg.reporting import markdown_table
+
+    body = [[name, *(f"{result[role][m]:.2f}" for m in ("ndcg@10", "mrr@10", "recall@100"))]
+            for name, result in rows.items()]
+    return markdown_table(["model", "nDCG@10", "MRR@10", "R@100"], body).rstrip("\n")
