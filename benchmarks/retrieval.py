@@ -18,6 +18,7 @@ only the rest) and scores dev retrieval; each of our losses then runs in :data:`
     python benchmarks/retrieval.py --methods mnrl gist --seeds 0    # a subset
     python benchmarks/retrieval.py --variant mixcse_l2=mixcse:lam=0.2 --seeds 0 1 2   # another configuration
     python benchmarks/retrieval.py --report                         # only rewrite the table and the plot
+    python benchmarks/retrieval.py --task scifact ...               # BEIR SciFact: see benchmarks/beir_benchmark.py
 
 A finished (method, seed) already in the JSON is skipped, so an interrupted run resumes where it stopped. The mined
 training set is built once per (model, mining settings, data files) and cached outside the repository
@@ -263,6 +264,14 @@ def select(args, parser) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    task = next((argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--task"), None)
+    task = next((a.split("=", 1)[1] for a in argv if a.startswith("--task=")), task)
+    if task not in (None, "mrpc"):  # a BEIR task: SciFact, or any folder with --task beir --data PATH
+        import beir_benchmark
+
+        return beir_benchmark.main(argv)
+    argv = [a for i, a in enumerate(argv) if not (a.startswith("--task") or (i and argv[i - 1] == "--task"))]
     every = {**METHODS, **OPTIONAL_METHODS}
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--methods", nargs="*", default=list(METHODS), help=f"from {', '.join(every)}")

@@ -315,3 +315,14 @@ def test_cli_eval_beir_prints_and_writes_the_scores(beir_dir, beir_model, tmp_pa
     expected = evaluate_beir(beir_model, [load_beir(beir_dir).task("test")], max_seq_length=16)["tiny-test"]
     assert written["ndcg@10"] == pytest.approx(expected["ndcg@10"]) and written["split"] == "test"
     assert f"{expected['ndcg@10']:.2f}" in capsys.readouterr().out
+
+
+def test_per_query_ndcg_averages_to_the_evaluators_score(beir_dir, beir_model):
+    from st_hardneg.evaluation.retrieval import evaluate_beir, per_query_ndcg
+
+    task = load_beir(beir_dir).task("test")
+    per_query = per_query_ndcg(beir_model, task, max_seq_length=16)
+    assert set(per_query) == set(task.queries)
+    assert np.mean(list(per_query.values())) == pytest.approx(
+        evaluate_beir(beir_model, [task], max_seq_length=16)[task.name]["ndcg@10"], abs=1e-4)
+    assert all(0.0 <= v <= 100.0 for v in per_query.values()) and len(set(per_query.values())) > 1

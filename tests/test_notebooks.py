@@ -3,7 +3,7 @@
 Run as a script to execute them for real and save their outputs in place (what is committed):
 
     python tests/test_notebooks.py                 # every notebook, real configuration
-    python tests/test_notebooks.py quickstart      # one of them (quickstart, analysis, retrieval)
+    python tests/test_notebooks.py quickstart      # one of them (quickstart, analysis, retrieval, beir_retrieval)
 """
 
 from __future__ import annotations
@@ -108,10 +108,23 @@ def test_analysis_smoke_with_partial_results(smoke_env, monkeypatch):
     assert "hncse_hnm" in text and _images(notebook) >= 6  # bar chart, deltas, dev curves, screen, curves, AU
 
 
+@pytest.mark.integration
+def test_beir_retrieval_smoke(smoke_env):
+    notebook = execute(NOTEBOOKS / "beir_retrieval.ipynb", timeout=600)
+    text = _outputs(notebook)
+    assert "smoke mode: True" in text and "dev or test queries among the training queries: 0" in text
+    number = r"\d+\.\d\d"
+    for row in ("untrained", r"trained \(FocalInfoNCE\)"):
+        assert re.search(rf"\| {row} \| {number} \| {number} \| {number} \| {number} \|", text), row
+    assert "steps: 2;" in text and re.search(r"test queries: 8; mean gain [+-]\d+\.\d\d", text)
+    assert _images(notebook) >= 1
+    assert (smoke_env / "output" / "beir_retrieval" / "final" / "modules.json").is_file()
+
+
 def main(names: list[str]) -> int:
     import nbformat
 
-    for name in names or ["quickstart", "analysis", "retrieval"]:
+    for name in names or ["quickstart", "analysis", "retrieval", "beir_retrieval"]:
         path = NOTEBOOKS / f"{name.removesuffix('.ipynb')}.ipynb"
         os.environ.pop("ST_HARDNEG_SMOKE", None)
         start = time.perf_counter()

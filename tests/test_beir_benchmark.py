@@ -1,0 +1,73 @@
+"""benchmarks/retrieval.py --task scifact / --task beir: a smoke run on a tiny folder, resuming, and the report's
+numbers (mean ± std, the target check) against values computed here."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import statistics
+import sys
+from pathlib import Path
+
+from st_hardneg.testing.beir import make_tiny_beir
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+def _load(name: str):
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        spec = importlib.util.spec_from_file_location(f"benchmarks_{name}", BENCHMARKS / f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+    return module
+
+
+def test_smoke_run_through_retrieval_py_resumes(tiny_model_dir, tmp_path, capsys):
+    retrieval = _load("retrieval")
+    folder = make_tiny_beir(tmp_path / "tiny", train_queries=48)
+    out = tmp_path / "tiny.json"
+    argv = ["--task", "beir", "--data", str(folder), "--model", str(tiny_model_dir), "--max-steps", "1",
+            "--batch-size", "4", "--seeds", "0", "--methods", "mnrl", "focal", "--out", str(out), "--cache-dir",
+            str(tmp_path / "cache"), "--work-dir", str(tmp_path / "work"), "--relative-margin", "none", "--quiet"]
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        assert retrieval.main(argv) == 0
+        data = json.loads(out.read_text())
+        runs = {r["method"]: r for r in data["runs"]}
+        assert set(runs) == {"mnrl", "focal"} and data["task"] == "tiny"
+        for run in runs.values():
+            assert run["steps"] == 1 and run["batch_size"] == 4
+            assert 0 <= run["test"]["ndcg@10"] <= 100 and run["dev"]["queries"] == data["split"]["dev_queries"]
+        assert data["protocol"]["mining_override"] == {"relative_margin": None}
+        capsys.readouterr()
+        assert retrieval.main(argv) == 0  # resumed: nothing run again
+        assert "skip mnrl seed 0" in capsys.readouterr().out
+        assert json.loads(out.read_text())["runs"] == data["runs"]
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+    text = out.with_suffix(".md").read_text()
+    assert f"| mnrl | {runs['mnrl']['test']['ndcg@10']:.2f} |" in text
+
+
+def _run(method, seed, ndcg):
+    scores = {"ndcg@10": ndcg, "mrr@10": ndcg - 5, "recall@100": 90.0}
+    return {"method": method, "seed": seed, "test": scores, "dev": scores, "train_seconds": 100.0 + seed}
+
+
+def test_report_means_and_target_check():
+    bench = _load("beir_benchmark")
+    runs = [_run("mnrl", s, v) for s, v in enumerate((66.0, 67.0, 68.0))]
+    runs += [_run("gist", s, v) for s, v in enumerate((66.5, 66.5, 66.5))]
+    runs += [_run("focal", s, v) for s, v in enumerate((68.5, 68.2, 69.4))]
+    data = {"protocol": {"batch_size": 32}, "task": "scifact", "runs": runs}
+    text = bench.markdown(data)
+    mean, std = statistics.mean((68.5, 68.2, 69.4)), statistics.stdev((68.5, 68.2, 69.4))
+    assert f"| focal | {mean:.2f} ± {std:.2f} |" in text and "| 68.50, 68.20, 69.40 | 101 |" in text
+    # best built-in is mnrl (67.0 > 66.5); focal - mnrl = 68.7 - 67.0 and ahead on every seed
+    assert "best st-hardneg `focal` − best built-in `mnrl` = +1.70" in text and "Target met" in text
+    runs[-1]["test"] = {**runs[-1]["test"], "ndcg@10": 67.9}  # seed 2 now behind mnrl's 68.0
+    check = bench.target_check({"runs": runs})
+    assert "ahead on every common seed: no" in check and "Target not met" in check
