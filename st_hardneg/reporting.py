@@ -22,8 +22,11 @@ def write_json(path: str | Path, payload: dict[str, Any]) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(payload, indent=2, sort_keys=False) + "\n")
-    tmp.replace(path)
+    try:
+        tmp.write_text(json.dumps(payload, indent=2, sort_keys=False) + "\n")
+        tmp.replace(path)
+    finally:  # never leave the temporary file beside the target
+        tmp.unlink(missing_ok=True)
     return path
 
 

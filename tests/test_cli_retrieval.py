@@ -151,6 +151,9 @@ def test_mined_set_is_cached_once_and_reused(monkeypatch, mrpc_dir, model_dir, t
     stored = json.loads(files[0].read_text())
     assert len(stored["columns"]["negative"]) == info["triplets"]
 
+    refused = cli.main(argv)  # a finished run in the output folder is never overwritten silently
+    assert refused == 2 and json.loads((tmp_path / "out" / "results.json").read_text()) == first
+    argv = [*argv, "--overwrite"]
     assert cli.main(argv) == 0  # the same settings: read from the cache, not mined again
     assert len(calls) == 1 and list(cache.glob("mrpc-mined-*.json")) == files
     assert files[0].stat().st_mtime_ns == mtime

@@ -14,6 +14,7 @@ import argparse
 import logging
 import sys
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from st_hardneg.cli.train import (
@@ -38,6 +39,28 @@ def load_for_eval(name: str | None, pooling: str) -> SentenceTransformer:
     return resolve_model(name, pooling=pooling, max_seq_length=None, saved="as_is")
 
 
+def check_output_file(output: str) -> Path:
+    """``eval --output``: a file path whose folder exists or can be made and is writable, checked before any
+    evaluation (nothing is created here).
+
+    Raises:
+        ValueError: an empty path, a folder, or a place that cannot be written.
+    """
+    import os
+
+    if not str(output).strip():
+        raise ValueError("--output is empty; give a JSON file path")
+    path = Path(output).expanduser()
+    if path.is_dir():
+        raise ValueError(f"--output {path} is a folder; give a JSON file path")
+    ancestor = path.parent
+    while not ancestor.exists():
+        ancestor = ancestor.parent
+    if not ancestor.is_dir() or not os.access(ancestor, os.W_OK | os.X_OK):
+        raise ValueError(f"--output {path} cannot be written ({ancestor} is not a writable folder)")
+    return path
+
+
 # --------------------------------------------------------------------------- commands
 def cmd_eval(args: argparse.Namespace) -> int:
     from st_hardneg.evaluation import evaluate_sts, format_sts_table
@@ -47,6 +70,16 @@ def cmd_eval(args: argparse.Namespace) -> int:
     unknown = [g for g in groups if g not in EVAL_TASK_GROUPS]
     if unknown or not groups:
         raise ValueError(f"--tasks: unknown {unknown}; choose from {', '.join(EVAL_TASK_GROUPS)}")
+    if len(set(groups)) != len(groups):
+        raise ValueError(f"--tasks names a group twice: {args.tasks!r}")
+    if args.batch_size < 1:
+        raise ValueError(f"--batch-size must be >= 1, got {args.batch_size}")
+    if args.output is not None:
+        check_output_file(args.output)
+    if "sts" in groups:  # a damaged STS file fails before the model loads
+        from st_hardneg.cli.train import check_sts_files
+
+        check_sts_files(args.data_dir)
     if "beir" in groups:  # before the model loads: a bad folder or split fails first
         from st_hardneg.data.beir import load_beir
         from st_hardneg.validation import check_count
@@ -188,6 +221,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="use only the first N sentences (--task sts), training pairs to mine or --train-file rows "
                         "(--task retrieval); 0 = all")
     t.add_argument("--output-dir", default="output/st-hardneg", help="checkpoints, final model and results.json")
+    t.add_argument("--overwrite", action="store_true",
+                   help="replace a finished run in --output-dir (one with results.json); refused without it")
     t.add_argument("--batch-size", type=int, default=None, help="training batch size (default: 64)")
     t.add_argument("--lr", type=float, default=None,
                    help="learning rate (linear decay; default: 3e-5 for --task sts, 2e-5 for --task retrieval)")
@@ -244,7 +279,7 @@ def main(argv: list[str] | None = None) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         return args.func(args)
-    except (DataNotFoundError, OSError, ValueError, ImportError, RuntimeError) as exc:
+    except (DataNotFoundError, OSError, ValueError, TypeError, ImportError, RuntimeError) as exc:
         # one clear message, no traceback (--verbose shows it); OSError covers a model name that cannot be loaded
         if args.verbose:
             logger.exception("st-hardneg %s failed", args.command)

@@ -94,6 +94,15 @@ def resolve_train_args(args: argparse.Namespace) -> argparse.Namespace:
     for key, value in task_defaults(args.task).items():
         if getattr(args, key) is None:
             setattr(args, key, value)
+    check_output_dir(args.output_dir, getattr(args, "overwrite", False))
+    parse_loss_args(args.loss_arg)  # a repeated key fails here (the names are checked by cmd_train)
+    parse_loss_args(args.mining_arg, "--mining-arg")
+    if args.eval_batch_size < 1:
+        raise ValueError(f"--eval-batch-size must be >= 1, got {args.eval_batch_size}")
+    if args.max_seq_length is not None and args.max_seq_length < 1:
+        raise ValueError(f"--max-seq-length must be >= 1 token, got {args.max_seq_length}")
+    if args.limit < 0:
+        raise ValueError(f"--limit must be >= 0 (0 = all), got {args.limit}")
     if args.stop_after < 0:
         raise ValueError(f"--stop-after must be >= 0 (0 = train to the end), got {args.stop_after}")
     if args.max_steps == 0 or args.max_steps < -1:
@@ -109,9 +118,41 @@ def resolve_train_args(args: argparse.Namespace) -> argparse.Namespace:
     return args
 
 
+def check_output_dir(output_dir: str, overwrite: bool) -> Path:
+    """The ``--output-dir`` of ``train``: not empty, not a file, and not a finished run's folder (one holding
+    ``results.json``) unless ``overwrite``; nothing is created here.
+
+    Raises:
+        ValueError: an empty path, a file, or a finished run without ``--overwrite``.
+    """
+    if not str(output_dir).strip():
+        raise ValueError("--output-dir is empty; give the folder for the checkpoints, final model and results.json")
+    path = Path(output_dir).expanduser()
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"--output-dir {path} is a file, not a folder")
+    if (path / "results.json").is_file() and not overwrite:
+        raise ValueError(f"--output-dir {path} holds a finished run (results.json); choose another folder or pass "
+                         "--overwrite to replace it")
+    return path
+
+
+def check_sts_files(data_dir: str | None) -> None:
+    """Read every STS test file now (milliseconds), so that a damaged one fails before anything is trained or
+    saved, not in the evaluation after training."""
+    from st_hardneg.data.senteval import STS_TASKS, check_sts_data, read_sts_pairs, resolve_senteval_dir
+
+    root = resolve_senteval_dir(data_dir)
+    check_sts_data(root, STS_TASKS)
+    for task in (*STS_TASKS, "STSBenchmark-dev"):
+        read_sts_pairs(root, task)
+
+
 # --------------------------------------------------------------------------- commands
 def cmd_train(args: argparse.Namespace) -> int:
     resolve_train_args(args)  # the task's defaults; an option of the other task fails here, before torch loads
+    from st_hardneg.training.registry import check_loss_args
+
+    check_loss_args(args.loss, parse_loss_args(args.loss_arg))  # names (and no model=), before any model loads
     if args.task == "retrieval":
         return cmd_train_retrieval(args)
     if args.task == "beir":
@@ -127,6 +168,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     from st_hardneg.training.loop import TrainConfig
 
     loss_kwargs = parse_loss_args(args.loss_arg)
+    check_sts_files(args.data_dir)  # STS-B dev selects, the 7 test sets score: damaged files fail first
     corpus = Path(args.corpus) if args.corpus else default_corpus(args.data_dir)
     sentences = read_corpus(corpus)
     if args.limit:
@@ -208,6 +250,7 @@ def cmd_train_retrieval(args: argparse.Namespace) -> int:
     if not args.no_sts:  # and missing STS files too, not after training
         try:
             check_sts_data(resolve_senteval_dir(args.data_dir), STS_TASKS)
+            check_sts_files(args.data_dir)
         except DataNotFoundError as exc:
             raise DataNotFoundError(f"{exc}\nOr skip the STS evaluation with --no-sts.") from None
     if args.train_file:

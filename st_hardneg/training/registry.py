@@ -101,12 +101,19 @@ def build_loss(name: str, model: SentenceTransformer, **kwargs: Any) -> nn.Modul
 
 def parse_loss_args(items: list[str] | None, option: str = "--loss-arg") -> dict[str, Any]:
     """``["lam=0.3", "partner=random", "focal_m=None"]`` → ``{"lam": 0.3, "partner": "random", "focal_m": None}``
-    (``option`` names the command-line option in the error message)."""
+    (``option`` names the command-line option in the error message).
+
+    Raises:
+        ValueError: an item without ``=`` or a key, or a key given twice (which value was meant is unknowable).
+    """
     result: dict[str, Any] = {}
     for item in items or []:
         key, sep, raw = item.partition("=")
         if not sep or not key.strip():
             raise ValueError(f"{option} expects KEY=VALUE, got {item!r}")
+        name = key.strip().replace("-", "_")
+        if name in result:
+            raise ValueError(f"{option} gives {name} twice ({name}={result[name]!r} and {item!r}); give it once")
         raw = raw.strip()
         if raw.lower() in ("true", "false"):
             value: Any = raw.lower() == "true"
@@ -119,3 +126,65 @@ def parse_loss_args(items: list[str] | None, option: str = "--loss-arg") -> dict
                 value = raw
         result[key.strip().replace("-", "_")] = value
     return result
+
+
+#: keyword arguments of each factory beyond its loss class's own (the MNRL factories take a temperature)
+_FACTORY_EXTRAS: dict[str, tuple[str, ...]] = {"mnrl": ("temperature",), "mnrl_symmetric": ("temperature",),
+                                               "mnrl_hardness": ("temperature",)}
+#: arguments a factory sets itself, never taken from the caller
+_FACTORY_FIXED: dict[str, tuple[str, ...]] = {"hncse_pm": ("mode",), "hncse_hnm": ("mode",), "hncse": ("mode",)}
+
+
+def _loss_class(name: str) -> type:
+    from importlib import import_module
+
+    module, cls = {
+        "mnrl": ("sentence_transformers.sentence_transformer.losses", "MultipleNegativesRankingLoss"),
+        "mnrl_symmetric": ("sentence_transformers.sentence_transformer.losses",
+                           "MultipleNegativesSymmetricRankingLoss"),
+        "mnrl_hardness": ("sentence_transformers.sentence_transformer.losses", "MultipleNegativesRankingLoss"),
+        "mixcse": ("st_hardneg.losses.mixcse", "MixCSELoss"), "focal": ("st_hardneg.losses.focal", "FocalInfoNCELoss"),
+        "hncse_pm": ("st_hardneg.losses.hncse", "HNCSELoss"), "hncse_hnm": ("st_hardneg.losses.hncse", "HNCSELoss"),
+        "hncse": ("st_hardneg.losses.hncse", "HNCSELoss"), "adcse": ("st_hardneg.losses.adcse", "AdversarialNegativesLoss"),
+    }[name]
+    return getattr(import_module(module), cls)  # type: ignore[no-any-return]
+
+
+def loss_argument_names(name: str) -> tuple[str, ...]:
+    """The keyword arguments the loss ``name`` of :data:`LOSSES` accepts (its class's, without ``model``)."""
+    import inspect
+
+    if name not in LOSSES:
+        raise ValueError(f"unknown loss {name!r}; choose from {', '.join(LOSSES)}")
+    names: list[str] = []
+    for cls in _loss_class(name).__mro__:  # a class passing **kwargs on takes its bases' arguments too
+        if "__init__" not in vars(cls) or cls is object:
+            continue
+        parameters = inspect.signature(vars(cls)["__init__"]).parameters.values()
+        names += [p.name for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+                  and p.name not in ("self", "model", *_FACTORY_FIXED.get(name, ()))]
+        if not any(p.kind is p.VAR_KEYWORD for p in parameters):
+            break
+    if name.startswith("mnrl"):  # the factories take a temperature in place of scale
+        names = [n for n in names if n != "scale"]
+    return tuple(sorted({*names, *_FACTORY_EXTRAS.get(name, ())}))
+
+
+def check_loss_args(name: str, kwargs: dict[str, Any], option: str = "--loss-arg") -> None:
+    """Refuse, before any model is loaded, a keyword the loss ``name`` does not take, and ``model`` (the model is
+    chosen by ``--model``); the values are checked when the loss is built.
+
+    Raises:
+        ValueError: naming the keyword and listing the accepted ones.
+    """
+    if "model" in kwargs:
+        raise ValueError(f"{option} model=...: the model is not a loss argument; choose it with --model")
+    accepted = loss_argument_names(name)
+    unknown = sorted(set(kwargs) - set(accepted))
+    if unknown:
+        import difflib
+
+        hints = [f"{u} (did you mean {close[0]}?)" if (close := difflib.get_close_matches(u, accepted, 1)) else u
+                 for u in unknown]
+        raise ValueError(f"{option}: loss {name!r} takes no argument {', '.join(hints)}; it takes "
+                         f"{', '.join(accepted)}")
