@@ -234,6 +234,19 @@ def target_check(data: dict[str, Any]) -> str:
             f"Target {'met' if met else 'not met'}.")
 
 
+def readme_table(data: dict[str, Any]) -> str:
+    """The README's SciFact table: test nDCG@10 / MRR@10 / R@100 mean ± std, per-seed nDCG@10 and the target."""
+    from st_hardneg.reporting import markdown_table
+
+    body = []
+    for method, row in summarize(data).items():
+        body.append([method, _mean_std(row["ndcg@10"]), _mean_std(row["mrr@10"]), _mean_std(row["recall@100"]),
+                     ", ".join(f"{v:.2f}" for v in row["ndcg@10"])])
+    table = markdown_table(["SciFact test (x 100)", "nDCG@10", "MRR@10", "R@100", "nDCG@10 per seed"], body)
+    target = target_check(data)
+    return table + (f"\n{target}\n" if target else "")
+
+
 def selection_markdown(data: dict[str, Any]) -> str:
     from st_hardneg.reporting import markdown_table
 
@@ -286,6 +299,10 @@ def main(argv: list[str] | None = None) -> int:
     def save(d: dict[str, Any]) -> None:
         write_json(out, d)
         out.with_suffix(".md").write_text(selection_markdown(d) if args.select else markdown(d))
+        if not args.select and out.resolve() == (RESULTS / "scifact.json").resolve() and d["runs"]:
+            from st_hardneg.reporting import replace_block
+
+            README.write_text(replace_block(README.read_text(), "scifact-table", readme_table(d)))
 
     if args.report:
         save(data)
