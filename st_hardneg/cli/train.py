@@ -319,8 +319,7 @@ def cmd_train_beir(args: argparse.Namespace) -> int:
     data, split = recipe.beir_split(args.data)  # a malformed folder fails here, before any model loads
     logger.info("%s: %s", data.name, split.stats)
     dataset, info = recipe.mined_beir_triplets(data, split, args.model, mining=mining, cache_dir=args.cache_dir,
-                                               limit=args.limit, min_rows=args.batch_size,
-                                               show_progress_bar=not args.quiet)
+                                               limit=args.limit, min_rows=args.batch_size)
     planned = planned_steps(len(dataset), config)
     logger.info("training data: %d rows (%s), %d steps planned", len(dataset), info["source"], planned)
 

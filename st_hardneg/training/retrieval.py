@@ -331,7 +331,6 @@ def mined_beir_triplets(
     cache_dir: str | Path = DEFAULT_CACHE_DIR,
     limit: int = 0,
     min_rows: int = 1,
-    show_progress_bar: bool = False,
 ) -> tuple[Any, dict[str, Any]]:
     """One hard negative per training pair of a BEIR split, mined from the whole corpus (:func:`mined_triplets` with
     :data:`MINING`) by the untrained ``model_name`` at :data:`BEIR_TRAINING`'s evaluation length, and cached on disk
