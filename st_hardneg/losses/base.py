@@ -25,6 +25,7 @@ from st_hardneg.losses import distributed as dist
 from st_hardneg.losses import false_negatives
 from st_hardneg.losses.batch import Batch, SideInputs, column_name
 from st_hardneg.losses.gradcache import GradCacheMixin, check_cacheable_model
+from st_hardneg.losses.queue import CandidateQueue
 
 __all__ = ["HardNegativeLoss", "LossOptions", "float32_loss"]
 
@@ -52,6 +53,10 @@ class LossOptions(TypedDict, total=False):
     mini_batch_size: int | None
     mini_batch_num_tokens: int | None
     show_progress_bar: bool
+    queue_size: int
+    queue_warmup_steps: int
+    queue_max_age: int | None
+    queue_checkpoint: bool
 
 
 def float32_loss(method: _Method) -> _Method:
@@ -148,6 +153,17 @@ class HardNegativeLoss(GradCacheMixin, nn.Module):
         mini_batch_size: see **Scaling up** below (``None``, the default, is uncached; CachedMNRL's default is 32).
         mini_batch_num_tokens: alternatively to ``mini_batch_size``, a budget of non-padding tokens per mini-batch.
         show_progress_bar: with ``mini_batch_size``, a progress bar over the mini-batches (as in the Cached losses).
+        queue_size: rows of the cross-batch queue (:mod:`st_hardneg.losses.queue`; default 0 = no queue, exactly
+            the loss without it): the detached candidates (positives and explicit negatives) of past optimizer steps
+            join every anchor's ``query_to_doc`` denominator, under the same similarity, scale and logit transform.
+            Filled once per completed optimizer step of ``model``, never in evaluation or GradCache's replay, never
+            cleared; a queued row whose text equals the anchor's or its positive's (``mask_duplicates``) or that
+            passes the ``margin`` is masked; the loss's own hard-negative choices (partners, top-k, adversaries) come
+            from the batch only. With ``gather_across_devices`` every process queues the gathered rows.
+        queue_warmup_steps: optimizer steps before the queue is read (default 0).
+        queue_max_age: rows older than this many optimizer steps are not read (``None``: no limit).
+        queue_checkpoint: save the queue with the optimizer checkpoint (restored on resume by
+            :class:`~st_hardneg.training.callbacks.StatefulLossCallback`); ``False`` leaves it out.
 
     :func:`float32_loss` runs each ``compute_loss_from_embeddings`` with autocast disabled (the loss math is float32
     under bf16/fp16 mixed precision too) and warns once if it receives labels it does not use. This class also provides the
@@ -199,7 +215,8 @@ class HardNegativeLoss(GradCacheMixin, nn.Module):
                  contrast_anchors: bool | None = None, contrast_positives: bool | None = None,
                  gather_across_devices: bool = False, mini_batch_size: int | None = None,
                  mini_batch_num_tokens: int | None = None, show_progress_bar: bool = False,
-                 **unknown: Any) -> None:
+                 queue_size: int = 0, queue_warmup_steps: int = 0, queue_max_age: int | None = None,
+                 queue_checkpoint: bool = True, **unknown: Any) -> None:
         name = type(self).__name__
         if unknown:
             key = next(iter(unknown))
@@ -272,6 +289,23 @@ class HardNegativeLoss(GradCacheMixin, nn.Module):
         self._last_stats: dict[str, Tensor] = {}
         self._warned_labels = False
         self.embedding_dimension = self._model_embedding_dimension(model)
+        # the cross-batch queue (st_hardneg.losses.queue): off by default, exactly the loss without it
+        self.queue_size = validation.check_count(queue_size, "queue_size", minimum=0)
+        self.queue_warmup_steps = validation.check_count(queue_warmup_steps, "queue_warmup_steps", minimum=0)
+        self.queue_max_age = validation.check_optional_count(queue_max_age, "queue_max_age")
+        self.queue_checkpoint = validation.check_bool(queue_checkpoint, "queue_checkpoint")
+        self.queue: CandidateQueue | None = None
+        self._queue_columns: tuple[Tensor, Tensor | None] | None = None
+        self._queue_stats: dict[str, Tensor] = {}
+        if self.queue_size:
+            if model is None:
+                raise ValueError(f"{name}: queue_size needs the model whose optimizer steps fill the queue, got "
+                                 "model=None")
+            if guide is not None:
+                raise ValueError(f"{name}: queue_size with a guide is not supported (the queued rows have no guide "
+                                 "embeddings to apply its margin to); use margin without a guide")
+            self.queue = CandidateQueue(model, self.queue_size, warmup_steps=self.queue_warmup_steps,
+                                        max_age=self.queue_max_age, checkpoint=self.queue_checkpoint)
 
     def cosine_only_reason(self) -> str | None:
         """Why this loss's equation needs cosine similarities (then ``similarity_fct=dot_score`` is rejected), or
@@ -527,11 +561,58 @@ class HardNegativeLoss(GradCacheMixin, nn.Module):
             else:  # pragma: no cover - the constructor validated the names
                 raise ValueError(f"unknown block {name!r}")
             out[name] = block.excluding(masks.get(name))
+        self._queue_columns = self._read_and_stage_queue(batch, queries, out["query_to_doc"])
         return out
+
+    def _read_and_stage_queue(self, batch: Batch, queries: Tensor, q2d: fr.Block
+                              ) -> tuple[Tensor, Tensor | None] | None:
+        """The queue's columns for this batch, ``(similarity (N, Q), exclude (N, Q) or None)``, or ``None``; then
+        this batch's candidates are staged (they enter the queue after the optimizer step, so a batch never reads
+        itself). A queued row is excluded for anchor ``i`` when its text key equals the anchor's or the positive's
+        (``mask_duplicates``), or when its cosine exceeds row ``i``'s false-negative threshold (``margin``)."""
+        if self.queue is None:
+            return None
+        dot = self.similarity_fct_name == "dot_score"
+        readable = self.queue.readable()
+        columns: tuple[Tensor, Tensor | None] | None = None
+        self._queue_stats = {}
+        if readable is not None:
+            vectors, keys = readable
+            vectors = vectors.to(queries.device)
+            similarity = queries @ vectors.T
+            exclude = None
+            if self.mask_duplicates and batch.text_keys is not None:
+                keys = keys.to(queries.device)
+                known = keys != -1  # -1: no key (Python's hash never returns -1)
+                own = batch.text_keys[:2].to(queries.device)  # anchor and positive keys, (2, N)
+                exclude = ((own[0].unsqueeze(1) == keys.unsqueeze(0)) | (own[1].unsqueeze(1) == keys.unsqueeze(0)))
+                exclude &= known.unsqueeze(0)
+            if self.margin is not None:
+                cosines = batch.anchors.detach() @ (fn.normalize(vectors) if dot else vectors).T
+                positive = (batch.anchors.detach() * batch.positives.detach()).sum(dim=1, keepdim=True)
+                threshold = (positive - self.margin if self.margin_strategy == "absolute"
+                             else positive - positive.abs() * self.margin)
+                above = cosines > threshold
+                exclude = above if exclude is None else exclude | above
+            columns = (similarity, exclude)
+        candidates = batch.raw_candidates if dot else batch.candidates
+        keys_now = batch.text_keys[1:].reshape(-1) if batch.text_keys is not None else None
+        self.queue.stage(candidates, keys_now)
+        return columns
 
     def ranking_rows(self, blocks: dict[str, fr.Block], focal_m: float | None = None) -> Tensor:
         """The (N,) per-row losses of the blocks (:func:`st_hardneg.functional.ranking.ranking_rows` with this
-        loss's scale and partition mode); warns once when rows have no negative left (every candidate masked)."""
+        loss's scale and partition mode); warns once when rows have no negative left (every candidate masked).
+        With a queue its readable rows join ``query_to_doc`` here, after the loss chose its own negatives from the
+        batch."""
+        if self._queue_columns is not None:
+            similarity, exclude = self._queue_columns
+            self._queue_columns = None
+            blocks = {**blocks, "query_to_doc": blocks["query_to_doc"].with_columns(similarity, exclude)}
+            self._queue_stats = {"queue_rows_read": torch.tensor(float(similarity.size(1))),
+                                 **({"queue_rows_masked": exclude.sum(dim=1).float().mean().detach()}
+                                    if exclude is not None else {})}
+            self._last_stats = {**self._last_stats, **self._queue_stats}  # whether stats come before or after
         self._count_unusable_rows(blocks)
         return fr.ranking_rows(blocks, self.scale, self.partition_mode, focal_m)
 
@@ -607,6 +688,7 @@ class HardNegativeLoss(GradCacheMixin, nn.Module):
         sync)."""
         stats = fn.contrastive_stats(cos.detach(), num_in_batch, num_synthetic)
         stats.update(self._false_negative_stats)
+        stats.update(self._queue_stats)
         for key, value in (extra or {}).items():
             stats[key] = value.detach() if isinstance(value, Tensor) else torch.as_tensor(value)
         self._last_stats = stats
@@ -617,8 +699,13 @@ class HardNegativeLoss(GradCacheMixin, nn.Module):
         synthesise negatives, ``synthetic`` (MixCSE Fig. 4a). Empty before the first batch. With false-negative
         control also ``masked_false_negatives`` (masked candidates per anchor, mean) and
         ``masked_false_negatives_total``: always when ``margin`` is set, and from the first batch in
-        which ``mask_duplicates`` masked something on."""
-        return {key: float(value) for key, value in self._last_stats.items()}
+        which ``mask_duplicates`` masked something on. With a queue: ``queue_rows_read`` (rows in the last batch's
+        denominator), ``queue_rows_masked`` (per anchor, mean), ``queue_filled`` and ``queue_memory_bytes``."""
+        out = {key: float(value) for key, value in self._last_stats.items()}
+        if self.queue is not None:
+            out["queue_filled"] = float(self.queue.filled)
+            out["queue_memory_bytes"] = float(self.queue.memory_bytes)
+        return out
 
     def paper_config(self) -> dict[str, Any]:
         """The paper's own hyperparameters: each loss returns its constructor's own arguments."""
@@ -634,6 +721,9 @@ class HardNegativeLoss(GradCacheMixin, nn.Module):
                   "mask_duplicates": self.mask_duplicates, "margin": self.margin,
                   "margin_strategy": self.margin_strategy, "contrast_anchors": self.contrast_anchors,
                   "contrast_positives": self.contrast_positives}
+        if self.queue_size:
+            config.update({"queue_size": self.queue_size, "queue_warmup_steps": self.queue_warmup_steps,
+                           "queue_max_age": self.queue_max_age, "queue_checkpoint": self.queue_checkpoint})
         if self.guide is not None:
             card = getattr(self.guide, "model_card_data", None)
             config["guide"] = getattr(card, "base_model", None) or type(self.guide).__name__

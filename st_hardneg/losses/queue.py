@@ -1,0 +1,160 @@
+"""A cross-batch queue of past candidate embeddings: more negatives per step at almost no cost (XBM, MoCo).
+
+:class:`CandidateQueue` keeps the detached candidate rows (in-batch positives and explicit negatives) of recent
+optimizer steps with their text keys and the step that produced them. A loss built with ``queue_size > 0`` appends
+the readable rows to every anchor's ``query_to_doc`` denominator, under the same similarity, temperature and logit
+transform (Focal-InfoNCE's modulation) as its in-batch negatives; they carry no gradient.
+
+What the known failure modes of such queues ask for, and what this does:
+
+- **Filled once per optimizer step, never cleared.** A training forward *stages* its rows; they enter the queue only
+  after the next completed ``optimizer.step()`` (a torch step post-hook, :mod:`st_hardneg.losses.stateful`): several
+  forwards of one step (gradient accumulation) are staged together, GradCache's replay re-embeds without computing the
+  loss (nothing is staged twice), and an evaluation forward (no gradient) stages nothing. A ContAccum-style queue that
+  was cleared at every optimizer step stayed nearly empty.
+- **Stale rows.** Nothing is read before ``warmup_steps`` optimizer steps, only the filled part is ever read, and
+  rows older than ``max_age`` steps are skipped.
+- **False negatives.** A row whose text key equals the anchor's or its positive's (the token-id hash of
+  ``mask_duplicates``) is masked for that anchor, as is a row above the loss's false-negative ``margin``.
+- **Hardest-negative choices.** The queue rows join the softmax denominator only: MixCSE's partner, HNCSE's top-k and
+  AdCSE's adversaries are chosen from the batch, so a stale duplicate can never become the "hardest" negative.
+- **Checkpoints.** The queue (vectors, keys, steps, pointer) is saved inside the optimizer's state like AdCSE's state
+  (:class:`~st_hardneg.training.callbacks.StatefulLossCallback` restores it on resume), unless
+  ``checkpoint=False``.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from st_hardneg.losses.stateful import OptimizerDrivenLoss
+
+__all__ = ["CandidateQueue"]
+
+logger = logging.getLogger(__name__)
+
+
+class CandidateQueue(OptimizerDrivenLoss, nn.Module):
+    """A FIFO ring of ``size`` past candidate rows (see the module docstring).
+
+    Args:
+        model: the online model whose optimizer steps commit the staged rows.
+        size: the number of rows kept.
+        warmup_steps: optimizer steps before any row is read.
+        max_age: rows produced more than this many optimizer steps ago are not read (``None``: no limit).
+        checkpoint: save the queue with the optimizer's checkpoints.
+    """
+
+    checkpoint_name = "CandidateQueue"
+
+    def __init__(self, model: nn.Module, size: int, *, warmup_steps: int = 0, max_age: int | None = None,
+                 checkpoint: bool = True) -> None:
+        super().__init__()
+        vars(self)["_online"] = model  # not a submodule: the loss owns the model
+        self.size = int(size)
+        self.warmup_steps = int(warmup_steps)
+        self.max_age = max_age
+        self.checkpoint = checkpoint
+        self.vectors: Tensor | None = None
+        self.keys = torch.full((self.size,), -1, dtype=torch.long)
+        self.produced_at = torch.zeros(self.size, dtype=torch.long)
+        self.pointer = 0
+        self.filled = 0
+        self._pending: list[tuple[Tensor, Tensor]] = []
+        self._start_listening()
+
+    @property
+    def online_model(self) -> nn.Module:
+        return vars(self)["_online"]  # type: ignore[no-any-return]
+
+    # ------------------------------------------------------------------ staging and committing
+    def stage(self, vectors: Tensor, keys: Tensor | None) -> None:
+        """Stage the detached rows of a training forward (nothing in evaluation, i.e. without gradient); they enter
+        the queue after the next optimizer step. ``keys``: one text key per row, or ``None`` (unknown: ``-1``)."""
+        if not torch.is_grad_enabled():
+            return
+        vectors = vectors.detach().float()
+        keys = (torch.full((vectors.size(0),), -1, dtype=torch.long, device=vectors.device) if keys is None
+                else keys.detach().long().to(vectors.device))
+        if keys.size(0) != vectors.size(0):
+            raise ValueError(f"one key per queued row: {vectors.size(0)} rows, {keys.size(0)} keys")
+        self._pending.append((vectors, keys))
+        self._count_forward()
+
+    def update_state(self) -> None:
+        """At an optimizer step: enqueue the staged rows (oldest first), stamped with the number of steps done."""
+        pending, self._pending = self._pending, []
+        for vectors, keys in pending:
+            self._enqueue(vectors, keys, step=self._steps)
+
+    def _enqueue(self, vectors: Tensor, keys: Tensor, step: int) -> None:
+        if self.vectors is None or self.vectors.size(1) != vectors.size(1):
+            if self.vectors is not None:
+                raise ValueError(f"queued rows are {self.vectors.size(1)}-dimensional, new ones "
+                                 f"{vectors.size(1)}-dimensional")
+            self.vectors = vectors.new_zeros((self.size, vectors.size(1)))
+        if self.vectors.device != vectors.device:
+            self._move(vectors.device)
+        vectors, keys = vectors[-self.size:], keys[-self.size:]
+        positions = (self.pointer + torch.arange(vectors.size(0), device=vectors.device)) % self.size
+        assert self.vectors is not None
+        self.vectors[positions] = vectors
+        self.keys[positions] = keys
+        self.produced_at[positions] = step
+        self.pointer = int((self.pointer + vectors.size(0)) % self.size)
+        self.filled = min(self.size, self.filled + vectors.size(0))
+
+    def _move(self, device: torch.device) -> None:
+        if self.vectors is not None:
+            self.vectors = self.vectors.to(device)
+        self.keys = self.keys.to(device)
+        self.produced_at = self.produced_at.to(device)
+
+    # ------------------------------------------------------------------ reading
+    def readable(self) -> tuple[Tensor, Tensor] | None:
+        """``(vectors, keys)`` of the rows a forward may read now, or ``None`` (warm-up, empty, all too old)."""
+        if self.vectors is None or self.filled == 0 or self._steps < self.warmup_steps:
+            return None
+        mask = torch.zeros(self.size, dtype=torch.bool, device=self.vectors.device)
+        mask[: self.filled] = True
+        if self.max_age is not None:
+            mask &= (self._steps - self.produced_at.to(mask.device)) <= self.max_age
+        if not bool(mask.any()):
+            return None
+        return self.vectors[mask], self.keys.to(mask.device)[mask]
+
+    @property
+    def memory_bytes(self) -> int:
+        """The queue's memory (vectors, keys and steps)."""
+        vectors = 0 if self.vectors is None else self.vectors.numel() * self.vectors.element_size()
+        return vectors + self.keys.numel() * 8 + self.produced_at.numel() * 8
+
+    # ------------------------------------------------------------------ checkpoints
+    def training_state_dict(self) -> dict[str, Any]:
+        if not self.checkpoint:
+            return {"steps": self._steps, "saved": False}
+        return {"steps": self._steps, "saved": True, "pointer": self.pointer, "filled": self.filled,
+                "vectors": None if self.vectors is None else self.vectors.detach().cpu().clone(),
+                "keys": self.keys.cpu().clone(), "produced_at": self.produced_at.cpu().clone()}
+
+    def load_training_state_dict(self, state: dict[str, Any]) -> None:
+        self._steps = int(state["steps"])
+        if not state.get("saved", True):
+            logger.warning("the checkpoint holds no queue rows (checkpoint=False): the queue refills from empty")
+            return
+        vectors = state["vectors"]
+        if vectors is not None and vectors.size(0) != self.size:
+            raise ValueError(f"the checkpointed queue holds {vectors.size(0)} rows, this one {self.size}")
+        device = self.vectors.device if self.vectors is not None else torch.device("cpu")
+        self.vectors = None if vectors is None else vectors.to(device).clone()
+        self.keys = state["keys"].to(device).clone()
+        self.produced_at = state["produced_at"].to(device).clone()
+        self.pointer, self.filled = int(state["pointer"]), int(state["filled"])
+
+    def extra_repr(self) -> str:
+        return (f"size={self.size}, filled={self.filled}, warmup_steps={self.warmup_steps}, "
+                f"max_age={self.max_age}, steps={self._steps}")

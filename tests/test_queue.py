@@ -1,0 +1,292 @@
+"""The cross-batch queue (``queue_size``): off is exactly the plain loss; a hand-built 3-step sequence matches an
+explicit reference (what was enqueued, masked and read); no staging in evaluation or during GradCache's replay;
+warm-up, age limit, duplicate masking, checkpoints."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from st_hardneg import AdversarialNegativesLoss, FocalInfoNCELoss, HNCSELoss, MixCSELoss
+
+TAU, M = 0.05, 0.3
+
+
+def _unit(x):
+    return x / x.norm(dim=1, keepdim=True)
+
+
+def _focal_rows(anchors, candidates, extra, m=M, exclude_extra=None):
+    """Focal-InfoNCE rows written out: positive s², every other candidate s (s + m), over τ."""
+    a, c = _unit(anchors), _unit(candidates)
+    sim = a @ c.T
+    if extra is not None and extra.numel():
+        more = a @ _unit(extra).T
+        if exclude_extra is not None:
+            more = more.masked_fill(exclude_extra, float("nan"))
+        sim = torch.cat([sim, more], dim=1)
+    rows = []
+    for i in range(a.size(0)):
+        logits = []
+        for j in range(sim.size(1)):
+            s = sim[i, j]
+            if torch.isnan(s):
+                continue
+            logits.append(s * s / TAU if j == i else s * (s + m) / TAU)
+        logits = torch.stack(logits)
+        rows.append(torch.logsumexp(logits, 0) - sim[i, i] * sim[i, i] / TAU)
+    return torch.stack(rows)
+
+
+def _loss(**kwargs):
+    model = nn.Linear(4, 4)
+    return model, FocalInfoNCELoss(model, m=M, temperature=TAU, **kwargs)
+
+
+def _step(model):
+    """One optimizer step of the loss's model (what commits the staged rows)."""
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
+    model.weight.grad = torch.zeros_like(model.weight)
+    optimizer.step()
+
+
+def _batch(seed, n=3, d=4):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(n, d, generator=g), torch.randn(n, d, generator=g)]
+
+
+# --------------------------------------------------------------------------- off = the plain loss
+@pytest.mark.parametrize("make", [
+    lambda model, **kw: FocalInfoNCELoss(model, **kw),
+    lambda model, **kw: MixCSELoss(model, seed=0, **kw),
+    lambda model, **kw: HNCSELoss(model, seed=0, **kw),
+    lambda model, **kw: AdversarialNegativesLoss(model, untied=False, num_adversaries=0, **kw),
+])
+def test_empty_or_warming_queue_is_the_plain_loss(make):
+    model = nn.Linear(4, 4)
+    plain, queued = make(model), make(model, queue_size=8, queue_warmup_steps=2)
+    for step in range(3):
+        embeddings = _batch(step, n=4)
+        expected = plain.compute_loss_from_embeddings(embeddings, None)
+        got = queued.compute_loss_from_embeddings(embeddings, None)
+        if step < 2:  # empty, then filled but warming up: exactly the plain loss
+            assert torch.equal(got, expected)
+        else:  # two steps done: the queue is read
+            assert got.item() != pytest.approx(expected.item(), abs=1e-6)
+            assert queued.diagnostics["queue_rows_read"] == 8.0
+        _step(model)
+
+
+def test_queue_size_zero_has_no_queue():
+    _, loss = _loss()
+    assert loss.queue is None and "queue_size" not in loss.get_config_dict()
+
+
+# --------------------------------------------------------------------------- the reference sequence
+def test_three_steps_match_an_explicit_reference():
+    model, loss = _loss(queue_size=4)
+    batches = [_batch(s) for s in range(3)]
+    # step 0: nothing queued yet
+    got = loss.compute_loss_from_embeddings(batches[0], None)
+    torch.testing.assert_close(got, _focal_rows(*batches[0], None).mean(), rtol=1e-6, atol=1e-6)
+    _step(model)
+    assert loss.queue.filled == 3
+    torch.testing.assert_close(loss.queue.vectors[:3], _unit(batches[0][1]))
+    # step 1: the 3 positives of step 0 are extra negatives
+    got = loss.compute_loss_from_embeddings(batches[1], None)
+    torch.testing.assert_close(got, _focal_rows(*batches[1], batches[0][1]).mean(), rtol=1e-6, atol=1e-6)
+    _step(model)
+    # step 2: a ring of 4 holds step 1's 3 positives and the last of step 0's
+    assert loss.queue.filled == 4 and loss.queue.pointer == 2
+    kept = torch.cat([batches[0][1][2:], batches[1][1]])
+    got = loss.compute_loss_from_embeddings(batches[2], None)
+    torch.testing.assert_close(got, _focal_rows(*batches[2], kept).mean(), rtol=1e-6, atol=1e-6)
+    assert loss.diagnostics["queue_rows_read"] == 4.0 and loss.diagnostics["queue_filled"] == 4.0
+
+
+def test_queue_rows_carry_no_gradient():
+    model, loss = _loss(queue_size=8)
+    first = [e.clone().requires_grad_() for e in _batch(0)]
+    loss.compute_loss_from_embeddings(first, None)
+    _step(model)
+    second = [e.clone().requires_grad_() for e in _batch(1)]
+    loss.compute_loss_from_embeddings(second, None).backward()
+    assert first[0].grad is None and first[1].grad is None  # the queued step-0 rows are detached
+    assert second[0].grad is not None
+
+
+def test_several_forwards_before_one_step_are_all_enqueued():
+    model, loss = _loss(queue_size=16)
+    for s in range(2):  # gradient accumulation: two micro-batches, one optimizer step
+        loss.compute_loss_from_embeddings(_batch(s), None)
+    assert loss.queue.filled == 0  # nothing enters before the step
+    _step(model)
+    assert loss.queue.filled == 6
+    torch.testing.assert_close(loss.queue.vectors[:6], _unit(torch.cat([_batch(0)[1], _batch(1)[1]])))
+
+
+def test_evaluation_forwards_stage_nothing():
+    model, loss = _loss(queue_size=8)
+    with torch.no_grad():
+        loss.compute_loss_from_embeddings(_batch(0), None)
+    _step(model)
+    assert loss.queue.filled == 0
+
+
+def test_a_step_of_another_model_commits_nothing():
+    model, loss = _loss(queue_size=8)
+    loss.compute_loss_from_embeddings(_batch(0), None)
+    _step(nn.Linear(4, 4))
+    assert loss.queue.filled == 0
+    _step(model)
+    assert loss.queue.filled == 3
+
+
+def test_max_age_skips_old_rows():
+    model, loss = _loss(queue_size=32, queue_max_age=1)
+    loss.compute_loss_from_embeddings(_batch(0), None)
+    _step(model)
+    loss.compute_loss_from_embeddings(_batch(1), None)
+    _step(model)
+    got = loss.compute_loss_from_embeddings(_batch(2), None)  # step 0's rows are 2 steps old: skipped
+    torch.testing.assert_close(got, _focal_rows(*_batch(2), _batch(1)[1]).mean(), rtol=1e-6, atol=1e-6)
+
+
+def test_a_queued_duplicate_of_the_anchor_text_is_masked():
+    model, loss = _loss(queue_size=8)
+    keys0 = torch.tensor([[10, 11, 12], [10, 11, 12]])  # (columns, N): anchor and positive texts
+    loss.set_false_negative_inputs(text_keys=keys0)
+    loss.compute_loss_from_embeddings(_batch(0), None)
+    _step(model)
+    keys1 = torch.tensor([[11, 20, 21], [11, 20, 21]])  # row 0 repeats step 0's second text
+    loss.set_false_negative_inputs(text_keys=keys1)
+    got = loss.compute_loss_from_embeddings(_batch(1), None)
+    exclude = torch.zeros(3, 3, dtype=torch.bool)
+    exclude[0, 1] = True
+    torch.testing.assert_close(got, _focal_rows(*_batch(1), _batch(0)[1], exclude_extra=exclude).mean(),
+                               rtol=1e-6, atol=1e-6)
+    assert loss.diagnostics["queue_rows_masked"] == pytest.approx(1 / 3)
+
+
+def test_margin_masks_queue_rows_too():
+    model, loss = _loss(queue_size=8, margin=0.0)
+    loss.compute_loss_from_embeddings(_batch(0), None)
+    _step(model)
+    anchors, positives = _batch(1)
+    got = loss.compute_loss_from_embeddings([anchors, positives], None)
+    a, p, q = _unit(anchors), _unit(positives), _unit(_batch(0)[1])
+    exclude_queue = (a @ q.T) > (a * p).sum(1, keepdim=True)
+    # the in-batch candidates above the positive are masked as well (the same rule)
+    sim = a @ p.T
+    in_batch = sim > sim.diagonal().unsqueeze(1)
+    in_batch.fill_diagonal_(False)
+    rows = []
+    for i in range(3):
+        logits = [sim[i, i] ** 2 / TAU]
+        logits += [sim[i, j] * (sim[i, j] + M) / TAU for j in range(3) if j != i and not in_batch[i, j]]
+        s = a[i] @ q.T
+        logits += [s[j] * (s[j] + M) / TAU for j in range(3) if not exclude_queue[i, j]]
+        rows.append(torch.logsumexp(torch.stack(logits), 0) - sim[i, i] ** 2 / TAU)
+    torch.testing.assert_close(got, torch.stack(rows).mean(), rtol=1e-6, atol=1e-6)
+
+
+# --------------------------------------------------------------------------- real model: GradCache, checkpoints
+def _features(model, texts):
+    return model.tokenize(texts)
+
+
+def test_cached_equals_uncached_and_the_replay_stages_nothing(tiny_model, tiny_sentences):
+    plain_model = tiny_model
+    cached_model = copy.deepcopy(tiny_model)
+    plain = FocalInfoNCELoss(plain_model, queue_size=32)
+    cached = FocalInfoNCELoss(cached_model, queue_size=32, mini_batch_size=3)
+    opts = [torch.optim.SGD(m.parameters(), lr=0.1) for m in (plain_model, cached_model)]
+    for step in range(3):
+        texts = tiny_sentences[step * 5: step * 5 + 5]
+        losses = []
+        for loss, model, opt in zip((plain, cached), (plain_model, cached_model), opts, strict=True):
+            torch.manual_seed(step)  # the same dropout masks
+            opt.zero_grad()
+            value = loss([_features(model, texts), _features(model, texts)], None)
+            value.backward()
+            opt.step()
+            losses.append(value.item())
+        assert losses[0] == pytest.approx(losses[1], abs=1e-5)
+        assert plain.queue.filled == cached.queue.filled == 5 * (step + 1)  # once per step, not per replay
+    torch.testing.assert_close(plain.queue.vectors, cached.queue.vectors, atol=1e-5, rtol=0)
+
+
+def test_checkpoint_round_trip_is_bit_exact():
+    from st_hardneg.losses.stateful import attach_to_optimizer
+
+    model, loss = _loss(queue_size=5, queue_max_age=7)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
+    attach_to_optimizer(loss.queue, optimizer)
+    for s in range(3):
+        loss.compute_loss_from_embeddings(_batch(s), None)
+        model.weight.grad = torch.zeros_like(model.weight)
+        optimizer.step()
+    saved = copy.deepcopy(optimizer.state_dict())
+
+    model2 = nn.Linear(4, 4)
+    model2.load_state_dict(model.state_dict())
+    loss2 = FocalInfoNCELoss(model2, m=M, temperature=TAU, queue_size=5, queue_max_age=7)
+    optimizer2 = torch.optim.SGD(model2.parameters(), lr=0.0)
+    attach_to_optimizer(loss2.queue, optimizer2)
+    optimizer2.load_state_dict(saved)
+    q1, q2 = loss.queue, loss2.queue
+    assert torch.equal(q1.vectors, q2.vectors) and torch.equal(q1.keys, q2.keys)
+    assert torch.equal(q1.produced_at, q2.produced_at)
+    assert (q1.pointer, q1.filled, q1._steps) == (q2.pointer, q2.filled, q2._steps) == (4, 5, 3)
+    batch = _batch(9)
+    assert torch.equal(loss.compute_loss_from_embeddings(batch, None), loss2.compute_loss_from_embeddings(batch, None))
+
+
+def test_checkpoint_can_leave_the_rows_out(caplog):
+    model, loss = _loss(queue_size=5, queue_checkpoint=False)
+    loss.compute_loss_from_embeddings(_batch(0), None)
+    _step(model)
+    state = loss.queue.training_state_dict()
+    assert state == {"steps": 1, "saved": False}
+    _, fresh = _loss(queue_size=5, queue_checkpoint=False)
+    fresh.queue.load_training_state_dict(state)
+    assert fresh.queue._steps == 1 and fresh.queue.filled == 0 and "refills from empty" in caplog.text
+
+
+@pytest.mark.parametrize("kwargs, error, message", [
+    ({"queue_size": -1}, ValueError, "queue_size"),
+    ({"queue_size": 2.5}, (ValueError, TypeError), "queue_size"),
+    ({"queue_size": 4, "queue_warmup_steps": -1}, ValueError, "queue_warmup_steps"),
+    ({"queue_size": 4, "queue_max_age": 0}, ValueError, "queue_max_age"),
+    ({"queue_size": 4, "queue_checkpoint": "yes"}, (ValueError, TypeError), "queue_checkpoint"),
+])
+def test_queue_arguments_are_checked(kwargs, error, message):
+    with pytest.raises(error, match=message):
+        FocalInfoNCELoss(nn.Linear(4, 4), **kwargs)
+
+
+def test_queue_needs_a_model_and_no_guide(tiny_model):
+    with pytest.raises(ValueError, match="queue_size needs the model"):
+        FocalInfoNCELoss(None, queue_size=4)
+    with pytest.raises(ValueError, match="queue_size with a guide is not supported"):
+        FocalInfoNCELoss(tiny_model, copy.deepcopy(tiny_model), queue_size=4)
+
+
+def test_config_lists_the_queue():
+    _, loss = _loss(queue_size=64, queue_warmup_steps=3)
+    config = loss.get_config_dict()
+    assert (config["queue_size"], config["queue_warmup_steps"], config["queue_max_age"]) == (64, 3, None)
+
+
+def test_focal_rows_helper_matches_the_plain_loss():
+    """The reference used above is the plain loss when there is no extra row (so it can fail)."""
+    _, loss = _loss()
+    batch = _batch(4)
+    torch.testing.assert_close(loss.compute_loss_from_embeddings(batch, None), _focal_rows(*batch, None).mean(),
+                               rtol=1e-6, atol=1e-6)
+    assert not torch.allclose(_focal_rows(*batch, None).mean(), _focal_rows(*batch, batch[0]).mean())
+    F.normalize(batch[0])  # (torch's normalisation agrees with _unit; kept for the reader)
