@@ -290,3 +290,48 @@ def test_focal_rows_helper_matches_the_plain_loss():
                                rtol=1e-6, atol=1e-6)
     assert not torch.allclose(_focal_rows(*batch, None).mean(), _focal_rows(*batch, batch[0]).mean())
     F.normalize(batch[0])  # (torch's normalisation agrees with _unit; kept for the reader)
+
+
+def test_trainer_resume_restores_the_queue_and_the_next_losses(tiny_model_dir, tiny_sentences, tmp_path):
+    from datasets import Dataset
+    from sentence_transformers import SentenceTransformerTrainer, SentenceTransformerTrainingArguments
+
+    from st_hardneg.models import load_model
+    from st_hardneg.training.callbacks import StatefulLossCallback
+
+    sentences = [s if i < 16 else f"{s[:-1]} again." for i, s in enumerate((tiny_sentences * 2)[:32])]
+
+    def run(resume_from=None):
+        model = load_model(tiny_model_dir, pooling="cls", max_seq_length=32, device="cpu")
+        loss = FocalInfoNCELoss(model, queue_size=12)
+        losses = []
+        loss.register_forward_hook(lambda module, args, output: losses.append(float(output.detach())))
+        args = SentenceTransformerTrainingArguments(
+            output_dir=str(tmp_path / "run"), per_device_train_batch_size=8, learning_rate=1e-3, report_to=[], seed=0,
+            max_steps=4, save_strategy="steps", save_steps=2, disable_tqdm=True)
+        dataset = Dataset.from_dict({"anchor": sentences, "positive": sentences})
+        trainer = SentenceTransformerTrainer(model=model, args=args, train_dataset=dataset, loss=loss,
+                                             callbacks=[StatefulLossCallback(loss)])
+        trainer.train(resume_from_checkpoint=resume_from)
+        return loss, losses
+
+    loss_a, losses_a = run()
+    loss_b, losses_b = run(resume_from=str(tmp_path / "run" / "checkpoint-2"))
+    assert len(losses_a) == 4 and len(losses_b) == 2
+    assert losses_b == pytest.approx(losses_a[2:], rel=1e-6, abs=1e-7)  # step 3 reads the restored queue
+    assert loss_b.queue.filled == loss_a.queue.filled == 12 and loss_b.queue._steps == 4
+    torch.testing.assert_close(loss_b.queue.vectors, loss_a.queue.vectors)
+    assert torch.equal(loss_b.queue.keys, loss_a.queue.keys)
+
+
+def test_mnrl_queue_is_mnrl_without_a_queue_and_queues_with_one(tiny_model):
+    from sentence_transformers.sentence_transformer.losses import MultipleNegativesRankingLoss
+
+    from st_hardneg.training import build_loss
+
+    embeddings = _batch(3, n=5, d=32)
+    reference = MultipleNegativesRankingLoss(tiny_model).compute_loss_from_embeddings(embeddings, None)
+    plain = build_loss("mnrl_queue", tiny_model)
+    torch.testing.assert_close(plain.compute_loss_from_embeddings(embeddings, None), reference, rtol=1e-6, atol=1e-6)
+    queued = build_loss("mnrl_queue", tiny_model, queue_size=16)
+    assert queued.queue is not None and queued.queue.size == 16

@@ -74,12 +74,23 @@ def _adcse(model: SentenceTransformer, **kwargs: Any) -> nn.Module:
     return AdversarialNegativesLoss(model, **kwargs)
 
 
+def _mnrl_queue(model: SentenceTransformer, **kwargs: Any) -> nn.Module:
+    """sentence-transformers' ``MultipleNegativesRankingLoss`` with st-hardneg's cross-batch queue: AdCSE without
+    adversaries, with tied keys and without duplicate masking is exactly MNRL (tests/test_st_parity.py), and takes
+    ``queue_size``; the baseline a queued loss is compared with."""
+    from st_hardneg.losses.adcse import AdversarialNegativesLoss
+
+    kwargs = {"num_adversaries": 0, "untied": False, "mask_duplicates": False, **kwargs}
+    return AdversarialNegativesLoss(model, **kwargs)
+
+
 #: method name → factory(model, **hyperparameters); every factory's defaults are its paper's (MixCSE: the two-directional
 #: form the benchmarks ran, :data:`MIXCSE_BENCHMARK_FORM`)
 LOSSES: dict[str, Callable] = {
     "mnrl": _mnrl,
     "mnrl_symmetric": _mnrl_symmetric,
     "mnrl_hardness": _mnrl_hardness,
+    "mnrl_queue": _mnrl_queue,
     "mixcse": _mixcse,
     "focal": _focal,
     "hncse_pm": _hncse("pm"),
@@ -143,6 +154,7 @@ def _loss_class(name: str) -> type:
         "mnrl_symmetric": ("sentence_transformers.sentence_transformer.losses",
                            "MultipleNegativesSymmetricRankingLoss"),
         "mnrl_hardness": ("sentence_transformers.sentence_transformer.losses", "MultipleNegativesRankingLoss"),
+        "mnrl_queue": ("st_hardneg.losses.adcse", "AdversarialNegativesLoss"),
         "mixcse": ("st_hardneg.losses.mixcse", "MixCSELoss"), "focal": ("st_hardneg.losses.focal", "FocalInfoNCELoss"),
         "hncse_pm": ("st_hardneg.losses.hncse", "HNCSELoss"), "hncse_hnm": ("st_hardneg.losses.hncse", "HNCSELoss"),
         "hncse": ("st_hardneg.losses.hncse", "HNCSELoss"), "adcse": ("st_hardneg.losses.adcse", "AdversarialNegativesLoss"),
