@@ -335,3 +335,17 @@ def test_mnrl_queue_is_mnrl_without_a_queue_and_queues_with_one(tiny_model):
     torch.testing.assert_close(plain.compute_loss_from_embeddings(embeddings, None), reference, rtol=1e-6, atol=1e-6)
     queued = build_loss("mnrl_queue", tiny_model, queue_size=16)
     assert queued.queue is not None and queued.queue.size == 16
+
+
+@pytest.mark.integration
+def test_two_processes_equal_one_and_share_one_queue(tmp_path):
+    from st_hardneg.testing.distributed import queued_steps, spawn
+
+    batches = [_batch(10 + s, n=4, d=6) for s in range(3)]
+    single = queued_steps(0, 1, batches, queue_size=10, gather=False)
+    ranks = spawn(queued_steps, (batches, 10), tmp_path)
+    for step in range(3):  # the mean of the processes' losses is the single-process loss, queue read included
+        assert sum(r["losses"][step] for r in ranks) / 2 == pytest.approx(single["losses"][step], abs=1e-5)
+    assert ranks[0]["filled"] == ranks[1]["filled"] == single["filled"] == 10
+    torch.testing.assert_close(ranks[0]["vectors"], single["vectors"])
+    torch.testing.assert_close(ranks[1]["vectors"], single["vectors"])

@@ -181,3 +181,27 @@ def average_parameter_grads(module: torch.nn.Module) -> None:
         if param.grad is not None:
             torch.distributed.all_reduce(param.grad, op=torch.distributed.ReduceOp.SUM)
             param.grad /= world_size
+
+
+def queued_steps(rank: int, world_size: int, batches: list[list[Tensor]], queue_size: int,
+                 gather: bool = True) -> dict[str, Any]:
+    """A Focal-InfoNCE loss with a cross-batch queue over a sequence of batches, one optimizer step after each: this
+    process's shard of every batch (``world_size`` 1: the whole batch). Returns the per-step losses and the final
+    queue (vectors, filled), to compare 2 processes with 1."""
+    from torch import nn
+
+    from st_hardneg.losses.focal import FocalInfoNCELoss
+
+    model = nn.Linear(2, 2)
+    loss = FocalInfoNCELoss(model, queue_size=queue_size, gather_across_devices=gather)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
+    losses = []
+    for batch in batches:
+        shard = [cast(Tensor, _shard(column, rank, world_size)) for column in batch]
+        losses.append(float(loss.compute_loss_from_embeddings(shard, None)))
+        model.weight.grad = torch.zeros_like(model.weight)
+        optimizer.step()
+    assert loss.queue is not None
+    vectors = loss.queue.vectors
+    return {"losses": losses, "filled": loss.queue.filled,
+            "vectors": None if vectors is None else vectors.clone()}
