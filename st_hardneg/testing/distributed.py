@@ -193,7 +193,7 @@ def queued_steps(rank: int, world_size: int, batches: list[list[Tensor]], queue_
     from st_hardneg.losses.focal import FocalInfoNCELoss
 
     model = nn.Linear(2, 2)
-    loss = FocalInfoNCELoss(model, queue_size=queue_size, gather_across_devices=gather)
+    loss = FocalInfoNCELoss(cast(Any, model), queue_size=queue_size, gather_across_devices=gather)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
     losses = []
     for batch in batches:
