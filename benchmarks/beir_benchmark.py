@@ -14,6 +14,7 @@ encoding. Options are chosen on the dev task only (``--select``); test scores ar
     python benchmarks/retrieval.py --task scifact --untrained     # the untrained reference (dev + test)
     python benchmarks/retrieval.py --task scifact --select        # SELECTION on the dev task, seed 0
     python benchmarks/retrieval.py --task scifact                 # METHODS x seeds 0 1 2 -> results/scifact.*
+    python benchmarks/retrieval.py --task scifact --methods focal_no_fnc mixcse_explicit   # ABLATIONS rows
     python benchmarks/retrieval.py --task scifact --report        # rewrite the tables from the JSON
 """
 
@@ -51,6 +52,14 @@ METHODS: dict[str, tuple[str, dict[str, Any]]] = {
     "mixcse_hardest": ("mixcse", {"partner": "hardest"}),
     "hncse_hnm_all_negatives": ("hncse_hnm", {"hnm_pool": "all_negatives"}),
     "adcse_tied": ("adcse", {"untied": False}),
+}
+#: ablation rows (3 seeds, same protocol): which ingredient carries a difference. False-negative control: focal
+#: without duplicate masking, and with NV-Retriever's TopK-PercPos margin; mined partners: MixCSE mixing with the
+#: anchor's own mined negative; focal weighting: MixCSE's and HNCSE's focal_m off is their plain form (rows above)
+ABLATIONS: dict[str, tuple[str, dict[str, Any]]] = {
+    "focal_no_fnc": ("focal", {"mask_duplicates": False}),
+    "focal_margin_rel0.05": ("focal", {"margin": 0.05, "margin_strategy": "relative"}),
+    "mixcse_explicit": ("mixcse", {"partner": "explicit"}),
 }
 #: label -> (family, loss, hyperparameters): screened on the dev task (seed 0); the best of each family runs in
 #: METHODS and the others become ablation rows
@@ -322,10 +331,11 @@ def main(argv: list[str] | None = None) -> int:
         dev_only = True
     else:
         methods = args.methods or list(METHODS)
-        unknown = [m for m in methods if m not in METHODS and m not in SELECTION]
+        table = {**{m: (loss, kw) for m, (_, loss, kw) in SELECTION.items()}, **ABLATIONS, **METHODS}
+        unknown = [m for m in methods if m not in table]
         if unknown:
-            parser.error(f"unknown method(s) {unknown}")
-        jobs = [(m, *(METHODS[m] if m in METHODS else SELECTION[m][1:])) for m in methods]
+            parser.error(f"unknown method(s) {unknown}; choose from {', '.join(table)}")
+        jobs = [(m, *table[m]) for m in methods]
         dev_only = False
     seeds = args.seeds if args.seeds is not None else ([0] if args.select else [0, 1, 2])
     mining = None
