@@ -124,13 +124,36 @@ def test_zero_and_tiny_rows_have_bounded_gradients(name, scale):
 
 @pytest.mark.parametrize("name", NAMES)
 def test_zero_row_is_orthogonal_to_everything(name):
-    """A zero anchor has cosine 0 with every candidate: its row of the diagnostics' positive mean is 0."""
+    """A zero anchor has cosine 0 with every candidate: its row of the diagnostics' positive mean is 0. With every
+    anchor zero nothing can be ranked: the batch is refused (issue 24), the diagnostics still say why."""
     cols = columns()
     cols[0] = torch.zeros_like(cols[0])
     loss = make(name)
-    value = loss.compute_loss_from_embeddings(cols, None)
-    assert math.isfinite(value.item())
-    assert loss.diagnostics["positive"] == pytest.approx(0.0, abs=1e-7)
+    with pytest.raises(ValueError, match=r"no usable row in this batch: .*6 of 6 rows have an anchor or positive "
+                                         r"embedding of norm below 1e-06"):
+        loss.compute_loss_from_embeddings(cols, None)
+    assert loss.diagnostics["zero_norm_rows"] == 6.0 and loss.diagnostics["unusable_fraction"] == 1.0
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("scale", [0.0, 1e-20])
+def test_zero_norm_rows_are_left_out_of_the_mean_with_a_warning(name, scale):
+    """Rows whose anchor (or positive) has norm < NORM_EPS count nowhere in the mean: the loss equals the mean of
+    the other rows' losses computed with the same candidates (the row's per-row loss read from the same batch)."""
+    cols = columns()
+    cols[0][1] = scale * cols[0][1]
+    cols[1][4] = scale * cols[1][4]
+    loss = make(name)
+    rows_seen = []
+    original = loss.reduce
+    loss.reduce = lambda rows: rows_seen.append(rows.detach().clone()) or original(rows)
+    with pytest.warns(UserWarning, match=r"2 of 6 rows have an anchor or positive embedding of norm below 1e-06"):
+        value = loss.compute_loss_from_embeddings(cols, None)
+    rows = rows_seen[-1]
+    keep = torch.tensor([True, False, True, True, False, True])
+    assert value.item() == pytest.approx(rows[keep].mean().item(), rel=1e-6)
+    assert value.item() != pytest.approx(rows.mean().item(), rel=1e-4)
+    assert loss.diagnostics["zero_norm_rows"] == 2.0 and loss.diagnostics["unusable_fraction"] == pytest.approx(1 / 3)
 
 
 # ---------------------------------------------------------------------------------------------- shapes and sizes

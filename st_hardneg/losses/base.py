@@ -282,6 +282,9 @@ class HardNegativeLoss(GradCacheMixin, nn.Module):
         self._reports_false_negatives = False
         self._false_negative_stats: dict[str, Tensor] = {}
         self._warned_unusable = False
+        #: set by ranking_rows for reduce: the rows that count in the mean (None: all)
+        self._usable: Tensor | None = None
+        self._zero_rows: Tensor | None = None
         #: what forward saw for the next compute_loss_from_embeddings call (text keys, guide embeddings)
         self._side_inputs: SideInputs | None = None
         self._local_rows = None
@@ -472,6 +475,9 @@ class HardNegativeLoss(GradCacheMixin, nn.Module):
             raw = [dist.gather_with_grad(column) for column in raw]
             units = [column / fn.row_norms(column).clamp_min(fn.NORM_EPS) for column in raw]
             self._local_rows = (dist.local_rows(n), raw[0].size(0))
+        # a pair with a (near-)zero anchor or positive has no direction: it cannot be ranked (unusable)
+        self._zero_rows = (fn.row_norms(raw[0].detach()).squeeze(-1) < fn.NORM_EPS) | (
+            fn.row_norms(raw[1].detach()).squeeze(-1) < fn.NORM_EPS)
         batch = Batch.from_units(units, raw=raw)
         inputs, self._side_inputs = self._side_inputs, None
         self._false_negative_stats = {}
@@ -616,43 +622,79 @@ class HardNegativeLoss(GradCacheMixin, nn.Module):
         self._count_unusable_rows(blocks)
         return fr.ranking_rows(blocks, self.scale, self.partition_mode, focal_m)
 
+    def _usable_rows(self, available: Tensor | None, n: int) -> Tensor | None:
+        """(n,) bool of the rows that count in the loss (a negative left, anchor and positive not near zero), or
+        ``None`` when every row does."""
+        zero = getattr(self, "_zero_rows", None)
+        usable = available > 0 if available is not None else None
+        if zero is not None and zero.size(0) == n and zero.device.type != "meta" and bool(zero.any()):
+            usable = ~zero if usable is None else usable & ~zero.to(usable.device)
+        return usable
+
     def _count_unusable_rows(self, blocks: dict[str, fr.Block]) -> None:
-        """Record how many rows have no unmasked negative (their loss is 0: they teach nothing) and the fraction of
-        the candidate entries (positives aside) left out of the softmax, and warn once per loss when some row has
-        none."""
+        """Find the rows that cannot teach anything, for :meth:`reduce` and the diagnostics: rows with no unmasked
+        negative (every candidate masked: their loss would be 0) and rows whose anchor or positive has a norm below
+        ``NORM_EPS`` (no direction: cosine 0 with everything). :meth:`reduce` leaves the zero-norm rows out of the
+        mean (a row without negatives stays in it with loss 0, as in sentence-transformers' ``GISTEmbedLoss``: the
+        drop-in equality with it holds on such batches too); a batch whose every row has a zero-norm anchor or
+        positive raises ``ValueError``; the first batch with some unusable rows warns once per loss, with
+        the counts, which ``diagnostics`` reports as ``rows_without_negatives``, ``zero_norm_rows``,
+        ``unusable_fraction`` and ``masked_fraction``."""
         q2d = blocks["query_to_doc"]
         n = q2d.similarity.size(0)
-        if q2d.exclude is None and n > 1:
-            return
-        # the positive entry of a block is never excluded: a row's negatives are its other entries that are not
-        available = torch.zeros(n, dtype=torch.long, device=q2d.similarity.device)
+        self._usable = None
+        available: Tensor | None = None
         total = 0
         masked = torch.zeros((), dtype=torch.long, device=q2d.similarity.device)
-        for block in blocks.values():
-            count = block.similarity.size(1) - int(block.has_positive)
-            excluded = block.exclude.sum(dim=1) if block.exclude is not None else None
-            available += count if excluded is None else count - excluded
-            total += count
-            if excluded is not None:
-                masked = masked + excluded.sum()
-        unusable = (available == 0).sum()
-        if available.device.type == "meta":
+        if q2d.exclude is not None or n <= 1 or any(b.exclude is not None for b in blocks.values()):
+            # the positive entry of a block is never excluded: a row's negatives are its other entries that are not
+            available = torch.zeros(n, dtype=torch.long, device=q2d.similarity.device)
+            for block in blocks.values():
+                count = block.similarity.size(1) - int(block.has_positive)
+                excluded = block.exclude.sum(dim=1) if block.exclude is not None else None
+                available += count if excluded is None else count - excluded
+                total += count
+                if excluded is not None:
+                    masked = masked + excluded.sum()
+        if q2d.similarity.device.type == "meta":
             return
-        count_unusable = int(unusable)
-        if self._reports_false_negatives or count_unusable:
-            coverage = {"rows_without_negatives": unusable.float().detach(),
+        usable = self._usable_rows(available, n)
+        zero = getattr(self, "_zero_rows", None)
+        count_zero = int(zero.sum()) if zero is not None and zero.size(0) == n else 0
+        count_empty = int((available == 0).sum()) if available is not None else 0
+        count_unusable = n - int(usable.sum()) if usable is not None else 0
+        if available is not None and (self._reports_false_negatives or count_unusable):
+            coverage = {"rows_without_negatives": torch.tensor(float(count_empty)),
                         "masked_fraction": (masked.float() / max(total * n, 1)).detach()}
-            # into the diagnostics whether the loss records its statistics before or after its rows
             self._false_negative_stats = {**self._false_negative_stats, **coverage}
             self._last_stats = {**self._last_stats, **coverage}
+        if count_unusable:
+            extra = {"zero_norm_rows": torch.tensor(float(count_zero)),
+                     "unusable_fraction": torch.tensor(count_unusable / n)}
+            self._false_negative_stats = {**self._false_negative_stats, **extra}
+            self._last_stats = {**self._last_stats, **extra}
+        name = type(self).__name__
+        causes = []
+        if count_empty:
+            causes.append(f"{count_empty} of {n} rows of a batch have no negative left (every candidate was masked as a "
+                          "false negative, or the batch repeats one text; check margin / mask_duplicates and the data, "
+                          "e.g. BatchSamplers.NO_DUPLICATES)")
+        if count_zero:
+            causes.append(f"{count_zero} of {n} rows have an anchor or positive embedding of norm below "
+                          f"{fn.NORM_EPS:g} (no direction to rank; a collapsed or broken model?)")
+        if count_zero == n:
+            raise ValueError(f"{name}: no usable row in this batch: " + "; ".join(causes) + ". There is nothing to "
+                             "learn from it.")
+        # reduce() leaves the zero-norm rows out of the mean; a row without negatives stays in it with loss 0, as in
+        # sentence-transformers' GISTEmbedLoss (dropping it would break the drop-in equality of the losses)
+        if count_zero:
+            self._usable = ~zero.to(q2d.similarity.device) if zero is not None else None
         if count_unusable and not self._warned_unusable:
             self._warned_unusable = True
             warnings.warn(
-                f"{type(self).__name__}: {count_unusable} of {n} rows of a batch have no negative left (every "
-                "candidate was masked as a false negative, or the batch repeats one text): their loss is 0 and they "
-                "teach nothing. Check margin / mask_duplicates and the data (BatchSamplers.NO_DUPLICATES). The "
-                "diagnostics report rows_without_negatives and masked_fraction. This warning is shown once.",
-                UserWarning, stacklevel=4)
+                f"{name}: " + "; ".join(causes) + ". They teach nothing (rows without negatives count 0 in the mean, "
+                "as in sentence-transformers; zero-norm rows are left out of it). The diagnostics report rows_without_negatives, zero_norm_rows, unusable_fraction and masked_fraction. "
+                "This warning is shown once.", UserWarning, stacklevel=4)
 
     # ------------------------------------------------------------------ shared machinery
     def generator(self, device: torch.device | str) -> torch.Generator | None:
@@ -674,12 +716,39 @@ class HardNegativeLoss(GradCacheMixin, nn.Module):
     def reduce(self, rows: Tensor) -> Tensor:
         """The loss of the batch from the (N,) per-anchor losses: their mean. After a gathering
         :meth:`prepare_batch`, ``rows`` covers the global batch and the mean is over this process's own rows."""
+        usable = getattr(self, "_usable", None)
+        self._usable = None
+        if usable is not None and usable.size(0) != rows.size(0):
+            usable = None
+        zero = self._zero_rows
+        if usable is None and zero is not None and zero.size(0) == rows.size(0) and zero.device.type != "meta" \
+                and bool(zero.any()):  # a loss that builds its rows without ranking_rows (MixCSE's official layout)
+            count, n = int(zero.sum()), rows.size(0)
+            cause = (f"{count} of {n} rows have an anchor or positive embedding of norm below {fn.NORM_EPS:g} (no "
+                     "direction to rank; a collapsed or broken model?)")
+            self._last_stats = {**self._last_stats, "zero_norm_rows": torch.tensor(float(count)),
+                                "unusable_fraction": torch.tensor(count / n)}
+            if count == n:
+                raise ValueError(f"{type(self).__name__}: no usable row in this batch: {cause}. There is nothing to "
+                                 "learn from it.")
+            if not self._warned_unusable:
+                self._warned_unusable = True
+                warnings.warn(f"{type(self).__name__}: {cause}. They are left out of the batch's mean loss. This "
+                              "warning is shown once.", UserWarning, stacklevel=3)
+            usable = ~zero.to(rows.device)
         if self._local_rows is not None:
             own, total = self._local_rows
             if rows.size(0) != total:
                 raise ValueError(f"{type(self).__name__}.reduce: expected one loss per row of the gathered batch "
                                  f"({total}), got {rows.size(0)}")
+            if usable is not None:
+                # the mean over every process's usable rows: this process's sum, weighted so that the processes'
+                # mean (what DDP averages) is that global mean
+                world = total // (own.stop - own.start)
+                return (rows[own] * usable[own]).sum() * world / usable.sum().clamp_min(1)
             rows = rows[own]
+        if usable is not None:
+            return rows[usable].mean()
         return rows.mean()
 
     def record_stats(self, cos: Tensor, num_in_batch: int, num_synthetic: int = 0,
