@@ -76,10 +76,6 @@ def cmd_eval(args: argparse.Namespace) -> int:
         raise ValueError(f"--batch-size must be >= 1, got {args.batch_size}")
     if args.output is not None:
         check_output_file(args.output)
-    if "sts" in groups:  # a damaged STS file fails before the model loads
-        from st_hardneg.cli.train import check_sts_files
-
-        check_sts_files(args.data_dir)
     if "beir" in groups:  # before the model loads: a bad folder or split fails first
         from st_hardneg.data.beir import load_beir
         from st_hardneg.validation import check_count
@@ -91,6 +87,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
         beir_task = beir.task(args.split)
     elif args.data is not None:
         raise ValueError("--data is the BEIR folder of --task beir; SentEval data is --data-dir")
+    if "sts" in groups:  # a damaged STS file fails before the model loads
+        from st_hardneg.cli.train import check_sts_files
+
+        check_sts_files(args.data_dir)
     pooling = args.pooling or ("mean" if groups == ["beir"] else "cls")
     model = load_for_eval(args.model, pooling)
     name = args.model or "default (all-MiniLM-L6-v2, embedded)"

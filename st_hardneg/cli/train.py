@@ -168,7 +168,6 @@ def cmd_train(args: argparse.Namespace) -> int:
     from st_hardneg.training.loop import TrainConfig
 
     loss_kwargs = parse_loss_args(args.loss_arg)
-    check_sts_files(args.data_dir)  # STS-B dev selects, the 7 test sets score: damaged files fail first
     corpus = Path(args.corpus) if args.corpus else default_corpus(args.data_dir)
     sentences = read_corpus(corpus)
     if args.limit:
@@ -192,6 +191,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         planned_steps(len(sentences), config)  # before loading the model: a too-small corpus fails fast
     except ValueError as exc:
         raise ValueError(f"{corpus}: {exc}") from None
+    check_sts_files(args.data_dir)  # STS-B dev selects, the 7 test sets score: damaged files fail before training
 
     set_seed(args.seed)
     torch.set_num_threads(max(1, torch.get_num_threads()))
