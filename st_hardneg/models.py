@@ -16,6 +16,7 @@ checkpoints written during training keep the head and reload with :func:`load_ch
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -345,3 +346,15 @@ def resolve_model(name_or_path: str | Path | None, pooling: str = "cls", max_seq
         return load_checkpoint(Path(str(name_or_path)).expanduser(), device=device)
     return load_model(name_or_path, pooling=pooling, max_seq_length=max_seq_length, device=device,
                       mlp_head=mlp_head)
+
+
+def weights_digest(model: SentenceTransformer) -> str:
+    """SHA-256 (first 12 hex digits) of the module configs and weights: two checkpoints never share it."""
+    digest = hashlib.sha256()
+    for module in model:
+        config = cast(Any, module).get_config_dict() if hasattr(module, "get_config_dict") else {}
+        digest.update(f"{type(module).__name__}:{json.dumps(config, sort_keys=True, default=str)}".encode())
+    for name, tensor in model.state_dict().items():
+        digest.update(name.encode())
+        digest.update(tensor.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy())  # no copy
+    return digest.hexdigest()[:12]

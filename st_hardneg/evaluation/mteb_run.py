@@ -8,15 +8,13 @@ equivalents. ``mteb`` is imported lazily.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 import random
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -85,20 +83,6 @@ def _encoder_class() -> Callable[[SentenceTransformer, ModelMeta, dict[str, Any]
     return _Encoder
 
 
-def weights_digest(model: SentenceTransformer) -> str:
-    """SHA-256 (first 12 hex digits) of the module configs and weights: two checkpoints never share it."""
-    import torch
-
-    digest = hashlib.sha256()
-    for module in model:
-        config = cast(Any, module).get_config_dict() if hasattr(module, "get_config_dict") else {}
-        digest.update(f"{type(module).__name__}:{json.dumps(config, sort_keys=True, default=str)}".encode())
-    for name, tensor in model.state_dict().items():
-        digest.update(name.encode())
-        digest.update(tensor.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy())  # no copy
-    return digest.hexdigest()[:12]
-
-
 def _model_meta(model: SentenceTransformer, model_name: str | None) -> ModelMeta:
     from mteb.models import ModelMeta
 
@@ -110,6 +94,8 @@ def _model_meta(model: SentenceTransformer, model_name: str | None) -> ModelMeta
         name = "st-hardneg/" + (base or "model").rstrip("/").rsplit("/", 1)[-1]
     if "/" not in name:
         name = f"local/{name}"
+    from st_hardneg.models import weights_digest
+
     update = {"name": name, "revision": f"weights-{weights_digest(model)}"}
     if base:
         update["adapted_from"] = base

@@ -216,7 +216,7 @@ def cached_embeddings(model: SentenceTransformer, texts: Sequence[str], *, max_s
 
     if cache_dir is None:
         return encode()
-    from st_hardneg.evaluation.mteb_run import weights_digest
+    from st_hardneg.models import weights_digest
 
     text_digest = hashlib.sha256("\n".join(unique).encode()).hexdigest()[:12]
     stem = f"emb-{weights_digest(model)}-{max_seq_length or 'full'}-{text_digest}"
