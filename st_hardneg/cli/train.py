@@ -227,25 +227,65 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_train_retrieval(args: argparse.Namespace) -> int:
-    """``train --task retrieval`` (``args`` resolved): the recipe of :mod:`st_hardneg.training.retrieval`."""
+def _recipe_config(args: argparse.Namespace) -> Any:
+    """The :class:`~st_hardneg.training.loop.TrainConfig` of ``--task retrieval`` / ``beir`` from ``args``."""
+    from st_hardneg.training import retrieval as recipe
+
+    return recipe.train_config(Path(args.output_dir) / "checkpoints", seed=args.seed, batch_size=args.batch_size,
+                               learning_rate=args.lr, epochs=args.epochs, warmup_ratio=args.warmup_ratio,
+                               max_steps=args.max_steps, stop_after_steps=args.stop_after,
+                               no_duplicates=not args.allow_duplicates, show_progress_bar=not args.quiet)
+
+
+def _train_and_save(args: argparse.Namespace, dataset: Any, config: Any, score: Any,
+                    head: dict[str, Any], info: dict[str, Any]) -> tuple[Any, Path, int]:
+    """Train ``args.loss`` on ``dataset``, score the final model with ``score``, save it to ``OUTPUT/final`` and
+    write ``OUTPUT/results.json`` (``head`` first, then the shared fields); returns ``(run, final, planned)``."""
     from transformers import set_seed
 
-    from st_hardneg.data.mrpc import build_mrpc_retrieval
-    from st_hardneg.data.senteval import STS_TASKS, check_sts_data, resolve_senteval_dir
     from st_hardneg.models import resolve_model, save_inference_model
     from st_hardneg.reporting import write_json
-    from st_hardneg.training import retrieval as recipe
     from st_hardneg.training.experiment import planned_steps, run_training
     from st_hardneg.training.registry import build_loss
 
-    loss_kwargs = parse_loss_args(args.loss_arg)
-    mining = parse_loss_args(args.mining_arg, "--mining-arg")
     output_dir = Path(args.output_dir)
-    config = recipe.train_config(output_dir / "checkpoints", seed=args.seed, batch_size=args.batch_size,
-                                 learning_rate=args.lr, epochs=args.epochs, warmup_ratio=args.warmup_ratio,
-                                 max_steps=args.max_steps, stop_after_steps=args.stop_after,
-                                 no_duplicates=not args.allow_duplicates, show_progress_bar=not args.quiet)
+    planned = planned_steps(len(dataset), config)
+    logger.info("training data: %d rows (%s), %d steps planned", len(dataset), info.get("source", info.get("file")),
+                planned)
+    set_seed(args.seed)
+    model = resolve_model(args.model, pooling=args.pooling, max_seq_length=args.max_seq_length,
+                          mlp_head=args.mlp_head)
+    loss = build_loss(args.loss, model, **parse_loss_args(args.loss_arg))
+    run = run_training(model, loss, dataset, config, keep_checkpoints=False, score=score)
+    final = output_dir / "final"
+    save_inference_model(model, final)  # without a train-only MLP head: loads with plain SentenceTransformer()
+    result = run.train
+    write_json(output_dir / "results.json", {
+        **head,
+        "loss": args.loss,
+        "loss_config": run.loss_config,
+        "model": args.model or "default (all-MiniLM-L6-v2, embedded)",
+        "pooling": args.pooling,
+        "mlp_head": args.mlp_head,
+        "training_data": info,
+        "config": {k: v for k, v in vars(args).items() if k not in ("func",)},
+        **run.scores,
+        "train_seconds": result.train_seconds,
+        "planned_steps": planned,
+        "steps": result.steps,
+        "median_step_seconds": result.median_step_seconds,
+    })
+    return run, final, planned
+
+
+def cmd_train_retrieval(args: argparse.Namespace) -> int:
+    """``train --task retrieval`` (``args`` resolved): the recipe of :mod:`st_hardneg.training.retrieval`."""
+    from st_hardneg.data.mrpc import build_mrpc_retrieval
+    from st_hardneg.data.senteval import STS_TASKS, check_sts_data, resolve_senteval_dir
+    from st_hardneg.training import retrieval as recipe
+
+    mining = parse_loss_args(args.mining_arg, "--mining-arg")
+    config = _recipe_config(args)
     data = build_mrpc_retrieval(args.data_dir)  # the test task: missing MRPC files fail before any work
     if not args.no_sts:  # and missing STS files too, not after training
         try:
@@ -261,98 +301,36 @@ def cmd_train_retrieval(args: argparse.Namespace) -> int:
                                                    cache_dir=args.cache_dir, limit=args.limit,
                                                    min_rows=args.batch_size)
     source = info["file"] if args.train_file else f"mined from {info['pairs']} MRPC train pairs, {info['cache_file']}"
-    planned = planned_steps(len(dataset), config)
-    logger.info("training data: %d rows (%s), %d steps planned", len(dataset), source, planned)
-
-    set_seed(args.seed)
-    model = resolve_model(args.model, pooling=args.pooling, max_seq_length=args.max_seq_length,
-                          mlp_head=args.mlp_head)
-    loss = build_loss(args.loss, model, **loss_kwargs)
-    run = run_training(model, loss, dataset, config, keep_checkpoints=False,
-                       score=lambda trained: recipe.evaluate_recipe(
-                           trained, args.data_dir, task=data.task, sts=not args.no_sts,
-                           batch_size=args.eval_batch_size, show_progress_bar=not args.quiet))
-    final = output_dir / "final"
-    save_inference_model(model, final)  # without a train-only MLP head: loads with plain SentenceTransformer()
+    run, final, _ = _train_and_save(
+        args, dataset, config, lambda trained: recipe.evaluate_recipe(
+            trained, args.data_dir, task=data.task, sts=not args.no_sts, batch_size=args.eval_batch_size,
+            show_progress_bar=not args.quiet), {"task": "retrieval"}, info)
     result = run.train
-    payload = {
-        "task": "retrieval",
-        "loss": args.loss,
-        "loss_config": run.loss_config,
-        "model": args.model or "default (all-MiniLM-L6-v2, embedded)",
-        "pooling": args.pooling,
-        "mlp_head": args.mlp_head,
-        "training_data": info,
-        "config": {k: v for k, v in vars(args).items() if k not in ("func",)},
-        **run.scores,
-        "train_seconds": result.train_seconds,
-        "planned_steps": planned,
-        "steps": result.steps,
-        "median_step_seconds": result.median_step_seconds,
-    }
-    write_json(output_dir / "results.json", payload)
     print(recipe.recipe_table({args.loss: run.scores}))
     step = f"{result.median_step_seconds:.3f} s" if result.median_step_seconds is not None else "–"
     print(f"\ntraining data: {len(dataset)} rows ({source})  steps: {result.steps}  "
           f"train time: {result.train_seconds:.0f} s  median step: {step}")
-    print(f"model: {final}\nresults: {output_dir / 'results.json'}")
+    print(f"model: {final}\nresults: {Path(args.output_dir) / 'results.json'}")
     return 0
 
 
 def cmd_train_beir(args: argparse.Namespace) -> int:
     """``train --task beir --data PATH`` (``args`` resolved): mine from the whole corpus, train, score dev and test."""
-    from transformers import set_seed
-
-    from st_hardneg.models import resolve_model, save_inference_model
-    from st_hardneg.reporting import write_json
     from st_hardneg.training import retrieval as recipe
-    from st_hardneg.training.experiment import planned_steps, run_training
-    from st_hardneg.training.registry import build_loss
 
-    loss_kwargs = parse_loss_args(args.loss_arg)
     mining = parse_loss_args(args.mining_arg, "--mining-arg")
-    output_dir = Path(args.output_dir)
-    config = recipe.train_config(output_dir / "checkpoints", seed=args.seed, batch_size=args.batch_size,
-                                 learning_rate=args.lr, epochs=args.epochs, warmup_ratio=args.warmup_ratio,
-                                 max_steps=args.max_steps, stop_after_steps=args.stop_after,
-                                 no_duplicates=not args.allow_duplicates, show_progress_bar=not args.quiet)
+    config = _recipe_config(args)
     data, split = recipe.beir_split(args.data)  # a malformed folder fails here, before any model loads
     logger.info("%s: %s", data.name, split.stats)
     dataset, info = recipe.mined_beir_triplets(data, split, args.model, mining=mining, cache_dir=args.cache_dir,
                                                limit=args.limit, min_rows=args.batch_size)
-    planned = planned_steps(len(dataset), config)
-    logger.info("training data: %d rows (%s), %d steps planned", len(dataset), info["source"], planned)
-
-    set_seed(args.seed)
-    model = resolve_model(args.model, pooling=args.pooling, max_seq_length=args.max_seq_length,
-                          mlp_head=args.mlp_head)
-    loss = build_loss(args.loss, model, **loss_kwargs)
-    run = run_training(model, loss, dataset, config, keep_checkpoints=False,
-                       score=lambda trained: recipe.evaluate_beir_recipe(
-                           trained, split, batch_size=args.eval_batch_size, show_progress_bar=not args.quiet))
-    final = output_dir / "final"
-    save_inference_model(model, final)
-    result = run.train
-    payload = {
-        "task": "beir",
-        "data": str(data.root),
-        "split": split.stats,
-        "loss": args.loss,
-        "loss_config": run.loss_config,
-        "model": args.model or "default (all-MiniLM-L6-v2, embedded)",
-        "pooling": args.pooling,
-        "training_data": info,
-        "config": {k: v for k, v in vars(args).items() if k not in ("func",)},
-        **run.scores,
-        "train_seconds": result.train_seconds,
-        "planned_steps": planned,
-        "steps": result.steps,
-        "median_step_seconds": result.median_step_seconds,
-    }
-    write_json(output_dir / "results.json", payload)
+    run, final, _ = _train_and_save(
+        args, dataset, config, lambda trained: recipe.evaluate_beir_recipe(
+            trained, split, batch_size=args.eval_batch_size, show_progress_bar=not args.quiet),
+        {"task": "beir", "data": str(data.root), "split": split.stats}, info)
     for role in ("dev", "test"):
         print(f"### {data.name} {role}\n\n{recipe.beir_table({args.loss: run.scores}, role)}\n")
-    print(f"training data: {len(dataset)} rows ({info['source']})  steps: {result.steps}  "
-          f"train time: {result.train_seconds:.0f} s")
-    print(f"model: {final}\nresults: {output_dir / 'results.json'}")
+    print(f"training data: {len(dataset)} rows ({info['source']})  steps: {run.train.steps}  "
+          f"train time: {run.train.train_seconds:.0f} s")
+    print(f"model: {final}\nresults: {Path(args.output_dir) / 'results.json'}")
     return 0
