@@ -326,3 +326,23 @@ def test_per_query_ndcg_averages_to_the_evaluators_score(beir_dir, beir_model):
     assert np.mean(list(per_query.values())) == pytest.approx(
         evaluate_beir(beir_model, [task], max_seq_length=16)[task.name]["ndcg@10"], abs=1e-4)
     assert all(0.0 <= v <= 100.0 for v in per_query.values()) and len(set(per_query.values())) > 1
+
+
+def test_cli_train_beir_end_to_end(beir_dir, tiny_model_dir, tmp_path, capsys):
+    from st_hardneg.cli import app
+
+    out = tmp_path / "out"
+    argv = ["train", "--task", "beir", "--data", str(beir_dir), "--model", str(tiny_model_dir), "--max-steps", "1",
+            "--batch-size", "4", "--mining-arg", "relative_margin=None", "--cache-dir", str(tmp_path / "cache"),
+            "--output-dir", str(out), "--quiet"]
+    assert app.main(argv) == 0
+    results = json.loads((out / "results.json").read_text())
+    split = beir_retrieval(beir_dir)
+    assert results["task"] == "beir" and results["steps"] == 1 and results["split"] == split.stats
+    assert results["test"]["queries"] == len(split.task.queries) and results["dev"]["corpus"] == 48
+    assert results["training_data"]["pairs"] == len(split.train_pairs)
+    assert (out / "final" / "modules.json").is_file()
+    printed = capsys.readouterr().out
+    assert f"| mixcse | {results['test']['ndcg@10']:.2f} |" in printed
+    assert app.main(argv) == 2  # a finished run is not overwritten
+    assert "holds a finished run" in capsys.readouterr().err
