@@ -57,10 +57,23 @@ def markdown_table(header: Sequence[str], rows: Sequence[Sequence[Any]], align: 
 
 
 def load_results(path: str | Path, protocol: dict[str, Any]) -> dict[str, Any]:
-    """The results file at ``path`` (a benchmark resumes from it), or a new ``{"protocol": protocol, "runs": []}``."""
+    """The results file at ``path`` (a benchmark resumes from it), or a new ``{"protocol": protocol, "runs": []}``.
+
+    Raises:
+        ValueError: the file exists but is not a JSON object with a ``runs`` list. It holds finished runs, so it is
+            never rebuilt over (unlike a cache): the message names the file, to repair or move it.
+    """
     path = Path(path)
     if path.is_file():
-        return json.loads(path.read_text())
+        try:
+            data = json.loads(path.read_text(encoding="utf8"))
+        except (UnicodeDecodeError, ValueError) as exc:
+            raise ValueError(f"the results file {path} cannot be read ({type(exc).__name__}: {exc}); it holds the "
+                             "finished runs a benchmark resumes from: repair or move it") from exc
+        if not isinstance(data, dict) or not isinstance(data.get("runs"), list):
+            raise ValueError(f"the results file {path} is not a results file (a JSON object with a 'runs' list); "
+                             "repair or move it")
+        return data
     return {"protocol": protocol, "runs": []}
 
 

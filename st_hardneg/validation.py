@@ -92,6 +92,21 @@ def check_temperature(value: Any, name: str = "temperature", max_abs_similarity:
     return tau
 
 
+def check_focal_margin_range(margin: float | None, name: str, temperature: float) -> None:
+    """Raise if the Focal-InfoNCE negative logits ``s (s + m) / τ``, which reach ``(1 + m) / τ`` on cosines,
+    overflow for this margin ``m`` (``None``: no modulation) at the given temperature ``τ``, which was already
+    checked for plain cosine logits: the message blames ``m`` (named ``name``), the argument that made them too
+    large, and says that the temperature is too small for it."""
+    if margin is None:
+        return
+    largest = (1.0 + margin) / temperature
+    if largest > MAX_LOGIT:
+        raise ValueError(
+            f"{name}={margin!r} is too large for temperature={temperature!r}: the negative logits s (s + m) / "
+            f"temperature reach (1 + m) / temperature = {largest:.3g}, beyond {MAX_LOGIT:g}, and would overflow "
+            f"float32 (or its gradient). Lower {name.split(' ')[0]}, or raise the temperature (too small for this m).")
+
+
 def check_count(value: Any, name: str, minimum: int = 1) -> int:
     """An integer (not a bool, not a float) >= ``minimum``."""
     expected = "a non-negative integer" if minimum == 0 else f"an integer >= {minimum}"
@@ -267,7 +282,8 @@ def check_weights_tensor(weights: Tensor, name: str) -> Tensor:
 
 
 __all__ = [
-    "MAX_LOGIT", "check_bool", "check_choice", "check_count", "check_guide", "check_momentum", "check_non_negative",
+    "MAX_LOGIT", "check_bool", "check_choice", "check_count", "check_focal_margin_range", "check_guide",
+    "check_momentum", "check_non_negative",
     "check_number", "check_optional_count", "check_optional_non_negative", "check_seed", "check_temperature", "check_unit_interval", "check_weight_or_callable",
     "check_weights_tensor",
 ]

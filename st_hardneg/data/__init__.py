@@ -21,6 +21,7 @@ from st_hardneg.data.senteval import (
     DataFormatError,
     DataNotFoundError,
     check_sts_data,
+    check_texts,
     download_senteval,
     download_wiki1m,
     pair_dataset,
@@ -33,6 +34,6 @@ from st_hardneg.data.senteval import (
 
 __all__ = [
     "CACHE_DIR", "ENV_DATA_DIR", "SENTEVAL_URL", "STS_DEV_TASKS", "STS_TASKS", "STS_YEAR_SUBSETS", "WIKI1M_URL",
-    "DataFormatError", "DataNotFoundError", "check_sts_data", "download_senteval", "download_wiki1m", "pair_dataset",
-    "read_corpus", "read_sts_pairs", "read_text_lines", "resolve_senteval_dir", "sts_files",
+    "DataFormatError", "DataNotFoundError", "check_sts_data", "check_texts", "download_senteval", "download_wiki1m",
+    "pair_dataset", "read_corpus", "read_sts_pairs", "read_text_lines", "resolve_senteval_dir", "sts_files",
 ]

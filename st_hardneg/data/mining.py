@@ -9,14 +9,20 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import time
+import warnings
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from st_hardneg.data.senteval import check_texts
+
 if TYPE_CHECKING:
     from datasets import Dataset
     from sentence_transformers import SentenceTransformer
+
+logger = logging.getLogger(__name__)
 
 
 def file_digest(paths: Iterable[str | Path]) -> str:
@@ -42,14 +48,27 @@ def cached_dataset(cache_dir: str | Path, prefix: str, key: dict[str, Any], buil
 
     Returns:
         ``(dataset, path, seconds)``: the dataset, its cache file and how long building it took (when it was built).
+
+    A cache file that cannot be read (not JSON, not UTF-8, missing fields) is named in a warning (``warnings`` and
+    ``logging``) and rebuilt.
     """
     from datasets import Dataset
 
     name = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
     path = Path(cache_dir).expanduser() / f"{prefix}-{name}.json"
     if path.is_file():
-        cached = json.loads(path.read_text())
-        return Dataset.from_dict(cached["columns"]), path, cached["seconds"]
+        try:
+            cached = json.loads(path.read_text(encoding="utf8"))
+            columns, seconds = cached["columns"], cached["seconds"]
+            if not isinstance(columns, dict) or not isinstance(seconds, int | float):
+                raise TypeError(f"'columns' is a {type(columns).__name__}, 'seconds' a {type(seconds).__name__}")
+            return Dataset.from_dict(columns), path, float(seconds)
+        except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError) as exc:
+            # a damaged cache (an interrupted copy, a hand edit) costs a rebuild, never the run
+            message = (f"unreadable cache file {path} ({type(exc).__name__}: {exc}); building the dataset again "
+                       "and replacing it")
+            logger.warning(message)
+            warnings.warn(message, UserWarning, stacklevel=2)
     start = time.perf_counter()
     dataset = build()
     seconds = round(time.perf_counter() - start, 1)
@@ -98,6 +117,12 @@ def mine_training_negatives(
 
     Returns:
         ``datasets.Dataset`` with columns ``anchor``, ``positive``, ``negative`` (pairs in input order).
+
+    Raises:
+        TypeError: ``pairs`` is not a sequence of 2-item pairs of strings, or ``corpus`` holds a non-string (the
+            message names the index; texts are never converted with ``str``).
+        ValueError: an empty text, no pair, a corpus of fewer than 2 sentences, a forbidden sentence, or a bad
+            candidate range.
     """
     from datasets import Dataset
     from sentence_transformers.util import mine_hard_negatives
@@ -109,10 +134,18 @@ def mine_training_negatives(
             raise ValueError(f"pairs needs two columns (anchor, positive), got {pairs.column_names}")
         first, second = pairs.column_names[:2]
         pairs = list(zip(pairs[first], pairs[second], strict=True))
-    pairs = [(str(a), str(p)) for a, p in pairs]
+    if isinstance(pairs, str | bytes):
+        raise TypeError(f"pairs must be a list of (anchor, positive) pairs of strings, got a {type(pairs).__name__}")
+    pairs = list(pairs)
+    for index, pair in enumerate(pairs):
+        if isinstance(pair, str | bytes) or not isinstance(pair, Sequence) or len(pair) != 2:
+            raise TypeError(f"pairs[{index}] must be an (anchor, positive) pair of strings, got {pair!r:.80}")
+    check_texts([a for a, _ in pairs], "the anchors of pairs", allow_empty_list=True)
+    check_texts([p for _, p in pairs], "the positives of pairs", allow_empty_list=True)
+    pairs = [(a, p) for a, p in pairs]
     if not pairs:
         raise ValueError("no (anchor, positive) pair to mine negatives for")
-    corpus = list(dict.fromkeys(corpus))
+    corpus = list(dict.fromkeys(check_texts(corpus, "corpus", allow_empty_list=True)))
     if len(corpus) < 2:
         raise ValueError(f"the mining corpus needs at least 2 sentences, got {len(corpus)}")
     forbidden = set(forbidden or ())

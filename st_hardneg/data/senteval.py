@@ -21,7 +21,7 @@ import shutil
 import tarfile
 import tempfile
 import urllib.request
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -157,37 +157,60 @@ def read_text_lines(path: str | Path, what: str = "file", allow_empty: bool = Fa
     return lines
 
 
-def _score(path: Path, number: int, raw: str) -> float:
+#: the gold-score scale of each STS source: STS12-16 and STS-B are 0-5, SICK relatedness 1-5
+STS_SCORE_RANGE = (0.0, 5.0)
+SICK_SCORE_RANGE = (1.0, 5.0)
+
+
+def _score(path: Path, number: int, raw: str, scale: tuple[float, float] = STS_SCORE_RANGE) -> float:
     try:
         value = float(raw)
     except ValueError:
         raise DataFormatError(f"{path}, line {number}: the gold score {raw.strip()!r} is not a number") from None
     if not math.isfinite(value):
         raise DataFormatError(f"{path}, line {number}: the gold score {raw.strip()!r} is not finite")
+    low, high = scale
+    if not low <= value <= high:
+        raise DataFormatError(f"{path}, line {number}: the gold score {raw.strip()!r} is outside the task's scale "
+                              f"[{low:g}, {high:g}]")
     return value
 
 
 def _read_scored_rows(path: Path, rows: Iterable[tuple[int, str]], layout: str, columns: tuple[int, int, int],
-                      s1: list[str], s2: list[str], gold: list[float]) -> None:
+                      s1: list[str], s2: list[str], gold: list[float], allowed: tuple[int, ...],
+                      scale: tuple[float, float]) -> None:
     """Append the (score, sentence 1, sentence 2) ``columns`` of every non-blank ``(line number, line)`` of a
-    tab-separated file with the fields of ``layout`` to ``gold``, ``s1`` and ``s2``."""
+    tab-separated file with the fields of ``layout`` (``allowed``: the field counts a line may have) to ``gold``,
+    ``s1`` and ``s2``; every score must lie in ``scale``."""
     needed = len(layout.split(", "))
     score, first, second = columns
     for number, line in rows:
         if not line.strip():
             continue
-        fields = _fields(path, number, line, needed, layout)
-        gold.append(_score(path, number, fields[score]))
+        fields = _fields(path, number, line, needed, layout, allowed)
+        gold.append(_score(path, number, fields[score], scale))
         s1.append(_whitespace(fields[first]))
         s2.append(_whitespace(fields[second]))
 
 
-def _fields(path: Path, number: int, line: str, needed: int, layout: str) -> list[str]:
+def _fields(path: Path, number: int, line: str, needed: int, layout: str,
+            allowed: tuple[int, ...] | None = None) -> list[str]:
+    """The tab-separated fields of one line: at least ``needed``, and (``allowed``) exactly one of those counts.
+
+    A line with more fields than its format has is refused rather than cut: an extra tab inside a sentence would
+    otherwise silently drop the end of the sentence (or shift the score)."""
     fields = line.split("\t")
     if len(fields) < needed:
         raise DataFormatError(
             f"{path}, line {number}: {len(fields)} tab-separated field(s), expected at least {needed} ({layout}); "
             "the file is truncated or not tab-separated"
+        )
+    allowed = allowed if allowed is not None else (needed,)
+    if len(fields) not in allowed:
+        expected = " or ".join(str(count) for count in allowed)
+        raise DataFormatError(
+            f"{path}, line {number}: {len(fields)} tab-separated fields, expected {expected} ({layout}); an extra tab "
+            "(inside a sentence?) would cut a sentence or shift the score"
         )
     return fields
 
@@ -200,16 +223,19 @@ def read_sts_pairs(root: str | Path, task: str) -> tuple[list[str], list[str], l
     ``"STSBenchmark-dev"``): score in column 5, sentences in columns 6 and 7. SICK-R reads the test file.
 
     Every line is checked, so a damaged file is never scored on a silently smaller set of pairs: an input file
-    and its gold file must have the same number of lines, every input line needs two tab-separated sentences,
-    every STS-B line seven fields and every SICK line four, and every gold score must be a finite number.
+    and its gold file must have the same number of lines, every input line holds exactly two tab-separated
+    sentences and every gold line one score, every STS-B line seven fields (or nine: some lines of the original
+    files carry two source fields) and every SICK line four or five (the entailment label), and every gold score
+    must be a finite number on the task's scale (0-5; SICK 1-5). A line with a field too many is an error, not cut.
 
     Returns:
         (sentences1, sentences2, gold scores)
 
     Raises:
         DataNotFoundError: a file of the task is missing.
-        DataFormatError: an empty, binary or non-UTF-8 file, a line with too few fields, a non-numeric score, or
-            input and gold files of different lengths; the message names the file and the line.
+        DataFormatError: an empty, binary or non-UTF-8 file, a line with too few or too many fields, a non-numeric,
+            non-finite or out-of-scale score, or input and gold files of different lengths; the message names the
+            file and the line.
     """
     root = Path(root)
     check_sts_data(root, [task])
@@ -229,9 +255,10 @@ def read_sts_pairs(root: str | Path, task: str) -> tuple[list[str], list[str], l
                     f"both; {shorter} ends early at line {min(len(inputs), len(scores))}"
                 )
             for number, (line, score) in enumerate(zip(inputs, scores, strict=True), start=1):
-                a, b = _fields(input_path, number, line, 2, "sentence 1, sentence 2")[:2]
+                a, b = _fields(input_path, number, line, 2, "sentence 1, sentence 2")
                 if not score.strip():
                     continue
+                _fields(gold_path, number, score, 1, "gold score")
                 value = _score(gold_path, number, score)
                 s1.append(_whitespace(a))
                 s2.append(_whitespace(b))
@@ -240,11 +267,13 @@ def read_sts_pairs(root: str | Path, task: str) -> tuple[list[str], list[str], l
         split = "test" if task == "STSBenchmark" else "dev"
         path = root / "STS" / "STSBenchmark" / f"sts-{split}.csv"
         rows = enumerate(read_text_lines(path, "STS-B file"), start=1)
-        _read_scored_rows(path, rows, "genre, file, year, id, score, sentence 1, sentence 2", (4, 5, 6), s1, s2, gold)
+        _read_scored_rows(path, rows, "genre, file, year, id, score, sentence 1, sentence 2", (4, 5, 6), s1, s2, gold,
+                          allowed=(7, 9), scale=STS_SCORE_RANGE)
     elif task == "SICKRelatedness":
         path = root / "SICK" / "SICK_test_annotated.txt"
         rows = enumerate(read_text_lines(path, "SICK file")[1:], start=2)
-        _read_scored_rows(path, rows, "pair id, sentence A, sentence B, relatedness score", (3, 1, 2), s1, s2, gold)
+        _read_scored_rows(path, rows, "pair id, sentence A, sentence B, relatedness score", (3, 1, 2), s1, s2, gold,
+                          allowed=(4, 5), scale=SICK_SCORE_RANGE)
         if not gold:
             raise DataFormatError(f"{path} has a header but no sentence pairs")
     else:
@@ -278,12 +307,50 @@ def read_corpus(path: str | Path, min_chars: int = 0, dedupe: bool = False) -> l
     return sentences
 
 
+def check_texts(texts: object, name: str = "sentences", allow_empty_list: bool = False) -> list[str]:
+    """``texts`` as a list, if it is a sequence (list, tuple …, not a string) of non-empty strings.
+
+    A string is refused rather than split into its characters, ``None``, numbers and other objects rather than
+    converted to their ``repr``, and empty or blank strings rather than trained on as "".
+
+    Args:
+        texts: the texts.
+        name: the argument's name in the messages.
+        allow_empty_list: accept an empty sequence (else ``ValueError``).
+
+    Raises:
+        TypeError: ``texts`` is a string, bytes or not a sequence, or one of its items is not a string (the message
+            names the argument and the index).
+        ValueError: an empty or blank string (naming the index), or no text at all.
+    """
+    if isinstance(texts, str | bytes):
+        raise TypeError(f"{name} must be a list of strings, got a {type(texts).__name__} ({texts[:40]!r}); a single "
+                        f"text would be read as its characters: pass [{texts[:40]!r}]")
+    if isinstance(texts, Mapping) or not isinstance(texts, Iterable):
+        raise TypeError(f"{name} must be a list of strings, got {type(texts).__name__}")
+    items = list(texts)
+    for index, text in enumerate(items):
+        if not isinstance(text, str):
+            raise TypeError(f"{name}[{index}] is {text!r} ({type(text).__name__}); every text must be a non-empty "
+                            "string")
+        if not text.strip():
+            raise ValueError(f"{name}[{index}] is an empty string ({text!r}); every text must be a non-empty string")
+    if not items and not allow_empty_list:
+        raise ValueError(f"{name} is empty: no text")
+    return items
+
+
 def pair_dataset(sentences: list[str] | Dataset, column: str | None = None) -> Dataset:
     """A ``datasets.Dataset`` with columns ``anchor`` and ``positive`` holding the same sentence (unsupervised SimCSE).
 
     Args:
-        sentences: a list of strings, or a ``datasets.Dataset`` with one text column.
+        sentences: a list (or other sequence) of non-empty strings, or a ``datasets.Dataset`` with one text column.
         column: the text column of a Dataset (default: its only string column).
+
+    Raises:
+        TypeError: ``sentences`` is a single string or not a sequence, or an item is not a string (``None``, a
+            number …); the message names the index (see :func:`check_texts`).
+        ValueError: no sentences, or an empty / blank one.
     """
     from datasets import Dataset
 
@@ -294,9 +361,9 @@ def pair_dataset(sentences: list[str] | Dataset, column: str | None = None) -> D
             if len(text_columns) != 1:
                 raise ValueError(f"pass column=...; the dataset has text columns {text_columns}")
             column = text_columns[0]
-        texts = sentences[column]
+        texts = check_texts(sentences[column], f"sentences[{column!r}]", allow_empty_list=True)
     else:
-        texts = list(sentences)
+        texts = check_texts(sentences, "sentences", allow_empty_list=True)
     if not texts:
         raise ValueError("no sentences to train on")
     return Dataset.from_dict({"anchor": texts, "positive": texts})

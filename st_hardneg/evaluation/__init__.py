@@ -6,7 +6,14 @@ from st_hardneg.evaluation.diagnostics import (
     format_alignment_table,
     uniformity,
 )
-from st_hardneg.evaluation.encoding import DegenerateEmbeddingsError, check_embeddings, encode_unique, full_length
+from st_hardneg.evaluation.encoding import (
+    COLLAPSE_TOLERANCE,
+    DegenerateEmbeddingsError,
+    check_embeddings,
+    encode_unique,
+    full_length,
+    relative_spread,
+)
 from st_hardneg.evaluation.mteb_run import format_mteb_table, run_mteb
 from st_hardneg.evaluation.mteb_tasks import (
     LOCAL_MTEB_TASKS,
@@ -32,6 +39,7 @@ from st_hardneg.evaluation.sts import (
 from st_hardneg.evaluation.transfer import TRANSFER_TASKS, evaluate_transfer, format_transfer_table
 
 __all__ = [
+    "COLLAPSE_TOLERANCE",
     "INVALID_SCORE",
     "DegenerateEmbeddingsError",
     "check_embeddings",
@@ -60,4 +68,5 @@ __all__ = [
     "evaluate_sts",
     "format_sts_table",
     "full_length",
+    "relative_spread",
 ]

@@ -37,8 +37,9 @@ def alignment(x: np.ndarray, y: np.ndarray, alpha: float = 2.0) -> float:
     L2-normalised embeddings (the inputs are normalised here). Lower is better.
 
     Raises:
-        DegenerateEmbeddingsError: NaN, infinite or zero embeddings, or all identical (a collapsed encoder would
-            otherwise get a "perfect" alignment of 0).
+        DegenerateEmbeddingsError: NaN, infinite or zero embeddings, or collapsed ones (all within a relative spread
+            of :data:`~st_hardneg.evaluation.encoding.COLLAPSE_TOLERANCE` of one point: a collapsed encoder would
+            otherwise get a "perfect" alignment near 0).
     """
     if len(x) != len(y) or len(x) == 0:
         raise ValueError(f"alignment needs two non-empty arrays of the same length, got {len(x)} and {len(y)}")
@@ -52,7 +53,7 @@ def uniformity(x: np.ndarray, t: float = 2.0) -> float:
     L2-normalised embeddings (the inputs are normalised here). Lower is better.
 
     Raises:
-        DegenerateEmbeddingsError: NaN, infinite or zero embeddings, or all identical.
+        DegenerateEmbeddingsError: NaN, infinite or zero embeddings, or collapsed ones (see :func:`alignment`).
     """
     n = len(x)
     if n < 2:

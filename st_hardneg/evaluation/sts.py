@@ -87,8 +87,9 @@ def evaluate_sts(
         ``{task: score, ..., "avg": mean}``.
 
     Raises:
-        DegenerateEmbeddingsError: the model's embeddings are non-finite, zero or all identical (no score is
-            meaningful; see :func:`~st_hardneg.evaluation.encoding.check_embeddings`).
+        DegenerateEmbeddingsError: the model's embeddings are non-finite, zero or collapsed: all within a relative
+            spread of :data:`~st_hardneg.evaluation.encoding.COLLAPSE_TOLERANCE` (1e-4) of one point, identical rows
+            included (no score is meaningful; see :func:`~st_hardneg.evaluation.encoding.check_embeddings`).
         DataFormatError: a damaged data file (see :func:`st_hardneg.data.senteval.read_sts_pairs`).
     """
     tasks = _check_tasks(tasks)
@@ -125,7 +126,8 @@ class SentEvalSTSEvaluator(BaseEvaluator):
     125 steps (250 in SimCSE) and keep the best checkpoint. Select on ``STSBenchmark-dev`` only, never on a test set.
     The data is read once, at construction; each call encodes each distinct sentence once at full length.
 
-    Degenerate embeddings (NaN, zero or all identical, e.g. after a diverged step) do not raise here, since an
+    Degenerate embeddings (NaN, zero, or collapsed: a relative spread below
+    :data:`~st_hardneg.evaluation.encoding.COLLAPSE_TOLERANCE`, e.g. after a diverged step) do not raise here, since an
     exception would end the training run: the call logs a warning and returns :data:`INVALID_SCORE` (-100, the
     lowest Spearman x 100) for every metric plus ``{name}_invalid = 1``, so that step can never be selected as the
     best checkpoint. :func:`evaluate_sts` raises instead.

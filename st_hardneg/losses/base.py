@@ -9,6 +9,7 @@ One batch's path: ``forward`` (here) → the paper's ``compute_loss_from_embeddi
 from __future__ import annotations
 
 import functools
+import logging
 import warnings
 from collections.abc import Callable, Iterable
 from typing import Any, Literal, TypedDict, TypeVar, cast
@@ -25,9 +26,12 @@ from st_hardneg.losses import distributed as dist
 from st_hardneg.losses import false_negatives
 from st_hardneg.losses.batch import Batch, SideInputs, column_name
 from st_hardneg.losses.gradcache import GradCacheMixin, check_cacheable_model
+from st_hardneg.losses.model_guard import ModelGuard
 from st_hardneg.losses.queue import CandidateQueue
 
 __all__ = ["HardNegativeLoss", "LossOptions", "float32_loss"]
+
+logger = logging.getLogger(__name__)
 
 _Method = TypeVar("_Method", bound=Callable[..., Tensor])
 
@@ -77,7 +81,7 @@ def float32_loss(method: _Method) -> _Method:
     return compute_loss_from_embeddings  # type: ignore[return-value]
 
 
-class HardNegativeLoss(GradCacheMixin, nn.Module):
+class HardNegativeLoss(ModelGuard, GradCacheMixin, nn.Module):
     """Base class of the st-hardneg losses.
 
     Subclasses take their paper's hyperparameters and pass the shared options (:class:`LossOptions`) on, and
@@ -99,7 +103,9 @@ class HardNegativeLoss(GradCacheMixin, nn.Module):
     Args (the shared options on every loss; all but ``guide`` keyword-only). The names, defaults and meanings of
     sentence-transformers 6.2's ``MultipleNegativesRankingLoss`` (and its Cached / Symmetric forms) and
     ``GISTEmbedLoss``, so that swapping one of them for an st-hardneg loss changes the class name only:
-        model: SentenceTransformer model.
+        model: SentenceTransformer model: the model that is trained (a Trainer of another model re-points the loss at
+            its first step, after making its optimizer from this one: that warns, see
+            :mod:`st_hardneg.losses.model_guard`).
         guide: optional SentenceTransformer (the only argument that may also be given by position, as in
             ``GISTEmbedLoss(model, guide)``) whose embeddings (no gradient; the texts re-tokenised if its tokenizer
             differs or its ``max_seq_length`` is shorter) decide the false negatives instead of the trained model's.
@@ -691,10 +697,12 @@ class HardNegativeLoss(GradCacheMixin, nn.Module):
             self._usable = ~zero.to(q2d.similarity.device) if zero is not None else None
         if count_unusable and not self._warned_unusable:
             self._warned_unusable = True
-            warnings.warn(
-                f"{name}: " + "; ".join(causes) + ". They teach nothing (rows without negatives count 0 in the mean, "
-                "as in sentence-transformers; zero-norm rows are left out of it). The diagnostics report rows_without_negatives, zero_norm_rows, unusable_fraction and masked_fraction. "
-                "This warning is shown once.", UserWarning, stacklevel=4)
+            message = (f"{name}: " + "; ".join(causes) + ". They teach nothing (rows without negatives count 0 in "
+                       "the mean, as in sentence-transformers; zero-norm rows are left out of it). The diagnostics "
+                       "report rows_without_negatives, zero_norm_rows, unusable_fraction and masked_fraction. This "
+                       "warning is shown once.")
+            logger.warning(message)
+            warnings.warn(message, UserWarning, stacklevel=4)
 
     # ------------------------------------------------------------------ shared machinery
     def generator(self, device: torch.device | str) -> torch.Generator | None:
@@ -733,8 +741,10 @@ class HardNegativeLoss(GradCacheMixin, nn.Module):
                                  "learn from it.")
             if not self._warned_unusable:
                 self._warned_unusable = True
-                warnings.warn(f"{type(self).__name__}: {cause}. They are left out of the batch's mean loss. This "
-                              "warning is shown once.", UserWarning, stacklevel=3)
+                message = (f"{type(self).__name__}: {cause}. They are left out of the batch's mean loss. This "
+                           "warning is shown once.")
+                logger.warning(message)
+                warnings.warn(message, UserWarning, stacklevel=3)
             usable = ~zero.to(rows.device)
         if self._local_rows is not None:
             own, total = self._local_rows

@@ -226,7 +226,7 @@ class HNCSELoss(HardNegativeLoss):
                                                          names=fn.ALPHA_FUNCTIONS)
         self.hnm_gradient = validation.check_bool(hnm_gradient, "hnm_gradient")
         self.focal_m = validation.check_optional_non_negative(focal_m, "focal_m (the Focal-InfoNCE margin m)")
-        self.check_logit_range(1.0 + (self.focal_m or 0.0))
+        validation.check_focal_margin_range(self.focal_m, "focal_m (the Focal-InfoNCE margin m)", self.temperature)
         self._warned_k = False
         self.hnm_pool = validation.check_choice(hnm_pool, "hnm_pool",
                                                 ("in_batch_negatives", "hard_negatives", "all_negatives"))

@@ -188,7 +188,7 @@ class MixCSELoss(HardNegativeLoss):
         if self.focal_m is not None and self.similarity_fct_name != "cos_sim":
             raise ValueError("MixCSELoss: focal_m needs similarity_fct=cos_sim (the Focal-InfoNCE logits s² and "
                              "s (s + m) are defined on cosines)")
-        self.check_logit_range(1.0 + (self.focal_m or 0.0))
+        validation.check_focal_margin_range(self.focal_m, "focal_m (the Focal-InfoNCE margin m)", self.temperature)
 
     # ------------------------------------------------------------------ helpers
     def _partners(self, batch: Batch, similarity: Tensor | None) -> Tensor:

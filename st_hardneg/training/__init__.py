@@ -26,14 +26,14 @@ _LAZY = {
     "planned_steps": "experiment",
     "EvaluateAtEnd": "callbacks", "FalseNegativeLog": "callbacks", "LossDiagnosticsCallback": "callbacks",
     "StatefulLossCallback": "callbacks", "StepTimer": "callbacks", "StopAfterSteps": "callbacks",
-    "add_stateful_loss_callback": "callbacks",
+    "add_stateful_loss_callback": "callbacks", "LossModelCheck": "callbacks", "check_loss_model": "callbacks",
 }
 
 __all__ = [
-    "LOSSES", "EvaluateAtEnd", "ExperimentResult", "FalseNegativeLog", "LossDiagnosticsCallback",
+    "LOSSES", "EvaluateAtEnd", "ExperimentResult", "FalseNegativeLog", "LossDiagnosticsCallback", "LossModelCheck",
     "StatefulLossCallback", "StepTimer", "StopAfterSteps", "TrainConfig", "TrainResult", "add_stateful_loss_callback",
-    "benchmark_jobs", "build_loss", "parse_loss_args", "parse_variant", "planned_steps", "run_experiment",
-    "run_pending", "run_training", "train", "training_arguments",
+    "benchmark_jobs", "build_loss", "check_loss_model", "parse_loss_args", "parse_variant", "planned_steps",
+    "run_experiment", "run_pending", "run_training", "train", "training_arguments",
 ]
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -41,10 +41,12 @@ if TYPE_CHECKING:  # pragma: no cover
         EvaluateAtEnd,
         FalseNegativeLog,
         LossDiagnosticsCallback,
+        LossModelCheck,
         StatefulLossCallback,
         StepTimer,
         StopAfterSteps,
         add_stateful_loss_callback,
+        check_loss_model,
     )
     from st_hardneg.training.experiment import (
         ExperimentResult,

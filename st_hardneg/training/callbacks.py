@@ -5,7 +5,9 @@
 - :class:`LossDiagnosticsCallback`: the loss's cosine diagnostics in the Trainer's logs;
 - :class:`FalseNegativeLog`: what false-negative control masked at every step;
 - :class:`StatefulLossCallback`: connects stateful losses (:class:`~st_hardneg.AdversarialNegativesLoss`) to a
-  Trainer, as explained below.
+  Trainer, as explained below;
+- :class:`LossModelCheck` / :func:`check_loss_model`: warn when the loss was built on another model than the
+  Trainer's (that model would not train; see :mod:`st_hardneg.losses.model_guard`).
 
 **Stateful losses.**
 
@@ -34,8 +36,10 @@ step, and restores a checkpoint at the first step after resuming (one step late,
 
 from __future__ import annotations
 
+import logging
 import statistics
 import time
+import warnings
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, cast
 
@@ -43,13 +47,16 @@ from torch import nn
 from transformers import TrainerCallback
 
 from st_hardneg import validation
+from st_hardneg.losses.model_guard import ModelGuard, loss_models, same_model
 from st_hardneg.losses.stateful import OptimizerDrivenLoss
 
 if TYPE_CHECKING:
     from transformers import Trainer, TrainerControl, TrainerState, TrainingArguments
 
-__all__ = ["EvaluateAtEnd", "FalseNegativeLog", "LossDiagnosticsCallback", "StatefulLossCallback", "StepTimer",
-           "StopAfterSteps", "add_stateful_loss_callback", "find_stateful_losses"]
+logger = logging.getLogger(__name__)
+
+__all__ = ["EvaluateAtEnd", "FalseNegativeLog", "LossDiagnosticsCallback", "LossModelCheck", "StatefulLossCallback",
+           "StepTimer", "StopAfterSteps", "add_stateful_loss_callback", "check_loss_model", "find_stateful_losses"]
 
 
 def _is_stateful(module: Any) -> bool:
@@ -85,6 +92,10 @@ class StatefulLossCallback(TrainerCallback):
                        optimizer: Any = None, **kwargs: Any) -> TrainerControl:
         if optimizer is None:
             raise RuntimeError("StatefulLossCallback.on_train_begin received no optimizer from the Trainer")
+        model = kwargs.get("model")
+        if model is not None:
+            for loss in self.losses:
+                check_loss_model(loss, model)  # named here, before the loss refuses the re-pointed model
         for loss in self.losses:
             cast(OptimizerDrivenLoss, loss).on_train_begin(optimizer, global_step=state.global_step)
         return control
@@ -100,6 +111,77 @@ def add_stateful_loss_callback(trainer: Any) -> StatefulLossCallback | None:
     callback = StatefulLossCallback(*losses)
     trainer.add_callback(callback)
     return callback
+
+
+def check_loss_model(loss: Any, model: Any) -> list[str]:
+    """Warn (``warnings`` and ``logging``) when a loss inside ``loss`` (a module or a dict of them) was built on
+    another model than ``model``, the model to be trained; returns the names of those losses.
+
+    ``SentenceTransformerTrainer(model=A, loss=Loss(B))`` makes its optimizer from the loss's parameters (B's) and
+    re-points the loss to A at its first step: A gets gradients that no optimizer applies and does not train, nor
+    does B (:mod:`st_hardneg.losses.model_guard`). A wrapper of ``model`` (DDP, ``torch.compile``) is the same model.
+    An st-hardneg loss is named once (here or when the Trainer re-points it), other losses at every call.
+    """
+    wrong = [(name, module) for name, module, held in loss_models(loss) if not same_model(held, model)]
+    # an st-hardneg loss warns once: here, or when the Trainer re-points it (ModelGuard), whichever comes first
+    fresh = [(name, module) for name, module in wrong if not getattr(module, "_warned_swapped_model", False)]
+    if not fresh:
+        return [name for name, _ in wrong]
+    for _, module in fresh:
+        if isinstance(module, ModelGuard):
+            object.__setattr__(module, "_warned_swapped_model", True)
+    names = ", ".join(name for name, _ in fresh)
+    message = (
+        f"{names} was built on another model than the Trainer's model: the Trainer makes its optimizer from the loss's "
+        "parameters (those of the model the loss was built on) and re-points the loss to its own model only at the "
+        "first step, so the Trainer's model gets gradients that no optimizer applies and does not train (nor does the "
+        "other model). Build the loss on the model you train, e.g. loss = MixCSELoss(model) with the same model as "
+        "SentenceTransformerTrainer(model=model, ...).")
+    logger.warning(message)
+    warnings.warn(message, UserWarning, stacklevel=2)
+    return [name for name, _ in wrong]
+
+
+class LossModelCheck(TrainerCallback):
+    """At ``on_train_begin``: warn when the loss was built on another model than the Trainer's (see
+    :func:`check_loss_model`), or when the optimizer holds none of the Trainer's model's trainable parameters (then
+    that model cannot train, whatever the cause). :func:`st_hardneg.training.train` adds it; with a plain
+    ``SentenceTransformerTrainer`` pass ``callbacks=[LossModelCheck(loss)]``.
+
+    Without it, every st-hardneg loss still warns by itself, one step later, when the Trainer re-points
+    ``loss.model`` (:class:`~st_hardneg.losses.model_guard.ModelGuard`); a loss of sentence-transformers does not.
+
+    Args:
+        loss: the Trainer's loss (a module or a dict of them).
+    """
+
+    def __init__(self, loss: Any) -> None:
+        self.loss = loss
+        self.warned = False
+
+    def check(self, model: Any, optimizer: Any = None) -> None:
+        """Warn (once) about a loss of another model, and about an optimizer without ``model``'s parameters."""
+        if self.warned or model is None:
+            return
+        if check_loss_model(self.loss, model):
+            self.warned = True
+            return
+        if optimizer is None:
+            return
+        trainable = {id(p) for p in model.parameters() if p.requires_grad}
+        held = {id(p) for group in getattr(optimizer, "param_groups", []) for p in group["params"]}
+        if trainable and not trainable & held:
+            self.warned = True
+            message = (f"the optimizer holds none of the Trainer's model's {len(trainable)} trainable parameters: "
+                       "the model will not train (was the loss built on another model, or the optimizer made for "
+                       "another one?)")
+            logger.warning(message)
+            warnings.warn(message, UserWarning, stacklevel=2)
+
+    def on_train_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                       model: Any = None, optimizer: Any = None, **kwargs: Any) -> TrainerControl:
+        self.check(model, optimizer)
+        return control
 
 
 class FalseNegativeLog(TrainerCallback):
@@ -223,8 +305,11 @@ class LossDiagnosticsCallback(TrainerCallback):
     Args:
         loss: the training loss (any st-hardneg loss, i.e. with a ``diagnostics`` property), or a dict
             ``{dataset name: loss}`` for multi-dataset training (keys are then prefixed with the dataset name).
-        prefix: prefix of the logged cosine keys (``cos_positive`` …); the false-negative counts keep their own names
-            (``masked_false_negatives``, ``masked_false_negatives_total``), which are not cosines.
+        prefix: prefix of the logged cosine keys (``cos_positive``, ``cos_negative``, ``cos_synthetic``); every other
+            entry keeps its own name: the false-negative counts (``masked_false_negatives``,
+            ``masked_false_negatives_total``, ``masked_fraction``), the degenerate-row counts
+            (``rows_without_negatives``, ``zero_norm_rows``, ``unusable_fraction``) and the rest, which are not
+            cosines.
 
     Example:
         ::
@@ -256,13 +341,16 @@ class LossDiagnosticsCallback(TrainerCallback):
         trainer.callback_handler.callbacks.insert(0, self)
         return self
 
+    #: the diagnostics entries that are cosines (logged with ``prefix``)
+    COSINES = ("positive", "negative", "synthetic")
+
     def current(self) -> dict[str, float]:
         """The entries that would be logged now: ``{prefix + key: value}`` for the cosines, ``{key: value}`` for the
-        masked false-negative counts (``{name}_...`` for dicts)."""
+        other entries (counts, fractions; ``{name}_...`` for dicts)."""
         entries: dict[str, float] = {}
         for name, loss in self.losses.items():
             for key, value in cast(Any, loss).diagnostics.items():
-                logged = key if key.startswith("masked_") else f"{self.prefix}{key}"
+                logged = f"{self.prefix}{key}" if key in self.COSINES else key
                 entries[f"{name}_{logged}" if name else logged] = round(float(value), 6)
         return entries
 

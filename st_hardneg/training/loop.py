@@ -140,6 +140,28 @@ def training_arguments(config: TrainConfig, with_evaluator: bool) -> SentenceTra
     return SentenceTransformerTrainingArguments(**kwargs)
 
 
+def _rows(dataset: Any) -> str:
+    try:
+        return str(len(dataset))
+    except TypeError:  # an iterable dataset
+        return "its"
+
+
+def _check_some_steps(train_dataset: Any, args: SentenceTransformerTrainingArguments) -> None:
+    """Raise ``ValueError`` when ``train_dataset`` (a sized dataset) cannot fill one batch of ``args``: the run
+    would make 0 optimizer steps and return an untrained model."""
+    if isinstance(train_dataset, dict) or not hasattr(train_dataset, "__len__"):
+        return  # several datasets or an iterable one: the Trainer's step count is checked after training
+    rows = len(train_dataset)
+    batch = args.per_device_train_batch_size * max(args.world_size, 1)
+    if rows == 0:
+        raise ValueError("train_dataset has no rows: the run would make 0 optimizer steps")
+    if rows < batch and args.dataloader_drop_last:
+        raise ValueError(
+            f"train_dataset has {rows} row(s), fewer than one batch of {batch}, and the last partial batch is dropped "
+            "(drop_last): the run would make 0 optimizer steps. Use more data or a smaller batch_size.")
+
+
 def train(model: SentenceTransformer, train_dataset: Dataset, loss: nn.Module, config: TrainConfig,
           evaluator: BaseEvaluator | None = None, callbacks: list[TrainerCallback] | None = None) -> TrainResult:
     """Train ``model`` with ``loss`` on ``train_dataset`` (columns anchor, positive) using the ST Trainer.
@@ -147,26 +169,45 @@ def train(model: SentenceTransformer, train_dataset: Dataset, loss: nn.Module, c
     With an ``evaluator`` (e.g. :class:`~st_hardneg.evaluation.SentEvalSTSEvaluator` on STS-B dev) the model is
     evaluated every ``config.eval_steps`` steps and at the end, and the best checkpoint is loaded at the end
     (the papers' selection rule). The model is modified in place.
+
+    Raises:
+        ValueError: ``train_dataset`` has fewer rows than one batch (with ``drop_last``) or no row: the run would
+            make no optimizer step (checked before the Trainer is built).
+        RuntimeError: the Trainer made no optimizer step all the same (e.g. ``BatchSamplers.NO_DUPLICATES`` could
+            not fill one batch of distinct texts): the model is untrained, and no result is returned for it.
+
+    Warns:
+        UserWarning: ``loss`` was built on another model than ``model`` (see
+            :func:`~st_hardneg.training.callbacks.check_loss_model`; before the Trainer is built), or the Trainer's
+            optimizer holds none of ``model``'s parameters (at the start of training): ``model`` would not train.
     """
     from sentence_transformers import SentenceTransformerTrainer
 
-    from st_hardneg.training.callbacks import add_stateful_loss_callback
+    from st_hardneg.training.callbacks import LossModelCheck, add_stateful_loss_callback
 
     timer = StepTimer()
     stop = [StopAfterSteps(config.stop_after_steps)] if config.stop_after_steps else []
     args = training_arguments(config, with_evaluator=evaluator is not None)
+    _check_some_steps(train_dataset, args)
+    model_check = LossModelCheck(loss)
+    model_check.check(model)  # before the Trainer exists: a loss of another model is named before any work
     trainer = SentenceTransformerTrainer(
         model=model,
         args=args,
         train_dataset=train_dataset,
         loss=loss,
         evaluator=evaluator if args.eval_strategy != "no" else None,
-        callbacks=[timer, EvaluateAtEnd(), *stop, *(callbacks or [])],
+        callbacks=[timer, EvaluateAtEnd(), model_check, *stop, *(callbacks or [])],
     )
     add_stateful_loss_callback(trainer)  # stateful losses (AdCSE) restore their state on resume
     start = time.perf_counter()
     trainer.train()
     seconds = time.perf_counter() - start
+    if trainer.state.global_step < 1:
+        raise RuntimeError(
+            f"training made 0 optimizer steps on {_rows(train_dataset)} rows (batch size {args.per_device_train_batch_size}"
+            f", dataloader_drop_last={args.dataloader_drop_last}): the model is untrained. Use more data or a smaller "
+            "batch size (BatchSamplers.NO_DUPLICATES needs enough distinct texts to fill a batch).")
     return TrainResult(
         train_seconds=seconds,
         steps=trainer.state.global_step,
