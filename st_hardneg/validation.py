@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import operator
 import warnings
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from torch import Tensor, nn
@@ -287,3 +287,29 @@ __all__ = [
     "check_number", "check_optional_count", "check_optional_non_negative", "check_seed", "check_temperature", "check_unit_interval", "check_weight_or_callable",
     "check_weights_tensor",
 ]
+
+
+def check_relevant_docs(relevant_docs: Any, name: str = "relevant_docs") -> dict[str, set[str]]:
+    """``{query id: set of document ids}`` from a mapping of query ids to collections of string ids.
+
+    Raises:
+        TypeError: ``relevant_docs`` is not a mapping, a value is a string (``{"q1": "d12"}`` would otherwise be
+            read as the ids ``"d"``, ``"1"``, ``"2"``), a mapping or not a collection, or an id is not a string; the
+            message names the query.
+    """
+    if not isinstance(relevant_docs, Mapping):
+        raise TypeError(f"{name} must map query ids to sets of document ids, got {type(relevant_docs).__name__}")
+    out: dict[str, set[str]] = {}
+    for query, docs in relevant_docs.items():
+        if isinstance(docs, str | bytes):
+            raise TypeError(f"{name}[{query!r}] is the string {docs!r}, not a set of document ids: a string would be "
+                            f"read as its characters; write {{{docs!r}}}")
+        if isinstance(docs, Mapping) or not isinstance(docs, Iterable):
+            raise TypeError(f"{name}[{query!r}] must be a set (or list) of document ids, got {type(docs).__name__}"
+                            + (" (graded qrels? pass the ids whose score is > 0)" if isinstance(docs, Mapping) else ""))
+        ids = set(docs)
+        bad = next((doc for doc in ids if not isinstance(doc, str)), None)
+        if bad is not None:
+            raise TypeError(f"{name}[{query!r}] holds {bad!r} ({type(bad).__name__}); document ids are strings")
+        out[query] = ids
+    return out

@@ -402,6 +402,26 @@ def test_relevance_ids_given_as_a_string_are_refused(relevant, message):
                       relevant_docs=relevant)
 
 
+@pytest.mark.parametrize(("relevant", "message"), [
+    ({"q1": "d12"}, r"relevant_docs\['q1'\] is the string 'd12', not a set of document ids"),
+    ({"q1": {"d1": 1}}, r"relevant_docs\['q1'\] must be a set \(or list\) of document ids, got dict \(graded qrels"),
+])
+def test_the_evaluator_refuses_relevance_ids_given_as_a_string(relevant, message):
+    """The evaluator used directly (not through RetrievalTask) checks too: ``{"q1": "d12"}`` is not split into the
+    ids "d", "1", "2" (two of which exist in this corpus)."""
+    from st_hardneg.evaluation.retrieval import LocalRetrievalEvaluator
+
+    with pytest.raises(TypeError, match=message):
+        LocalRetrievalEvaluator({"q1": "a query"}, {"d": "x", "1": "y", "d12": "doc 12", "d1": "doc"}, relevant)
+
+
+def test_the_evaluator_reads_lists_of_ids_as_sets():
+    from st_hardneg.evaluation.retrieval import LocalRetrievalEvaluator
+
+    evaluator = LocalRetrievalEvaluator({"q1": "a query"}, {"d1": "x", "d2": "y"}, {"q1": ["d2", "d2"]})
+    assert evaluator.relevant_docs == {"q1": {"d2"}}
+
+
 def test_relevance_ids_in_lists_become_sets_exactly():
     task = RetrievalTask(name="t", queries={"q1": "a"}, corpus={"d1": "x", "d2": "y"},
                          relevant_docs={"q1": ["d2", "d1", "d2"]})

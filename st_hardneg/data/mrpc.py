@@ -24,13 +24,14 @@ documents.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from st_hardneg.data.mining import mine_training_negatives  # noqa: F401 - re-exported: the data's mining step
 from st_hardneg.data.senteval import DataNotFoundError, resolve_senteval_dir
+from st_hardneg.validation import check_relevant_docs  # noqa: F401 - re-exported (moved to validation)
 
 if TYPE_CHECKING:
     from datasets import Dataset
@@ -107,32 +108,6 @@ class MRPCRetrieval:
 
         return Dataset.from_dict({"anchor": [a for a, _ in self.train_pairs],
                                   "positive": [p for _, p in self.train_pairs]})
-
-
-def check_relevant_docs(relevant_docs: Any, name: str = "relevant_docs") -> dict[str, set[str]]:
-    """``{query id: set of document ids}`` from a mapping of query ids to collections of string ids.
-
-    Raises:
-        TypeError: ``relevant_docs`` is not a mapping, a value is a string (``{"q1": "d12"}`` would otherwise be
-            read as the ids ``"d"``, ``"1"``, ``"2"``), a mapping or not a collection, or an id is not a string; the
-            message names the query.
-    """
-    if not isinstance(relevant_docs, Mapping):
-        raise TypeError(f"{name} must map query ids to sets of document ids, got {type(relevant_docs).__name__}")
-    out: dict[str, set[str]] = {}
-    for query, docs in relevant_docs.items():
-        if isinstance(docs, str | bytes):
-            raise TypeError(f"{name}[{query!r}] is the string {docs!r}, not a set of document ids: a string would be "
-                            f"read as its characters; write {{{docs!r}}}")
-        if isinstance(docs, Mapping) or not isinstance(docs, Iterable):
-            raise TypeError(f"{name}[{query!r}] must be a set (or list) of document ids, got {type(docs).__name__}"
-                            + (" (graded qrels? pass the ids whose score is > 0)" if isinstance(docs, Mapping) else ""))
-        ids = set(docs)
-        bad = next((doc for doc in ids if not isinstance(doc, str)), None)
-        if bad is not None:
-            raise TypeError(f"{name}[{query!r}] holds {bad!r} ({type(bad).__name__}); document ids are strings")
-        out[query] = ids
-    return out
 
 
 def _normalise(text: str) -> str:

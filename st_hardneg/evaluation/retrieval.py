@@ -19,6 +19,7 @@ from sentence_transformers.sentence_transformer.evaluation import InformationRet
 from sentence_transformers.util import cos_sim
 
 from st_hardneg.evaluation.encoding import encode_unique
+from st_hardneg.validation import check_relevant_docs
 
 if TYPE_CHECKING:
     from sentence_transformers import SentenceTransformer
@@ -44,6 +45,7 @@ class LocalRetrievalEvaluator(InformationRetrievalEvaluator):
                  max_seq_length: int | None = None, **kwargs: Any) -> None:
         if not queries or not corpus:
             raise ValueError(f"a retrieval task needs queries and a corpus, got {len(queries)} / {len(corpus)}")
+        relevant_docs = check_relevant_docs(relevant_docs)
         unknown = sorted({d for docs in relevant_docs.values() for d in docs} - set(corpus))
         if unknown:
             raise ValueError(f"{len(unknown)} relevant document id(s) are not in the corpus, e.g. {unknown[0]!r}")
