@@ -199,7 +199,15 @@ def selection_markdown(data: dict[str, Any], selection: dict[str, tuple[str, str
     text += ("\nSelected (bold): the best dev nDCG@10 of each family; the test task is never scored here. Dev task: "
              + ", ".join(f"{k} {v}" for k, v in stats.items())
              + (f". Training: {info['triplets']} mined triplets from {info['pairs']} pairs." if info else ".") + "\n")
-    return text
+    return text + failed_note(data)
+
+
+def failed_note(data: dict[str, Any]) -> str:
+    """The runs that failed (no usable row), one per line, or nothing."""
+    from st_hardneg.reporting import failed_runs
+
+    lines = failed_runs(data["runs"])
+    return ("\nFailed (not selected, not in the table):\n\n" + "".join(f"- {line}\n" for line in lines)) if lines else ""
 
 
 def plot(data: dict[str, Any], path: Path) -> Path:

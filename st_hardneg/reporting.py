@@ -121,8 +121,16 @@ def median_or_none(values: Iterable[float | None]) -> float | None:
 
 
 def group_by_method(runs: Iterable[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
-    """Runs grouped by their ``"method"``, methods in order of first appearance."""
+    """Runs grouped by their ``"method"``, methods in order of first appearance; failed runs (a ``"failed"`` entry,
+    see :func:`st_hardneg.training.experiment.run_pending`) are left out."""
     groups: dict[str, list[dict[str, Any]]] = {}
     for run in runs:
+        if run.get("failed"):
+            continue
         groups.setdefault(run["method"], []).append(run)
     return groups
+
+
+def failed_runs(runs: Iterable[dict[str, Any]]) -> list[str]:
+    """One line per failed run: ``method (seed s): why``."""
+    return [f"{run['method']} (seed {run['seed']}): {run['failed']}" for run in runs if run.get("failed")]

@@ -3,9 +3,9 @@ warning that names the problem and its counts (through ``warnings`` and ``loggin
 equals an independent computation written here.
 
 The rule (``HardNegativeLoss._count_unusable_rows``): a row whose anchor or positive has a norm below ``NORM_EPS`` is
-unusable and left out of the mean; a row whose every candidate is masked has no negative (its loss is 0, and it counts
-0 in the mean, as in sentence-transformers' ``GISTEmbedLoss``); a batch of only zero-norm rows is a ``ValueError``;
-the first batch with unusable rows warns once per loss instance.
+unusable, and so is a row whose every candidate is masked (no negative left); unusable rows are left out of the mean;
+a batch with no usable row is a ``ValueError`` naming the causes and counts; the first batch with unusable rows warns
+once per loss instance.
 """
 
 from __future__ import annotations
@@ -46,8 +46,10 @@ FACTORIES = {
     "adcse_mnrl": lambda **kw: AdversarialNegativesLoss(SizedModel(), num_adversaries=0, untied=False, **kw),
 }
 ALL = list(FACTORIES)
-#: the losses in which a row's only negatives are the batch's candidates (no never-masked synthetic column)
+#: the losses in which a row's only negatives are the batch's candidates (no never-masked synthetic column: MixCSE's
+#: official layout has one, its mixed anchor against its own positive, as AdCSE has its adversaries)
 RANKED = ["mixcse", "focal", "hncse", "adcse_mnrl"]
+NO_NEGATIVE = r"no usable row in this batch: {k} of {k} rows of a batch have no negative left"
 
 
 def pairs(n: int = N, d: int = D, seed: int = 0, noise: float = 0.3) -> list[torch.Tensor]:
@@ -170,16 +172,15 @@ def test_zero_norm_rows_have_a_finite_gradient_and_none_of_their_own(name):
 
 # =============================================================================== rows without a negative
 @pytest.mark.parametrize("name", RANKED)
-def test_identical_rows_warn_and_their_loss_is_exactly_zero(name):
+def test_identical_rows_are_an_error_naming_the_cause(name):
     """Identical rows (one text repeated, or a collapsed model): every candidate duplicates the positive and is
-    masked, so no row has a negative: loss 0, warned with the counts."""
+    masked, so no row has a negative: the batch is refused with the counts and the cause."""
     row = pairs()[0][:1]
     cols = [row.repeat(N, 1), row.repeat(N, 1)]
     loss = FACTORIES[name]()
-    with pytest.warns(UserWarning, match=r"6 of 6 rows of a batch have no negative left \(every candidate was masked "
-                                         r"as a false negative, or the batch repeats one text"):
-        value = call(loss, cols)
-    assert value.item() == 0.0
+    with pytest.raises(ValueError, match=NO_NEGATIVE.format(k=6) + r" \(every candidate was masked as a false "
+                                         r"negative, or the batch repeats one text"):
+        call(loss, cols)
     assert loss.diagnostics["rows_without_negatives"] == 6.0 and loss.diagnostics["masked_fraction"] == 1.0
     assert loss.diagnostics["unusable_fraction"] == 1.0
 
@@ -208,33 +209,32 @@ def test_identical_rows_keep_adcse_adversaries_as_negatives():
 
 
 @pytest.mark.parametrize("name", RANKED)
-def test_one_text_repeated_across_the_batch_warns(name):
+def test_one_text_repeated_across_the_batch_is_an_error(name):
     """The texts decide duplicates when the loss sees token ids: one positive text for every pair masks every
     candidate even though the embeddings differ (dropout)."""
     cols = pairs()
     loss = FACTORIES[name]()
     loss.set_false_negative_inputs(text_keys=torch.tensor([list(range(N)), [7] * N]))
-    with pytest.warns(UserWarning, match=r"6 of 6 rows of a batch have no negative left"):
-        value = call(loss, cols)
-    assert value.item() == 0.0 and loss.diagnostics["rows_without_negatives"] == 6.0
+    with pytest.raises(ValueError, match=NO_NEGATIVE.format(k=6)):
+        call(loss, cols)
+    assert loss.diagnostics["rows_without_negatives"] == 6.0
 
 
 @pytest.mark.parametrize("name", RANKED)
 @pytest.mark.parametrize(("margin", "strategy"), [(2.5, "absolute"), (3.0, "relative")])
-def test_a_margin_that_masks_everything_warns(name, margin, strategy):
+def test_a_margin_that_masks_everything_is_an_error(name, margin, strategy):
     """A false-negative margin larger than any cosine gap masks every candidate of every row."""
     loss = FACTORIES[name](margin=margin, margin_strategy=strategy)
-    with pytest.warns(UserWarning, match=r"6 of 6 rows of a batch have no negative left .*check margin"):
-        value = call(loss, pairs())
-    assert value.item() == 0.0
+    with pytest.raises(ValueError, match=NO_NEGATIVE.format(k=6) + " .*check margin"):
+        call(loss, pairs())
     assert loss.diagnostics["masked_fraction"] == 1.0 and loss.diagnostics["rows_without_negatives"] == 6.0
 
 
 @pytest.mark.parametrize(("name", "focal_m"), [("focal", 0.3), ("adcse_mnrl", None)])
-def test_a_row_masked_by_the_margin_counts_zero_and_the_others_are_exact(name, focal_m):
+def test_a_row_masked_by_the_margin_is_left_out_and_the_others_are_exact(name, focal_m):
     """margin=0: a candidate closer to the anchor than its positive is masked. Row 0's positive is the opposite of
-    its anchor, so all of row 0's candidates are masked (loss 0, warned); the other rows are computed by hand with
-    the same rule, and the batch loss is the mean over the 6 rows (sentence-transformers' GIST semantics)."""
+    its anchor, so all of row 0's candidates are masked (warned); the other rows are computed by hand with the same
+    rule, and the batch loss is the mean over the 5 usable rows."""
     anchors, positives = pairs(noise=0.1)
     positives[0] = -anchors[0]
     loss = FACTORIES[name](margin=0.0, temperature=0.2)  # losses of order 1
@@ -247,8 +247,10 @@ def test_a_row_masked_by_the_margin_counts_zero_and_the_others_are_exact(name, f
     assert bool(exclude[0, 1:].all()) and bool(((~exclude[1:]).sum(dim=1) >= 2).all())  # only row 0 fully masked
     rows = infonce_rows(anchors, positives, exclude=exclude, focal_m=focal_m, tau=0.2)
     assert rows[0] == 0.0
-    assert value == pytest.approx(sum(rows) / N, rel=1e-5)
+    assert value == pytest.approx(sum(rows) / (N - 1), rel=1e-5)
+    assert value != pytest.approx(sum(rows) / N, rel=1e-3)  # counting the empty row would differ
     assert loss.diagnostics["rows_without_negatives"] == 1.0
+    assert loss.diagnostics["unusable_fraction"] == pytest.approx(1 / N)
     assert loss.diagnostics["masked_fraction"] == pytest.approx(float(exclude.sum()) / (N * (N - 1)), rel=1e-6)
 
 
@@ -273,17 +275,15 @@ def repeated_features(tiny_model):
 @pytest.mark.parametrize("options", [{}, {"mini_batch_size": 3}, {"gather_across_devices": True},
                                      {"mini_batch_size": 2, "gather_across_devices": True}],
                          ids=["plain", "gradcache", "gather", "gradcache+gather"])
-def test_one_text_repeated_through_forward_warns_on_every_path(tiny_model, repeated_features, cls, options):
-    """The same warning and the same exact 0 with GradCache (mini-batches) and gather_across_devices (no process
-    group: the local batch), and the backward runs (all gradients zero)."""
+def test_one_text_repeated_through_forward_is_an_error_on_every_path(tiny_model, repeated_features, cls, options):
+    """The same error with GradCache (mini-batches) and gather_across_devices (no process group: the local batch),
+    before any gradient reaches the model."""
     tiny_model.zero_grad()
     loss = cls(tiny_model, **options)
-    with pytest.warns(UserWarning, match=r"8 of 8 rows of a batch have no negative left"):
-        value = loss(repeated_features, None)
-    assert value.item() == 0.0 and loss.diagnostics["rows_without_negatives"] == 8.0
-    value.backward()
-    grads = [p.grad for p in tiny_model.parameters() if p.grad is not None]
-    assert all(float(g.abs().max()) == 0.0 for g in grads)
+    with pytest.raises(ValueError, match=NO_NEGATIVE.format(k=8)):
+        loss(repeated_features, None)
+    assert loss.diagnostics["rows_without_negatives"] == 8.0
+    assert all(p.grad is None or float(p.grad.abs().max()) == 0.0 for p in tiny_model.parameters())
 
 
 def test_gradcache_and_plain_agree_on_a_batch_with_a_zero_row(tiny_model, tiny_sentences):

@@ -286,9 +286,10 @@ def test_mixcse_shift_partner_moves_past_a_masked_one():
 
     loss = MixCSELoss(None, lam=0.2, partner="shift", **two_way(True))
     batch = loss.prepare_batch(cols)
-    for i, c in removed:
+    for i, c in removed:  # a masked false negative leaves both directions, as the loss's own masks do
         batch.false_negatives[i, c] = True
-    value = loss._paper_rows(batch).mean().item()
+        batch.block_masks["doc_to_query"][c, i] = True
+    value = loss.window_rows(loss.begin_batch(batch)).mean().item()
     reverse_removed = {(c, i) for i, c in removed}
     expected = mixcse_rows(h, hp, [], 0.2, removed, next_allowed(removed), next_allowed(reverse_removed), True)
     assert value == pytest.approx(expected, rel=1e-5)
@@ -303,15 +304,14 @@ def test_mixcse_shift_partner_moves_past_a_masked_one():
     lambda: HNCSELoss(None, mode="both", k=3, num_mixed=4, seed=0, margin=3.0),
     lambda: HNCSELoss(None, mode="hnm", hnm_single=True, k=2, hnm_pool="all_negatives", margin=3.0),
 ], ids=["mix-hardest", "mix-shift", "mix-explicit", "mix-official", "focal", "hncse-both", "hncse-single-all"])
-def test_every_negative_masked_still_works(loss_factory):
-    """A margin of 3 masks every candidate (cosines are >= -1): each row keeps only its positive, so the loss is 0
-    (the positive's softmax share is 1) and the gradient is finite; rows without an allowed partner get no mix."""
+def test_every_negative_masked_is_an_error(loss_factory):
+    """A margin of 3 masks every candidate (cosines are >= -1): each row keeps only its positive and rows without an
+    allowed partner get no mix, so no row has a negative: the batch is refused (issue 24's rule for a batch with no
+    usable row), after the masked counts were recorded."""
     cols = [c.float().requires_grad_(True) for c in columns(n=5, num=3, seed=8)]
     loss = loss_factory()
-    value = loss.compute_loss_from_embeddings(cols, None)
-    value.backward()
-    assert torch.isfinite(value) and value.item() == pytest.approx(0.0, abs=1e-6)
-    assert all(torch.isfinite(c.grad).all() for c in cols if c.grad is not None)
+    with pytest.raises(ValueError, match=r"no usable row in this batch: 5 of 5 rows of a batch have no negative left"):
+        loss.compute_loss_from_embeddings(cols, None)
     assert loss.diagnostics["masked_false_negatives"] == pytest.approx(5 + 5 - 1)
 
 
@@ -477,12 +477,13 @@ def test_false_negative_log_counts_what_the_loss_masked_per_step():
 def test_false_negative_log_in_a_real_training_step_matches_the_diagnostics(tiny_model):
     from datasets import Dataset
 
-    from st_hardneg import FocalInfoNCELoss
+    from st_hardneg import AdversarialNegativesLoss
     from st_hardneg.training import TrainConfig, train
     from st_hardneg.training.callbacks import FalseNegativeLog
 
-    # an absolute margin of 2 masks every non-positive candidate: 3 other positives + 4 negatives per anchor
-    loss = FocalInfoNCELoss(tiny_model, margin=2.0)
+    # an absolute margin of 2 masks every non-positive candidate: 3 other positives + 4 negatives per anchor (the
+    # adversaries, never masked, leave every row a negative: a batch without one would be refused)
+    loss = AdversarialNegativesLoss(tiny_model, num_adversaries=4, untied=False, margin=2.0, seed=0)
     log = FalseNegativeLog(loss)
     texts = [f"sentence number {i}" for i in range(8)]
     data = Dataset.from_dict({"anchor": texts, "positive": [t + " again" for t in texts],

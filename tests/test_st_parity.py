@@ -303,9 +303,43 @@ def test_guided_reduction_equals_gist(tiny_pair, margin_strategy, margin, contra
     model, guide = tiny_pair
     options = dict(temperature=0.05, margin_strategy=margin_strategy, margin=margin,
                    contrast_anchors=contrast_anchors, contrast_positives=contrast_positives)
-    ours = forward_and_grads(adcse_reduction(model, guide=guide, **options), model, columns)
+    loss = adcse_reduction(model, guide=guide, **options)
     theirs = forward_and_grads(GISTEmbedLoss(model, guide, **options), model, columns)
-    assert_same(ours, theirs, 20.0)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the random tiny guide leaves some rows without negatives (warned)
+            ours = forward_and_grads(loss, model, columns)
+    except ValueError as error:  # every negative masked: GIST silently returns 0 and no gradient, ours refuses
+        assert "no usable row in this batch: 6 of 6 rows of a batch have no negative left" in str(error)
+        assert float(theirs[0]) == 0.0 and all(float(g.abs().max()) == 0.0 for g in theirs[1])
+        return
+    assert_same(in_gist_mean(ours, loss), theirs, 20.0)
+    if margin == 0.0:  # every row keeps a negative on these batches: the very same numbers
+        assert "rows_without_negatives" not in loss.diagnostics or loss.diagnostics["rows_without_negatives"] == 0
+        assert_same(ours, theirs, 20.0)
+
+
+def in_gist_mean(result, loss, n: int = len(TEXTS)):
+    """GISTEmbedLoss keeps a row whose every negative is masked in its mean as a 0; ours leaves it out (one rule for
+    unusable rows, issue 24). On a batch with ``e`` such rows ours × (n - e) / n is GIST's loss and gradient."""
+    value, grads = result
+    factor = (n - loss.diagnostics.get("rows_without_negatives", 0.0)) / n
+    return value * factor, [g * factor for g in grads]
+
+
+def test_the_gist_grid_has_batches_with_rows_without_negatives(tiny_pair):
+    """The rescaling above is exercised: margin 0.1 leaves rows of these batches without a negative, and ours is
+    then GIST's mean over the usable rows, not GIST's mean over all rows."""
+    model, guide = tiny_pair
+    options = dict(temperature=0.05, margin=0.1, contrast_anchors=True, contrast_positives=False)
+    loss = adcse_reduction(model, guide=guide, **options)
+    with pytest.warns(UserWarning, match=r"rows of a batch have no negative left.*left out of the batch's mean"):
+        ours = forward_and_grads(loss, model, 2)
+    theirs = forward_and_grads(GISTEmbedLoss(model, guide, **options), model, 2)
+    empty = loss.diagnostics["rows_without_negatives"]
+    assert 0 < empty < len(TEXTS)
+    assert float(ours[0]) == pytest.approx(float(theirs[0]) * len(TEXTS) / (len(TEXTS) - empty), rel=1e-6)
+    assert float(ours[0]) != pytest.approx(float(theirs[0]), rel=1e-3)
 
 
 def test_gist_defaults_with_a_positional_guide(tiny_pair):
@@ -319,10 +353,13 @@ def test_gist_defaults_with_a_positional_guide(tiny_pair):
 
 def test_cached_guided_reduction_equals_cached_gist(tiny_pair):
     model, guide = tiny_pair
-    ours = forward_and_grads(adcse_reduction(model, guide, temperature=0.05, margin=0.05, mini_batch_size=2), model, 3)
+    loss = adcse_reduction(model, guide, temperature=0.05, margin=0.05, mini_batch_size=2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ours = forward_and_grads(loss, model, 3)
     theirs = forward_and_grads(CachedGISTEmbedLoss(model, guide, temperature=0.05, margin=0.05, mini_batch_size=2),
                                model, 3)
-    assert_same(ours, theirs, 20.0)
+    assert_same(in_gist_mean(ours, loss), theirs, 20.0)
 
 
 # ------------------------------------------------------------------------------ gather_across_devices, 2 procs
@@ -436,14 +473,21 @@ def test_config_shows_every_setting_that_changes_the_loss():
     assert loss.show_progress_bar is True
 
 
-def test_an_all_masked_row_warns_once_and_is_reported():
+def test_an_all_masked_batch_is_an_error_and_is_reported():
     cols = embeddings(2, scale_rows=False)
     cols[1] = cols[0][2].repeat(N, 1)  # one positive text for every pair: every candidate duplicates the positive
     loss = FocalInfoNCELoss(None)
-    with pytest.warns(UserWarning, match=r"6 of 6 rows of a batch have no negative left"):
+    with pytest.raises(ValueError, match=r"no usable row in this batch: 6 of 6 rows of a batch have no negative left"):
         loss.compute_loss_from_embeddings(cols, None)
     assert loss.diagnostics["rows_without_negatives"] == 6.0
     assert loss.diagnostics["masked_fraction"] == 1.0
+    cols = embeddings(2, scale_rows=False)
+    cols[1] = cols[0] + 0.1 * cols[1]  # positives near their anchors: with margin 0 every other row keeps negatives
+    cols[1][0] = -cols[0][0]  # margin 0: row 0's positive is its farthest candidate, every other one is masked
+    loss = FocalInfoNCELoss(None, margin=0.0)
+    with pytest.warns(UserWarning, match=r"1 of 6 rows of a batch have no negative left"):
+        loss.compute_loss_from_embeddings(cols, None)
+    assert loss.diagnostics["rows_without_negatives"] == 1.0
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         loss.compute_loss_from_embeddings(cols, None)  # once per loss

@@ -24,6 +24,7 @@ from st_hardneg.functional.core import (
     hardest_negatives,
     info_nce,
     info_nce_rows,
+    loss_precision,
     mask_columns,
     mix,
     normalize,
@@ -56,7 +57,7 @@ from st_hardneg.functional.hncse import (
 
 __all__ = [
     "ALPHA_FUNCTIONS", "NORM_EPS", "PM_CASES", "PM_FAR", "PM_INVERTED", "PM_NEAR", "PM_UNSAFE", "Alpha",
-    "PartnerMode", "PositiveMix", "adaptive_alpha", "alpha_weights", "autocast_disabled", "float32_math", "candidate_cosines", "contrastive_logits",
+    "PartnerMode", "PositiveMix", "adaptive_alpha", "alpha_weights", "autocast_disabled", "float32_math", "loss_precision", "candidate_cosines", "contrastive_logits",
     "contrastive_stats", "hard_negative_mixing", "hard_negative_mixing_cosines", "hard_negative_pairs",
     "hardest_negatives", "info_nce", "info_nce_rows", "mix", "mix_hard_negatives", "mixed_negative_cosines",
     "normalize", "offdiagonal_mask", "partner_indices", "positive_mixing", "positive_mixing_weights",

@@ -48,15 +48,21 @@ def float32_math(func: _F) -> _F:
     return wrapper  # type: ignore[return-value]
 
 
+def loss_precision(x: Tensor) -> Tensor:
+    """``x`` in the precision of the loss math: float64 stays float64 (a double model's exact loss), every other
+    dtype (float16, bfloat16 under mixed precision) becomes float32."""
+    return x if x.dtype == torch.float64 else x.float()
+
+
 def row_norms(x: Tensor) -> Tensor:
     """The L2 norm of every row (last dimension) of ``x`` in float32, without overflow or underflow.
 
     ``torch.linalg.vector_norm`` squares the entries, so in float32 a row with entries of 1e20 gets the norm ``inf``
     and a row of 1e-30 the norm 0. Dividing by the row's largest magnitude first (a constant for autograd: the norm is
     homogeneous, so the gradient is unchanged) keeps every representable norm exact. The result is ``inf`` only when
-    the norm itself exceeds float32's range. Shape ``x.shape[:-1] + (1,)``.
+    the norm itself exceeds float32's range. Shape ``x.shape[:-1] + (1,)``. (float64 input: computed in float64.)
     """
-    x = x.float()
+    x = loss_precision(x)
     scale = x.detach().abs().amax(dim=-1, keepdim=True)
     scale = torch.where(scale > 0, scale, torch.ones_like(scale))
     return scale * torch.linalg.vector_norm(x / scale, dim=-1, keepdim=True)
@@ -68,7 +74,7 @@ def normalize(x: Tensor) -> Tensor:
     A zero row stays zero (cosine 0 with everything) and every row's gradient is bounded by ``1 / NORM_EPS`` times
     the upstream gradient. Normalise a tensor once: normalising an (almost) zero unit row again multiplies the bounds.
     """
-    x = x.float()
+    x = loss_precision(x)
     return x / row_norms(x).clamp_min(NORM_EPS)
 
 
@@ -186,14 +192,15 @@ def allowed_partners(partners: Tensor, exclude: Tensor) -> tuple[Tensor, Tensor]
     """Replace each excluded partner by the first allowed in-batch candidate after it, in cyclic order.
 
     Args:
-        partners: (N,) proposed partner of each row (from ``"shift"`` or ``"random"``).
-        exclude: (N, N) bool, True for candidates that may not be partners (the diagonal, masked false negatives).
+        partners: (R,) proposed partner of each row (from ``"shift"`` or ``"random"``).
+        exclude: (R, N) bool, True for the in-batch candidates that may not be partners (each row's own, masked false
+            negatives); R = N for a whole batch, fewer for a chunk of its rows.
 
     Returns:
-        ``(partners, valid)``: (N,) partners (unchanged where allowed) and (N,) bool, False for rows without any
+        ``(partners, valid)``: (R,) partners (unchanged where allowed) and (R,) bool, False for rows without any
         allowed candidate (their partner is meaningless).
     """
-    n = exclude.size(0)
+    n = exclude.size(1)
     order = (partners.unsqueeze(1) + torch.arange(n, device=partners.device).unsqueeze(0)) % n
     allowed = ~exclude.gather(1, order)
     first = allowed.to(torch.uint8).argmax(dim=1, keepdim=True)
@@ -228,7 +235,7 @@ def candidate_cosines(anchors: Tensor, candidates: Tensor, row_candidates: Tenso
     if not assume_normalized:
         anchors, candidates = normalize(anchors), normalize(candidates)
     else:
-        anchors, candidates = anchors.float(), candidates.float()
+        anchors, candidates = loss_precision(anchors), loss_precision(candidates)
         if row_candidates is not None:
             row_candidates = normalize(row_candidates)
     cos = anchors @ candidates.T
@@ -283,7 +290,7 @@ def info_nce(logits: Tensor, positive_columns: Tensor | None = None) -> Tensor:
 
 
 @torch.no_grad()
-def contrastive_stats(cos: Tensor, num_in_batch: int, num_synthetic: int = 0) -> dict[str, Tensor]:
+def contrastive_stats(cos: Tensor, num_in_batch: int, num_synthetic: int = 0, row_offset: int = 0) -> dict[str, Tensor]:
     """Mean positive, in-batch negative and synthetic-negative cosine of a batch (MixCSE Fig. 4a).
 
     Args:
@@ -291,6 +298,8 @@ def contrastive_stats(cos: Tensor, num_in_batch: int, num_synthetic: int = 0) ->
             negatives (num_synthetic)]`` with the positive of row ``i`` at column ``i``.
         num_in_batch: number of in-batch candidate columns (N for pairs).
         num_synthetic: number of trailing synthetic columns.
+        row_offset: the batch index of the first row (a chunk of anchors): row ``r``'s positive is at column
+            ``row_offset + r``.
 
     Returns:
         Detached scalar tensors ``positive``, ``negative`` and, if there are synthetic columns, ``synthetic`` (kept as
@@ -298,10 +307,11 @@ def contrastive_stats(cos: Tensor, num_in_batch: int, num_synthetic: int = 0) ->
     """
     n = cos.size(0)
     rows = torch.arange(n, device=cos.device)
-    stats = {"positive": cos[rows, rows].mean()}
+    columns = rows + row_offset
+    stats = {"positive": cos[rows, columns].mean()}
     in_batch = cos[:, :num_in_batch]
     mask = torch.ones_like(in_batch, dtype=torch.bool)
-    mask[rows, rows] = False
+    mask[rows, columns] = False
     # masked sum / count instead of boolean indexing: no device sync, and it works on the meta device too
     count = mask.sum()
     stats["negative"] = in_batch.masked_fill(~mask, 0.0).sum() / count.clamp_min(1)

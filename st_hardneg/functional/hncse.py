@@ -12,7 +12,15 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from st_hardneg.functional.core import NORM_EPS, float32_math, hardest_negatives, mix, normalize, top_candidates
+from st_hardneg.functional.core import (
+    NORM_EPS,
+    float32_math,
+    hardest_negatives,
+    loss_precision,
+    mix,
+    normalize,
+    top_candidates,
+)
 from st_hardneg.validation import check_weights_tensor
 
 Alpha = float | Callable[[Tensor], Tensor | float]
@@ -66,7 +74,7 @@ def positive_mixing_weights(
         ``(weights, cases, mixed)``: (N,) float weight of ``h'_i`` (1 where not mixed), (N,) long case code (index into
         :data:`PM_CASES`), (N,) bool mask of the mixed rows.
     """
-    d1, d2 = d1.float(), d2.float()
+    d1, d2 = loss_precision(d1), loss_precision(d2)
     if not weight_gradient:
         d1, d2 = d1.detach(), d2.detach()
     c1, c2 = d1.detach(), d2.detach()
@@ -101,6 +109,8 @@ def positive_mixing(
     similarity: Tensor | None = None,
     assume_normalized: bool = False,
     exclude: Tensor | None = None,
+    partners: Tensor | None = None,
+    has_partner: Tensor | None = None,
 ) -> PositiveMix:
     """HNCSE's positive mixing (paper §3.1, Eq. 2): mix each positive with the anchor's hardest in-batch negative.
 
@@ -118,6 +128,9 @@ def positive_mixing(
         exclude: optional (N, ≥N) bool mask of in-batch candidates that are not negatives (masked false negatives;
             first N columns used): ``j*`` is the hardest *unmasked* negative, and a row without one keeps ``ĥ'_i``
             (reported as the "unsafe", i.e. kept, case).
+        partners, has_partner: the (N,) ``j*`` of every row and whether it has one, when already chosen (a loss
+            that looks for them a chunk of rows at a time); then ``similarity`` and ``exclude`` are not used and
+            ``d1``, ``d2`` are the rows' dot products.
 
     Returns:
         A :class:`PositiveMix`.
@@ -125,18 +138,22 @@ def positive_mixing(
     if not assume_normalized:
         anchors, positives = normalize(anchors), normalize(positives)
     n = anchors.size(0)
-    if similarity is None:
-        similarity = anchors @ positives.T
-    similarity = similarity[:, :n]
-    has_partner = None
-    if exclude is None:
-        partners = hardest_negatives(similarity, k=1).squeeze(1)
+    if partners is not None:
+        d1 = (anchors * positives).sum(-1)
+        d2 = (anchors * positives[partners]).sum(-1)
     else:
-        eye = torch.eye(n, dtype=torch.bool, device=similarity.device)
-        partners, has_partner = top_candidates(similarity, 1, exclude[:, :n] | eye)
-        partners, has_partner = partners.squeeze(1), has_partner.squeeze(1)
-    rows = torch.arange(n, device=similarity.device)
-    d1, d2 = similarity[rows, rows], similarity[rows, partners]
+        if similarity is None:
+            similarity = anchors @ positives.T
+        similarity = similarity[:, :n]
+        has_partner = None
+        if exclude is None:
+            partners = hardest_negatives(similarity, k=1).squeeze(1)
+        else:
+            eye = torch.eye(n, dtype=torch.bool, device=similarity.device)
+            partners, has_partner = top_candidates(similarity, 1, exclude[:, :n] | eye)
+            partners, has_partner = partners.squeeze(1), has_partner.squeeze(1)
+        rows = torch.arange(n, device=similarity.device)
+        d1, d2 = similarity[rows, rows], similarity[rows, partners]
     weights, cases, mixed = positive_mixing_weights(d1, d2, threshold, w1, w2, single, weight_gradient)
     if has_partner is not None:
         mixed = mixed & has_partner
@@ -281,7 +298,7 @@ def mixed_negative_cosines(
     detach_pool: bool = False, similarity: Tensor | None = None, assume_normalized: bool = False,
 ) -> Tensor:
     """``cos(h_i, u_ij)`` for the mixtures ``u_ij = normalize(α·Ĝ_a + (1-α)·Ĝ_b)`` of :func:`mix_hard_negatives`,
-    from the (N, C) anchor-pool cosines and the (C, C) Gram matrix of the pool instead of the (N, m, d) mixtures:
+    from the (N, C) anchor-pool cosines and the parents' dot products instead of the (N, m, d) mixtures:
     ``u·ĥ = (α ĥ·Ĝ_a + (1-α) ĥ·Ĝ_b) / ||α Ĝ_a + (1-α) Ĝ_b||`` with
     ``||·||² = α² Ĝ_a·Ĝ_a + (1-α)² Ĝ_b·Ĝ_b + 2α(1-α) Ĝ_a·Ĝ_b``.
 
@@ -305,13 +322,13 @@ def mixed_negative_cosines(
     if detach_pool:
         unit = unit.detach()
         similarity = None
-    gram = unit @ unit.T
     sim = a @ unit.T if similarity is None else similarity[:, : unit.size(0)]
-    g_ab = gram[parents_a, parents_b]
-    diagonal = gram.diagonal()
+    # only the Gram entries the mixtures need (not the (C, C) matrix): O(N·m·d) whatever the pool's size
+    g_a, g_b = unit[parents_a], unit[parents_b]
+    g_ab = (g_a * g_b).sum(-1)
     weight = alpha_weights(alpha, g_ab)
     numerator = weight * sim.gather(1, parents_a) + (1.0 - weight) * sim.gather(1, parents_b)
-    squared_norm = (weight * weight * diagonal[parents_a] + (1.0 - weight) ** 2 * diagonal[parents_b]
+    squared_norm = (weight * weight * (g_a * g_a).sum(-1) + (1.0 - weight) ** 2 * (g_b * g_b).sum(-1)
                     + 2.0 * weight * (1.0 - weight) * g_ab)
     # normalize() divides by max(||x||, NORM_EPS); clamping the square first keeps sqrt's gradient finite at 0
     return numerator / squared_norm.clamp_min(NORM_EPS * NORM_EPS).sqrt()

@@ -49,16 +49,23 @@ POSITIVE_BLOCKS = frozenset({"query_to_doc", "doc_to_query"})
 class Block:
     """One direction's candidates for every row.
 
-    ``similarity`` (N, C): the raw similarities (cosines, or dot products); ``exclude`` (N, C) bool or ``None``:
-    entries that leave the softmax (logit ``-inf``); ``penalty`` (N, C) or ``None``: added to the logits after the
-    scaling (no gradient); ``has_positive``: column ``i`` of row ``i`` is the row's positive (``query_to_doc``,
-    ``doc_to_query``), which matters for a logit transform that treats positives differently (Focal-InfoNCE).
+    ``similarity`` (R, C): the raw similarities of R rows (cosines, or dot products); ``exclude`` (R, C) bool or
+    ``None``: entries that leave the softmax (logit ``-inf``); ``penalty`` (R, C) or ``None``: added to the logits
+    after the scaling (no gradient); ``has_positive``: column ``row_offset + r`` of row ``r`` is the row's positive
+    (``query_to_doc``, ``doc_to_query``), which matters for a logit transform that treats positives differently
+    (Focal-InfoNCE). ``row_offset``: the global index of the block's first row (0 for a whole batch; the chunk's
+    start when a loss computes its rows a chunk of anchors at a time).
     """
 
     similarity: Tensor
     has_positive: bool = False
     exclude: Tensor | None = None
     penalty: Tensor | None = None
+    row_offset: int = 0
+
+    def positive_columns(self) -> Tensor:
+        """(R,) the column of each row's positive (``row_offset + r``)."""
+        return torch.arange(self.similarity.size(0), device=self.similarity.device) + self.row_offset
 
     def with_columns(self, similarity: Tensor, exclude: Tensor | None = None) -> Block:
         """This block with per-row ``similarity`` columns (N, S) appended (a paper's extra negatives; no penalty);
@@ -89,26 +96,31 @@ class Block:
         return replace(self, exclude=exclude if self.exclude is None else self.exclude | exclude)
 
 
-def own_pair_mask(num_rows: int, num_columns: int, device: torch.device | str | None = None) -> Tensor:
-    """(num_rows, num_columns) bool, True where a column belongs to the row's own pair: the columns are
-    ``[positives (num_rows) | negative_1 (num_rows) | ...]``, column ``c`` belongs to pair ``c mod num_rows``."""
+def own_pair_mask(num_rows: int, num_columns: int, device: torch.device | str | None = None,
+                  rows: tuple[int, int] | None = None) -> Tensor:
+    """(R, num_columns) bool, True where a column belongs to the row's own pair: the columns are
+    ``[positives (num_rows) | negative_1 (num_rows) | ...]``, column ``c`` belongs to pair ``c mod num_rows``.
+    ``rows``: the ``[start, stop)`` rows to build (default all ``num_rows``)."""
+    start, stop = rows if rows is not None else (0, num_rows)
     columns = torch.arange(num_columns, device=device) % num_rows
-    return columns.unsqueeze(0) == torch.arange(num_rows, device=device).unsqueeze(1)
+    return columns.unsqueeze(0) == torch.arange(start, stop, device=device).unsqueeze(1)
 
 
-def hardness_penalty(similarity: Tensor, num_rows: int, mode: HardnessMode | None, strength: float) -> Tensor | None:
+def hardness_penalty(similarity: Tensor, num_rows: int, mode: HardnessMode | None, strength: float,
+                     row_offset: int = 0) -> Tensor | None:
     """ST's hardness weighting of the ``query_to_doc`` block (Lan et al. 2025, Eq. 5): ``strength · sg(similarity)``
     on the selected negatives, added to the scaled logits; ``None`` when off.
 
     Columns are ``[positives (num_rows) | negative_1 (num_rows) | ...]``, column ``c`` belongs to pair ``c mod
     num_rows``. ``"in_batch_negatives"``: every column of another pair; ``"hard_negatives"``: the row's own explicit
-    negatives; ``"all_negatives"``: every column but the row's positive.
+    negatives; ``"all_negatives"``: every column but the row's positive. ``similarity`` holds the rows
+    ``row_offset ...`` of the batch (a chunk of anchors).
     """
     if mode is None or strength == 0.0:
         return None
     n, c = similarity.shape
     columns = torch.arange(c, device=similarity.device)
-    own = own_pair_mask(num_rows, c, similarity.device)[:n]
+    own = own_pair_mask(num_rows, c, similarity.device, rows=(row_offset, row_offset + n))
     if mode == "in_batch_negatives":
         selected = ~own
     elif mode == "hard_negatives":
@@ -130,9 +142,8 @@ def block_logits(block: Block, scale: float, focal_m: float | None = None) -> Te
     else:
         negative = sim * (sim + focal_m)
         if block.has_positive:
-            n = sim.size(0)
             is_positive = torch.zeros_like(sim, dtype=torch.bool)
-            is_positive[torch.arange(n, device=sim.device), torch.arange(n, device=sim.device)] = True
+            is_positive[torch.arange(sim.size(0), device=sim.device), block.positive_columns()] = True
             negative = torch.where(is_positive, sim * sim, negative)
         logits = negative * scale
     if block.penalty is not None:
@@ -144,7 +155,8 @@ def block_logits(block: Block, scale: float, focal_m: float | None = None) -> Te
 
 def ranking_rows(blocks: dict[str, Block], scale: float, partition_mode: PartitionMode = "joint",
                  focal_m: float | None = None) -> Tensor:
-    """The (N,) loss of every row: ``log Z_i - positive_i`` with the positive logit ``query_to_doc[i, i]`` and ``Z``
+    """The (R,) loss of every row: ``log Z_i - positive_i`` with the positive logit ``query_to_doc[i, i]`` (column
+    ``row_offset + r`` of row ``r`` for a chunk of anchors) and ``Z``
     the joint softmax denominator over every block (``"joint"``) or the geometric mean of one denominator per block
     (``"per_direction"``), as in sentence-transformers' ``MultipleNegativesRankingLoss``."""
     if "query_to_doc" not in blocks:
@@ -154,13 +166,14 @@ def ranking_rows(blocks: dict[str, Block], scale: float, partition_mode: Partiti
     rows = torch.arange(q2d.size(0), device=q2d.device)
     # log Z - positive = logsumexp(logits - positive): subtracting first keeps the small losses of well-separated
     # rows accurate in float32 (the positive's own entry becomes exactly 0), as a cross-entropy does
-    positive = q2d[rows, rows].unsqueeze(1)
+    positive = q2d[rows, blocks["query_to_doc"].positive_columns()].unsqueeze(1)
     if partition_mode == "joint":
         return torch.logsumexp(torch.cat(list(logits.values()), dim=1) - positive, dim=1)
     if partition_mode == "per_direction":
         # every block here holds the positive pair; a block's own diagonal is the same similarity as query_to_doc's
         # (up to float rounding), and subtracting it keeps that entry exactly 0
-        parts = [torch.logsumexp(value - (value[rows, rows].unsqueeze(1) if blocks[name].has_positive else positive),
-                                 dim=1) for name, value in logits.items()]
+        parts = [torch.logsumexp(value - (value[rows, blocks[name].positive_columns()].unsqueeze(1)
+                                          if blocks[name].has_positive else positive), dim=1)
+                 for name, value in logits.items()]
         return torch.stack(parts).mean(dim=0)
     raise ValueError(f"partition_mode must be 'joint' or 'per_direction', got {partition_mode!r}")

@@ -26,6 +26,7 @@ from st_hardneg.losses import distributed as dist
 from st_hardneg.losses import stateful
 from st_hardneg.losses.adversaries import NegativeAdversaries
 from st_hardneg.losses.base import HardNegativeLoss, LossOptions, float32_loss
+from st_hardneg.losses.batch import Batch
 from st_hardneg.losses.momentum import frozen_copy, update_momentum
 
 _STATE_FORMAT = 1
@@ -193,6 +194,8 @@ class AdversarialNegativesLoss(stateful.OptimizerDrivenLoss, HardNegativeLoss):
         self.momentum = validation.check_momentum(momentum, "momentum (m, the key encoder's EMA momentum)")
         self._ema_updates, self._backward_seen = 0, False
         self._state_synced = False
+        #: while a batch is computed: the sum of its chunks' shares of the adversaries' gradient (None: not training)
+        self._adversary_rows: Tensor | None = None
         self.adversary_temperature = validation.check_temperature(adversary_temperature, "adversary_temperature")
         self.min_batch_size = 1 if num_adversaries > 0 else 2  # with adversaries a single pair has negatives
         if num_adversaries > 0 and self.embedding_dimension is None:
@@ -309,21 +312,50 @@ class AdversarialNegativesLoss(stateful.OptimizerDrivenLoss, HardNegativeLoss):
     def compute_loss_from_embeddings(self, embeddings: list[Tensor], labels: Tensor | None) -> Tensor:
         """The loss on given embeddings ``[anchors (online), keys, explicit negatives...]``; while training (grad
         enabled), also adds the adversaries' ascent gradient to the window of the next optimizer step."""
-        batch = self.prepare_batch(embeddings)  # with gather_across_devices: the global batch
+        batch = self.prepare_batch(embeddings, own_rows=True)  # gathered: the global candidates, this process's rows
+        batch = self.begin_batch(batch)
+        loss = self.reduce(self.window_rows(batch))
+        self.end_batch(batch)
+        return loss
+
+    def window_rows(self, batch: Batch) -> Tensor:
+        """The rows of ``batch``'s anchors (:attr:`Batch.rows`) against every candidate and the adversaries; while
+        training, their share of the adversaries' ascent gradient is added up for :meth:`end_batch`."""
         masked = batch.false_negatives
+        start, stop = batch.row_range
         blocks = self.ranking_blocks(batch)
         q2d = blocks["query_to_doc"]
         if not self.in_batch_keys:  # paper Eq. 5: drop the other rows' keys and explicit negatives
-            q2d = q2d.excluding(~fr.own_pair_mask(batch.size, q2d.similarity.size(1), q2d.similarity.device))
+            q2d = q2d.excluding(~fr.own_pair_mask(batch.size, q2d.similarity.size(1), q2d.similarity.device,
+                                                  rows=(start, stop)))
         if self.num_adversaries:  # never masked; inside MatryoshkaLoss the first `width` dimensions of each
-            adversaries = self._prefix(self.adversaries.detach(), batch.anchors.size(1))
-            q2d = q2d.with_columns(batch.anchors @ fn.normalize(adversaries).T)
+            adversaries = self._prefix(self.adversaries.detach(), batch.anchors.size(1)).to(batch.anchors.dtype)
+            q2d = q2d.with_columns(batch.row_anchors @ fn.normalize(adversaries).T)
         blocks["query_to_doc"] = q2d
-        loss = self.reduce(self.ranking_rows(blocks))
-        self.record_stats(q2d.similarity, num_in_batch=batch.size, num_synthetic=self.num_adversaries)
+        rows = self.ranking_rows(blocks)
+        self.record_stats(q2d.similarity, num_in_batch=batch.size, num_synthetic=self.num_adversaries,
+                          row_offset=start)
+        if self._adversary_rows is not None:
+            own_start, own_stop = self.own_row_range(batch)
+            grad = self._adversary_gradient(batch.row_anchors, batch.candidates, masked, row_offset=start,
+                                            num_pairs=batch.size)
+            weighted = grad * ((stop - start) / (own_stop - own_start))  # the chunk's share of the rows' mean
+            self._adversary_rows = weighted if not len(self._adversary_rows) else self._adversary_rows + weighted
+        return rows
+
+    def begin_batch(self, batch: Batch) -> Batch:
+        """Before the rows of a batch: start summing the adversaries' gradient (while training)."""
+        self._adversary_rows = None
         if self.num_adversaries and self.training and torch.is_grad_enabled():
-            self._accumulate(batch.anchors, batch.candidates, masked)
-        return loss
+            self._prepare_accumulation(batch.anchors)
+            self._adversary_rows = batch.anchors.new_zeros(0)
+        return batch
+
+    def end_batch(self, batch: Batch) -> None:
+        """After the rows of a batch: add the summed adversary gradient to the ascent window, once per batch."""
+        pending, self._adversary_rows = self._adversary_rows, None
+        if pending is not None and len(pending):
+            self.adversary_bank.add(pending)
 
     @staticmethod
     def _prefix(adversaries: Tensor, width: int) -> Tensor:
@@ -332,23 +364,29 @@ class AdversarialNegativesLoss(stateful.OptimizerDrivenLoss, HardNegativeLoss):
         return adversaries if adversaries.size(1) == width else adversaries[:, :width]
 
     def adversary_loss(self, anchors: Tensor, candidates: Tensor, adversaries: Tensor,
-                       exclude: Tensor | None = None) -> Tensor:
+                       exclude: Tensor | None = None, row_offset: int = 0, num_pairs: int | None = None) -> Tensor:
         """The loss whose gradient the adversaries ascend: the encoder's loss at ``adversary_temperature`` (with the
-        same masked false negatives ``exclude``)."""
-        return fn.info_nce(self._cosines_and_logits(anchors, candidates, self._prefix(adversaries, anchors.size(1)),
-                                                    self.adversary_temperature, exclude)[1])
+        same masked false negatives ``exclude``), the mean over the ``anchors`` rows. ``row_offset``: the batch
+        index of the first of them (a chunk of anchors: row ``r``'s positive is ``candidates[row_offset + r]``);
+        ``num_pairs``: the batch's N (default: one anchor per pair)."""
+        logits = self._cosines_and_logits(anchors, candidates, self._prefix(adversaries, anchors.size(1)),
+                                          self.adversary_temperature, exclude, row_offset, num_pairs)[1]
+        positives = torch.arange(anchors.size(0), device=logits.device) + row_offset
+        return fn.info_nce(logits, positives)
 
     def _cosines_and_logits(self, anchors: Tensor, candidates: Tensor, adversaries: Tensor, tau: float,
-                            exclude: Tensor | None = None) -> tuple[Tensor, Tensor]:
+                            exclude: Tensor | None = None, row_offset: int = 0,
+                            num_pairs: int | None = None) -> tuple[Tensor, Tensor]:
         cos = fn.candidate_cosines(anchors, torch.cat([candidates, adversaries.to(candidates.dtype)], dim=0))
         logits = fn.mask_columns(fn.contrastive_logits(cos, tau), exclude)  # adversaries are never masked
         if not self.in_batch_keys:  # paper Eq. 5: drop the other rows' keys and explicit negatives
-            drop = ~fr.own_pair_mask(anchors.size(0), candidates.size(0), cos.device)
+            n = num_pairs if num_pairs is not None else anchors.size(0)
+            drop = ~fr.own_pair_mask(n, candidates.size(0), cos.device, rows=(row_offset, row_offset + anchors.size(0)))
             drop = torch.cat([drop, drop.new_zeros(anchors.size(0), adversaries.size(0))], dim=1)
             logits = logits.masked_fill(drop, float("-inf"))
         return cos, logits
 
-    def _accumulate(self, anchors: Tensor, candidates: Tensor, exclude: Tensor | None = None) -> None:
+    def _prepare_accumulation(self, anchors: Tensor) -> None:
         bank = self.adversary_bank
         if bank.pending_micro_batches and self._backward_seen and not any(
                 p.grad is not None for p in self.online_model.parameters()):
@@ -357,8 +395,14 @@ class AdversarialNegativesLoss(stateful.OptimizerDrivenLoss, HardNegativeLoss):
         if anchors.requires_grad:  # a backward through this micro-batch marks the window as backpropagated
             ref = weakref.ref(self)
             anchors.register_hook(lambda grad: setattr(ref(), "_backward_seen", True) if ref() else None)
-        loss_fn = self.adversary_loss if exclude is None else functools.partial(self.adversary_loss, exclude=exclude)
-        bank.accumulate(loss_fn, anchors, candidates)
+
+    def _adversary_gradient(self, anchors: Tensor, candidates: Tensor, exclude: Tensor | None = None,
+                            row_offset: int = 0, num_pairs: int | None = None) -> Tensor:
+        """The adversaries' ascent gradient of the mean adversary loss of these anchor rows (rows
+        ``row_offset ...`` of the batch)."""
+        loss_fn = functools.partial(self.adversary_loss, exclude=exclude, row_offset=row_offset,
+                                    num_pairs=num_pairs)
+        return self.adversary_bank.gradient(loss_fn, anchors, candidates)
 
     # ------------------------------------------------------------------ training-loop integration
     def update_state(self) -> None:

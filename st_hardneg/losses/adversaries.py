@@ -73,14 +73,24 @@ class NegativeAdversaries(nn.Module):
         ``inputs`` are detached and cast to float32; ``loss_fn`` receives them followed by a float32 leaf copy of
         :attr:`weight`.
         """
+        grad = self.gradient(loss_fn, *inputs)
+        self.add(grad)
+        return grad
+
+    def gradient(self, loss_fn: Callable[..., Tensor], *inputs: Tensor) -> Tensor:
+        """``∂ loss_fn(*inputs, adversaries) / ∂ adversaries`` (inputs detached, float32), without accumulating it (a
+        loss that computes its rows in chunks sums the chunks' gradients and :meth:`add` s them once)."""
         device = self.weight.device
         with torch.enable_grad(), torch.autocast(device_type=device.type, enabled=False):
             leaf = self.weight.detach().float().requires_grad_(True)
             loss = loss_fn(*(x.detach().float() for x in inputs), leaf)
             (grad,) = torch.autograd.grad(loss, leaf)
+        return grad
+
+    def add(self, grad: Tensor) -> None:
+        """Add one micro-batch's gradient to the accumulation window."""
         self._grad_sum = grad.clone() if self._grad_sum is None else self._grad_sum.add_(grad)
         self.pending_micro_batches += 1
-        return grad
 
     def reset_window(self) -> None:
         """Forget the gradients accumulated since the last :meth:`step`."""

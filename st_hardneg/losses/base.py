@@ -12,7 +12,7 @@ import functools
 import logging
 import warnings
 from collections.abc import Callable, Iterable
-from typing import Any, Literal, TypedDict, TypeVar, cast
+from typing import Any, Literal, NamedTuple, TypedDict, TypeVar, cast
 
 import torch
 from sentence_transformers import SentenceTransformer
@@ -81,6 +81,45 @@ def float32_loss(method: _Method) -> _Method:
     return compute_loss_from_embeddings  # type: ignore[return-value]
 
 
+def _combine_chunk_stats(pieces: list[tuple[int, dict[str, Tensor]]]) -> dict[str, Tensor]:
+    """The diagnostics of a batch from those of its chunks of rows: totals (``*_total``) add up, the queue's row
+    count is the same for every chunk, every other entry is a mean over rows (weighted by the chunk's rows)."""
+    if not pieces:
+        return {}
+    rows = sum(n for n, _ in pieces)
+    out: dict[str, Tensor] = {}
+    for key in dict.fromkeys(k for _, stats in pieces for k in stats):
+        values = [(n, stats[key]) for n, stats in pieces if key in stats]
+        if key.endswith("_total"):
+            out[key] = sum((v.double().cpu() for _, v in values), torch.zeros((), dtype=torch.float64))
+        elif key == "queue_rows_read":
+            out[key] = values[-1][1]
+        else:
+            # a chunk without the masked counts had nothing masked (they are reported from the first masked entry
+            # on): it counts as 0 over its rows
+            weight = rows if key == "masked_false_negatives" else (sum(n for n, _ in values) or rows)
+            out[key] = sum((v.double().cpu() * n for n, v in values), torch.zeros((), dtype=torch.float64)) / weight
+    return out
+
+
+class UnusableTally(NamedTuple):
+    """The unusable rows of a batch (or of a chunk of its rows), for :meth:`HardNegativeLoss.note_unusable_rows`."""
+
+    rows: int
+    empty: int  # rows without a negative left
+    zero: int  # rows with a zero-norm anchor or positive
+    unusable: int  # either
+    masked: float  # masked candidate entries
+    entries: int  # candidate entries (rows x candidates)
+    counted: bool  # whether the negatives left were counted (something was masked, or a batch of one)
+
+    def __add__(self, other: tuple[Any, ...]) -> UnusableTally:  # type: ignore[override]
+        o = cast(UnusableTally, other)
+        return UnusableTally(self.rows + o.rows, self.empty + o.empty, self.zero + o.zero,
+                             self.unusable + o.unusable, self.masked + o.masked, self.entries + o.entries,
+                             self.counted or o.counted)
+
+
 class HardNegativeLoss(ModelGuard, GradCacheMixin, nn.Module):
     """Base class of the st-hardneg losses.
 
@@ -144,9 +183,10 @@ class HardNegativeLoss(ModelGuard, GradCacheMixin, nn.Module):
             (``margin_strategy="absolute"``) or minus ``|positive similarity|·margin`` (``"relative"``), judged by
             the guide when given, else by the trained model itself (detached). ``doc_to_query`` uses the transposed
             mask, ``query_to_query`` / ``doc_to_doc`` the same threshold on their own similarities. A row whose
-            every negative is masked teaches nothing: the first such batch warns, and :attr:`diagnostics` reports
-            ``masked_false_negatives`` (mean per anchor), ``masked_false_negatives_total``, ``masked_fraction`` and
-            ``rows_without_negatives``.
+            every negative is masked teaches nothing and is left out of the mean (GISTEmbedLoss counts it as 0: see
+            :meth:`note_unusable_rows`): the first such batch warns, a batch of only such rows is a ``ValueError``,
+            and :attr:`diagnostics` reports ``masked_false_negatives`` (mean per anchor),
+            ``masked_false_negatives_total``, ``masked_fraction`` and ``rows_without_negatives``.
         margin_strategy: ``"absolute"`` or ``"relative"``.
         contrast_anchors: GISTEmbedLoss's anchor-anchor block: every anchor also against the other anchors of its
             process (false negatives masked as above). ``None`` (default): on with a guide (GIST's default), off
@@ -182,23 +222,31 @@ class HardNegativeLoss(ModelGuard, GradCacheMixin, nn.Module):
     ``gather_across_devices=True`` (same name and meaning as in sentence-transformers, built on its
     ``all_gather_with_grad``): under ``torch.distributed``, :meth:`prepare_batch` gathers every input column of every
     process (with gradient), so everything that looks across the batch (in-batch negatives, mixing partners, hardest
-    negatives, top-k pools, keys, the adversaries' gradient, the diagnostics) looks across the global batch. Design:
-    every process computes the per-row losses of *all* ``W·n`` global rows (identical on every process) and
-    :meth:`reduce` averages only its own ``n`` rows. Then the mean of the per-process losses is the single-process
-    loss of the global batch, and since the gather's backward sums every process's gradient, distributed data
-    parallel's average of the parameter gradients is exactly the single-process gradient. The cost is the loss math
-    of the global batch on every process, ``O((W·n)²·d)``, which stays far below the encoder's cost for realistic
-    batches. Random draws come from a generator that is identical on every process: the loss's own one when it has
-    a ``seed`` (every process draws the same sequence), else one seeded per draw from rank 0's global RNG
-    (:func:`st_hardneg.losses.distributed.shared_seed`). All processes must hold the same local batch size (use
-    ``dataloader_drop_last=True``); a ragged batch raises. Without a process group the option changes nothing but the
-    random source of the draws.
+    negatives, top-k pools, keys, the adversaries' gradient, the diagnostics) looks across the global batch. Each
+    process computes the rows of its *own* ``n`` anchors only, against the ``W·n`` gathered candidates
+    (``O(n·W·n)`` per process, as sentence-transformers' losses), and :meth:`reduce` weights their sum so that the
+    processes' mean is the global batch's mean; the gather's backward brings every process the gradient of its
+    embeddings from every process's rows, so distributed data parallel's average of the parameter gradients is
+    exactly the single-process gradient. AdCSE's adversary gradient is each process's rows' share, averaged across
+    processes (all-reduce) at the ascent step, so the bank stays identical everywhere. The one global pass is
+    HNCSE's positive mixing, whose mixed positives are candidates of every row: each process finds the hardest
+    negative of all ``W·n`` rows (no gradient, a chunk of rows at a time). Random draws come from a generator that
+    is identical on every process: the loss's own one when it has a ``seed`` (every process draws the same
+    sequence), else one seeded per draw from rank 0's global RNG (:func:`st_hardneg.losses.distributed.shared_seed`).
+    All processes must hold the same local batch size (use ``dataloader_drop_last=True``); a ragged batch raises.
+    Without a process group the option changes nothing but the random source of the draws.
 
     ``mini_batch_size`` / ``mini_batch_num_tokens``: GradCache (Gao et al., 2021) through sentence-transformers'
     ``CachedLossMixin`` (:class:`st_hardneg.losses.gradcache.GradCacheMixin`): the encoder sees only mini-batches of that
     size (or token budget), in two passes, and the loss and gradients are those of the whole batch (the second pass
-    replays the first pass's random state, so dropout masks match). ``compute_loss_from_embeddings`` runs once per
-    batch, so every side effect (random draws, statistics, AdCSE's adversary gradient) happens once per batch, as
+    replays the first pass's random state, so dropout masks match). The loss side is chunked too, as in
+    ``CachedMultipleNegativesRankingLoss``: :meth:`chunked_loss` builds the rows of :attr:`loss_chunk_size` anchors
+    at a time against every candidate (logits, masks, mixed and synthetic negatives, adversaries), back-propagates
+    them and frees them before the next chunk, so the loss holds O(chunk × candidates) memory, never the (N, N)
+    matrices; whatever a row chooses (partners, hardest negatives, top-k, random pairs) is chosen per row or drawn
+    once per batch, so chunking changes nothing (tested at chunk sizes that do not divide the batch). MixCSE's
+    ``layout="official"`` (the released code's N×3N cross-entropy) is computed whole. Every side effect (random
+    draws, statistics, AdCSE's adversary gradient) happens once per batch, as
     without the cache. Composes with ``gather_across_devices``.
     """
 
@@ -291,6 +339,8 @@ class HardNegativeLoss(ModelGuard, GradCacheMixin, nn.Module):
         #: set by ranking_rows for reduce: the rows that count in the mean (None: all)
         self._usable: Tensor | None = None
         self._zero_rows: Tensor | None = None
+        #: while chunked_loss runs: the unusable-row counts of each chunk, judged together at the end
+        self._chunk_tallies: list[UnusableTally] | None = None
         #: what forward saw for the next compute_loss_from_embeddings call (text keys, guide embeddings)
         self._side_inputs: SideInputs | None = None
         self._local_rows = None
@@ -411,8 +461,53 @@ class HardNegativeLoss(ModelGuard, GradCacheMixin, nn.Module):
             stacklevel=3,
         )
 
-    def prepare_batch(self, embeddings: list[Tensor], labels: Tensor | None = None) -> Batch:
-        """Check the columns and return them in float32, normalised once, as a :class:`Batch`.
+    def prepare_batch(self, embeddings: list[Tensor], labels: Tensor | None = None, own_rows: bool = False) -> Batch:
+        """Check the columns and return them in float32, normalised once, as a :class:`Batch` with the
+        false-negative masks of its rows: every row of the (gathered) batch, or with ``own_rows`` this process's
+        own rows (:meth:`prepare_columns`, then :meth:`window`)."""
+        batch = self.prepare_columns(embeddings, labels)
+        if own_rows and self._local_rows is not None:
+            own = self._local_rows[0]
+            return self.window(batch, own.start, own.stop)
+        return self.window(batch, None)
+
+    def own_row_range(self, batch: Batch) -> tuple[int, int]:
+        """``[start, stop)`` of this process's rows in ``batch`` (all of them without a gathering)."""
+        if self._local_rows is not None:
+            own = self._local_rows[0]
+            return own.start, own.stop
+        return 0, batch.size
+
+    def window(self, batch: Batch, start: int | None, stop: int | None = None) -> Batch:
+        """``batch`` restricted to the anchor rows ``[start, stop)`` (``None``: every row), with the false-negative
+        masks of those rows (``false_negatives``, ``block_masks``) and their counts in the diagnostics."""
+        from dataclasses import replace
+
+        rows = None if start is None else (int(start), int(stop if stop is not None else batch.size))
+        batch = replace(batch, rows=rows, false_negatives=None, block_masks=None)
+        self._false_negative_stats = {}
+        if not self.controls_false_negatives:
+            return batch
+        batch.false_negatives, stats = false_negatives.false_negative_mask(
+            batch, mask_duplicates=self.mask_duplicates, margin=self.margin,
+            margin_strategy=self.margin_strategy)
+        batch.block_masks = false_negatives.block_masks(
+            batch, frozenset(self.blocks) - {"query_to_doc"}, mask_duplicates=self.mask_duplicates,
+            margin=self.margin, margin_strategy=self.margin_strategy)
+        # Reported once anything can be masked beyond exact duplicates (a threshold is set), or from the first batch
+        # in which a duplicate was masked on: on duplicate-free data the default diagnostics stay as they were.
+        total = stats["masked_false_negatives_total"]
+        if not self._reports_false_negatives and (
+                self.margin is not None or (total.device.type != "meta" and bool(total > 0))):
+            self._reports_false_negatives = True
+        if self._reports_false_negatives:
+            self._false_negative_stats = stats
+        return batch
+
+    def prepare_columns(self, embeddings: list[Tensor], labels: Tensor | None = None) -> Batch:
+        """Check the columns and return them in float32, normalised once, as a :class:`Batch` (with gathering: of
+        every process's rows), with the text keys and guide embeddings that ``forward`` saw; no masks yet
+        (:meth:`window` adds those of the rows a loss computes).
 
         Raises ``ValueError`` for fewer than 2 columns, columns that are not (batch, dim) tensors of one batch size
         and one width, a width that differs from the model's embedding dimension recorded at construction, a batch
@@ -467,7 +562,9 @@ class HardNegativeLoss(ModelGuard, GradCacheMixin, nn.Module):
                 f"{name} needs a batch of at least {self.min_batch_size} pairs (it uses other in-batch pairs as "
                 f"negatives), got {n}. Increase the batch size or drop the last incomplete batch."
             )
-        raw = [column.float() for column in embeddings]
+        # the loss math in float32 (float16 / bfloat16 inputs are upcast), or float64 when a column is float64
+        dtype = torch.float64 if any(column.dtype == torch.float64 for column in embeddings) else torch.float32
+        raw = [column.to(dtype) for column in embeddings]
         units = []
         for i, column in enumerate(raw):
             norms = fn.row_norms(column)
@@ -489,24 +586,9 @@ class HardNegativeLoss(ModelGuard, GradCacheMixin, nn.Module):
         self._false_negative_stats = {}
         if not self.controls_false_negatives:
             return batch
-        batch = false_negatives.attach_side_inputs(
+        return false_negatives.attach_side_inputs(
             batch, inputs, len(embeddings), needs_guide=self.guide is not None,
             gathered=self._local_rows is not None, loss_name=type(self).__name__)
-        batch.false_negatives, stats = false_negatives.false_negative_mask(
-            batch, mask_duplicates=self.mask_duplicates, margin=self.margin,
-            margin_strategy=self.margin_strategy)
-        batch.block_masks = false_negatives.block_masks(
-            batch, frozenset(self.blocks) - {"query_to_doc"}, mask_duplicates=self.mask_duplicates,
-            margin=self.margin, margin_strategy=self.margin_strategy)
-        # Reported once anything can be masked beyond exact duplicates (a threshold is set), or from the first batch
-        # in which a duplicate was masked on: on duplicate-free data the default diagnostics stay as they were.
-        total = stats["masked_false_negatives_total"]
-        if not self._reports_false_negatives and (
-                self.margin is not None or (total.device.type != "meta" and bool(total > 0))):
-            self._reports_false_negatives = True
-        if self._reports_false_negatives:
-            self._false_negative_stats = stats
-        return batch
 
     def _check_finite(self, column: Tensor, norms: Tensor, index: int) -> None:
         if column.device.type == "meta":
@@ -544,43 +626,48 @@ class HardNegativeLoss(ModelGuard, GradCacheMixin, nn.Module):
         dot = self.similarity_fct_name == "dot_score"
         queries, positives = cast(tuple[Tensor, Tensor], (batch.raw_anchors, batch.raw_positives) if dot
                                   else (batch.anchors, batch.positives))
+        row_queries, row_positives = batch.raw_rows() if dot else (batch.row_anchors, batch.row_positives)
         documents = batch.raw_candidates if dot else batch.candidates
         n, device = batch.size, batch.device
+        start, stop = batch.row_range
         masks = batch.block_masks or {}
-        eye = torch.eye(n, dtype=torch.bool, device=device)
+        local = torch.arange(stop - start, device=device)
+        self_mask = torch.zeros(stop - start, n, dtype=torch.bool, device=device)
+        self_mask[local, local + start] = True  # row r is the batch's row start + r
         out: dict[str, fr.Block] = {}
-        q2d = queries @ documents.T
+        q2d = row_queries @ documents.T
         out["query_to_doc"] = fr.Block(
-            q2d, has_positive=True, exclude=batch.false_negatives,
-            penalty=fr.hardness_penalty(q2d, n, self.hardness_mode, self.hardness_strength))
+            q2d, has_positive=True, exclude=batch.false_negatives, row_offset=start,
+            penalty=fr.hardness_penalty(q2d, n, self.hardness_mode, self.hardness_strength, row_offset=start))
         for name in self.blocks:
             if name == "query_to_doc":
                 continue
             if name in ("query_to_query", "anchor_to_anchor"):
-                exclude = eye.clone()
+                exclude = self_mask.clone()
                 if name == "anchor_to_anchor" and self._local_rows is not None:
                     # GISTEmbedLoss does not gather the anchors: only this process's anchors are contrasted
-                    local = self._local_rows[0]
-                    process = torch.arange(n, device=device) // (local.stop - local.start)
-                    exclude |= process.unsqueeze(1) != process.unsqueeze(0)
-                block = fr.Block(queries @ queries.T, exclude=exclude)
+                    local_rows = self._local_rows[0]
+                    process = torch.arange(n, device=device) // (local_rows.stop - local_rows.start)
+                    exclude |= process[start:stop].unsqueeze(1) != process.unsqueeze(0)
+                block = fr.Block(row_queries @ queries.T, exclude=exclude, row_offset=start)
             elif name == "doc_to_query":
-                block = fr.Block(positives @ queries.T, has_positive=True)
+                block = fr.Block(row_positives @ queries.T, has_positive=True, row_offset=start)
             elif name == "doc_to_doc":
-                block = fr.Block(positives @ documents.T, exclude=fr.own_pair_mask(n, documents.size(0), device))
+                block = fr.Block(row_positives @ documents.T, row_offset=start,
+                                 exclude=fr.own_pair_mask(n, documents.size(0), device, rows=(start, stop)))
             elif name == "positive_to_positive":
-                block = fr.Block(positives @ positives.T, exclude=eye.clone())
+                block = fr.Block(row_positives @ positives.T, exclude=self_mask.clone(), row_offset=start)
             else:  # pragma: no cover - the constructor validated the names
                 raise ValueError(f"unknown block {name!r}")
             out[name] = block.excluding(masks.get(name))
-        self._queue_columns = self._read_and_stage_queue(batch, queries, out["query_to_doc"])
+        self._queue_columns = self._read_and_stage_queue(batch, row_queries, out["query_to_doc"])
         return out
 
     def _read_and_stage_queue(self, batch: Batch, queries: Tensor, q2d: fr.Block
                               ) -> tuple[Tensor, Tensor | None] | None:
-        """The queue's columns for this batch, ``(similarity (N, Q), exclude (N, Q) or None)``, or ``None``; then
-        this batch's candidates are staged (they enter the queue after the optimizer step, so a batch never reads
-        itself). A queued row is excluded for anchor ``i`` when its text key equals the anchor's or the positive's
+        """The queue's columns for the rows of this batch, ``(similarity (R, Q), exclude (R, Q) or None)``, or
+        ``None``; then (once per batch: at its first window) this batch's candidates are staged (they enter the
+        queue after the optimizer step, so a batch never reads itself). A queued row is excluded for anchor ``i`` when its text key equals the anchor's or the positive's
         (``mask_duplicates``), or when its cosine exceeds row ``i``'s false-negative threshold (``margin``)."""
         if self.queue is None:
             return None
@@ -590,26 +677,28 @@ class HardNegativeLoss(ModelGuard, GradCacheMixin, nn.Module):
         self._queue_stats = {}
         if readable is not None:
             vectors, keys = readable
-            vectors = vectors.to(queries.device)
+            vectors = vectors.to(device=queries.device, dtype=queries.dtype)
             similarity = queries @ vectors.T
             exclude = None
             if self.mask_duplicates and batch.text_keys is not None:
                 keys = keys.to(queries.device)
                 known = keys != -1  # -1: no key (Python's hash never returns -1)
-                own = batch.text_keys[:2].to(queries.device)  # anchor and positive keys, (2, N)
+                start, stop = batch.row_range
+                own = batch.text_keys[:2, start:stop].to(queries.device)  # anchor and positive keys, (2, R)
                 exclude = ((own[0].unsqueeze(1) == keys.unsqueeze(0)) | (own[1].unsqueeze(1) == keys.unsqueeze(0)))
                 exclude &= known.unsqueeze(0)
             if self.margin is not None:
-                cosines = batch.anchors.detach() @ (fn.normalize(vectors) if dot else vectors).T
-                positive = (batch.anchors.detach() * batch.positives.detach()).sum(dim=1, keepdim=True)
+                cosines = batch.row_anchors.detach() @ (fn.normalize(vectors) if dot else vectors).T
+                positive = (batch.row_anchors.detach() * batch.row_positives.detach()).sum(dim=1, keepdim=True)
                 threshold = (positive - self.margin if self.margin_strategy == "absolute"
                              else positive - positive.abs() * self.margin)
                 above = cosines > threshold
                 exclude = above if exclude is None else exclude | above
             columns = (similarity, exclude)
-        candidates = batch.raw_candidates if dot else batch.candidates
-        keys_now = batch.text_keys[1:].reshape(-1) if batch.text_keys is not None else None
-        self.queue.stage(candidates, keys_now)
+        if batch.rows is None or batch.rows[0] == self.own_row_range(batch)[0]:  # once per batch: its first window
+            candidates = batch.raw_candidates if dot else batch.candidates
+            keys_now = batch.text_keys[1:].reshape(-1) if batch.text_keys is not None else None
+            self.queue.stage(candidates, keys_now)
         return columns
 
     def ranking_rows(self, blocks: dict[str, fr.Block], focal_m: float | None = None) -> Tensor:
@@ -628,27 +717,27 @@ class HardNegativeLoss(ModelGuard, GradCacheMixin, nn.Module):
         self._count_unusable_rows(blocks)
         return fr.ranking_rows(blocks, self.scale, self.partition_mode, focal_m)
 
-    def _usable_rows(self, available: Tensor | None, n: int) -> Tensor | None:
+    def _window_zero_rows(self, start: int, n: int) -> Tensor | None:
+        """(n,) bool: the rows ``start .. start + n`` whose anchor or positive has a (near-)zero norm, or ``None``."""
+        zero = getattr(self, "_zero_rows", None)
+        if zero is None or zero.device.type == "meta" or zero.size(0) < start + n:
+            return None
+        return zero[start:start + n]
+
+    def _usable_rows(self, available: Tensor | None, n: int, start: int = 0) -> Tensor | None:
         """(n,) bool of the rows that count in the loss (a negative left, anchor and positive not near zero), or
         ``None`` when every row does."""
-        zero = getattr(self, "_zero_rows", None)
+        zero = self._window_zero_rows(start, n)
         usable = available > 0 if available is not None else None
-        if zero is not None and zero.size(0) == n and zero.device.type != "meta" and bool(zero.any()):
+        if zero is not None and bool(zero.any()):
             usable = ~zero if usable is None else usable & ~zero.to(usable.device)
         return usable
 
     def _count_unusable_rows(self, blocks: dict[str, fr.Block]) -> None:
-        """Find the rows that cannot teach anything, for :meth:`reduce` and the diagnostics: rows with no unmasked
-        negative (every candidate masked: their loss would be 0) and rows whose anchor or positive has a norm below
-        ``NORM_EPS`` (no direction: cosine 0 with everything). :meth:`reduce` leaves the zero-norm rows out of the
-        mean (a row without negatives stays in it with loss 0, as in sentence-transformers' ``GISTEmbedLoss``: the
-        drop-in equality with it holds on such batches too); a batch whose every row has a zero-norm anchor or
-        positive raises ``ValueError``; the first batch with some unusable rows warns once per loss, with
-        the counts, which ``diagnostics`` reports as ``rows_without_negatives``, ``zero_norm_rows``,
-        ``unusable_fraction`` and ``masked_fraction``."""
+        """Count the negatives left to each row of the ranking ``blocks`` (every entry but the positive and the
+        masked ones) and hand them to :meth:`note_unusable_rows`."""
         q2d = blocks["query_to_doc"]
         n = q2d.similarity.size(0)
-        self._usable = None
         available: Tensor | None = None
         total = 0
         masked = torch.zeros((), dtype=torch.long, device=q2d.similarity.device)
@@ -662,16 +751,55 @@ class HardNegativeLoss(ModelGuard, GradCacheMixin, nn.Module):
                 total += count
                 if excluded is not None:
                     masked = masked + excluded.sum()
-        if q2d.similarity.device.type == "meta":
+        self.note_unusable_rows(available, n, masked, total, start=q2d.row_offset)
+
+    def note_unusable_rows(self, available: Tensor | None, n: int, masked: Tensor | int = 0, total: int = 0,
+                           start: int = 0) -> None:
+        """The one rule for rows that cannot teach anything, for every loss and layout. A row is unusable when it
+        has no unmasked negative (``available``, the (n,) count of negatives left to each row, is 0: every candidate
+        was masked as a false negative) or when its anchor or positive has a norm below ``NORM_EPS`` (no direction:
+        cosine 0 with everything). :meth:`reduce` averages the usable rows only; a batch with no usable row raises
+        ``ValueError``; the first batch with some unusable rows warns once per loss (``warnings`` and ``logging``),
+        with the counts, which :attr:`diagnostics` reports as ``rows_without_negatives``, ``zero_norm_rows``,
+        ``unusable_fraction`` and ``masked_fraction`` (``masked`` of ``total`` × n candidates). ``available`` is
+        ``None`` when nothing was masked and every row has negatives. The rows are ``start .. start + n`` of the
+        batch (a chunk of anchors, or this process's rows)."""
+        self._usable = None
+        device = available.device if available is not None else None
+        if device is not None and device.type == "meta":
             return
-        usable = self._usable_rows(available, n)
-        zero = getattr(self, "_zero_rows", None)
-        count_zero = int(zero.sum()) if zero is not None and zero.size(0) == n else 0
+        usable = self._usable_rows(available, n, start)
+        zero = self._window_zero_rows(start, n)
+        count_zero = int(zero.sum()) if zero is not None else 0
         count_empty = int((available == 0).sum()) if available is not None else 0
         count_unusable = n - int(usable.sum()) if usable is not None else 0
-        if available is not None and (self._reports_false_negatives or count_unusable):
+        if count_unusable:
+            self._usable = usable
+        tally = UnusableTally(n, count_empty, count_zero, count_unusable, float(masked), total * n,
+                              available is not None)
+        if self._chunk_tallies is not None:  # chunked rows: judged once for the whole batch (chunked_loss)
+            self._chunk_tallies.append(tally)
+            return
+        self._judge_unusable(self._global_tally(tally))
+
+    def _global_tally(self, tally: UnusableTally) -> UnusableTally:
+        """With a gathered batch of which this process computed its own rows only: the counts of every process
+        (one all-reduce), so that every process judges the same global batch."""
+        if self._local_rows is None or tally.rows == self._local_rows[1]:
+            return tally
+        values = torch.tensor([tally.rows, tally.empty, tally.zero, tally.unusable, tally.masked, tally.entries,
+                               float(tally.counted)], dtype=torch.float64, device=self._zero_rows.device
+                              if self._zero_rows is not None else "cpu")
+        total = dist.sum_across(values).tolist()
+        return UnusableTally(int(total[0]), int(total[1]), int(total[2]), int(total[3]), total[4], int(total[5]),
+                             total[6] > 0)
+
+    def _judge_unusable(self, tally: UnusableTally) -> None:
+        """Record the counts of a batch's unusable rows in the diagnostics, raise when none is usable, warn once."""
+        n, count_empty, count_zero, count_unusable = tally.rows, tally.empty, tally.zero, tally.unusable
+        if tally.counted and (self._reports_false_negatives or count_unusable):
             coverage = {"rows_without_negatives": torch.tensor(float(count_empty)),
-                        "masked_fraction": (masked.float() / max(total * n, 1)).detach()}
+                        "masked_fraction": torch.tensor(tally.masked / max(tally.entries, 1))}
             self._false_negative_stats = {**self._false_negative_stats, **coverage}
             self._last_stats = {**self._last_stats, **coverage}
         if count_unusable:
@@ -688,21 +816,109 @@ class HardNegativeLoss(ModelGuard, GradCacheMixin, nn.Module):
         if count_zero:
             causes.append(f"{count_zero} of {n} rows have an anchor or positive embedding of norm below "
                           f"{fn.NORM_EPS:g} (no direction to rank; a collapsed or broken model?)")
-        if count_zero == n:
+        if count_unusable == n:
             raise ValueError(f"{name}: no usable row in this batch: " + "; ".join(causes) + ". There is nothing to "
                              "learn from it.")
-        # reduce() leaves the zero-norm rows out of the mean; a row without negatives stays in it with loss 0, as in
-        # sentence-transformers' GISTEmbedLoss (dropping it would break the drop-in equality of the losses)
-        if count_zero:
-            self._usable = ~zero.to(q2d.similarity.device) if zero is not None else None
         if count_unusable and not self._warned_unusable:
             self._warned_unusable = True
-            message = (f"{name}: " + "; ".join(causes) + ". They teach nothing (rows without negatives count 0 in "
-                       "the mean, as in sentence-transformers; zero-norm rows are left out of it). The diagnostics "
-                       "report rows_without_negatives, zero_norm_rows, unusable_fraction and masked_fraction. This "
-                       "warning is shown once.")
+            message = (f"{name}: " + "; ".join(causes) + ". They teach nothing and are left out of the batch's mean "
+                       "loss. The diagnostics report rows_without_negatives, zero_norm_rows, unusable_fraction and "
+                       "masked_fraction. This warning is shown once.")
             logger.warning(message)
-            warnings.warn(message, UserWarning, stacklevel=4)
+            warnings.warn(message, UserWarning, stacklevel=5)
+
+    # ------------------------------------------------------------------ rows a chunk of anchors at a time
+    def window_rows(self, batch: Batch) -> Tensor:
+        """The (R,) per-row losses of the anchor rows of ``batch`` (:attr:`Batch.rows`) against all its candidates.
+        A loss that implements it computes its rows a chunk of anchors at a time under GradCache
+        (:meth:`chunked_loss`); whatever it chooses per row (partners, hardest negatives, top-k, random draws) must
+        not depend on which other rows share the chunk."""
+        raise NotImplementedError
+
+    def begin_batch(self, batch: Batch) -> Batch:
+        """Called once per batch before its rows (all windows) are computed; returns the batch the rows are
+        computed on. A loss with per-batch state prepares it here (random partners drawn once, AdCSE's adversary
+        gradient) and a loss that replaces rows of the batch (HNCSE's mixed positives) does so here."""
+        return batch
+
+    def end_batch(self, batch: Batch) -> None:
+        """Called once per batch after its rows are computed (see :meth:`begin_batch`)."""
+
+    @property
+    def supports_row_chunks(self) -> bool:
+        """Whether the loss implements :meth:`window_rows` (then GradCache computes it in chunks of anchors)."""
+        return type(self).window_rows is not HardNegativeLoss.window_rows
+
+    @property
+    def loss_chunk_size(self) -> int:
+        """Anchor rows per chunk of :meth:`chunked_loss`: ``mini_batch_size`` (as in CachedMNRL), or 32 with only
+        ``mini_batch_num_tokens``."""
+        return self.mini_batch_size or 32
+
+    def chunked_loss(self, embeddings: list[Tensor], labels: Tensor | None, with_backward: bool = False) -> Tensor:
+        """The batch's loss computed a chunk of :attr:`loss_chunk_size` anchor rows at a time, as
+        ``CachedMultipleNegativesRankingLoss`` does: each chunk's rows (against every candidate of the global batch)
+        are built, back-propagated to the normalised embeddings and freed before the next chunk, so the loss side
+        holds O(chunk × candidates) at a time, never the (N, C) matrices. With ``with_backward`` the gradient then
+        flows once through the normalisation (and the gathering) into ``embeddings``; the returned loss is detached.
+        Equal to :meth:`compute_loss_from_embeddings` (loss, gradients, diagnostics, warnings and errors), up to
+        float summation order."""
+        from dataclasses import replace
+
+        self.check_labels(labels)
+        with fn.autocast_disabled(embeddings):
+            try:
+                batch = self.prepare_columns(embeddings, labels)
+            finally:
+                self._side_inputs = None
+            batch = self.begin_batch(batch)
+            fields = ("anchors", "positives", "negatives", "raw_anchors", "raw_positives", "raw_negatives")
+            graph: list[tuple[Tensor, Tensor]] = []  # (tensor with a graph, its leaf copy)
+            leaves: dict[str, Tensor] = {}
+            for name in fields:
+                value = getattr(batch, name)
+                if value is not None and with_backward and value.requires_grad:
+                    leaf = value.detach().requires_grad_(True)
+                    graph.append((value, leaf))
+                    leaves[name] = leaf
+                elif value is not None:
+                    leaves[name] = value.detach() if with_backward else value
+            leaf_batch = replace(batch, **cast(dict[str, Any], leaves))
+            start, stop = self.own_row_range(batch)
+            total = torch.zeros((), dtype=batch.anchors.dtype, device=batch.device)
+            pieces: list[tuple[int, dict[str, Tensor]]] = []
+            self._chunk_tallies = []
+            try:
+                for begin in range(start, stop, self.loss_chunk_size):
+                    end = min(begin + self.loss_chunk_size, stop)
+                    rows = self.window_rows(self.window(leaf_batch, begin, end))
+                    usable, self._usable = self._usable, None
+                    chunk = (rows * usable).sum() if usable is not None else rows.sum()
+                    if with_backward and chunk.requires_grad:
+                        chunk.backward()
+                    total = total + chunk.detach()
+                    pieces.append((end - begin, dict(self._last_stats)))
+                tallies = self._chunk_tallies
+                self.end_batch(leaf_batch)
+            finally:
+                self._chunk_tallies = None
+            self._last_stats = _combine_chunk_stats(pieces)
+            tally = self._global_tally(sum(tallies[1:], tallies[0])) if tallies else None
+            if tally is not None:
+                self._judge_unusable(tally)  # raises on a batch without a usable row
+            local_usable = (stop - start) - (sum(t.unusable for t in tallies) if tallies else 0)
+            if self._local_rows is not None:
+                world = self._local_rows[1] // (stop - start)
+                count = dist.sum_across(torch.tensor(float(local_usable), dtype=total.dtype, device=batch.device))
+                factor = world / count.clamp_min(1)
+            else:
+                factor = torch.tensor(1.0 / max(local_usable, 1), dtype=total.dtype, device=batch.device)
+            loss = total * factor
+            if with_backward and graph:
+                pairs = [(tensor, leaf.grad * factor) for tensor, leaf in graph if leaf.grad is not None]
+                if pairs:
+                    torch.autograd.backward([t for t, _ in pairs], [g for _, g in pairs])
+            return loss.detach() if with_backward else loss
 
     # ------------------------------------------------------------------ shared machinery
     def generator(self, device: torch.device | str) -> torch.Generator | None:
@@ -722,39 +938,29 @@ class HardNegativeLoss(ModelGuard, GradCacheMixin, nn.Module):
         return self._generator
 
     def reduce(self, rows: Tensor) -> Tensor:
-        """The loss of the batch from the (N,) per-anchor losses: their mean. After a gathering
+        """The loss of the batch from the (N,) per-anchor losses: the mean of the usable rows (all of them unless
+        :meth:`note_unusable_rows` found some without a negative or with a zero-norm embedding). After a gathering
         :meth:`prepare_batch`, ``rows`` covers the global batch and the mean is over this process's own rows."""
         usable = getattr(self, "_usable", None)
         self._usable = None
         if usable is not None and usable.size(0) != rows.size(0):
             usable = None
-        zero = self._zero_rows
-        if usable is None and zero is not None and zero.size(0) == rows.size(0) and zero.device.type != "meta" \
-                and bool(zero.any()):  # a loss that builds its rows without ranking_rows (MixCSE's official layout)
-            count, n = int(zero.sum()), rows.size(0)
-            cause = (f"{count} of {n} rows have an anchor or positive embedding of norm below {fn.NORM_EPS:g} (no "
-                     "direction to rank; a collapsed or broken model?)")
-            self._last_stats = {**self._last_stats, "zero_norm_rows": torch.tensor(float(count)),
-                                "unusable_fraction": torch.tensor(count / n)}
-            if count == n:
-                raise ValueError(f"{type(self).__name__}: no usable row in this batch: {cause}. There is nothing to "
-                                 "learn from it.")
-            if not self._warned_unusable:
-                self._warned_unusable = True
-                message = (f"{type(self).__name__}: {cause}. They are left out of the batch's mean loss. This "
-                           "warning is shown once.")
-                logger.warning(message)
-                warnings.warn(message, UserWarning, stacklevel=3)
-            usable = ~zero.to(rows.device)
         if self._local_rows is not None:
             own, total = self._local_rows
+            world = total // (own.stop - own.start)
+            if rows.size(0) == own.stop - own.start and rows.size(0) != total:
+                # this process's own rows only: the mean over every process's usable rows, weighted so that the
+                # processes' mean (what DDP averages) is that global mean (one all-reduce of the count)
+                count = usable.sum() if usable is not None else torch.tensor(rows.size(0), device=rows.device)
+                global_count = dist.sum_across(count.to(rows.dtype))
+                mine = (rows * usable).sum() if usable is not None else rows.sum()
+                return mine * world / global_count.clamp_min(1)
             if rows.size(0) != total:
                 raise ValueError(f"{type(self).__name__}.reduce: expected one loss per row of the gathered batch "
-                                 f"({total}), got {rows.size(0)}")
+                                 f"({total}) or of this process ({own.stop - own.start}), got {rows.size(0)}")
             if usable is not None:
                 # the mean over every process's usable rows: this process's sum, weighted so that the processes'
                 # mean (what DDP averages) is that global mean
-                world = total // (own.stop - own.start)
                 return (rows[own] * usable[own]).sum() * world / usable.sum().clamp_min(1)
             rows = rows[own]
         if usable is not None:
@@ -762,10 +968,10 @@ class HardNegativeLoss(ModelGuard, GradCacheMixin, nn.Module):
         return rows.mean()
 
     def record_stats(self, cos: Tensor, num_in_batch: int, num_synthetic: int = 0,
-                     extra: dict[str, Tensor] | None = None) -> None:
+                     extra: dict[str, Tensor] | None = None, row_offset: int = 0) -> None:
         """Remember the batch's mean cosines (and ``extra`` scalars) for :attr:`diagnostics` (no gradient, no device
-        sync)."""
-        stats = fn.contrastive_stats(cos.detach(), num_in_batch, num_synthetic)
+        sync). ``row_offset``: the batch index of ``cos``'s first row (a chunk of anchors)."""
+        stats = fn.contrastive_stats(cos.detach(), num_in_batch, num_synthetic, row_offset=row_offset)
         stats.update(self._false_negative_stats)
         stats.update(self._queue_stats)
         for key, value in (extra or {}).items():

@@ -41,10 +41,58 @@ class Batch:
     raw_negatives: Tensor | None = None
     #: the masked false negatives of the other ranking blocks (``doc_to_query``, ``query_to_query``...), by name
     block_masks: dict[str, Tensor] | None = None
+    #: the ``[start, stop)`` anchor rows a loss computes on this batch (a chunk of anchors, or this process's own
+    #: rows of a gathered batch); ``None``: every row. ``false_negatives`` and ``block_masks`` hold these rows only.
+    rows: tuple[int, int] | None = None
+    #: (N + C,) ids of ``[anchors; candidates]``, equal for identical embeddings (``false_negatives.duplicate_ids``)
+    duplicate_ids: Tensor | None = None
+    #: the batch before the loss replaced some of its rows (HNCSE's mixed positives): false negatives are judged
+    #: on it (duplicates and the margin without a guide), as before the replacement
+    unmixed: Batch | None = None
+
+    @property
+    def judged(self) -> Batch:
+        """The embeddings whose duplicates and (without a guide) similarities decide the false negatives."""
+        return self.unmixed if self.unmixed is not None else self
 
     @property
     def size(self) -> int:
+        """N, the pairs of the (global) batch: every column holds N rows (explicit negatives N per column)."""
         return self.anchors.size(0)
+
+    @property
+    def row_range(self) -> tuple[int, int]:
+        """``[start, stop)`` of the rows computed (:attr:`rows`, or all N)."""
+        return self.rows if self.rows is not None else (0, self.size)
+
+    @property
+    def row_count(self) -> int:
+        start, stop = self.row_range
+        return stop - start
+
+    @property
+    def row_anchors(self) -> Tensor:
+        """The unit anchors of the rows computed (the query side of ``query_to_doc``)."""
+        start, stop = self.row_range
+        return self.anchors[start:stop]
+
+    @property
+    def row_positives(self) -> Tensor:
+        """The unit positives of the rows computed (the query side of ``doc_to_query`` / ``doc_to_doc``)."""
+        start, stop = self.row_range
+        return self.positives[start:stop]
+
+    def row_index(self) -> Tensor:
+        """(R,) the global index of each row computed (its positive's column in ``query_to_doc``)."""
+        start, stop = self.row_range
+        return torch.arange(start, stop, device=self.device)
+
+    def raw_rows(self) -> tuple[Tensor, Tensor]:
+        """``(raw anchors, raw positives)`` of the rows computed (for ``dot_score``)."""
+        if self.raw_anchors is None or self.raw_positives is None:
+            raise ValueError("this batch has no raw (unnormalised) rows")
+        start, stop = self.row_range
+        return self.raw_anchors[start:stop], self.raw_positives[start:stop]
 
     @property
     def device(self) -> torch.device:

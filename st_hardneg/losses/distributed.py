@@ -91,6 +91,16 @@ def shared_seed(device: torch.device | str = "cpu") -> int:
     return int(broadcast_from_rank0(seed).item())
 
 
+def sum_across(tensor: Tensor) -> Tensor:
+    """The sum of ``tensor`` over every process (detached; a new tensor), e.g. counts of usable rows; the tensor
+    itself without a process group."""
+    if not is_distributed():
+        return tensor.detach()
+    out = tensor.detach().clone().contiguous()
+    torch.distributed.all_reduce(out)
+    return out
+
+
 def local_rows(n_local: int) -> slice:
     """The rows of this process's ``n_local`` local items inside a tensor gathered by :func:`gather_with_grad`."""
     if n_local < 0:

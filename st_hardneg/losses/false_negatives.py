@@ -23,7 +23,8 @@ from st_hardneg.losses.batch import Batch, SideInputs, text_keys
 if TYPE_CHECKING:
     from sentence_transformers import SentenceTransformer
 
-__all__ = ["attach_side_inputs", "block_masks", "false_negative_mask", "guide_embeddings", "side_inputs"]
+__all__ = ["attach_side_inputs", "block_masks", "candidate_mask", "duplicate_ids", "false_negative_mask",
+           "guide_embeddings", "side_inputs"]
 
 
 def side_inputs(sentence_features: list[dict[str, Tensor]], *, mask_duplicates: bool, guide: SentenceTransformer | None,
@@ -93,12 +94,62 @@ def attach_side_inputs(batch: Batch, inputs: SideInputs | None, num_columns: int
     return batch
 
 
+def duplicate_ids(batch: Batch) -> Tensor | None:
+    """(N + C,) long ids of the rows ``[anchors; candidates]`` of ``batch``, equal exactly for identical embeddings
+    (``torch.unique`` over the detached rows), computed once per batch and kept on it; ``None`` on the meta device."""
+    if batch.anchors.device.type == "meta":
+        return None
+    if batch.duplicate_ids is None:
+        judged = batch.judged
+        rows = torch.cat([judged.anchors.detach(), judged.candidates.detach()])
+        batch.duplicate_ids = torch.unique(rows, dim=0, return_inverse=True)[1]
+    return batch.duplicate_ids
+
+
+def _thresholds(source: Batch, start: int, stop: int, margin: float, margin_strategy: str) -> Tensor:
+    """(R, 1) the false-negative threshold of anchors ``start..stop``: positive similarity minus the margin."""
+    positive = (source.anchors[start:stop].detach() * source.positives[start:stop].detach()).sum(-1, keepdim=True)
+    return positive - margin if margin_strategy == "absolute" else positive - positive.abs() * margin
+
+
+@torch.no_grad()
+def candidate_mask(batch: Batch, anchors: tuple[int, int], columns: tuple[int, int], *, mask_duplicates: bool,
+                   margin: float | None, margin_strategy: str = "absolute") -> Tensor:
+    """(A, K) bool: True where candidate ``c`` (``batch.candidates`` order, ``columns`` = ``[c0, c1)``) is a masked
+    false negative of anchor ``i`` (``anchors`` = ``[i0, i1)``): it duplicates the anchor's positive (embedding, or
+    text when ``batch.text_keys`` is set), or (``margin``) it scores above the anchor's threshold (in the guide's
+    embeddings when ``batch.guide`` is set, else in the batch's own, detached). A positive is never masked for its
+    own anchor."""
+    i0, i1 = anchors
+    c0, c1 = columns
+    n = batch.size
+    mask = torch.zeros(i1 - i0, c1 - c0, dtype=torch.bool, device=batch.device)
+    if mask_duplicates:
+        ids = duplicate_ids(batch)
+        if ids is not None:
+            candidate_ids = ids[n:]  # positive i is candidate i
+            mask |= candidate_ids[i0:i1].unsqueeze(1) == candidate_ids[c0:c1].unsqueeze(0)
+        if batch.text_keys is not None:
+            keys = batch.text_keys
+            candidate_keys = keys[1:].reshape(-1)  # positives, then negative_1, negative_2, ...
+            mask |= keys[1, i0:i1].unsqueeze(1) == candidate_keys[c0:c1].unsqueeze(0)
+    if margin is not None:
+        source = batch.guide if batch.guide is not None else batch.judged
+        sim = source.anchors[i0:i1].detach() @ source.candidates[c0:c1].detach().T
+        mask |= sim > _thresholds(source, i0, i1, margin, margin_strategy)
+    low, high = max(i0, c0), min(i1, c1)  # the anchors whose positive is among these columns
+    if low < high:
+        step = torch.arange(high - low, device=batch.device)
+        mask[step + (low - i0), step + (low - c0)] = False
+    return mask
+
+
 @torch.no_grad()
 def false_negative_mask(batch: Batch, *, mask_duplicates: bool, margin: float | None,
                         margin_strategy: str = "absolute") -> tuple[Tensor, dict[str, Tensor]]:
-    """The false negatives of every anchor of ``batch``, and their counts.
+    """The false negatives of the anchors of ``batch`` (its :attr:`~Batch.rows`, default all), and their counts.
 
-    Returns ``(mask, stats)``: ``mask`` is (N, N + N·k) bool, True where candidate ``c`` (``batch.candidates`` order)
+    Returns ``(mask, stats)``: ``mask`` is (R, N + N·k) bool, True where candidate ``c`` (``batch.candidates`` order)
     is not a negative of anchor ``i``, i.e.
 
     - ``mask_duplicates``: its embedding is identical to the anchor's positive, or (when ``batch.text_keys`` is set)
@@ -110,25 +161,8 @@ def false_negative_mask(batch: Batch, *, mask_duplicates: bool, margin: float | 
     The positive column ``c == i`` is never masked. ``stats``: ``masked_false_negatives`` (masked candidates per
     anchor, mean) and ``masked_false_negatives_total``.
     """
-    n = batch.size
-    candidates = batch.candidates.detach()
-    mask = torch.zeros(n, candidates.size(0), dtype=torch.bool, device=batch.device)
-    if mask_duplicates:
-        rows = torch.cat([batch.positives.detach(), candidates])
-        if rows.device.type != "meta":
-            ids = torch.unique(rows, dim=0, return_inverse=True)[1]
-            mask |= ids[:n].unsqueeze(1) == ids[n:].unsqueeze(0)
-        if batch.text_keys is not None:
-            keys = batch.text_keys
-            candidate_keys = keys[1:].reshape(-1)  # positives, then negative_1, negative_2, ...
-            mask |= keys[1].unsqueeze(1) == candidate_keys.unsqueeze(0)
-    if margin is not None:
-        source = batch.guide if batch.guide is not None else batch
-        sim = source.anchors.detach() @ source.candidates.detach().T
-        positive = sim.diagonal().unsqueeze(1)
-        threshold = positive - margin if margin_strategy == "absolute" else positive - positive.abs() * margin
-        mask |= sim > threshold
-    mask.fill_diagonal_(False)
+    mask = candidate_mask(batch, batch.row_range, (0, batch.candidates.size(0)), mask_duplicates=mask_duplicates,
+                          margin=margin, margin_strategy=margin_strategy)
     count = mask.sum(dim=1).float()
     return mask, {"masked_false_negatives": count.mean(), "masked_false_negatives_total": count.sum()}
 
@@ -136,8 +170,8 @@ def false_negative_mask(batch: Batch, *, mask_duplicates: bool, margin: float | 
 @torch.no_grad()
 def block_masks(batch: Batch, names: set[str] | frozenset[str], *, mask_duplicates: bool, margin: float | None,
                 margin_strategy: str = "absolute") -> dict[str, Tensor]:
-    """The false negatives of the blocks other than ``query_to_doc`` (whose mask is :func:`false_negative_mask`,
-    ``batch.false_negatives``, which must be set): one (N, C) bool mask per name in ``names``.
+    """The false negatives of the blocks other than ``query_to_doc`` (whose mask is :func:`false_negative_mask`)
+    for the rows of ``batch`` (its :attr:`~Batch.rows`, default all): one (R, C) bool mask per name in ``names``.
 
     - ``doc_to_query``: the transposed in-batch part of the ``query_to_doc`` mask (positive i vs query j is masked
       when positive i is a false negative of query j);
@@ -151,46 +185,42 @@ def block_masks(batch: Batch, names: set[str] | frozenset[str], *, mask_duplicat
     anchor-anchor and positive-positive blocks), else in the batch's own (detached).
     """
     n = batch.size
+    start, stop = batch.row_range
     masks: dict[str, Tensor] = {}
-    q2d = batch.false_negatives
-    if q2d is None:
-        raise ValueError("block_masks needs batch.false_negatives (false_negative_mask) first")
     if "doc_to_query" in names:
-        masks["doc_to_query"] = q2d[:, :n].T.contiguous()
+        masks["doc_to_query"] = candidate_mask(batch, (0, n), (start, stop), mask_duplicates=mask_duplicates,
+                                               margin=margin, margin_strategy=margin_strategy).T.contiguous()
     same_type = {"query_to_query", "anchor_to_anchor", "doc_to_doc", "positive_to_positive"} & set(names)
     if not same_type:
         return masks
-    source = batch.guide if batch.guide is not None else batch
-    threshold = None
-    if margin is not None:
-        positive = (source.anchors.detach() * source.positives.detach()).sum(-1, keepdim=True)
-        threshold = positive - margin if margin_strategy == "absolute" else positive - positive.abs() * margin
-    anchors, candidates = batch.anchors.detach(), batch.candidates.detach()
-    ids = None
-    if mask_duplicates and anchors.device.type != "meta":
-        ids = torch.unique(torch.cat([anchors, candidates]), dim=0, return_inverse=True)[1]
+    source = batch.guide if batch.guide is not None else batch.judged
+    threshold = _thresholds(source, start, stop, margin, margin_strategy) if margin is not None else None
+    ids = duplicate_ids(batch) if mask_duplicates else None
     keys = batch.text_keys
     if {"query_to_query", "anchor_to_anchor"} & set(names):
-        mask = torch.zeros(n, n, dtype=torch.bool, device=batch.device)
+        mask = torch.zeros(stop - start, n, dtype=torch.bool, device=batch.device)
         if ids is not None:
             query_ids, positive_ids = ids[:n], ids[n:2 * n]
-            mask |= (query_ids.unsqueeze(1) == query_ids.unsqueeze(0)) | (positive_ids.unsqueeze(1) == query_ids)
+            mask |= ((query_ids[start:stop].unsqueeze(1) == query_ids.unsqueeze(0))
+                     | (positive_ids[start:stop].unsqueeze(1) == query_ids.unsqueeze(0)))
         if mask_duplicates and keys is not None:
-            mask |= (keys[0].unsqueeze(1) == keys[0].unsqueeze(0)) | (keys[1].unsqueeze(1) == keys[0].unsqueeze(0))
+            mask |= ((keys[0, start:stop].unsqueeze(1) == keys[0].unsqueeze(0))
+                     | (keys[1, start:stop].unsqueeze(1) == keys[0].unsqueeze(0)))
         if threshold is not None:
-            mask |= source.anchors.detach() @ source.anchors.detach().T > threshold
+            mask |= source.anchors[start:stop].detach() @ source.anchors.detach().T > threshold
         for name in ("query_to_query", "anchor_to_anchor"):
             if name in names:
                 masks[name] = mask
     if {"doc_to_doc", "positive_to_positive"} & set(names):
-        mask = torch.zeros(n, candidates.size(0), dtype=torch.bool, device=batch.device)
+        candidates = batch.candidates
+        mask = torch.zeros(stop - start, candidates.size(0), dtype=torch.bool, device=batch.device)
         if ids is not None:
-            positive_ids, candidate_ids = ids[n:2 * n], ids[n:]
-            mask |= positive_ids.unsqueeze(1) == candidate_ids.unsqueeze(0)
+            candidate_ids = ids[n:]
+            mask |= candidate_ids[start:stop].unsqueeze(1) == candidate_ids.unsqueeze(0)
         if mask_duplicates and keys is not None:
-            mask |= keys[1].unsqueeze(1) == keys[1:].reshape(-1).unsqueeze(0)
+            mask |= keys[1, start:stop].unsqueeze(1) == keys[1:].reshape(-1).unsqueeze(0)
         if threshold is not None:
-            mask |= source.positives.detach() @ source.candidates.detach().T > threshold
+            mask |= source.positives[start:stop].detach() @ source.candidates.detach().T > threshold
         if "doc_to_doc" in names:
             masks["doc_to_doc"] = mask
         if "positive_to_positive" in names:

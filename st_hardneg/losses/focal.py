@@ -10,6 +10,7 @@ from torch import Tensor
 
 from st_hardneg import validation
 from st_hardneg.losses.base import HardNegativeLoss, LossOptions, float32_loss
+from st_hardneg.losses.batch import Batch
 
 
 class FocalInfoNCELoss(HardNegativeLoss):
@@ -136,10 +137,13 @@ class FocalInfoNCELoss(HardNegativeLoss):
         Other ``directions`` get the same modulation (their positive ``s_p²``, every other entry ``s (s + m)``), and
         ``partition_mode`` combines them as in sentence-transformers' ``MultipleNegativesRankingLoss``.
         """
-        batch = self.prepare_batch(embeddings, labels)
+        return self.reduce(self.window_rows(self.prepare_batch(embeddings, labels, own_rows=True)))
+
+    def window_rows(self, batch: Batch) -> Tensor:
+        """The rows of ``batch``'s anchors (:attr:`Batch.rows`): each row only reads its own similarities."""
         blocks = self.ranking_blocks(batch)
-        self.record_stats(blocks["query_to_doc"].similarity, num_in_batch=batch.size)
-        return self.reduce(self.ranking_rows(blocks, focal_m=self.m))
+        self.record_stats(blocks["query_to_doc"].similarity, num_in_batch=batch.size, row_offset=batch.row_range[0])
+        return self.ranking_rows(blocks, focal_m=self.m)
 
     def paper_config(self) -> dict[str, Any]:
         return {"m": self.m}

@@ -127,6 +127,8 @@ class GradCacheMixin(CachedLossMixin):
             num_columns, frozen = self._gradcache_frozen
             it = iter(cached)
             embeddings = [frozen[column] if column in frozen else next(it) for column in range(num_columns)]
+        if getattr(self, "supports_row_chunks", False):  # the loss side in chunks of anchor rows too
+            return cast(Any, self).chunked_loss(embeddings, labels, with_backward=with_backward)
         loss = self.compute_loss_from_embeddings(embeddings, labels)
         if loss.dim() != 0:
             raise ValueError(f"{type(self).__name__}.compute_loss_from_embeddings must return a scalar loss")

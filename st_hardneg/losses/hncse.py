@@ -14,6 +14,7 @@ from torch import Tensor
 
 from st_hardneg import functional as fn
 from st_hardneg import validation
+from st_hardneg.losses import false_negatives
 from st_hardneg.losses.base import HardNegativeLoss, LossOptions, float32_loss
 from st_hardneg.losses.batch import Batch
 
@@ -228,6 +229,9 @@ class HNCSELoss(HardNegativeLoss):
         self.focal_m = validation.check_optional_non_negative(focal_m, "focal_m (the Focal-InfoNCE margin m)")
         validation.check_focal_margin_range(self.focal_m, "focal_m (the Focal-InfoNCE margin m)", self.temperature)
         self._warned_k = False
+        #: per batch (begin_batch): the positive-mixing share for the diagnostics, HNM's random pair positions
+        self._pm_extra: dict[str, Tensor] = {}
+        self._hnm_draws: tuple[Tensor, Tensor] | None = None
         self.hnm_pool = validation.check_choice(hnm_pool, "hnm_pool",
                                                 ("in_batch_negatives", "hard_negatives", "all_negatives"))
         # a pair of distinct in-batch negatives needs two other pairs in the batch
@@ -273,22 +277,75 @@ class HNCSELoss(HardNegativeLoss):
 
             ℓ_i = -log  e^{s(h_i, p_i)} / (Σ_j e^{s(h_i, p_j)} + Σ_k e^{s(h_i, n_k)} + Σ_o e^{s(h_i, u_io)})
         """
-        batch = self.prepare_batch(embeddings, labels)
+        batch = self.begin_batch(self.prepare_batch(embeddings, labels, own_rows=True))
+        try:
+            return self.reduce(self.window_rows(batch))
+        finally:
+            self.end_batch(batch)
+
+    def begin_batch(self, batch: Batch) -> Batch:
+        """Once per batch, before its rows: positive mixing of every row of the (global) batch (each row's hardest
+        unmasked in-batch negative is found a chunk of :attr:`loss_chunk_size` rows at a time, so no (N, N) matrix
+        is held), which replaces the positives (the false negatives are still judged on the unmixed batch); and the
+        random pairs of HNM, drawn once for every row."""
         if self.uses_hnm and self.hnm_pool == "hard_negatives" and batch.negatives.size(0) == 0:
             raise ValueError("HNCSELoss(hnm_pool='hard_negatives') mines the explicit negatives, but the batch has no "
                              "negative column: pass (anchor, positive, negative...) or use "
                              "hnm_pool='in_batch_negatives'.")
-        masked = batch.false_negatives
-        cos = batch.anchors @ batch.candidates.T
-        extra = {}
+        self._pm_extra = {}
+        self._hnm_draws = None
+        n = batch.size
         if self.uses_pm:
+            partners, has_partner = self._pm_partners(batch)
             pm = fn.positive_mixing(
                 batch.anchors, batch.positives, self.pm_threshold, self.w1, self.w2, single=self.pm_single,
-                detach_mix=not self.pm_gradient, weight_gradient=self.pm_weight_gradient, similarity=cos,
-                assume_normalized=True, exclude=masked,
-            )
-            batch = replace(batch, positives=pm.positives)
-            extra["pm_mixed"] = pm.mixed.float().mean()  # share of the anchors whose positive was mixed
+                detach_mix=not self.pm_gradient, weight_gradient=self.pm_weight_gradient, assume_normalized=True,
+                partners=partners, has_partner=has_partner)
+            batch = replace(batch, positives=pm.positives, unmixed=batch.judged)
+            self._pm_extra = {"pm_mixed": pm.mixed.float().mean()}  # share of the anchors whose positive was mixed
+        if self.uses_hnm and not self.hnm_single:
+            k = self.effective_k(n, None if self.hnm_pool == "in_batch_negatives" else self._pool_size(batch))
+            if k >= 2:
+                self._hnm_draws = fn.sample_distinct_pairs(n, k, self.num_mixed,
+                                                           generator=self.generator(batch.device),
+                                                           device=batch.device)
+        return batch
+
+    def end_batch(self, batch: Batch) -> None:
+        self._hnm_draws = None
+
+    def _pm_partners(self, batch: Batch) -> tuple[Tensor, Tensor | None]:
+        """``j*``, the hardest unmasked in-batch negative of every row (and whether it has one; ``None``: all do),
+        chunk by chunk."""
+        n = batch.size
+        chunk = self.loss_chunk_size if self.uses_gradient_cache else n
+        partners, valid = [], []
+        for start in range(0, n, chunk):
+            stop = min(start + chunk, n)
+            with torch.no_grad():
+                similarity = batch.anchors[start:stop] @ batch.positives.T
+                exclude = torch.zeros(stop - start, n, dtype=torch.bool, device=batch.device)
+                local = torch.arange(stop - start, device=batch.device)
+                exclude[local, local + start] = True
+                if self.controls_false_negatives:
+                    exclude |= false_negatives.candidate_mask(
+                        batch, (start, stop), (0, n), mask_duplicates=self.mask_duplicates, margin=self.margin,
+                        margin_strategy=self.margin_strategy)
+                best, ok = fn.top_candidates(similarity, 1, exclude)
+            partners.append(best.squeeze(1))
+            valid.append(ok.squeeze(1))
+        has_partner = torch.cat(valid)
+        return torch.cat(partners), (has_partner if self.controls_false_negatives else None)
+
+    def _pool_size(self, batch: Batch) -> int:
+        """The negatives per anchor in the HNM pool (for k's clamp)."""
+        n, num_explicit = batch.size, batch.negatives.size(0)
+        return {"in_batch_negatives": n - 1, "hard_negatives": num_explicit,
+                "all_negatives": n + num_explicit - 1}[self.hnm_pool]
+
+    def window_rows(self, batch: Batch) -> Tensor:
+        """The rows of ``batch``'s anchors (:attr:`Batch.rows`), on the mixed positives of :meth:`begin_batch`."""
+        masked = batch.false_negatives
         blocks = self.ranking_blocks(batch)
         q2d = blocks["query_to_doc"]
         num_synthetic = 0
@@ -297,35 +354,44 @@ class HNCSELoss(HardNegativeLoss):
             q2d = q2d.with_columns(synthetic, dropped if masked is not None else None)
             num_synthetic = synthetic.size(1)
         blocks["query_to_doc"] = q2d
-        self.record_stats(q2d.similarity, num_in_batch=batch.size, num_synthetic=num_synthetic, extra=extra)
-        return self.reduce(self.ranking_rows(blocks, focal_m=self.focal_m))
+        self.record_stats(q2d.similarity, num_in_batch=batch.size, num_synthetic=num_synthetic,
+                          extra=self._pm_extra, row_offset=batch.row_range[0])
+        return self.ranking_rows(blocks, focal_m=self.focal_m)
 
     def cosine_only_reason(self) -> str | None:
         return ("positive mixing compares the ratio (d1 - d2) / d1 of cosines and both mixes weight unit "
                 "directions")
 
     def _hnm_cosines(self, batch: Batch, cos: Tensor, masked: Tensor | None) -> tuple[Tensor, Tensor]:
-        """The (N, S) cosines with the synthetic negatives mined in :attr:`hnm_pool` (unmasked candidates only) and
-        the (N, S) bool mask of those that use a masked candidate (rows with too few unmasked ones)."""
+        """The (R, S) cosines of the rows of ``batch`` with the synthetic negatives mined in :attr:`hnm_pool`
+        (unmasked candidates only) and the (R, S) bool mask of those that use a masked candidate (rows with too few
+        unmasked ones). ``cos``: the rows' (R, C) similarities."""
         n, num_explicit = batch.size, batch.negatives.size(0)
-        start, stop = {"in_batch_negatives": (0, n), "hard_negatives": (n, n + num_explicit),
+        start, stop = batch.row_range
+        first, last = {"in_batch_negatives": (0, n), "hard_negatives": (n, n + num_explicit),
                        "all_negatives": (0, n + num_explicit)}[self.hnm_pool]
-        pool, similarity = batch.candidates[start:stop], cos[:, start:stop]
-        exclude = torch.zeros(n, stop - start, dtype=torch.bool, device=batch.device)
-        if start == 0:  # the pool holds the in-batch candidates: the own positive is not a negative
-            exclude[:, :n] = torch.eye(n, dtype=torch.bool, device=batch.device)
+        pool, similarity = batch.candidates[first:last], cos[:, first:last]
+        exclude = torch.zeros(stop - start, last - first, dtype=torch.bool, device=batch.device)
+        if first == 0:  # the pool holds the in-batch candidates: the own positive is not a negative
+            local = torch.arange(stop - start, device=batch.device)
+            exclude[local, local + start] = True
         if masked is not None:
-            exclude |= masked[:, start:stop]
-        k = self.effective_k(n, None if self.hnm_pool == "in_batch_negatives" else stop - start - (start == 0))
+            exclude |= masked[:, first:last]
+        k = self.effective_k(n, None if self.hnm_pool == "in_batch_negatives" else self._pool_size(batch))
         hard, _ = fn.top_candidates(similarity, k, exclude)
+        row_anchors = batch.row_anchors
         if self.hnm_single:
             synthetic = similarity.gather(1, hard)
             if not self.hnm_gradient:  # the mined negatives are constants: the gradient reaches the anchors only
-                synthetic = torch.einsum("nd,nkd->nk", batch.anchors, pool.detach()[hard])
+                synthetic = torch.einsum("nd,nkd->nk", row_anchors, pool.detach()[hard])
             return synthetic, exclude.gather(1, hard)
-        parents_a, parents_b = fn.hard_negative_pairs(hard, self.num_mixed, generator=self.generator(batch.device))
+        draws = self._hnm_draws
+        if draws is None:  # called outside begin_batch: draw for these rows now
+            draws = fn.sample_distinct_pairs(n, k, self.num_mixed, generator=self.generator(batch.device),
+                                             device=batch.device)
+        parents_a, parents_b = hard.gather(1, draws[0][start:stop]), hard.gather(1, draws[1][start:stop])
         synthetic = fn.mixed_negative_cosines(
-            batch.anchors, pool, parents_a, parents_b, alpha=self._alpha_function, detach_pool=not self.hnm_gradient,
+            row_anchors, pool, parents_a, parents_b, alpha=self._alpha_function, detach_pool=not self.hnm_gradient,
             similarity=similarity, assume_normalized=True,
         )
         return synthetic, exclude.gather(1, parents_a) | exclude.gather(1, parents_b)

@@ -184,6 +184,8 @@ class MixCSELoss(HardNegativeLoss):
                     "layout='official' needs the mixing partners to form a permutation (partner='shift' or 'random'); "
                     f"partner={self.partner!r} does not."
                 )
+        #: the shift / random partners of the batch being computed (begin_batch)
+        self._proposed: Tensor | None = None
         self.focal_m = validation.check_optional_non_negative(focal_m, "focal_m (the Focal-InfoNCE margin m)")
         if self.focal_m is not None and self.similarity_fct_name != "cos_sim":
             raise ValueError("MixCSELoss: focal_m needs similarity_fct=cos_sim (the Focal-InfoNCE logits s² and "
@@ -199,18 +201,37 @@ class MixCSELoss(HardNegativeLoss):
 
     def _allowed_partners(self, batch: Batch, similarity: Tensor, exclude: Tensor | None,
                           proposed: Tensor | None = None) -> tuple[Tensor, Tensor]:
-        """π and whether each row has one, given the (N, N) in-batch ``exclude`` mask of masked false negatives.
-        ``proposed``: the shift / random partners already drawn (the reverse direction reuses them)."""
-        if self.partner != "hardest" and proposed is None:
-            proposed = self._partners(batch, similarity)
-        if exclude is None:
-            partners = proposed if proposed is not None else self._partners(batch, similarity)
-            return partners, torch.ones_like(partners, dtype=torch.bool)
-        exclude = exclude | torch.eye(batch.size, dtype=torch.bool, device=batch.device)
+        """π and whether each row has one, for the rows of ``batch`` (:attr:`Batch.rows`): ``similarity`` and the
+        ``exclude`` mask of masked false negatives are (R, N) over the in-batch candidates. ``proposed``: the shift
+        / random partners of every row of the batch, drawn once per batch (:meth:`begin_batch`)."""
+        start, stop = batch.row_range
+        local = torch.arange(stop - start, device=batch.device)
+        if self.partner != "hardest":
+            rows_proposed = cast(Tensor, proposed)[start:stop]
+            if exclude is None:
+                return rows_proposed, torch.ones_like(rows_proposed, dtype=torch.bool)
+        self_mask = torch.zeros(stop - start, batch.size, dtype=torch.bool, device=batch.device)
+        self_mask[local, local + start] = True
+        exclude = self_mask if exclude is None else exclude | self_mask
         if self.partner == "hardest":
             partners, valid = fn.top_candidates(similarity, 1, exclude)
             return partners.squeeze(1), valid.squeeze(1)
-        return fn.allowed_partners(cast(Tensor, proposed), exclude)  # not hardest: proposed is set
+        return fn.allowed_partners(rows_proposed, exclude)
+
+    @property
+    def supports_row_chunks(self) -> bool:
+        """The paper layout computes its rows a chunk of anchors at a time (the official layout's N×3N
+        cross-entropy is computed whole)."""
+        return self.layout == "paper"
+
+    def begin_batch(self, batch: Batch) -> Batch:
+        """Draw the shift / random partners of every row once per batch (a chunk of rows reads its own)."""
+        self._proposed = (self._partners(batch, None) if self.partner in ("shift", "random") and self.layout == "paper"
+                          else None)
+        return batch
+
+    def end_batch(self, batch: Batch) -> None:
+        self._proposed = None
 
     # ------------------------------------------------------------------ loss
     @float32_loss
@@ -224,51 +245,63 @@ class MixCSELoss(HardNegativeLoss):
         ``doc_to_query`` (h'_i as anchor, h as candidates) the mixed negative ``normalize(λ h_i + (1-λ) h_π(i))``.
         ``layout="official"``: row i of the released code's N×3N cross-entropy (see the class docstring).
         """
-        batch = self.prepare_batch(embeddings, labels)
-        rows = self._official_rows(batch) if self.layout == "official" else self._paper_rows(batch)
-        return self.reduce(rows)
+        if self.layout == "official":
+            return self.reduce(self._official_rows(self.prepare_batch(embeddings, labels)))
+        batch = self.prepare_batch(embeddings, labels, own_rows=True)
+        batch = self.begin_batch(batch)
+        try:
+            return self.reduce(self.window_rows(batch))
+        finally:
+            self.end_batch(batch)
 
-    def _paper_rows(self, batch: Batch) -> Tensor:
+    def window_rows(self, batch: Batch) -> Tensor:
+        """The paper layout's rows for ``batch``'s anchors (:attr:`Batch.rows`); each row's partner is its own
+        (drawn once per batch, or its hardest unmasked in-batch negative)."""
+        if self.layout == "official":
+            raise NotImplementedError("layout='official' is computed whole (compute_loss_from_embeddings)")
         n = batch.size
+        start, stop = batch.row_range
+        local = torch.arange(stop - start, device=batch.device)
         blocks = self.ranking_blocks(batch)
         q2d = blocks["query_to_doc"]
-        in_batch = q2d.similarity[:, :n].detach()  # the hardest partner and, transposed, the reverse direction's
-        masked = batch.false_negatives  # (N, N + N·k) or None
+        in_batch = q2d.similarity[:, :n].detach()  # (R, N): the hardest partner
+        masked = batch.false_negatives  # (R, N + N·k) or None
         in_batch_masked = masked[:, :n] if masked is not None else None
         dot = self.similarity_fct_name == "dot_score"
         anchors = cast(Tensor, batch.raw_anchors) if dot else batch.anchors
         positives = cast(Tensor, batch.raw_positives) if dot else batch.positives
+        row_anchors, row_positives = anchors[start:stop], positives[start:stop]
         if self.partner == "explicit":
             if batch.negatives.size(0) == 0:
                 raise ValueError("MixCSELoss(partner='explicit') mixes each positive with the anchor's own mined "
                                  "negative, but the batch has no negative column: pass (anchor, positive, negative) "
                                  "triplets or use partner='shift' / 'random' / 'hardest'.")
-            own_negatives = (cast(Tensor, batch.raw_negatives) if dot else batch.negatives)[:n]
-            has_partner = torch.ones(n, dtype=torch.bool, device=batch.device)
+            own_negatives = (cast(Tensor, batch.raw_negatives) if dot else batch.negatives)[start:stop]
+            has_partner = torch.ones(stop - start, dtype=torch.bool, device=batch.device)
             if masked is not None:
-                has_partner = ~masked[torch.arange(n, device=batch.device), n + torch.arange(n, device=batch.device)]
-            mixed = self._mix(positives, own_negatives)
+                has_partner = ~masked[local, n + start + local]
+            mixed = self._mix(row_positives, own_negatives)
         else:
-            proposed = self._partners(batch, in_batch) if self.partner != "hardest" else None
-            partners, has_partner = self._allowed_partners(batch, in_batch, in_batch_masked, proposed)
-            mixed = self._mix(positives, positives[partners])
+            partners, has_partner = self._allowed_partners(batch, in_batch, in_batch_masked, self._proposed)
+            mixed = self._mix(row_positives, positives[partners])
         no_mix = (~has_partner).unsqueeze(1) if masked is not None else None
-        blocks["query_to_doc"] = q2d = q2d.with_columns((anchors * mixed).sum(-1, keepdim=True), no_mix)
-        self.record_stats(q2d.similarity, num_in_batch=n, num_synthetic=1)
+        blocks["query_to_doc"] = q2d = q2d.with_columns((row_anchors * mixed).sum(-1, keepdim=True), no_mix)
+        self.record_stats(q2d.similarity, num_in_batch=n, num_synthetic=1, row_offset=start)
         if self.reverse_mix:
             # h'_i as the anchor: mixed negative normalize(λ h_i + (1-λ) h_π(i)); its false negatives are the
-            # transposed in-batch mask
+            # transposed in-batch mask (the doc_to_query block's)
             reverse_has_partner = has_partner
+            d2q = blocks["doc_to_query"]
             if self.partner == "explicit":
-                reverse_mixed = self._mix(anchors, own_negatives)
+                reverse_mixed = self._mix(row_anchors, own_negatives)
             else:
-                reverse_masked = in_batch_masked.T if in_batch_masked is not None else None
-                reverse_partners, reverse_has_partner = self._allowed_partners(batch, in_batch.T, reverse_masked,
-                                                                               proposed)
-                reverse_mixed = self._mix(anchors, anchors[reverse_partners])
+                reverse_masked = (batch.block_masks or {}).get("doc_to_query") if masked is not None else None
+                reverse_partners, reverse_has_partner = self._allowed_partners(
+                    batch, d2q.similarity[:, :n].detach(), reverse_masked, self._proposed)
+                reverse_mixed = self._mix(row_anchors, anchors[reverse_partners])
             reverse_no_mix = (~reverse_has_partner).unsqueeze(1) if masked is not None else None
-            blocks["doc_to_query"] = blocks["doc_to_query"].with_columns(
-                (positives * reverse_mixed).sum(-1, keepdim=True), reverse_no_mix)
+            blocks["doc_to_query"] = d2q.with_columns((row_positives * reverse_mixed).sum(-1, keepdim=True),
+                                                      reverse_no_mix)
         return self.ranking_rows(blocks, focal_m=self.focal_m)
 
     def _mix(self, own: Tensor, partner_rows: Tensor) -> Tensor:
@@ -306,6 +339,7 @@ class MixCSELoss(HardNegativeLoss):
             keep[r, c] = False
         logits = logits.masked_fill(~keep, 0.0)
         masked = batch.false_negatives
+        excluded: Tensor | None = None
         if masked is not None:
             # Masked false negatives leave the denominator: in block 1 directly; in block 2 every mix_b built from a
             # false negative of a (b or π(b)); in block 3 the positives z2_b that are false negatives of a.
@@ -313,9 +347,16 @@ class MixCSELoss(HardNegativeLoss):
             exclude = [masked, in_batch | in_batch[:, partners]]
             if self.reverse_mix:
                 exclude.append(in_batch)
-            logits = fn.mask_columns(logits, torch.cat(exclude, dim=1))
+            excluded = torch.cat(exclude, dim=1)
+            logits = fn.mask_columns(logits, excluded)
+            keep[:, : excluded.size(1)] &= ~excluded
         own_mix = block2[rows, rows].unsqueeze(1)
         self.record_stats(torch.cat([cos[:, :num_shared], own_mix], dim=1), num_in_batch=n, num_synthetic=1)
+        # the negatives left to each row: every entry but its positive, the zeroed ones and the masked ones (the
+        # zeroed entries stay in the denominator as exp(0), as in the released code, but teach nothing)
+        keep[rows, rows] = False
+        self.note_unusable_rows(keep.sum(dim=1) if excluded is not None or n <= 1 else None, n,
+                                excluded.sum() if excluded is not None else 0, keep.size(1) - 1)
         return fn.info_nce_rows(logits)
 
     def _raw_mix(self, raw: Tensor, partners: Tensor) -> Tensor:

@@ -213,7 +213,9 @@ def run_pending(
 ) -> None:
     """The benchmarks' resumable loop: for every seed, every job (``(label, ...)``) whose ``(label, seed)`` has no
     run in ``data["runs"]`` yet is run with ``run(job, seed)``, appended and saved with ``save(data)`` at once, so an
-    interrupted benchmark resumes where it stopped; finished ones are reported as skipped. ``untrained()`` (if given)
+    interrupted benchmark resumes where it stopped; finished ones are reported as skipped. A run whose loss refuses a
+    batch with no usable row (``ValueError``, e.g. a margin that masks every negative) is recorded as
+    ``{"method", "seed", "failed": message}`` and the loop goes on; other errors propagate. ``untrained()`` (if given)
     makes the reference row of method ``"untrained"``, put first, when there is none yet."""
     if untrained is not None and not any(r["method"] == "untrained" for r in data["runs"]):
         data["runs"].insert(0, untrained())
@@ -225,7 +227,15 @@ def run_pending(
                 print(f"skip {label} seed {seed}: already in {where}", flush=True)
                 continue
             print(f"=== {label} seed {seed}", flush=True)
-            data["runs"].append(run(job, seed))
+            try:
+                data["runs"].append(run(job, seed))
+            except ValueError as error:
+                if "no usable row in this batch" not in str(error):
+                    raise
+                # a configuration that leaves no usable row (every negative masked) is a result, not a crash: it is
+                # recorded as failed, reported under the tables and never selected; the other runs go on
+                print(f"    failed: {error}", flush=True)
+                data["runs"].append({"method": label, "seed": seed, "failed": str(error)})
             save(data)
 
 
