@@ -200,6 +200,10 @@ def spawned(tmp_path_factory, tiny_model_dir):
         names.append("model-" + case_id)
         make = partial(build_for_model, name, kwargs, gather=True, mini_batch_size=2)
         jobs.append((model_step, (make, str(tiny_model_dir), TEXT_COLUMNS, 0, "mean")))
+    for case_id, name, kwargs in MODEL_CASES:  # 4 local rows in mini-batches (and loss chunks) of 3: 3 + 1
+        names.append("model-uneven-" + case_id)
+        make = partial(build_for_model, name, kwargs, gather=True, mini_batch_size=3)
+        jobs.append((model_step, (make, str(tiny_model_dir), TEXT_COLUMNS, 0, "mean")))
     names.append("model-duplicate-text")
     make = partial(build_for_model, "mixcse", {"partner": "hardest"}, gather=True, mini_batch_size=2)
     jobs.append((model_step, (make, str(tiny_model_dir), DUPLICATE_TEXT_COLUMNS, 0, "mean")))
@@ -287,6 +291,25 @@ def test_gradcache_and_gather_in_two_processes_equal_one_uncached(spawned, tiny_
     single_loss, single_grads = model_step(0, 1, partial(build_for_model, name, kwargs), str(tiny_model_dir),
                                            TEXT_COLUMNS, 0, "mean")
     results = spawned["model-" + case_id]
+    assert sum(loss for loss, _ in results) / 2 == pytest.approx(single_loss, rel=1e-5)
+    compared = 0
+    for param, g in single_grads.items():
+        for _, grads in results:
+            if g is None:
+                assert grads[param] is None, param
+            elif g.norm() > 1e-12:
+                assert (grads[param] - g).norm() <= 1e-5 * g.norm(), param
+                compared += 1
+    assert compared > 20
+
+
+@pytest.mark.parametrize("case_id,name,kwargs", MODEL_CASES, ids=MODEL_IDS)
+def test_uneven_chunks_in_two_processes_equal_one_uncached(spawned, tiny_model_dir, case_id, name, kwargs):
+    """As above with mini_batch_size=3 on 4 local rows: the encoder's mini-batches and the loss's chunks of anchor
+    rows are 3 + 1 on each process (issue 21: uneven chunks across 2 processes)."""
+    single_loss, single_grads = model_step(0, 1, partial(build_for_model, name, kwargs), str(tiny_model_dir),
+                                           TEXT_COLUMNS, 0, "mean")
+    results = spawned["model-uneven-" + case_id]
     assert sum(loss for loss, _ in results) / 2 == pytest.approx(single_loss, rel=1e-5)
     compared = 0
     for param, g in single_grads.items():
