@@ -52,7 +52,7 @@ METHODS: dict[str, tuple[str, dict[str, Any]]] = {
     "focal": ("focal", {}),  # dev 66.56 (margin rel 0.05: 64.74)
     "mixcse_explicit": ("mixcse", {"partner": "explicit"}),  # dev 65.47 (hardest: 65.02)
     "hncse_hnm_hard_negatives": ("hncse_hnm", {"hnm_pool": "hard_negatives"}),  # dev 66.33 (all negatives: 65.75)
-    "adcse_tied": ("adcse", {"untied": False}),
+    "adcse": ("adcse", {}),  # dev 66.06, the paper's untied EMA key encoder (tied: 65.22)
 }
 #: ablation rows (3 seeds, same protocol): which ingredient carries a difference. False-negative control: focal
 #: without duplicate masking, and with NV-Retriever's TopK-PercPos margin; mined partners: MixCSE mixing with its
