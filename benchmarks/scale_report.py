@@ -49,6 +49,7 @@ def summarize(data: dict[str, Any]) -> dict[str, Any]:
             rows.append({"method": method, "batch_size": batch,
                          "uncached_step_ms": un and un["step_ms"], "uncached_peak_mb": un and un["peak_mb"],
                          "cached_step_ms": ca and ca["step_ms"], "cached_peak_mb": ca and ca["peak_mb"],
+                         "cached_default_malloc_peak_mb": ca and ca.get("default_malloc_peak_mb"),
                          "cached_status": cached_run["status"] if cached_run else "not run",
                          "uncached_status": uncached_run["status"] if uncached_run else "not run",
                          "cached_time_vs_reference": time_ratio})
@@ -93,7 +94,7 @@ def markdown(data: dict[str, Any]) -> str:
     out = []
     mbs = meta.get("mini_batch_size", "mini_batch_size")
     header = ["method", "batch", "uncached step (ms)", "uncached peak (MB)", f"cached ({mbs}) step (ms)",
-              "cached peak (MB)", f"cached step / {REFERENCE}"]
+              "cached peak (MB)", "cached peak, default malloc (MB)", f"cached step / {REFERENCE}"]
     body = []
     for row in summary["rows"]:
         cached_ms = _fmt(row["cached_step_ms"]) if row["cached_status"] in ("ok", "not run") else row["cached_status"]
@@ -101,8 +102,9 @@ def markdown(data: dict[str, Any]) -> str:
         uncached_ms = _fmt(row["uncached_step_ms"]) if row["uncached_status"] in ("ok", "not run") \
             else row["uncached_status"]
         body.append([row["method"], row["batch_size"], uncached_ms, _fmt(row["uncached_peak_mb"]),
-                     cached_ms, _fmt(row["cached_peak_mb"]), "–" if ratio is None else f"{ratio:.2f}×"])
-    out.append(markdown_table(header, body, align=["l", "r", "r", "r", "r", "r", "r"]))
+                     cached_ms, _fmt(row["cached_peak_mb"]), _fmt(row["cached_default_malloc_peak_mb"]),
+                     "–" if ratio is None else f"{ratio:.2f}×"])
+    out.append(markdown_table(header, body, align=["l", "r", "r", "r", "r", "r", "r", "r"]))
     if summary["memory"]:
         body = [[m["method"], f"{m['from_batch']} → {m['to_batch']}", f"{m['ratio']:.2f}×",
                  _met(m["meets_target"])] for m in summary["memory"]]
@@ -130,8 +132,11 @@ def markdown(data: dict[str, Any]) -> str:
                    f"configuration (the first a warm-up; step = median of the rest), torch {meta.get('torch')}, "
                    f"{meta.get('torch_threads')} torch thread(s) in 1 process, {meta.get('torch_threads_per_process_ddp')} "
                    f"per process in 2, on {meta.get('cpu_count')} CPU cores. "
-                   "Peak = resident memory high-water mark during the steps minus the resident memory before them "
-                   "(gradients + AdamW state + activations); 2 processes: gloo, gather_across_devices, half the "
+                   "Peak = resident memory high-water mark of one step run after the timed ones, minus the resident "
+                   "memory before it (gradients + activations; AdamW's state is allocated by then), with glibc's mmap "
+                   "threshold fixed at 128 KiB so that freed buffers leave the resident set; \"default malloc\" = the "
+                   "same high-water mark over the timed steps with glibc's defaults (its dynamic mmap threshold keeps "
+                   "freed per-chunk buffers in the heap, so this one also counts the heap's growth); 2 processes: gloo, gather_across_devices, half the "
                    "global batch each, step time of the slower rank.\n")
     return "\n".join(out)
 
@@ -170,9 +175,20 @@ def plot(data: dict[str, Any], path: Path) -> Path | None:
     return path
 
 
+REPO = Path(__file__).resolve().parents[1]
+README = REPO / "README.md"
+#: the results file whose table the README shows (between its scale-table markers)
+README_SOURCE = REPO / "benchmarks" / "results" / "scale.json"
+
+
 def write_report(data: dict[str, Any], out: Path) -> None:
-    from st_hardneg.reporting import write_json
+    """Write ``out`` (JSON), its markdown table and plot; for the default results file also the README's table."""
+    from st_hardneg.reporting import replace_block, write_json
 
     write_json(out, data)
-    out.with_suffix(".md").write_text(markdown(data))
+    text = markdown(data)
+    out.with_suffix(".md").write_text(text)
     plot(data, out.with_suffix(".png"))
+    if out.resolve() == README_SOURCE.resolve() and README.is_file() and "<!-- scale-table:start -->" in \
+            README.read_text():
+        README.write_text(replace_block(README.read_text(), "scale-table", text))

@@ -235,3 +235,29 @@ def test_seed_bars_show_mean_std_and_every_seed(tmp_path, monkeypatch):
         plots.plot_seed_bars({"a": [1.0], "b": []}, tmp_path / "x.png", ylabel="y", title="t")
     with pytest.raises(ValueError, match="PNG"):
         plots.plot_seed_bars(per_seed, tmp_path / "x.svg", ylabel="y", title="t")
+
+
+@pytest.mark.parametrize("row_offset", [0, 3, 5])
+def test_contrastive_stats_match_a_loop_over_the_entries(row_offset):
+    """Positive, in-batch negative and synthetic means equal a plain loop over the (chunk of) rows."""
+    import torch
+
+    from st_hardneg.functional import contrastive_stats
+
+    torch.manual_seed(0)
+    n, num_in_batch, extra, synthetic = 4, 9, 2, 3
+    cos = torch.rand(n, num_in_batch + extra + synthetic) * 2 - 1
+    stats = contrastive_stats(cos, num_in_batch, synthetic, row_offset=row_offset)
+    positives, negatives, synthetics = [], [], []
+    for r in range(n):
+        for c in range(cos.size(1)):
+            value = float(cos[r, c])
+            if c == r + row_offset:
+                positives.append(value)
+            elif c < num_in_batch:
+                negatives.append(value)
+            elif c >= num_in_batch + extra:
+                synthetics.append(value)
+    assert float(stats["positive"]) == pytest.approx(sum(positives) / len(positives), abs=1e-6)
+    assert float(stats["negative"]) == pytest.approx(sum(negatives) / len(negatives), abs=1e-6)
+    assert float(stats["synthetic"]) == pytest.approx(sum(synthetics) / len(synthetics), abs=1e-6)

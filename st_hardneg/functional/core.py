@@ -308,13 +308,14 @@ def contrastive_stats(cos: Tensor, num_in_batch: int, num_synthetic: int = 0, ro
     n = cos.size(0)
     rows = torch.arange(n, device=cos.device)
     columns = rows + row_offset
-    stats = {"positive": cos[rows, columns].mean()}
-    in_batch = cos[:, :num_in_batch]
-    mask = torch.ones_like(in_batch, dtype=torch.bool)
-    mask[rows, columns] = False
-    # masked sum / count instead of boolean indexing: no device sync, and it works on the meta device too
-    count = mask.sum()
-    stats["negative"] = in_batch.masked_fill(~mask, 0.0).sum() / count.clamp_min(1)
+    positives = cos[rows, columns]
+    stats = {"positive": positives.mean()}
+    # the in-batch negatives' mean: every in-batch entry but the positives (no mask, no boolean indexing: no device
+    # sync, and it works on the meta device too)
+    inside = (columns < num_in_batch).sum()
+    count = n * num_in_batch - inside
+    total = cos[:, :num_in_batch].sum() - torch.where(columns < num_in_batch, positives, 0.0).sum()
+    stats["negative"] = total / count.clamp_min(1)
     if num_synthetic:
         stats["synthetic"] = cos[:, cos.size(1) - num_synthetic :].mean()
     return {k: v.detach() for k, v in stats.items()}

@@ -484,6 +484,8 @@ class HardNegativeLoss(ModelGuard, GradCacheMixin, nn.Module):
         from dataclasses import replace
 
         rows = None if start is None else (int(start), int(stop if stop is not None else batch.size))
+        if self.mask_duplicates:  # computed once on the batch the windows are cut from, not once per window
+            false_negatives.duplicate_ids(batch)
         batch = replace(batch, rows=rows, false_negatives=None, block_masks=None)
         self._false_negative_stats = {}
         if not self.controls_false_negatives:
