@@ -351,3 +351,131 @@ def test_two_processes_equal_one_and_share_one_queue(tmp_path):
     assert ranks[0]["filled"] == ranks[1]["filled"] == single["filled"] == 10
     torch.testing.assert_close(ranks[0]["vectors"], single["vectors"])
     torch.testing.assert_close(ranks[1]["vectors"], single["vectors"])
+
+
+# --------------------------------------------------------------------------- queue_source="ema"
+def _key_rows(encoder, texts):
+    """What a key encoder (dropout off) makes of ``texts``: unit rows, computed here without the loss."""
+    encoder = copy.deepcopy(encoder).eval()
+    with torch.no_grad():
+        return _unit(encoder(_features(encoder, texts))["sentence_embedding"].float())
+
+
+def test_ema_queue_holds_the_key_encoders_rows_and_the_encoder_follows_the_ema(tiny_model, tiny_sentences):
+    """Step 1 queues a dropout-off copy of the model as built; step 2 the copy moved by θ_k ← m·θ_k + (1 - m)·θ."""
+    m = 0.5
+    start = copy.deepcopy(tiny_model)  # the weights the key encoder is copied from
+    loss = FocalInfoNCELoss(tiny_model, queue_size=32, queue_source="ema", queue_momentum=m)
+    optimizer = torch.optim.SGD(tiny_model.parameters(), lr=0.5)
+    tiny_model.train()
+    batches = [(tiny_sentences[0:4], tiny_sentences[4:8]), (tiny_sentences[8:12], tiny_sentences[12:16])]
+    expected_encoder = copy.deepcopy(start)
+    for step, (anchors, positives) in enumerate(batches):
+        expected_rows = _key_rows(expected_encoder, positives)  # the key encoder before this step's update
+        optimizer.zero_grad()
+        loss([_features(tiny_model, anchors), _features(tiny_model, positives)], None).backward()
+        optimizer.step()
+        torch.testing.assert_close(loss.queue.vectors[4 * step: 4 * step + 4], expected_rows, atol=1e-6, rtol=0)
+        online = dict(tiny_model.named_parameters())
+        with torch.no_grad():
+            for name, param in expected_encoder.named_parameters():
+                param.mul_(m).add_(online[name].detach(), alpha=1 - m)
+        for (name, got), want in zip(loss.queue.key_encoder.named_parameters(), expected_encoder.parameters(),
+                                     strict=True):
+            torch.testing.assert_close(got, want, atol=1e-6, rtol=0, msg=name)
+    # the online model's own (dropout-on, stepped) positives differ from what was queued: the source matters
+    with torch.no_grad():
+        online_rows = _unit(tiny_model(_features(tiny_model, batches[1][1]))["sentence_embedding"])
+    assert not torch.allclose(online_rows, loss.queue.vectors[4:8], atol=1e-4)
+    assert not loss.queue.key_encoder.training and loss.queue.filled == 8
+    assert loss.diagnostics["queue_key_encoder_bytes"] == sum(p.numel() * 4 for p in tiny_model.parameters()) + sum(
+        b.numel() * b.element_size() for b in tiny_model.buffers())
+
+
+def test_ema_queue_cached_equals_uncached(tiny_model, tiny_sentences):
+    plain_model = tiny_model.double()
+    cached_model = copy.deepcopy(tiny_model)
+    plain = FocalInfoNCELoss(plain_model, queue_size=32, queue_source="ema", queue_momentum=0.9)
+    cached = FocalInfoNCELoss(cached_model, queue_size=32, queue_source="ema", queue_momentum=0.9,
+                              mini_batch_size=3)
+    opts = [torch.optim.SGD(m.parameters(), lr=0.1) for m in (plain_model, cached_model)]
+    for step in range(3):
+        texts = tiny_sentences[step * 5: step * 5 + 5]
+        losses = []
+        for loss, model, opt in zip((plain, cached), (plain_model, cached_model), opts, strict=True):
+            torch.manual_seed(step)
+            opt.zero_grad()
+            value = loss([_features(model, texts), _features(model, texts)], None)
+            value.backward()
+            opt.step()
+            losses.append(value.item())
+        assert losses[0] == pytest.approx(losses[1], abs=1e-5)
+        assert plain.queue.filled == cached.queue.filled == 5 * (step + 1)
+    torch.testing.assert_close(plain.queue.vectors, cached.queue.vectors, atol=1e-5, rtol=0)
+
+
+def test_ema_queue_round_trips_its_key_encoder(tiny_model, tiny_sentences):
+    loss = FocalInfoNCELoss(tiny_model, queue_size=8, queue_source="ema", queue_momentum=0.5)
+    optimizer = torch.optim.SGD(tiny_model.parameters(), lr=0.5)
+    loss([_features(tiny_model, tiny_sentences[:4]), _features(tiny_model, tiny_sentences[4:8])], None).backward()
+    optimizer.step()
+    state = copy.deepcopy(loss.queue.training_state_dict())
+    other_model = copy.deepcopy(tiny_model)
+    fresh = FocalInfoNCELoss(other_model, queue_size=8, queue_source="ema", queue_momentum=0.5)
+    assert not all(torch.equal(a, b) for a, b in zip(fresh.queue.key_encoder.parameters(),
+                                                     loss.queue.key_encoder.parameters(), strict=True))
+    fresh.queue.load_training_state_dict(state)
+    for a, b in zip(fresh.queue.key_encoder.state_dict().values(), loss.queue.key_encoder.state_dict().values(),
+                    strict=True):
+        assert torch.equal(a, b)
+    plain = FocalInfoNCELoss(copy.deepcopy(tiny_model), queue_size=8)
+    with pytest.raises(ValueError, match="has no key encoder"):
+        fresh.queue.load_training_state_dict({k: v for k, v in state.items() if k != "key_encoder"})
+    assert plain.queue.key_encoder is None
+
+
+def test_ema_queue_needs_the_features(tiny_model):
+    loss = FocalInfoNCELoss(tiny_model, queue_size=8, queue_source="ema")
+    with pytest.raises(ValueError, match="needs forward"):
+        loss.compute_loss_from_embeddings(_batch(0, n=4, d=32), None)
+    with torch.no_grad():  # evaluation queues nothing, so it needs nothing
+        loss.compute_loss_from_embeddings(_batch(0, n=4, d=32), None)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"queue_size": 4, "queue_source": "momentum"}, "queue_source"),
+    ({"queue_source": "ema"}, "without a queue"),
+    ({"queue_momentum": 0.9}, "without a queue"),
+    ({"queue_size": 4, "queue_source": "ema", "queue_momentum": 1.5}, "queue_momentum"),
+])
+def test_queue_source_arguments_are_checked(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        FocalInfoNCELoss(nn.Linear(4, 4), **kwargs)
+
+
+def test_adcse_ema_queue_uses_its_own_key_encoder_untied_and_a_queue_encoder_tied(tiny_model):
+    untied = AdversarialNegativesLoss(tiny_model, num_adversaries=0, queue_size=8, queue_source="ema")
+    assert untied.queue.key_encoder is None and untied.key_encoder is not None  # the loss's own feeds the queue
+    with pytest.raises(ValueError, match="queue_momentum does not apply"):
+        AdversarialNegativesLoss(tiny_model, num_adversaries=0, queue_size=8, queue_source="ema", queue_momentum=0.9)
+    tied = AdversarialNegativesLoss(tiny_model, untied=False, num_adversaries=0, queue_size=8, queue_source="ema",
+                                    queue_momentum=0.9)
+    assert tied.key_encoder is None and tied.queue.key_encoder is not None and tied.queue.momentum == 0.9
+    assert tied.get_config_dict()["queue_source"] == "ema" and tied.get_config_dict()["queue_momentum"] == 0.9
+
+
+@pytest.mark.integration
+def test_ema_queue_two_processes_equal_one(tmp_path, tiny_model_dir, tiny_sentences):
+    """With gather_across_devices (and GradCache) every process queues the key encoder's rows of the global batch,
+    in the order of one process, and the key encoders stay identical."""
+    from st_hardneg.testing.distributed import ema_queued_model_steps, spawn
+
+    steps = [[tiny_sentences[0:8], tiny_sentences[8:16]], [tiny_sentences[8:16], tiny_sentences[0:8]]]
+    single = ema_queued_model_steps(0, 1, str(tiny_model_dir), steps, 32)
+    ranks = spawn(ema_queued_model_steps, (str(tiny_model_dir), steps, 32, 2), tmp_path)
+    for step in range(2):
+        assert sum(r["losses"][step] for r in ranks) / 2 == pytest.approx(single["losses"][step], rel=1e-5)
+    assert single["filled"] == ranks[0]["filled"] == ranks[1]["filled"] == 16
+    for r in ranks:
+        torch.testing.assert_close(r["vectors"], single["vectors"], atol=1e-6, rtol=0)
+        torch.testing.assert_close(r["key_param"], single["key_param"], atol=1e-9, rtol=0)

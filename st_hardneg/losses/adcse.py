@@ -95,7 +95,10 @@ class AdversarialNegativesLoss(stateful.OptimizerDrivenLoss, HardNegativeLoss):
             adversary_temperature: τ > 0 of the loss whose gradient the adversaries ascend (paper: 0.05).
             untied: ``True`` (paper): positives (and explicit negatives) are embedded by the momentum key encoder.
                 ``False`` is the "w/o untied dual-encoder" ablation: embedded by the online encoder with its own
-                dropout, as in SimCSE; no key encoder is created.
+                dropout, as in SimCSE; no key encoder is created. With a queue (``queue_size``): untied, the queued
+                rows are the key encoder's under either ``queue_source`` (``queue_momentum`` does not apply: the
+                encoder moves with ``momentum``, dropout on as in the paper); tied with ``queue_source="ema"``, the
+                queue keeps its own key encoder like the other losses.
             in_batch_keys: ``True`` (default): the other pairs' keys and all explicit negatives are negatives of
                 every anchor. ``False``: paper Eq. 5, row ``i`` sees only its positive, its own explicit negatives
                 and the adversaries (needs ``num_adversaries > 0``).
@@ -182,6 +185,12 @@ class AdversarialNegativesLoss(stateful.OptimizerDrivenLoss, HardNegativeLoss):
                 add_stateful_loss_callback(trainer)  # restores the loss state on resume
                 trainer.train()  # later: trainer.train(resume_from_checkpoint=True)
         """
+        if untied and options.get("queue_source") == "ema" and options.get("queue_momentum", 0.995) != 0.995:
+            raise ValueError("AdversarialNegativesLoss: with queue_source='ema' the queue is fed by the loss's own key "
+                             "encoder, which moves with `momentum`; queue_momentum does not apply, leave it unset")
+        # read by the base class: untied, the candidates (and so the queued rows) already come from the key encoder;
+        # tied with queue_source="ema", the queue keeps its own key encoder (dropout off) as for the other losses
+        vars(self)["_candidates_from_key_encoder"] = bool(untied)
         super().__init__(model, guide, **options)
         if num_adversaries and self.similarity_fct_name != "cos_sim":
             raise ValueError("AdversarialNegativesLoss with num_adversaries > 0 needs similarity_fct=cos_sim: the "

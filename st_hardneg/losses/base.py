@@ -61,6 +61,8 @@ class LossOptions(TypedDict, total=False):
     queue_warmup_steps: int
     queue_max_age: int | None
     queue_checkpoint: bool
+    queue_source: Literal["online", "ema"]
+    queue_momentum: float
 
 
 def float32_loss(method: _Method) -> _Method:
@@ -79,6 +81,10 @@ def float32_loss(method: _Method) -> _Method:
             self._side_inputs = None
 
     return compute_loss_from_embeddings  # type: ignore[return-value]
+
+
+def _embed_column(module: nn.Module, features: dict[str, Tensor]) -> Tensor:
+    return module(features)["sentence_embedding"]  # type: ignore[no-any-return]
 
 
 def _combine_chunk_stats(pieces: list[tuple[int, dict[str, Tensor]]]) -> dict[str, Tensor]:
@@ -210,6 +216,12 @@ class HardNegativeLoss(ModelGuard, GradCacheMixin, nn.Module):
         queue_max_age: rows older than this many optimizer steps are not read (``None``: no limit).
         queue_checkpoint: save the queue with the optimizer checkpoint (restored on resume by
             :class:`~st_hardneg.training.callbacks.StatefulLossCallback`); ``False`` leaves it out.
+        queue_source: what feeds the queue: ``"online"`` (default, XBM: the detached candidates the loss computed
+            anyway, no extra cost) or ``"ema"`` (MoCo / ESimCSE: a momentum key encoder, a copy of ``model`` as the
+            loss is built, dropout off, re-embeds the candidate columns without gradient; one extra forward of them
+            per batch). AdCSE with ``untied=True`` queues its own key encoder's candidates under either source.
+        queue_momentum: the key encoder's EMA momentum for ``queue_source="ema"`` (default 0.995, ESimCSE's):
+            ``θ_k ← m·θ_k + (1 - m)·θ`` after every optimizer step.
 
     :func:`float32_loss` runs each ``compute_loss_from_embeddings`` with autocast disabled (the loss math is float32
     under bf16/fp16 mixed precision too) and warns once if it receives labels it does not use. This class also provides the
@@ -270,7 +282,8 @@ class HardNegativeLoss(ModelGuard, GradCacheMixin, nn.Module):
                  gather_across_devices: bool = False, mini_batch_size: int | None = None,
                  mini_batch_num_tokens: int | None = None, show_progress_bar: bool = False,
                  queue_size: int = 0, queue_warmup_steps: int = 0, queue_max_age: int | None = None,
-                 queue_checkpoint: bool = True, **unknown: Any) -> None:
+                 queue_checkpoint: bool = True, queue_source: Literal["online", "ema"] = "online",
+                 queue_momentum: float = 0.995, **unknown: Any) -> None:
         name = type(self).__name__
         if unknown:
             key = next(iter(unknown))
@@ -353,6 +366,12 @@ class HardNegativeLoss(ModelGuard, GradCacheMixin, nn.Module):
         self.queue_warmup_steps = validation.check_count(queue_warmup_steps, "queue_warmup_steps", minimum=0)
         self.queue_max_age = validation.check_optional_count(queue_max_age, "queue_max_age")
         self.queue_checkpoint = validation.check_bool(queue_checkpoint, "queue_checkpoint")
+        self.queue_source = validation.check_choice(queue_source, "queue_source", ("online", "ema"))
+        self.queue_momentum = validation.check_momentum(queue_momentum, "queue_momentum")
+        if not self.queue_size and (self.queue_source != "online" or self.queue_momentum != 0.995):
+            raise ValueError(f"{name}: queue_source / queue_momentum set without a queue; set queue_size > 0")
+        #: with queue_source="ema": the key encoder's rows of the next batch's candidate columns (one per column)
+        self._queue_key_columns: list[Tensor] | None = None
         self.queue: CandidateQueue | None = None
         self._queue_columns: tuple[Tensor, Tensor | None] | None = None
         self._queue_stats: dict[str, Tensor] = {}
@@ -363,8 +382,11 @@ class HardNegativeLoss(ModelGuard, GradCacheMixin, nn.Module):
             if guide is not None:
                 raise ValueError(f"{name}: queue_size with a guide is not supported (the queued rows have no guide "
                                  "embeddings to apply its margin to); use margin without a guide")
+            # a loss whose candidates already come from its own key encoder (AdCSE untied) queues those
+            own_encoder = self.queue_source == "ema" and not vars(self).get("_candidates_from_key_encoder", False)
             self.queue = CandidateQueue(model, self.queue_size, warmup_steps=self.queue_warmup_steps,
-                                        max_age=self.queue_max_age, checkpoint=self.queue_checkpoint)
+                                        max_age=self.queue_max_age, checkpoint=self.queue_checkpoint,
+                                        momentum=self.queue_momentum if own_encoder else None)
 
     def cosine_only_reason(self) -> str | None:
         """Why this loss's equation needs cosine similarities (then ``similarity_fct=dot_score`` is rejected), or
@@ -421,12 +443,18 @@ class HardNegativeLoss(ModelGuard, GradCacheMixin, nn.Module):
         return self.compute_loss_from_embeddings(embeddings, labels)
 
     def remember_side_inputs(self, sentence_features: Iterable[dict[str, Tensor]]) -> list[dict[str, Tensor]]:
-        """Called by ``forward`` before the model runs: keep each row's text key (for ``mask_duplicates``) and the
-        guide's embeddings (no gradient) for the next :meth:`prepare_batch`. Returns the features as a list."""
+        """Called by ``forward`` before the model runs: keep each row's text key (for ``mask_duplicates``), the
+        guide's embeddings (no gradient) and, with ``queue_source="ema"`` and gradients on, the key encoder's rows of the
+        candidate columns for the next :meth:`prepare_batch`. Returns the features as a list."""
         sentence_features = list(sentence_features)
         self._side_inputs = false_negatives.side_inputs(
             sentence_features, mask_duplicates=self.mask_duplicates, guide=self.guide, model=self.model,
             retokenize=self._must_retokenize)
+        self._queue_key_columns = None
+        if self.queue is not None and self.queue.key_encoder is not None and torch.is_grad_enabled():
+            # (the queue stages rows exactly when gradients are on: a training forward)
+            embed = self._embed_without_grad if self.uses_gradient_cache else _embed_column
+            self._queue_key_columns = [self.queue.embed_keys(features, embed) for features in sentence_features[1:]]
         return sentence_features
 
     def set_false_negative_inputs(self, text_keys: Tensor | None = None,
@@ -699,9 +727,26 @@ class HardNegativeLoss(ModelGuard, GradCacheMixin, nn.Module):
             columns = (similarity, exclude)
         if batch.rows is None or batch.rows[0] == self.own_row_range(batch)[0]:  # once per batch: its first window
             candidates = batch.raw_candidates if dot else batch.candidates
+            if self.queue.key_encoder is not None and torch.is_grad_enabled():
+                candidates = self._key_encoder_candidates(dot)
             keys_now = batch.text_keys[1:].reshape(-1) if batch.text_keys is not None else None
             self.queue.stage(candidates, keys_now)
         return columns
+
+    def _key_encoder_candidates(self, dot: bool) -> Tensor:
+        """``queue_source="ema"``: the key encoder's rows of this batch's candidate columns, in the batch's candidate
+        order (gathered from every process like the batch; normalised unless ``dot_score``)."""
+        columns, self._queue_key_columns = self._queue_key_columns, None
+        if columns is None:
+            raise ValueError(
+                f"{type(self).__name__}: queue_source='ema' queues the key encoder's embeddings of the input texts, "
+                "so it needs forward(sentence_features, labels) in training; compute_loss_from_embeddings alone "
+                "cannot feed it (use queue_source='online', or call the loss on the features)")
+        columns = [column.float() for column in columns]
+        if self._local_rows is not None:  # the batch was gathered: so are the keys, in rank order
+            columns = [dist.gather(column) for column in columns]
+        rows = torch.cat(columns)
+        return rows if dot else rows / fn.row_norms(rows).clamp_min(fn.NORM_EPS)
 
     def ranking_rows(self, blocks: dict[str, fr.Block], focal_m: float | None = None) -> Tensor:
         """The (N,) per-row losses of the blocks (:func:`st_hardneg.functional.ranking.ranking_rows` with this
@@ -987,11 +1032,14 @@ class HardNegativeLoss(ModelGuard, GradCacheMixin, nn.Module):
         control also ``masked_false_negatives`` (masked candidates per anchor, mean) and
         ``masked_false_negatives_total``: always when ``margin`` is set, and from the first batch in
         which ``mask_duplicates`` masked something on. With a queue: ``queue_rows_read`` (rows in the last batch's
-        denominator), ``queue_rows_masked`` (per anchor, mean), ``queue_filled`` and ``queue_memory_bytes``."""
+        denominator), ``queue_rows_masked`` (per anchor, mean), ``queue_filled`` and ``queue_memory_bytes`` (with ``queue_source="ema"`` also
+        ``queue_key_encoder_bytes``)."""
         out = {key: float(value) for key, value in self._last_stats.items()}
         if self.queue is not None:
             out["queue_filled"] = float(self.queue.filled)
             out["queue_memory_bytes"] = float(self.queue.memory_bytes)
+            if self.queue.key_encoder is not None:
+                out["queue_key_encoder_bytes"] = float(self.queue.key_encoder_bytes)
         return out
 
     def paper_config(self) -> dict[str, Any]:
@@ -1010,7 +1058,9 @@ class HardNegativeLoss(ModelGuard, GradCacheMixin, nn.Module):
                   "contrast_positives": self.contrast_positives}
         if self.queue_size:
             config.update({"queue_size": self.queue_size, "queue_warmup_steps": self.queue_warmup_steps,
-                           "queue_max_age": self.queue_max_age, "queue_checkpoint": self.queue_checkpoint})
+                           "queue_max_age": self.queue_max_age, "queue_checkpoint": self.queue_checkpoint,
+                           "queue_source": self.queue_source,
+                           **({"queue_momentum": self.queue_momentum} if self.queue_source == "ema" else {})})
         if self.guide is not None:
             card = getattr(self.guide, "model_card_data", None)
             config["guide"] = getattr(card, "base_model", None) or type(self.guide).__name__

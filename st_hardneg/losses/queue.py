@@ -18,19 +18,33 @@ What the known failure modes of such queues ask for, and what this does:
   ``mask_duplicates``) is masked for that anchor, as is a row above the loss's false-negative ``margin``.
 - **Hardest-negative choices.** The queue rows join the softmax denominator only: MixCSE's partner, HNCSE's top-k and
   AdCSE's adversaries are chosen from the batch, so a stale duplicate can never become the "hardest" negative.
-- **Checkpoints.** The queue (vectors, keys, steps, pointer) is saved inside the optimizer's state like AdCSE's state
-  (:class:`~st_hardneg.training.callbacks.StatefulLossCallback` restores it on resume), unless
-  ``checkpoint=False``.
+- **Checkpoints.** The queue (vectors, keys, steps, pointer, and the key encoder of ``source="ema"``) is saved inside
+  the optimizer's state like AdCSE's state (:class:`~st_hardneg.training.callbacks.StatefulLossCallback` restores it
+  on resume), unless ``checkpoint=False``.
+
+What feeds it (the loss's ``queue_source``):
+
+- ``"online"`` (default, XBM): the detached candidate rows the loss computed anyway; no extra cost. Their encoder
+  moves with every step, so older rows drift ("slow drift": close to today's for a few hundred steps).
+- ``"ema"`` (MoCo / ESimCSE): a momentum key encoder re-embeds each training batch's candidate texts without gradient
+  and its rows are queued instead. It is a :func:`~st_hardneg.losses.momentum.frozen_copy` of the model *as the loss
+  is built* (after loading, so it starts from the pretrained weights, not from random ones as in ESimCSE's released
+  code), kept in **evaluation mode (dropout off)** as in ESimCSE, and moved after every optimizer step by
+  ``θ_k ← m·θ_k + (1 - m)·θ`` (``momentum`` m, default 0.995, ESimCSE's). It costs one no-gradient forward of the
+  candidate columns per batch (in ``mini_batch_size`` pieces with GradCache) and one model copy. Its rows are
+  consistent with each other, at the price of lagging the online model.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Any
+from collections.abc import Callable
+from typing import Any, cast
 
 import torch
 from torch import Tensor, nn
 
+from st_hardneg.losses.momentum import frozen_copy, update_momentum
 from st_hardneg.losses.stateful import OptimizerDrivenLoss
 
 __all__ = ["CandidateQueue"]
@@ -47,14 +61,19 @@ class CandidateQueue(OptimizerDrivenLoss, nn.Module):
         warmup_steps: optimizer steps before any row is read.
         max_age: rows produced more than this many optimizer steps ago are not read (``None``: no limit).
         checkpoint: save the queue with the optimizer's checkpoints.
+        momentum: with a value, the queue keeps a momentum key encoder (``source="ema"``, see the module
+            docstring) moved with this momentum after every optimizer step; ``None`` (default): no key encoder.
     """
 
     checkpoint_name = "CandidateQueue"
 
     def __init__(self, model: nn.Module, size: int, *, warmup_steps: int = 0, max_age: int | None = None,
-                 checkpoint: bool = True) -> None:
+                 checkpoint: bool = True, momentum: float | None = None) -> None:
         super().__init__()
         vars(self)["_online"] = model  # not a submodule: the loss owns the model
+        self.momentum = momentum
+        # not a submodule either: out of the loss's parameters(), state_dict() and the optimizer
+        vars(self)["_key_encoder"] = self._new_key_encoder(model) if momentum is not None else None
         self.size = int(size)
         self.warmup_steps = int(warmup_steps)
         self.max_age = max_age
@@ -71,6 +90,33 @@ class CandidateQueue(OptimizerDrivenLoss, nn.Module):
     def online_model(self) -> nn.Module:
         return vars(self)["_online"]  # type: ignore[no-any-return]
 
+    @property
+    def key_encoder(self) -> nn.Module | None:
+        """The momentum key encoder (``source="ema"``), or ``None``."""
+        return vars(self)["_key_encoder"]  # type: ignore[no-any-return]
+
+    @staticmethod
+    def _new_key_encoder(model: nn.Module) -> nn.Module:
+        encoder = frozen_copy(model)
+        encoder.eval()  # dropout off (ESimCSE)
+        return encoder
+
+    def embed_keys(self, features: dict[str, Tensor], embed: Callable[[nn.Module, dict[str, Tensor]], Tensor]
+                   ) -> Tensor:
+        """The key encoder's detached embeddings of one input column, computed by ``embed(encoder, features)`` (the
+        loss's own no-gradient embedding, in mini-batches with GradCache), the encoder in evaluation mode on the
+        online model's device."""
+        encoder = self.key_encoder
+        if encoder is None:
+            raise RuntimeError("this queue has no key encoder (queue_source='online')")
+        online = next(self.online_model.parameters(), None)
+        param = next(encoder.parameters(), None)
+        if online is not None and param is not None and param.device != online.device:
+            encoder.to(online.device)
+        encoder.eval()
+        with torch.no_grad():
+            return embed(encoder, dict(features)).detach()  # a copy of the dict: the model writes into it
+
     # ------------------------------------------------------------------ staging and committing
     def stage(self, vectors: Tensor, keys: Tensor | None) -> None:
         """Stage the detached rows of a training forward (nothing in evaluation, i.e. without gradient); they enter
@@ -86,7 +132,10 @@ class CandidateQueue(OptimizerDrivenLoss, nn.Module):
         self._count_forward()
 
     def update_state(self) -> None:
-        """At an optimizer step: enqueue the staged rows (oldest first), stamped with the number of steps done."""
+        """At an optimizer step: move the key encoder (if any) towards the stepped model, then enqueue the staged rows
+        (oldest first), stamped with the number of steps done."""
+        if self.key_encoder is not None:
+            update_momentum(self.online_model, self.key_encoder, cast(float, self.momentum))
         pending, self._pending = self._pending, []
         for vectors, keys in pending:
             self._enqueue(vectors, keys, step=self._steps)
@@ -129,23 +178,41 @@ class CandidateQueue(OptimizerDrivenLoss, nn.Module):
 
     @property
     def memory_bytes(self) -> int:
-        """The queue's memory (vectors, keys and steps)."""
+        """The queue's memory (vectors, keys and steps; the key encoder's weights are counted apart)."""
         vectors = 0 if self.vectors is None else self.vectors.numel() * self.vectors.element_size()
         return vectors + self.keys.numel() * 8 + self.produced_at.numel() * 8
+
+    @property
+    def key_encoder_bytes(self) -> int:
+        """The key encoder's parameters and buffers (0 without one)."""
+        if self.key_encoder is None:
+            return 0
+        tensors = [*self.key_encoder.parameters(), *self.key_encoder.buffers()]
+        return sum(t.numel() * t.element_size() for t in tensors)
 
     # ------------------------------------------------------------------ checkpoints
     def training_state_dict(self) -> dict[str, Any]:
         if not self.checkpoint:
             return {"steps": self._steps, "saved": False}
-        return {"steps": self._steps, "saved": True, "pointer": self.pointer, "filled": self.filled,
+        key = ({"key_encoder": {k: v.detach().cpu().clone() for k, v in self.key_encoder.state_dict().items()}}
+               if self.key_encoder is not None else {})
+        return {"steps": self._steps, "saved": True, "pointer": self.pointer, "filled": self.filled, **key,
                 "vectors": None if self.vectors is None else self.vectors.detach().cpu().clone(),
                 "keys": self.keys.cpu().clone(), "produced_at": self.produced_at.cpu().clone()}
 
     def load_training_state_dict(self, state: dict[str, Any]) -> None:
         self._steps = int(state["steps"])
         if not state.get("saved", True):
-            logger.warning("the checkpoint holds no queue rows (checkpoint=False): the queue refills from empty")
+            logger.warning("the checkpoint holds no queue rows (checkpoint=False): the queue refills from empty%s",
+                           " and its key encoder starts again from the resumed model" if self.key_encoder is not None
+                           else "")
+            if self.key_encoder is not None:
+                vars(self)["_key_encoder"] = self._new_key_encoder(self.online_model)
             return
+        if self.key_encoder is not None:
+            if "key_encoder" not in state:
+                raise ValueError("the checkpointed queue has no key encoder, this one has (queue_source='ema')")
+            self.key_encoder.load_state_dict(state["key_encoder"])
         vectors = state["vectors"]
         if vectors is not None and vectors.size(0) != self.size:
             raise ValueError(f"the checkpointed queue holds {vectors.size(0)} rows, this one {self.size}")
@@ -157,4 +224,5 @@ class CandidateQueue(OptimizerDrivenLoss, nn.Module):
 
     def extra_repr(self) -> str:
         return (f"size={self.size}, filled={self.filled}, warmup_steps={self.warmup_steps}, "
-                f"max_age={self.max_age}, steps={self._steps}")
+                f"max_age={self.max_age}, steps={self._steps}"
+                + (f", key encoder momentum={self.momentum}" if self.key_encoder is not None else ""))

@@ -205,3 +205,31 @@ def queued_steps(rank: int, world_size: int, batches: list[list[Tensor]], queue_
     vectors = loss.queue.vectors
     return {"losses": losses, "filled": loss.queue.filled,
             "vectors": None if vectors is None else vectors.clone()}
+
+
+def ema_queued_model_steps(rank: int, world_size: int, model_dir: str, steps: list[list[list[str]]],
+                           queue_size: int, mini_batch_size: int | None = None) -> dict[str, Any]:
+    """Focal-InfoNCE with a ``queue_source="ema"`` queue on the tiny test BERT (float64, mean pooling, eval mode),
+    trained one SGD step per entry of ``steps`` (text columns) on this process's shard, gradients averaged as DDP
+    does; with ``world_size`` 1 (called directly) the single-process reference. Returns the per-step losses, the
+    queue's rows and its key encoder's first parameter, to compare 2 processes with 1."""
+    from st_hardneg.losses.focal import FocalInfoNCELoss
+    from st_hardneg.models import load_model
+
+    model = load_model(model_dir, pooling="mean", max_seq_length=32, device="cpu").double().eval()
+    loss_fn = FocalInfoNCELoss(model, queue_size=queue_size, queue_source="ema", queue_momentum=0.5,
+                               gather_across_devices=world_size > 1, mini_batch_size=mini_batch_size)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+    losses = []
+    for columns in steps:
+        optimizer.zero_grad()
+        features = [dict(model.tokenize(_shard_list(column, rank, world_size))) for column in columns]
+        loss = loss_fn(features, None)
+        loss.backward()
+        if world_size > 1:
+            average_parameter_grads(model)
+        optimizer.step()
+        losses.append(float(loss.detach()))
+    queue = cast(Any, loss_fn.queue)
+    return {"losses": losses, "filled": queue.filled, "vectors": queue.vectors.clone(),
+            "key_param": next(queue.key_encoder.parameters()).detach().clone()}
