@@ -479,3 +479,76 @@ def test_ema_queue_two_processes_equal_one(tmp_path, tiny_model_dir, tiny_senten
     for r in ranks:
         torch.testing.assert_close(r["vectors"], single["vectors"], atol=1e-6, rtol=0)
         torch.testing.assert_close(r["key_param"], single["key_param"], atol=1e-9, rtol=0)
+
+
+# --------------------------------------------------------------------------- queue_anchors: the second bank
+SYMMETRIC_FOCAL = {"directions": ("query_to_doc", "doc_to_query"), "partition_mode": "per_direction"}
+
+
+def _symmetric_reference(batch, queued_positives=None, queued_anchors=None, exclude_anchors=None):
+    """Per-direction Focal-InfoNCE written out: the mean of each pair's query_to_doc row (against the positives and
+    the queued positives) and its doc_to_query row (the positive against the anchors and the queued anchors)."""
+    anchors, positives = batch
+    q2d = _focal_rows(anchors, positives, queued_positives)
+    d2q = _focal_rows(positives, anchors, queued_anchors, exclude_extra=exclude_anchors)
+    return ((q2d + d2q) / 2).mean()
+
+
+def test_queue_anchors_join_the_doc_to_query_denominator():
+    model = nn.Linear(4, 4)
+    loss = FocalInfoNCELoss(model, m=M, temperature=TAU, queue_size=8, queue_anchors=True, **SYMMETRIC_FOCAL)
+    only_positives = FocalInfoNCELoss(model, m=M, temperature=TAU, queue_size=8, **SYMMETRIC_FOCAL)
+    batches = [_batch(s) for s in range(3)]
+    torch.testing.assert_close(loss.compute_loss_from_embeddings(batches[0], None), _symmetric_reference(batches[0]),
+                               rtol=1e-6, atol=1e-6)
+    only_positives.compute_loss_from_embeddings(batches[0], None)
+    _step(model)
+    assert loss.anchor_queue.filled == loss.queue.filled == 3
+    torch.testing.assert_close(loss.anchor_queue.vectors[:3], _unit(batches[0][0]))
+    got = loss.compute_loss_from_embeddings(batches[1], None)
+    torch.testing.assert_close(got, _symmetric_reference(batches[1], batches[0][1], batches[0][0]),
+                               rtol=1e-6, atol=1e-6)
+    # without the anchors' bank doc_to_query reads the batch only: a different (and checkable) number
+    without = only_positives.compute_loss_from_embeddings(batches[1], None)
+    torch.testing.assert_close(without, _symmetric_reference(batches[1], batches[0][1], None), rtol=1e-6, atol=1e-6)
+    assert abs(float(got) - float(without)) > 1e-4
+    assert loss.diagnostics["anchor_queue_rows_read"] == 3.0 and loss.diagnostics["anchor_queue_filled"] == 3.0
+
+
+def test_a_queued_anchor_with_the_positives_text_is_masked():
+    model = nn.Linear(4, 4)
+    loss = FocalInfoNCELoss(model, m=M, temperature=TAU, queue_size=8, queue_anchors=True, **SYMMETRIC_FOCAL)
+    batches = [_batch(s) for s in range(2)]
+    loss.set_false_negative_inputs(text_keys=torch.tensor([[11, 12, 13], [21, 22, 23]]))
+    loss.compute_loss_from_embeddings(batches[0], None)
+    _step(model)
+    # step 1: pair 0's positive has the text of queued anchor 1 (key 12), pair 2's anchor that of queued anchor 2
+    loss.set_false_negative_inputs(text_keys=torch.tensor([[31, 32, 13], [12, 42, 43]]))
+    got = loss.compute_loss_from_embeddings(batches[1], None)
+    exclude = torch.zeros(3, 3, dtype=torch.bool)
+    exclude[0, 1] = exclude[2, 2] = True  # (the queued positives' keys 21, 22, 23 match nothing: q2d unmasked)
+    expected = _symmetric_reference(batches[1], batches[0][1], batches[0][0], exclude_anchors=exclude)
+    torch.testing.assert_close(got, expected, rtol=1e-6, atol=1e-6)
+    unmasked = _symmetric_reference(batches[1], batches[0][1], batches[0][0])
+    assert abs(float(expected) - float(unmasked)) > 1e-4  # the masking is visible in the number
+
+
+def test_ema_queue_anchors_are_the_key_encoders_anchors(tiny_model, tiny_sentences):
+    start = copy.deepcopy(tiny_model)
+    loss = FocalInfoNCELoss(tiny_model, queue_size=8, queue_source="ema", queue_anchors=True, **SYMMETRIC_FOCAL)
+    optimizer = torch.optim.SGD(tiny_model.parameters(), lr=0.5)
+    anchors, positives = tiny_sentences[:4], tiny_sentences[4:8]
+    loss([_features(tiny_model, anchors), _features(tiny_model, positives)], None).backward()
+    optimizer.step()
+    torch.testing.assert_close(loss.anchor_queue.vectors[:4], _key_rows(start, anchors), atol=1e-6, rtol=0)
+    torch.testing.assert_close(loss.queue.vectors[:4], _key_rows(start, positives), atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"queue_anchors": True}, "without a queue"),
+    ({"queue_size": 4, "queue_anchors": True}, "doc_to_query"),
+    ({"queue_size": 4, "queue_anchors": "yes", **SYMMETRIC_FOCAL}, "queue_anchors"),
+])
+def test_queue_anchors_arguments_are_checked(kwargs, message):
+    with pytest.raises((ValueError, TypeError), match=message):
+        FocalInfoNCELoss(nn.Linear(4, 4), **kwargs)

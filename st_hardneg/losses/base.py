@@ -63,6 +63,7 @@ class LossOptions(TypedDict, total=False):
     queue_checkpoint: bool
     queue_source: Literal["online", "ema"]
     queue_momentum: float
+    queue_anchors: bool
 
 
 def float32_loss(method: _Method) -> _Method:
@@ -98,7 +99,7 @@ def _combine_chunk_stats(pieces: list[tuple[int, dict[str, Tensor]]]) -> dict[st
         values = [(n, stats[key]) for n, stats in pieces if key in stats]
         if key.endswith("_total"):
             out[key] = sum((v.double().cpu() for _, v in values), torch.zeros((), dtype=torch.float64))
-        elif key == "queue_rows_read":
+        elif key in ("queue_rows_read", "anchor_queue_rows_read"):
             out[key] = values[-1][1]
         else:
             # a chunk without the masked counts had nothing masked (they are reported from the first masked entry
@@ -222,6 +223,10 @@ class HardNegativeLoss(ModelGuard, GradCacheMixin, nn.Module):
             per batch). AdCSE with ``untied=True`` queues its own key encoder's candidates under either source.
         queue_momentum: the key encoder's EMA momentum for ``queue_source="ema"`` (default 0.995, ESimCSE's):
             ``θ_k ← m·θ_k + (1 - m)·θ`` after every optimizer step.
+        queue_anchors: also queue the anchors (a second bank of ``queue_size`` rows, same source, warm-up, age and
+            checkpoint): they join the ``doc_to_query`` denominator (each positive against past anchors), so the
+            symmetric direction gets the extra negatives too. Needs ``"doc_to_query"`` in ``directions``; without
+            it, queued rows join ``query_to_doc`` only.
 
     :func:`float32_loss` runs each ``compute_loss_from_embeddings`` with autocast disabled (the loss math is float32
     under bf16/fp16 mixed precision too) and warns once if it receives labels it does not use. This class also provides the
@@ -283,7 +288,7 @@ class HardNegativeLoss(ModelGuard, GradCacheMixin, nn.Module):
                  mini_batch_num_tokens: int | None = None, show_progress_bar: bool = False,
                  queue_size: int = 0, queue_warmup_steps: int = 0, queue_max_age: int | None = None,
                  queue_checkpoint: bool = True, queue_source: Literal["online", "ema"] = "online",
-                 queue_momentum: float = 0.995, **unknown: Any) -> None:
+                 queue_momentum: float = 0.995, queue_anchors: bool = False, **unknown: Any) -> None:
         name = type(self).__name__
         if unknown:
             key = next(iter(unknown))
@@ -370,9 +375,19 @@ class HardNegativeLoss(ModelGuard, GradCacheMixin, nn.Module):
         self.queue_momentum = validation.check_momentum(queue_momentum, "queue_momentum")
         if not self.queue_size and (self.queue_source != "online" or self.queue_momentum != 0.995):
             raise ValueError(f"{name}: queue_source / queue_momentum set without a queue; set queue_size > 0")
-        #: with queue_source="ema": the key encoder's rows of the next batch's candidate columns (one per column)
-        self._queue_key_columns: list[Tensor] | None = None
+        self.queue_anchors = validation.check_bool(queue_anchors, "queue_anchors")
+        if self.queue_anchors and not self.queue_size:
+            raise ValueError(f"{name}: queue_anchors=True without a queue; set queue_size > 0")
+        if self.queue_anchors and "doc_to_query" not in self.directions:
+            raise ValueError(f"{name}: queue_anchors=True queues anchors for the doc_to_query direction, which "
+                             f"directions={self.directions} does not have; add 'doc_to_query' or leave "
+                             "queue_anchors off")
+        #: with queue_source="ema": the key encoder's rows of the next batch's columns (one per column; the anchors'
+        #: only with queue_anchors, else None in their place)
+        self._queue_key_columns: list[Tensor | None] | None = None
         self.queue: CandidateQueue | None = None
+        self.anchor_queue: CandidateQueue | None = None
+        self._anchor_queue_columns: tuple[Tensor, Tensor | None] | None = None
         self._queue_columns: tuple[Tensor, Tensor | None] | None = None
         self._queue_stats: dict[str, Tensor] = {}
         if self.queue_size:
@@ -387,6 +402,12 @@ class HardNegativeLoss(ModelGuard, GradCacheMixin, nn.Module):
             self.queue = CandidateQueue(model, self.queue_size, warmup_steps=self.queue_warmup_steps,
                                         max_age=self.queue_max_age, checkpoint=self.queue_checkpoint,
                                         momentum=self.queue_momentum if own_encoder else None)
+            if self.queue_anchors:  # the second bank: fed with the first's rows' source, by the same key encoder
+                self.anchor_queue = CandidateQueue(model, self.queue_size, warmup_steps=self.queue_warmup_steps,
+                                                   max_age=self.queue_max_age, checkpoint=self.queue_checkpoint)
+            elif "doc_to_query" in self.directions:
+                logger.info("%s: the queued rows join query_to_doc only; queue_anchors=True also queues the anchors "
+                            "for doc_to_query", name)
 
     def cosine_only_reason(self) -> str | None:
         """Why this loss's equation needs cosine similarities (then ``similarity_fct=dot_score`` is rejected), or
@@ -454,7 +475,9 @@ class HardNegativeLoss(ModelGuard, GradCacheMixin, nn.Module):
         if self.queue is not None and self.queue.key_encoder is not None and torch.is_grad_enabled():
             # (the queue stages rows exactly when gradients are on: a training forward)
             embed = self._embed_without_grad if self.uses_gradient_cache else _embed_column
-            self._queue_key_columns = [self.queue.embed_keys(features, embed) for features in sentence_features[1:]]
+            self._queue_key_columns = [
+                self.queue.embed_keys(features, embed) if column or self.anchor_queue is not None else None
+                for column, features in enumerate(sentence_features)]
         return sentence_features
 
     def set_false_negative_inputs(self, text_keys: Tensor | None = None,
@@ -697,56 +720,82 @@ class HardNegativeLoss(ModelGuard, GradCacheMixin, nn.Module):
                               ) -> tuple[Tensor, Tensor | None] | None:
         """The queue's columns for the rows of this batch, ``(similarity (R, Q), exclude (R, Q) or None)``, or
         ``None``; then (once per batch: at its first window) this batch's candidates are staged (they enter the
-        queue after the optimizer step, so a batch never reads itself). A queued row is excluded for anchor ``i`` when its text key equals the anchor's or the positive's
-        (``mask_duplicates``), or when its cosine exceeds row ``i``'s false-negative threshold (``margin``)."""
+        queue after the optimizer step, so a batch never reads itself). With ``queue_anchors`` the same for the
+        anchors' bank, whose columns for ``doc_to_query`` are kept in ``_anchor_queue_columns``."""
         if self.queue is None:
             return None
         dot = self.similarity_fct_name == "dot_score"
-        readable = self.queue.readable()
-        columns: tuple[Tensor, Tensor | None] | None = None
         self._queue_stats = {}
-        if readable is not None:
-            vectors, keys = readable
-            vectors = vectors.to(device=queries.device, dtype=queries.dtype)
-            similarity = queries @ vectors.T
-            exclude = None
-            if self.mask_duplicates and batch.text_keys is not None:
-                keys = keys.to(queries.device)
-                known = keys != -1  # -1: no key (Python's hash never returns -1)
-                start, stop = batch.row_range
-                own = batch.text_keys[:2, start:stop].to(queries.device)  # anchor and positive keys, (2, R)
-                exclude = ((own[0].unsqueeze(1) == keys.unsqueeze(0)) | (own[1].unsqueeze(1) == keys.unsqueeze(0)))
-                exclude &= known.unsqueeze(0)
-            if self.margin is not None:
-                cosines = batch.row_anchors.detach() @ (fn.normalize(vectors) if dot else vectors).T
-                positive = (batch.row_anchors.detach() * batch.row_positives.detach()).sum(dim=1, keepdim=True)
-                threshold = (positive - self.margin if self.margin_strategy == "absolute"
-                             else positive - positive.abs() * self.margin)
-                above = cosines > threshold
-                exclude = above if exclude is None else exclude | above
-            columns = (similarity, exclude)
+        columns = self._queue_columns_for(self.queue, batch, queries, batch.row_anchors)
+        self._anchor_queue_columns = None
+        if self.anchor_queue is not None:
+            row_positives = batch.raw_rows()[1] if dot else batch.row_positives
+            self._anchor_queue_columns = self._queue_columns_for(self.anchor_queue, batch, row_positives,
+                                                                 batch.row_positives)
         if batch.rows is None or batch.rows[0] == self.own_row_range(batch)[0]:  # once per batch: its first window
+            ema = self.queue.key_encoder is not None and torch.is_grad_enabled()
+            key_rows = self._key_encoder_rows(dot) if ema else None
             candidates = batch.raw_candidates if dot else batch.candidates
-            if self.queue.key_encoder is not None and torch.is_grad_enabled():
-                candidates = self._key_encoder_candidates(dot)
+            if key_rows is not None:
+                candidates = torch.cat(key_rows[1:])
             keys_now = batch.text_keys[1:].reshape(-1) if batch.text_keys is not None else None
             self.queue.stage(candidates, keys_now)
+            if self.anchor_queue is not None:
+                anchors = key_rows[0] if key_rows is not None else (batch.raw_anchors if dot else batch.anchors)
+                self.anchor_queue.stage(cast(Tensor, anchors),
+                                        batch.text_keys[0] if batch.text_keys is not None else None)
         return columns
 
-    def _key_encoder_candidates(self, dot: bool) -> Tensor:
-        """``queue_source="ema"``: the key encoder's rows of this batch's candidate columns, in the batch's candidate
-        order (gathered from every process like the batch; normalised unless ``dot_score``)."""
+    def _queue_columns_for(self, queue: CandidateQueue, batch: Batch, rows: Tensor, unit_rows: Tensor
+                           ) -> tuple[Tensor, Tensor | None] | None:
+        """``(similarity (R, Q), exclude (R, Q) or None)`` of the batch's rows (``rows``: as the loss scores them,
+        ``unit_rows``: unit length, for the margin) against ``queue``'s readable rows, or ``None``. A queued row is
+        excluded for pair ``i`` when its text key equals the anchor's or the positive's (``mask_duplicates``), or
+        when its cosine with the row exceeds pair ``i``'s false-negative threshold (``margin``)."""
+        readable = queue.readable()
+        if readable is None:
+            return None
+        dot = self.similarity_fct_name == "dot_score"
+        vectors, keys = readable
+        vectors = vectors.to(device=rows.device, dtype=rows.dtype)
+        similarity = rows @ vectors.T
+        exclude = None
+        if self.mask_duplicates and batch.text_keys is not None:
+            keys = keys.to(rows.device)
+            known = keys != -1  # -1: no key (Python's hash never returns -1)
+            start, stop = batch.row_range
+            own = batch.text_keys[:2, start:stop].to(rows.device)  # anchor and positive keys, (2, R)
+            exclude = ((own[0].unsqueeze(1) == keys.unsqueeze(0)) | (own[1].unsqueeze(1) == keys.unsqueeze(0)))
+            exclude &= known.unsqueeze(0)
+        if self.margin is not None:
+            cosines = unit_rows.detach() @ (fn.normalize(vectors) if dot else vectors).T
+            positive = (batch.row_anchors.detach() * batch.row_positives.detach()).sum(dim=1, keepdim=True)
+            threshold = (positive - self.margin if self.margin_strategy == "absolute"
+                         else positive - positive.abs() * self.margin)
+            above = cosines > threshold
+            exclude = above if exclude is None else exclude | above
+        return similarity, exclude
+
+    def _key_encoder_rows(self, dot: bool) -> list[Tensor]:
+        """``queue_source="ema"``: the key encoder's rows of this batch, one tensor per column (the anchors' only
+        with ``queue_anchors``, else an empty tensor), gathered from every process like the batch, normalised
+        unless ``dot_score``."""
         columns, self._queue_key_columns = self._queue_key_columns, None
         if columns is None:
             raise ValueError(
                 f"{type(self).__name__}: queue_source='ema' queues the key encoder's embeddings of the input texts, "
                 "so it needs forward(sentence_features, labels) in training; compute_loss_from_embeddings alone "
                 "cannot feed it (use queue_source='online', or call the loss on the features)")
-        columns = [column.float() for column in columns]
-        if self._local_rows is not None:  # the batch was gathered: so are the keys, in rank order
-            columns = [dist.gather(column) for column in columns]
-        rows = torch.cat(columns)
-        return rows if dot else rows / fn.row_norms(rows).clamp_min(fn.NORM_EPS)
+        out = []
+        for column in columns:
+            if column is None:
+                out.append(torch.empty(0))
+                continue
+            column = column.float()
+            if self._local_rows is not None:  # the batch was gathered: so are the keys, in rank order
+                column = dist.gather(column)
+            out.append(column if dot else column / fn.row_norms(column).clamp_min(fn.NORM_EPS))
+        return out
 
     def ranking_rows(self, blocks: dict[str, fr.Block], focal_m: float | None = None) -> Tensor:
         """The (N,) per-row losses of the blocks (:func:`st_hardneg.functional.ranking.ranking_rows` with this
@@ -761,6 +810,12 @@ class HardNegativeLoss(ModelGuard, GradCacheMixin, nn.Module):
                                  **({"queue_rows_masked": exclude.sum(dim=1).float().mean().detach()}
                                     if exclude is not None else {})}
             self._last_stats = {**self._last_stats, **self._queue_stats}  # whether stats come before or after
+        if self._anchor_queue_columns is not None and "doc_to_query" in blocks:
+            similarity, exclude = self._anchor_queue_columns
+            self._anchor_queue_columns = None
+            blocks = {**blocks, "doc_to_query": blocks["doc_to_query"].with_columns(similarity, exclude)}
+            self._queue_stats = {**self._queue_stats, "anchor_queue_rows_read": torch.tensor(float(similarity.size(1)))}
+            self._last_stats = {**self._last_stats, **self._queue_stats}
         self._count_unusable_rows(blocks)
         return fr.ranking_rows(blocks, self.scale, self.partition_mode, focal_m)
 
@@ -1040,6 +1095,9 @@ class HardNegativeLoss(ModelGuard, GradCacheMixin, nn.Module):
             out["queue_memory_bytes"] = float(self.queue.memory_bytes)
             if self.queue.key_encoder is not None:
                 out["queue_key_encoder_bytes"] = float(self.queue.key_encoder_bytes)
+        if self.anchor_queue is not None:
+            out["anchor_queue_filled"] = float(self.anchor_queue.filled)
+            out["queue_memory_bytes"] += float(self.anchor_queue.memory_bytes)
         return out
 
     def paper_config(self) -> dict[str, Any]:
@@ -1059,7 +1117,7 @@ class HardNegativeLoss(ModelGuard, GradCacheMixin, nn.Module):
         if self.queue_size:
             config.update({"queue_size": self.queue_size, "queue_warmup_steps": self.queue_warmup_steps,
                            "queue_max_age": self.queue_max_age, "queue_checkpoint": self.queue_checkpoint,
-                           "queue_source": self.queue_source,
+                           "queue_source": self.queue_source, "queue_anchors": self.queue_anchors,
                            **({"queue_momentum": self.queue_momentum} if self.queue_source == "ema" else {})})
         if self.guide is not None:
             card = getattr(self.guide, "model_card_data", None)
