@@ -552,3 +552,58 @@ def test_ema_queue_anchors_are_the_key_encoders_anchors(tiny_model, tiny_sentenc
 def test_queue_anchors_arguments_are_checked(kwargs, message):
     with pytest.raises((ValueError, TypeError), match=message):
         FocalInfoNCELoss(nn.Linear(4, 4), **kwargs)
+
+
+# --------------------------------------------------------------------------- queue_as_pool
+def _mixcse_rows(anchors, positives, queued, partner_rows, lam=0.2, tau=0.05):
+    """MixCSE rows written out: InfoNCE over the in-batch positives, the queued rows and the mixed negative
+    normalize(λ p_i + (1 - λ) partner_i)."""
+    a, p, q = _unit(anchors), _unit(positives), _unit(queued)
+    mixed = _unit(lam * p + (1 - lam) * _unit(partner_rows))
+    logits = torch.cat([a @ p.T, a @ q.T, (a * mixed).sum(1, keepdim=True)], dim=1) / tau
+    return torch.logsumexp(logits, dim=1) - (a * p).sum(1) / tau
+
+
+def test_queue_as_pool_lets_the_hardest_partner_come_from_the_queue():
+    model = nn.Linear(4, 4)
+    pooled = MixCSELoss(model, partner="hardest", queue_size=8, queue_as_pool=True)
+    plain = MixCSELoss(model, partner="hardest", queue_size=8)
+    first = _batch(0)
+    pooled.compute_loss_from_embeddings(first, None)
+    plain.compute_loss_from_embeddings(first, None)
+    _step(model)
+    anchors, positives = _batch(1)
+    queued = first[1]
+    # make queued row 2 the hardest negative of anchor 0 (closer than every in-batch positive but its own)
+    queued = queued.clone()
+    queued[2] = _unit(anchors[0:1])[0] * 3 + 0.01
+    pooled.queue.vectors[2] = _unit(queued[2:3])[0]
+    plain.queue.vectors[2] = _unit(queued[2:3])[0]
+    a, p, q = _unit(anchors), _unit(positives), _unit(queued)
+    in_batch = (a @ p.T).fill_diagonal_(float("-inf"))
+    batch_best, batch_idx = in_batch.max(dim=1)
+    queue_best, queue_idx = (a @ q.T).max(dim=1)
+    partner_rows = torch.where((queue_best > batch_best).unsqueeze(1), q[queue_idx], p[batch_idx])
+    assert bool((queue_best > batch_best)[0])  # the constructed case: row 0 takes the queued row
+    got = pooled.compute_loss_from_embeddings([anchors, positives], None)
+    torch.testing.assert_close(got, _mixcse_rows(anchors, positives, queued, partner_rows).mean(), rtol=1e-5,
+                               atol=1e-6)
+    expected_share = float((queue_best > batch_best).float().mean())
+    assert pooled.diagnostics["queue_partner_fraction"] == pytest.approx(expected_share)
+    # the default keeps the batch's partners: another, checkable number
+    got_plain = plain.compute_loss_from_embeddings([anchors, positives], None)
+    torch.testing.assert_close(got_plain, _mixcse_rows(anchors, positives, queued, p[batch_idx]).mean(), rtol=1e-5,
+                               atol=1e-6)
+    assert abs(float(got) - float(got_plain)) > 1e-4
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda m: FocalInfoNCELoss(m, queue_size=4, queue_as_pool=True), "Only MixCSELoss"),
+    (lambda m: HNCSELoss(m, queue_size=4, queue_as_pool=True), "Only MixCSELoss"),
+    (lambda m: AdversarialNegativesLoss(m, untied=False, queue_size=4, queue_as_pool=True), "Only MixCSELoss"),
+    (lambda m: MixCSELoss(m, queue_size=4, queue_as_pool=True), "needs partner='hardest'"),
+    (lambda m: MixCSELoss(m, partner="hardest", queue_as_pool=True), "without a queue"),
+])
+def test_queue_as_pool_is_refused_where_there_is_no_hardest_choice(make, message):
+    with pytest.raises(ValueError, match=message):
+        make(nn.Linear(4, 4))

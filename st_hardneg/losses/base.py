@@ -64,6 +64,7 @@ class LossOptions(TypedDict, total=False):
     queue_source: Literal["online", "ema"]
     queue_momentum: float
     queue_anchors: bool
+    queue_as_pool: bool
 
 
 def float32_loss(method: _Method) -> _Method:
@@ -227,6 +228,12 @@ class HardNegativeLoss(ModelGuard, GradCacheMixin, nn.Module):
             checkpoint): they join the ``doc_to_query`` denominator (each positive against past anchors), so the
             symmetric direction gets the extra negatives too. Needs ``"doc_to_query"`` in ``directions``; without
             it, queued rows join ``query_to_doc`` only.
+        queue_as_pool: let the loss's own hardest-negative choice also pick queued rows (default ``False``: the queue
+            is a denominator only). Off by default because a hardest-negative choice over old rows is where a
+            queue's failure modes concentrate: the "hardest" queued row is the most likely to be an unmasked
+            duplicate or paraphrase of the anchor (a false negative), and it was embedded by an older encoder. Only
+            MixCSE's ``partner="hardest"`` takes it (the partner is then the hardest of the batch's and the queue's
+            unmasked rows); the other losses refuse it.
 
     :func:`float32_loss` runs each ``compute_loss_from_embeddings`` with autocast disabled (the loss math is float32
     under bf16/fp16 mixed precision too) and warns once if it receives labels it does not use. This class also provides the
@@ -288,7 +295,8 @@ class HardNegativeLoss(ModelGuard, GradCacheMixin, nn.Module):
                  mini_batch_num_tokens: int | None = None, show_progress_bar: bool = False,
                  queue_size: int = 0, queue_warmup_steps: int = 0, queue_max_age: int | None = None,
                  queue_checkpoint: bool = True, queue_source: Literal["online", "ema"] = "online",
-                 queue_momentum: float = 0.995, queue_anchors: bool = False, **unknown: Any) -> None:
+                 queue_momentum: float = 0.995, queue_anchors: bool = False, queue_as_pool: bool = False,
+                 **unknown: Any) -> None:
         name = type(self).__name__
         if unknown:
             key = next(iter(unknown))
@@ -382,6 +390,16 @@ class HardNegativeLoss(ModelGuard, GradCacheMixin, nn.Module):
             raise ValueError(f"{name}: queue_anchors=True queues anchors for the doc_to_query direction, which "
                              f"directions={self.directions} does not have; add 'doc_to_query' or leave "
                              "queue_anchors off")
+        self.queue_as_pool = validation.check_bool(queue_as_pool, "queue_as_pool")
+        if self.queue_as_pool and not self.queue_size:
+            raise ValueError(f"{name}: queue_as_pool=True without a queue; set queue_size > 0")
+        if self.queue_as_pool and not self.chooses_from_queue_pool:
+            raise ValueError(f"{name}: queue_as_pool=True lets a hardest-negative choice pick queued rows; "
+                             f"{name} makes no such choice from the candidates, so the queue is its denominator only. "
+                             "Only MixCSELoss(partner='hardest') takes it.")
+        #: the main queue's readable rows for the batch being computed (for queue_as_pool), as the loss scores them
+        self._queue_vectors: Tensor | None = None
+        self._last_queue_vectors: Tensor | None = None
         #: with queue_source="ema": the key encoder's rows of the next batch's columns (one per column; the anchors'
         #: only with queue_anchors, else None in their place)
         self._queue_key_columns: list[Tensor | None] | None = None
@@ -716,6 +734,9 @@ class HardNegativeLoss(ModelGuard, GradCacheMixin, nn.Module):
         self._queue_columns = self._read_and_stage_queue(batch, row_queries, out["query_to_doc"])
         return out
 
+    #: whether the loss has a hardest-negative choice that can take queued rows (``queue_as_pool``)
+    chooses_from_queue_pool: bool = False
+
     def _read_and_stage_queue(self, batch: Batch, queries: Tensor, q2d: fr.Block
                               ) -> tuple[Tensor, Tensor | None] | None:
         """The queue's columns for the rows of this batch, ``(similarity (R, Q), exclude (R, Q) or None)``, or
@@ -727,6 +748,7 @@ class HardNegativeLoss(ModelGuard, GradCacheMixin, nn.Module):
         dot = self.similarity_fct_name == "dot_score"
         self._queue_stats = {}
         columns = self._queue_columns_for(self.queue, batch, queries, batch.row_anchors)
+        self._queue_vectors = self._last_queue_vectors if columns is not None else None
         self._anchor_queue_columns = None
         if self.anchor_queue is not None:
             row_positives = batch.raw_rows()[1] if dot else batch.row_positives
@@ -758,6 +780,7 @@ class HardNegativeLoss(ModelGuard, GradCacheMixin, nn.Module):
         dot = self.similarity_fct_name == "dot_score"
         vectors, keys = readable
         vectors = vectors.to(device=rows.device, dtype=rows.dtype)
+        self._last_queue_vectors = vectors
         similarity = rows @ vectors.T
         exclude = None
         if self.mask_duplicates and batch.text_keys is not None:
@@ -1118,6 +1141,7 @@ class HardNegativeLoss(ModelGuard, GradCacheMixin, nn.Module):
             config.update({"queue_size": self.queue_size, "queue_warmup_steps": self.queue_warmup_steps,
                            "queue_max_age": self.queue_max_age, "queue_checkpoint": self.queue_checkpoint,
                            "queue_source": self.queue_source, "queue_anchors": self.queue_anchors,
+                           "queue_as_pool": self.queue_as_pool,
                            **({"queue_momentum": self.queue_momentum} if self.queue_source == "ema" else {})})
         if self.guide is not None:
             card = getattr(self.guide, "model_card_data", None)

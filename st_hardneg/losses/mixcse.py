@@ -17,6 +17,8 @@ Layout = Literal["paper", "official"]
 
 
 class MixCSELoss(HardNegativeLoss):
+    chooses_from_queue_pool = True  # partner="hardest" may pick queued rows (queue_as_pool)
+
     def __init__(
         self,
         model: SentenceTransformer,
@@ -67,7 +69,10 @@ class MixCSELoss(HardNegativeLoss):
                 ``mask_duplicates``) are never partners: ``"hardest"`` takes the most similar unmasked negative,
                 ``"shift"`` / ``"random"`` move a masked partner on to the next unmasked in-batch negative (cyclic
                 order), and a row with no unmasked partner (or whose explicit negative is masked) gets no mixed
-                negative in that batch (its mixed column leaves the denominator).
+                negative in that batch (its mixed column leaves the denominator). With a queue and
+                ``queue_as_pool=True``, ``"hardest"`` also considers the queue's unmasked rows (the query → doc
+                partner only; the reverse mix keeps in-batch partners); ``diagnostics["queue_partner_fraction"]``
+                is the share of rows whose partner came from the queue.
             layout: ``"paper"`` (the equation above, one mixed negative per anchor) or ``"official"``, the loss as the
                 released code (BDBC-KG-NLP/MixCSE_AAAI2022, ``mixcse/models_mix.py``) computes it, for reproducing the
                 published numbers: a single N×3N cross-entropy over
@@ -184,6 +189,10 @@ class MixCSELoss(HardNegativeLoss):
                     "layout='official' needs the mixing partners to form a permutation (partner='shift' or 'random'); "
                     f"partner={self.partner!r} does not."
                 )
+        if self.queue_as_pool and (self.partner != "hardest" or self.layout != "paper"):
+            raise ValueError("MixCSELoss: queue_as_pool=True lets the hardest-partner choice pick queued rows; it "
+                             f"needs partner='hardest' and layout='paper', got partner={self.partner!r}, "
+                             f"layout={self.layout!r}")
         #: the shift / random partners of the batch being computed (begin_batch)
         self._proposed: Tensor | None = None
         self.focal_m = validation.check_optional_non_negative(focal_m, "focal_m (the Focal-InfoNCE margin m)")
@@ -283,7 +292,11 @@ class MixCSELoss(HardNegativeLoss):
             mixed = self._mix(row_positives, own_negatives)
         else:
             partners, has_partner = self._allowed_partners(batch, in_batch, in_batch_masked, self._proposed)
-            mixed = self._mix(row_positives, positives[partners])
+            partner_rows = positives[partners]
+            if self.queue_as_pool and self._queue_columns is not None and self._queue_vectors is not None:
+                partner_rows, has_partner = self._hardest_of_batch_and_queue(in_batch, partners, has_partner,
+                                                                             partner_rows)
+            mixed = self._mix(row_positives, partner_rows)
         no_mix = (~has_partner).unsqueeze(1) if masked is not None else None
         blocks["query_to_doc"] = q2d = q2d.with_columns((row_anchors * mixed).sum(-1, keepdim=True), no_mix)
         self.record_stats(q2d.similarity, num_in_batch=n, num_synthetic=1, row_offset=start)
@@ -303,6 +316,23 @@ class MixCSELoss(HardNegativeLoss):
             blocks["doc_to_query"] = d2q.with_columns((row_positives * reverse_mixed).sum(-1, keepdim=True),
                                                       reverse_no_mix)
         return self.ranking_rows(blocks, focal_m=self.focal_m)
+
+    def _hardest_of_batch_and_queue(self, in_batch: Tensor, partners: Tensor, has_partner: Tensor,
+                                    partner_rows: Tensor) -> tuple[Tensor, Tensor]:
+        """``queue_as_pool``: each row's partner becomes its hardest unmasked queued row where that one scores above
+        the hardest in-batch partner (or the row has none); returns the partner rows and whether each row has one."""
+        similarity, exclude = cast(tuple[Tensor, Tensor | None], self._queue_columns)
+        vectors = cast(Tensor, self._queue_vectors)
+        if exclude is None:
+            exclude = torch.zeros_like(similarity, dtype=torch.bool)
+        best, valid = fn.top_candidates(similarity, 1, exclude)
+        best, valid = best.squeeze(1), valid.squeeze(1)
+        queue_score = similarity.detach().gather(1, best.unsqueeze(1)).squeeze(1)
+        batch_score = in_batch.gather(1, partners.unsqueeze(1)).squeeze(1)
+        use_queue = valid & (~has_partner | (queue_score > batch_score))
+        self._queue_stats = {**self._queue_stats, "queue_partner_fraction": use_queue.float().mean().detach()}
+        rows = torch.where(use_queue.unsqueeze(1), vectors[best].to(partner_rows.dtype), partner_rows)
+        return rows, has_partner | valid
 
     def _mix(self, own: Tensor, partner_rows: Tensor) -> Tensor:
         """The mixed negative of every row, detached under stop-gradient: ``normalize(λ·own + (1-λ)·partner)`` of
