@@ -598,9 +598,9 @@ def test_queue_as_pool_lets_the_hardest_partner_come_from_the_queue():
 
 
 @pytest.mark.parametrize("make, message", [
-    (lambda m: FocalInfoNCELoss(m, queue_size=4, queue_as_pool=True), "Only MixCSELoss"),
-    (lambda m: HNCSELoss(m, queue_size=4, queue_as_pool=True), "Only MixCSELoss"),
-    (lambda m: AdversarialNegativesLoss(m, untied=False, queue_size=4, queue_as_pool=True), "Only MixCSELoss"),
+    (lambda m: FocalInfoNCELoss(m, queue_size=4, queue_as_pool=True), "makes no such choice.*Only MixCSELoss"),
+    (lambda m: HNCSELoss(m, queue_size=4, queue_as_pool=True), "top-k pool are chosen from the batch only"),
+    (lambda m: AdversarialNegativesLoss(m, untied=False, queue_size=4, queue_as_pool=True), "learned vectors"),
     (lambda m: MixCSELoss(m, queue_size=4, queue_as_pool=True), "needs partner='hardest'"),
     (lambda m: MixCSELoss(m, partner="hardest", queue_as_pool=True), "without a queue"),
 ])

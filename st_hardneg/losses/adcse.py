@@ -33,6 +33,9 @@ _STATE_FORMAT = 1
 
 
 class AdversarialNegativesLoss(stateful.OptimizerDrivenLoss, HardNegativeLoss):
+    queue_pool_refusal = ("AdCSE's adversaries are learned vectors, not chosen from the candidates, so the queue is "
+                          "its denominator only")
+
     #: name of this loss's entry in optimizer checkpoints (see :mod:`st_hardneg.losses.stateful`)
     checkpoint_name = "AdversarialNegativesLoss"
     _state_synced = False

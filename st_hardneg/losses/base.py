@@ -394,8 +394,9 @@ class HardNegativeLoss(ModelGuard, GradCacheMixin, nn.Module):
         if self.queue_as_pool and not self.queue_size:
             raise ValueError(f"{name}: queue_as_pool=True without a queue; set queue_size > 0")
         if self.queue_as_pool and not self.chooses_from_queue_pool:
-            raise ValueError(f"{name}: queue_as_pool=True lets a hardest-negative choice pick queued rows; "
-                             f"{name} makes no such choice from the candidates, so the queue is its denominator only. "
+            reason = self.queue_pool_refusal or (f"{name} makes no such choice from the candidates, so the queue is its "
+                                                 "denominator only")
+            raise ValueError(f"{name}: queue_as_pool=True lets a hardest-negative choice pick queued rows; {reason}. "
                              "Only MixCSELoss(partner='hardest') takes it.")
         #: the main queue's readable rows for the batch being computed (for queue_as_pool), as the loss scores them
         self._queue_vectors: Tensor | None = None
@@ -736,6 +737,8 @@ class HardNegativeLoss(ModelGuard, GradCacheMixin, nn.Module):
 
     #: whether the loss has a hardest-negative choice that can take queued rows (``queue_as_pool``)
     chooses_from_queue_pool: bool = False
+    #: why a loss with such a choice still refuses ``queue_as_pool`` (None: it has no such choice)
+    queue_pool_refusal: str | None = None
 
     def _read_and_stage_queue(self, batch: Batch, queries: Tensor, q2d: fr.Block
                               ) -> tuple[Tensor, Tensor | None] | None:

@@ -24,6 +24,9 @@ Alpha = float | str | Callable[[Tensor], Tensor | float]
 
 
 class HNCSELoss(HardNegativeLoss):
+    queue_pool_refusal = ("HNCSE's PM partner and HNM top-k pool are chosen from the batch only (taking them from the "
+                          "queue is not built: its stale near-duplicates are the rows a top-k would pick first)")
+
     def __init__(
         self,
         model: SentenceTransformer,
