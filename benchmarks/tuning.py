@@ -14,6 +14,7 @@ control). The STS test sets are not computed here.
     python benchmarks/tuning.py --seed 1                     # the screen below
     python benchmarks/tuning.py --seed 1 --config focal_m0.4=focal:m=0.4   # an extra configuration
     python benchmarks/tuning.py --report                     # only rewrite tuning.md
+    python benchmarks/tuning.py --screen queue --seed 1      # issue 23's queue screen -> tuning_queue.json
 
 Every configuration tried is kept in benchmarks/results/tuning.json, whether it helped or not.
 """
@@ -48,8 +49,20 @@ SCREEN: dict[str, tuple[str, dict[str, Any], str]] = {
                    "AdCSE below mnrl at seed 0: keys from the online encoder (SimCSE + adversaries) isolates the EMA"),
 }
 
+#: issue 23's queue screen (``--screen queue``, written to tuning_queue.json): mnrl (through the queued MNRL) and
+#: the best loss (Focal-InfoNCE) with a queue of 1x, 2.5x and 8x the batch of 64, fed online (XBM) or by a momentum
+#: key encoder (ESimCSE's 0.995); the first 8 steps (5 % of the 156) read no queue row
+QUEUE_SCREEN: dict[str, tuple[str, dict[str, Any], str]] = {
+    f"{loss}_queue{size}_{source}": (
+        "mnrl_queue" if loss == "mnrl" else loss,
+        {"queue_size": size, "queue_warmup_steps": 8, **({"queue_source": "ema"} if source == "ema" else {})},
+        f"queue of {size} rows ({size / 64:g}x the batch), {source} source")
+    for loss in ("mnrl", "focal") for size in (64, 160, 512) for source in ("online", "ema")
+}
+SCREENS = {"hyperparameters": (SCREEN, DEFAULT_OUT), "queue": (QUEUE_SCREEN, RESULTS / "tuning_queue.json")}
+
 #: the default configuration each screened loss is compared with (its row in cpu_protocol.json)
-DEFAULT_METHOD = {"mnrl": "mnrl", "focal": "focal", "mixcse": "mixcse", "hncse_pm": "hncse_pm",
+DEFAULT_METHOD = {"mnrl": "mnrl", "mnrl_queue": "mnrl", "focal": "focal", "mixcse": "mixcse", "hncse_pm": "hncse_pm",
                   "hncse_hnm": "hncse_hnm", "adcse": "adcse"}
 
 
@@ -91,6 +104,8 @@ def markdown(data: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--screen", default="hyperparameters", choices=tuple(SCREENS),
+                        help="which screen: the hyperparameter screen (tuning.json) or the queue's (tuning_queue.json)")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--stop-after", type=int, default=50)
     parser.add_argument("--only", nargs="*", default=None, help="a subset of the screen's labels")
@@ -101,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", default=None, help="a local model instead of the embedded default (smoke tests)")
     parser.add_argument("--protocol-json", default=str(cpu_protocol.DEFAULT_OUT),
                         help="full-protocol results to read the reference dev scores from")
-    parser.add_argument("--out", default=str(DEFAULT_OUT))
+    parser.add_argument("--out", default=None, help="default: the screen's file (tuning.json / tuning_queue.json)")
     parser.add_argument("--work-dir", default="/tmp/st-hardneg-tuning")
     parser.add_argument("--limit", type=int, default=0, help="smoke runs only: first N sentences")
     parser.add_argument("--report", action="store_true", help="only rewrite the markdown table")
@@ -111,7 +126,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.stop_after < 1:
         parser.error("--stop-after must be >= 1")
 
-    out = Path(args.out)
+    screen, default_out = SCREENS[args.screen]
+    out = Path(args.out) if args.out else default_out
     data = json.loads(out.read_text()) if out.is_file() else {"runs": []}
     if not args.report:
         from st_hardneg.training.experiment import parse_variant
@@ -119,10 +135,10 @@ def main(argv: list[str] | None = None) -> int:
         if data["runs"] and (data.get("seed"), data.get("stop_after")) != (args.seed, args.stop_after):
             parser.error(f"{out} holds a screen at seed {data.get('seed')}, {data.get('stop_after')} steps; "
                          "use another --out to screen at another seed or step")
-        unknown = set(args.only or []) - set(SCREEN)
+        unknown = set(args.only or []) - set(screen)
         if unknown:
-            parser.error(f"unknown configuration(s) {sorted(unknown)}; the screen has {', '.join(SCREEN)}")
-        jobs = [(label, *SCREEN[label]) for label in (args.only if args.only is not None else SCREEN)]
+            parser.error(f"unknown configuration(s) {sorted(unknown)}; the screen has {', '.join(screen)}")
+        jobs = [(label, *screen[label]) for label in (args.only if args.only is not None else screen)]
         for spec in args.config:
             label, loss, kwargs = parse_variant(spec)
             jobs.append((label, loss, kwargs, "extra configuration"))

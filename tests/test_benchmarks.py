@@ -149,6 +149,18 @@ def test_cpu_protocol_and_tuning_smoke(tiny_model_dir, shared_data, tmp_path):
         tuning.main(["--only", "no_such_config", "--out", str(tmp_path / "x.json"), *common])
     with pytest.raises(SystemExit):  # a different seed would mix two screens in one file
         tuning.main(["--seed", "1", "--only", "--config", "mnrl=mnrl:", "--out", str(tout), *common])
+    # issue 23's queue screen: its own labels (12: mnrl / focal x 3 sizes x 2 sources) and its own file
+    assert len(tuning.QUEUE_SCREEN) == 12 and tuning.SCREENS["queue"][1].name == "tuning_queue.json"
+    qout = tmp_path / "tuning_queue.json"
+    assert tuning.main(["--screen", "queue", "--seed", "0", "--stop-after", "2", "--only", "mnrl_queue64_ema",
+                        "--protocol-json", str(out), "--out", str(qout), "--work-dir", str(tmp_path / "w3"),
+                        *common]) == 0
+    run = json.loads(qout.read_text())["runs"][0]
+    assert run["loss"] == "mnrl_queue" and run["steps"] == 2
+    assert (run["loss_config"]["queue_size"], run["loss_config"]["queue_source"]) == (64, "ema")
+    assert run["loss_config"]["queue_warmup_steps"] == 8
+    with pytest.raises(SystemExit):  # the hyperparameter screen's labels are not the queue screen's
+        tuning.main(["--screen", "queue", "--only", "focal_m0.5", "--out", str(qout), *common])
 
 
 RESULTS = BENCHMARKS / "results"
