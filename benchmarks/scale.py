@@ -263,7 +263,10 @@ def main(argv: list[str] | None = None) -> int:
     common = {"model": args.model, "max_seq_length": args.max_seq_length, "steps": args.steps,
               "threads": args.threads, "seed": args.seed, "corpus": str(Path(args.corpus).resolve()),
               "mini_batch_size": args.mini_batch_size}
-    if data.get("_meta", {}).get("settings") not in (None, common):
+    # the steps may differ between configurations (each run records its own): a batch of 65,536 is timed over fewer
+    held = data.get("_meta", {}).get("settings")
+    if held is not None and {k: v for k, v in held.items() if k != "steps"} != \
+            {k: v for k, v in common.items() if k != "steps"}:
         parser.error(f"{out} holds results of other settings ({data['_meta']['settings']}); use another --out")
     import torch
 
@@ -295,7 +298,7 @@ def main(argv: list[str] | None = None) -> int:
                                                      f"smaller batch), {free / 1024:.1f} GB available"}
         else:
             result = launch({**common, **cfg, "threads": max(1, args.threads // cfg["processes"])}, args.timeout)
-        data["runs"][key] = {**cfg, **result, "finished": time.strftime("%Y-%m-%d %H:%M:%S")}
+        data["runs"][key] = {**cfg, **result, "steps": args.steps, "finished": time.strftime("%Y-%m-%d %H:%M:%S")}
         print(result["status"], result.get("step_ms", result.get("reason", "")), flush=True)
         write_report(data, out)
     data["_meta"]["seconds_last_invocation"] = round(time.perf_counter() - start, 1)

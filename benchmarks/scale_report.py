@@ -82,6 +82,21 @@ def summarize(data: dict[str, Any]) -> dict[str, Any]:
     return {"rows": rows, "memory": memory, "timing": timing, "peaks": peaks, "ddp": ddp}
 
 
+def _steps_text(data: dict[str, Any]) -> str:
+    """"3 steps", or with configurations timed over different numbers of steps "3 steps (batch 65536: 2)"."""
+    default = data.get("_meta", {}).get("steps")
+    by_batch: dict[int, set[int]] = {}
+    for run in data["runs"].values():
+        by_batch.setdefault(run["batch_size"], set()).add(run.get("steps", default))
+    counts = [c for steps in by_batch.values() for c in steps if c is not None]
+    if not counts:
+        return f"{default} steps"
+    common = max(set(counts), key=counts.count)
+    other = {b: sorted(s - {common}) for b, s in sorted(by_batch.items()) if s - {common, None}}
+    extra = "; ".join(f"batch {b}: {', '.join(map(str, s))}" for b, s in other.items())
+    return f"{common} steps" + (f" ({extra})" if extra else "")
+
+
 def _met(value: bool | None) -> str:
     return "–" if value is None else ("yes" if value else "**no**")
 
@@ -128,7 +143,7 @@ def markdown(data: dict[str, Any]) -> str:
                                    "2 processes step (ms)", f"2 / 1 (target ≤ {DDP_TARGET}×)", "met",
                                    "peak per process (MB)"], body))
     if meta:
-        out.append(f"{meta.get('model')}, max_seq_length {meta.get('max_seq_length')}, {meta.get('steps')} steps per "
+        out.append(f"{meta.get('model')}, max_seq_length {meta.get('max_seq_length')}, {_steps_text(data)} per "
                    f"configuration (the first a warm-up; step = median of the rest), torch {meta.get('torch')}, "
                    f"{meta.get('torch_threads')} torch thread(s) in 1 process, {meta.get('torch_threads_per_process_ddp')} "
                    f"per process in 2, on {meta.get('cpu_count')} CPU cores. "

@@ -177,6 +177,18 @@ def test_smoke_grid_tiny_model(tmp_path, capsys):
     out.with_suffix(".md").unlink()
     assert scale.main(["--report", "--out", str(out)]) == 0
     assert out.with_suffix(".md").read_text() == table
+    assert "2 steps per configuration" in table
+
+    # a larger batch may be timed over another number of steps in the same file (each run records its own); any
+    # other setting may not
+    more = ["--model", "tiny", "--methods", "cached_mnrl", "--variants", "cached", "--batch-sizes", "24", "--steps", "3",
+            "--mini-batch-size", "4", "--threads", "1", "--ddp-methods", "--corpus", str(CORPUS), "--out", str(out)]
+    assert scale.main(more) == 0
+    runs = json.loads(out.read_text())["runs"]
+    assert runs["cached_mnrl/cached/b24"]["steps"] == 3 and len(runs["cached_mnrl/cached/b24"]["step_seconds"]) == 3
+    assert "2 steps (batch 24: 3) per configuration" in out.with_suffix(".md").read_text()
+    with pytest.raises(SystemExit):
+        scale.main([*more[:-2], "--mini-batch-size", "8", "--out", str(out)])
 
 
 @pytest.mark.distributed
