@@ -492,3 +492,53 @@ def test_false_negative_log_in_a_real_training_step_matches_the_diagnostics(tiny
                          save_checkpoints=False, show_progress_bar=False)
     train(tiny_model, data, loss, config, callbacks=[log])
     assert log.per_step == [4 * (3 + 4)] * 2 == [loss.diagnostics["masked_false_negatives_total"]] * 2
+
+
+# --------------------------------------------------------------------------- a batch with nothing to mask
+@pytest.mark.parametrize("make", [
+    lambda: FocalInfoNCELoss(None),
+    lambda: MixCSELoss(None, seed=3),
+    lambda: MixCSELoss(None, partner="hardest"),
+    lambda: HNCSELoss(None, mode="both", pm_threshold=0.2, k=2, num_mixed=3, seed=1),
+    lambda: AdversarialNegativesLoss(torch.nn.Linear(8, 8), untied=False, num_adversaries=0),
+], ids=["focal", "mixcse", "mixcse-hardest", "hncse", "adcse"])
+@pytest.mark.parametrize("chunk", [None, 3])
+def test_a_batch_without_duplicates_carries_no_mask_and_the_same_loss(make, chunk):
+    """No two candidates share an embedding or a text: the windows carry no mask (no rows x candidates tensor) and
+    the loss and its gradients are those computed with the (all-False) mask."""
+    torch.manual_seed(0)
+    columns = [torch.randn(7, 8, dtype=torch.float64) for _ in range(3)]
+    keys = torch.arange(21).reshape(3, 7)
+    results = []
+    for skip in (True, False):
+        loss = make()
+        if chunk is not None:
+            loss.mini_batch_size = chunk  # the loss side in chunks of rows, as under GradCache
+        if not skip:
+            loss._nothing_to_mask = lambda batch: False
+        leaves = [c.clone().requires_grad_() for c in columns]
+        loss.set_false_negative_inputs(text_keys=keys)
+        batch = loss.prepare_batch(leaves, None)
+        window = loss.window(batch, 0, 4)
+        assert (window.false_negatives is None) is skip
+        loss.set_false_negative_inputs(text_keys=keys)
+        if chunk is not None:
+            assert loss.supports_row_chunks
+            value = loss.chunked_loss(leaves, None, with_backward=True)  # back-propagated chunk by chunk
+        else:
+            value = loss.compute_loss_from_embeddings(leaves, None)
+            value.backward()
+        results.append((value.detach(), [leaf.grad for leaf in leaves]))
+    (a, grads_a), (b, grads_b) = results
+    torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+    for x, y in zip(grads_a, grads_b, strict=True):
+        torch.testing.assert_close(x, y, rtol=1e-12, atol=1e-12)
+
+
+def test_a_repeated_text_still_masks():
+    loss = FocalInfoNCELoss(None)
+    columns = [torch.randn(5, 8) for _ in range(2)]
+    loss.set_false_negative_inputs(text_keys=torch.tensor([[1, 2, 3, 4, 5], [6, 7, 8, 7, 9]]))  # positive 3 = 1
+    window = loss.window(loss.prepare_batch(columns, None), None)
+    assert window.false_negatives is not None and bool(window.false_negatives[1, 3]) and bool(
+        window.false_negatives[3, 1])

@@ -556,9 +556,15 @@ class HardNegativeLoss(ModelGuard, GradCacheMixin, nn.Module):
         rows = None if start is None else (int(start), int(stop if stop is not None else batch.size))
         if self.mask_duplicates:  # computed once on the batch the windows are cut from, not once per window
             false_negatives.duplicate_ids(batch)
+        nothing_to_mask = self._nothing_to_mask(batch)
         batch = replace(batch, rows=rows, false_negatives=None, block_masks=None)
         self._false_negative_stats = {}
         if not self.controls_false_negatives:
+            return batch
+        if nothing_to_mask:
+            if self._reports_false_negatives:  # reported as 0 once reporting started
+                zero = torch.zeros((), device=batch.device)
+                self._false_negative_stats = {"masked_false_negatives": zero, "masked_false_negatives_total": zero}
             return batch
         batch.false_negatives, stats = false_negatives.false_negative_mask(
             batch, mask_duplicates=self.mask_duplicates, margin=self.margin,
@@ -575,6 +581,26 @@ class HardNegativeLoss(ModelGuard, GradCacheMixin, nn.Module):
         if self._reports_false_negatives:
             self._false_negative_stats = stats
         return batch
+
+    def _nothing_to_mask(self, batch: Batch) -> bool:
+        """Whether the false-negative mask of every row of ``batch`` is certainly empty, so that the windows carry
+        none (``None`` is what an all-False mask computes, without its (rows x candidates) tensors and their
+        per-chunk cost): only duplicates are masked (no ``margin``), the loss has the ``query_to_doc`` block alone,
+        and no two candidates share an embedding id or a text key. Decided once per batch (kept on it)."""
+        if not self.mask_duplicates or self.margin is not None or tuple(self.blocks) != ("query_to_doc",):
+            return False
+        cached = batch.nothing_to_mask
+        if cached is None:
+            ids = false_negatives.duplicate_ids(batch)
+            if ids is None:  # the meta device: no values to decide on
+                return False
+            candidate_ids = ids[batch.size:]
+            distinct = bool(torch.unique(candidate_ids).numel() == candidate_ids.numel())
+            if distinct and batch.text_keys is not None:
+                keys = batch.text_keys[1:].reshape(-1)
+                distinct = bool(torch.unique(keys).numel() == keys.numel())
+            cached = batch.nothing_to_mask = distinct
+        return cached
 
     def prepare_columns(self, embeddings: list[Tensor], labels: Tensor | None = None) -> Batch:
         """Check the columns and return them in float32, normalised once, as a :class:`Batch` (with gathering: of

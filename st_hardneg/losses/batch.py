@@ -46,6 +46,8 @@ class Batch:
     rows: tuple[int, int] | None = None
     #: (N + C,) ids of ``[anchors; candidates]``, equal for identical embeddings (``false_negatives.duplicate_ids``)
     duplicate_ids: Tensor | None = None
+    #: whether no two candidates share an embedding id or a text key (``HardNegativeLoss._nothing_to_mask``)
+    nothing_to_mask: bool | None = None
     #: the batch before the loss replaced some of its rows (HNCSE's mixed positives): false negatives are judged
     #: on it (duplicates and the margin without a guide), as before the replacement
     unmixed: Batch | None = None
