@@ -5,11 +5,11 @@ For every method and batch size (default 64, 1024 and 8192) one configuration tr
 * ``step_ms``: the median wall time of a full training step after one warm-up step (zero_grad, forward of both
   columns, loss, backward, gradient clipping at 1.0 and an AdamW step, as in ``benchmarks/overhead.py``), with
   ``torch.set_num_threads`` fixed (``--threads``, recorded);
-* ``peak_mb``: what one training step adds to the resident memory (gradients and activations; AdamW's two moments are
-  ``state_mb``, reported separately: they do not depend on the batch), measured in one more step after the timed
-  ones, as described below;
-* ``default_malloc_peak_mb``: the resident high-water mark over the timed steps (warm-up included) minus the resident
-  memory before them, with the allocator as users run it.
+* ``peak_mb``: the peak resident memory during the first 2 steps minus the resident memory just before them (model
+  loaded, batches tokenised, loss and optimizer built, garbage collected), i.e. what training the batch adds:
+  gradients, AdamW's two moments (``state_mb``, reported separately: it does not depend on the batch) and the
+  activations, measured in a separate run with glibc's mmap threshold fixed, as described below;
+* ``default_malloc_peak_mb``: the same high-water mark over the timed steps, with the allocator as users run it.
 
 Variants: ``uncached`` builds the loss as registered; ``cached`` passes ``mini_batch_size`` (``--mini-batch-size``,
 default 32, GradCache and loss rows in chunks). A loss that rejects the argument is reported as "not supported", not
@@ -23,7 +23,7 @@ the global batch, the loss with ``gather_across_devices=True``, the gradients av
 backward pass, which is what DistributedDataParallel computes, without its overlap of communication and backward),
 and compares its step time (the slower rank's) with 1 process at the same global batch.
 
-Why resident memory, and why the memory step. PyTorch has no allocator statistics on the CPU
+Why resident memory, and why a second run. PyTorch has no allocator statistics on the CPU
 (``torch.cuda.max_memory_allocated`` is CUDA only, and profiling every allocation with ``torch.profiler`` slows the
 step it measures). Each configuration runs in a fresh subprocess; the script resets the kernel's high-water mark of
 the resident set (``echo 5 > /proc/self/clear_refs``, Linux >= 4.0) and reads ``VmHWM`` from ``/proc/self/status``.
@@ -32,11 +32,13 @@ size of every mapped buffer that is freed, so from the first chunk on the per-ch
 the heap, and the heap keeps what they leave behind. Measured on the tiny model, first step, batch 4096 / 8192 /
 16384: ``cached_mnrl`` 66 / 119 / 313 MB, our cached Focal-InfoNCE 118 / 269 / 1088 MB, while the largest set of
 tensors alive at once in Focal's step (every op's output tracked with a dispatch mode) was 10 MB at batch 4096. So
-after the timed steps the worker returns the free heap to the system (``malloc_trim(0)``), fixes the mmap threshold at
-128 KiB (``mallopt``, which also stops the dynamic raise: every buffer from 128 KiB up is mapped on allocation and
-unmapped on free) and measures one more step of the first batch: ``peak_mb`` then follows the live buffers, the
-number a GPU user reads from ``max_memory_allocated``. Where there is no glibc or no ``clear_refs``, ``peak_mb`` is the
-default-allocator mark (``ru_maxrss``, the whole process's, without ``clear_refs``) and ``memory_method`` says so.
+each configuration is run a second time, in fresh processes, with ``MALLOC_MMAP_THRESHOLD_=131072`` in the
+environment (``scale_worker.MEMORY_ENV``), which fixes the threshold at 128 KiB and stops its dynamic raise: every
+buffer from 128 KiB up is then mapped on allocation and unmapped on free, and ``peak_mb`` follows the live buffers,
+the number a GPU user reads from ``max_memory_allocated``. (Fixing the threshold in the timed process instead, after
+its steps, was tried first: the heap those steps had spread kept the small buffers scattered, and the mark varied
+from 27 to 245 MB for the same configuration.) Where there is no glibc the variable is ignored and ``peak_mb`` is the
+default allocator's; without ``clear_refs``, ``memory_method`` says ``ru_maxrss`` (the whole process's mark).
 On a CPU training machine, ``MALLOC_MMAP_THRESHOLD_=131072`` in the environment gives the same behaviour to a real
 run of a large cached batch.
 
@@ -102,7 +104,7 @@ from scale_report import (  # noqa: E402,F401  (the report half of this benchmar
     summarize,
     write_report,
 )
-from scale_worker import build_benchmark_loss, run_config  # noqa: E402,F401  (one measured configuration)
+from scale_worker import MEMORY_ENV, build_benchmark_loss, run_config  # noqa: E402,F401  (one configuration)
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
@@ -135,11 +137,11 @@ def plan(methods: list[str], batch_sizes: list[int], ddp_methods: list[str], ddp
     return configs
 
 
-def launch(cfg: dict[str, Any], timeout: float) -> dict[str, Any]:
+def launch(cfg: dict[str, Any], timeout: float, extra_env: dict[str, str] | None = None) -> dict[str, Any]:
     """Run ``cfg`` in a fresh subprocess (2 processes: ``torch.distributed.run``); its result or an error record."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])]),
            "OMP_NUM_THREADS": str(cfg["threads"]), "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1",
-           "TRANSFORMERS_OFFLINE": "1"}
+           "TRANSFORMERS_OFFLINE": "1", **(extra_env or {})}
     worker = [str(Path(__file__).resolve()), "--worker", json.dumps(cfg)]
     if cfg["processes"] > 1:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
@@ -157,6 +159,24 @@ def launch(cfg: dict[str, Any], timeout: float) -> dict[str, Any]:
     result = json.loads(lines[-1][len(RESULT_PREFIX):])
     result["wall_seconds"] = round(time.perf_counter() - start, 1)
     return result
+
+
+def measure(cfg: dict[str, Any], timeout: float) -> dict[str, Any]:
+    """``cfg`` run twice, each time in fresh processes: timed with the allocator as users run it (its resident
+    high-water mark kept as ``default_malloc_peak_mb``), then 2 steps with glibc's mmap threshold fixed
+    (``MEMORY_ENV``), whose high-water mark is ``peak_mb`` (see the module docstring)."""
+    timed = launch(cfg, timeout)
+    if timed.get("status") != "ok":
+        return timed
+    memory = launch({**cfg, "steps": 2}, timeout, extra_env=MEMORY_ENV)
+    if memory.get("status") != "ok":
+        return {"status": "error", "reason": f"memory run: {memory.get('reason')}",
+                **({"stderr_tail": memory["stderr_tail"]} if "stderr_tail" in memory else {})}
+    return {**timed, "default_malloc_peak_mb": timed["peak_mb"],
+            "default_malloc_peak_mb_per_rank": timed["peak_mb_per_rank"], "peak_mb": memory["peak_mb"],
+            "peak_mb_per_rank": memory["peak_mb_per_rank"],
+            "memory_method": f"{memory['memory_method']}, a separate run of 2 steps",
+            "wall_seconds": round(timed.get("wall_seconds", 0.0) + memory.get("wall_seconds", 0.0), 1)}
 
 
 def available_mb() -> float | None:
@@ -297,7 +317,7 @@ def main(argv: list[str] | None = None) -> int:
             result = {"status": "skipped", "reason": f"needs about {needed / 1024:.1f} GB (extrapolated from the "
                                                      f"smaller batch), {free / 1024:.1f} GB available"}
         else:
-            result = launch({**common, **cfg, "threads": max(1, args.threads // cfg["processes"])}, args.timeout)
+            result = measure({**common, **cfg, "threads": max(1, args.threads // cfg["processes"])}, args.timeout)
         data["runs"][key] = {**cfg, **result, "steps": args.steps, "finished": time.strftime("%Y-%m-%d %H:%M:%S")}
         print(result["status"], result.get("step_ms", result.get("reason", "")), flush=True)
         write_report(data, out)

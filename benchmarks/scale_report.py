@@ -147,11 +147,11 @@ def markdown(data: dict[str, Any]) -> str:
                    f"configuration (the first a warm-up; step = median of the rest), torch {meta.get('torch')}, "
                    f"{meta.get('torch_threads')} torch thread(s) in 1 process, {meta.get('torch_threads_per_process_ddp')} "
                    f"per process in 2, on {meta.get('cpu_count')} CPU cores. "
-                   "Peak = resident memory high-water mark of one step run after the timed ones, minus the resident "
-                   "memory before it (gradients + activations; AdamW's state is allocated by then), with glibc's mmap "
-                   "threshold fixed at 128 KiB so that freed buffers leave the resident set; \"default malloc\" = the "
-                   "same high-water mark over the timed steps with glibc's defaults (its dynamic mmap threshold keeps "
-                   "freed per-chunk buffers in the heap, so this one also counts the heap's growth); 2 processes: gloo, gather_across_devices, half the "
+                   "Peak = resident memory high-water mark over 2 steps minus the resident memory before them (gradients + "
+                   "AdamW state + activations), in a separate run with glibc's mmap threshold fixed at 128 KiB so "
+                   "that freed buffers leave the resident set; \"default malloc\" = the same mark over the timed "
+                   "steps with glibc's defaults (its dynamic mmap threshold keeps freed per-chunk buffers in the heap, "
+                   "so this one also counts the heap's growth); 2 processes: gloo, gather_across_devices, half the "
                    "global batch each, step time of the slower rank.\n")
     return "\n".join(out)
 

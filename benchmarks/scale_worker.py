@@ -35,27 +35,8 @@ def _reset_peak() -> bool:
     return _status_kb("VmHWM") is not None
 
 
-#: how the memory step's allocator is set (recorded in ``memory_method``)
-MALLOC_NOTE = "glibc mmap threshold fixed at 128 KiB after malloc_trim(0)"
-_M_MMAP_THRESHOLD = -3  # mallopt's parameter number in glibc's malloc.h
-
-
-def _fix_malloc(threshold: int = 128 * 1024) -> bool:
-    """Return freed heap memory to the system (``malloc_trim(0)``) and fix glibc's mmap threshold at ``threshold``
-    bytes (which also stops its dynamic raise): from then on every buffer of at least ``threshold`` bytes is mapped on
-    allocation and unmapped on free, so the resident set follows the live buffers. False where there is no glibc."""
-    import ctypes
-    import ctypes.util
-
-    name = ctypes.util.find_library("c")
-    if sys.platform != "linux" or not name:
-        return False
-    try:
-        libc = ctypes.CDLL(name)
-        libc.malloc_trim(0)
-        return bool(libc.mallopt(_M_MMAP_THRESHOLD, threshold))
-    except (OSError, AttributeError):
-        return False
+#: the environment of a memory run (``scale.py`` launches each configuration twice: timed, and measured with this)
+MEMORY_ENV = {"MALLOC_MMAP_THRESHOLD_": "131072"}
 
 
 def _ru_maxrss_kb() -> int:
@@ -154,33 +135,21 @@ def run_config(cfg: dict[str, Any]) -> dict[str, Any]:
         optimizer.step()
         return time.perf_counter() - start, float(value.detach())
 
-    # 1. the timed steps, with the allocator as users run it
     gc.collect()
     baseline_kb = _status_kb("VmRSS") or _ru_maxrss_kb()
     memory_method = "VmHWM after clear_refs reset" if _reset_peak() else "ru_maxrss (whole process)"
+    if os.environ.get("MALLOC_MMAP_THRESHOLD_"):
+        memory_method += f", glibc mmap threshold fixed at {os.environ['MALLOC_MMAP_THRESHOLD_']} bytes"
     seconds, values = [], []
     for features in batches:
         step_seconds_, value_ = train_step(features)
         seconds.append(step_seconds_)
         values.append(value_)
-    default_peak_kb = _status_kb("VmHWM") if memory_method.startswith("VmHWM") else _ru_maxrss_kb()
-    # 2. the memory step: one more step of the first batch with glibc's mmap threshold fixed, so that the resident
-    # set follows the live buffers instead of what the heap keeps after they are freed (see scale.py)
-    fixed = memory_method.startswith("VmHWM") and _fix_malloc()
-    if fixed:
-        gc.collect()
-        memory_baseline_kb = _status_kb("VmRSS") or baseline_kb
-        _reset_peak()
-        train_step(batches[0])
-        peak_kb = _status_kb("VmHWM") or default_peak_kb
-        memory_method = f"VmHWM after clear_refs reset, one step after the timed ones, {MALLOC_NOTE}"
-    else:
-        memory_baseline_kb, peak_kb = baseline_kb, default_peak_kb
+    peak_kb = _status_kb("VmHWM") if memory_method.startswith("VmHWM") else _ru_maxrss_kb()
     state_bytes = sum(p.grad.numel() * p.grad.element_size() for p in params if p.grad is not None)
     state_bytes += sum(t.numel() * t.element_size() for s in optimizer.state.values() for t in s.values()
                        if torch.is_tensor(t) and t.dim() > 0)
-    per_rank = {"seconds": seconds, "peak_mb": (peak_kb - memory_baseline_kb) / 1024, "baseline_mb": baseline_kb / 1024,
-                "default_malloc_peak_mb": (default_peak_kb - baseline_kb) / 1024}
+    per_rank = {"seconds": seconds, "peak_mb": (peak_kb - baseline_kb) / 1024, "baseline_mb": baseline_kb / 1024}
     if dist is not None:
         gathered: list[Any] = [None] * world
         dist.all_gather_object(gathered, per_rank)
@@ -197,7 +166,6 @@ def run_config(cfg: dict[str, Any]) -> dict[str, Any]:
         "step_seconds": [round(s, 4) for s in step_seconds],
         "peak_mb": round(max(r["peak_mb"] for r in gathered), 1),
         "peak_mb_per_rank": [round(r["peak_mb"], 1) for r in gathered],
-        "default_malloc_peak_mb": round(max(r["default_malloc_peak_mb"] for r in gathered), 1),
         "baseline_rss_mb": round(max(r["baseline_mb"] for r in gathered), 1),
         "state_mb": round(state_bytes / 2**20, 1),
         "memory_method": memory_method, "loss_values": [round(v, 5) for v in values],
