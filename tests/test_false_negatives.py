@@ -499,9 +499,10 @@ def test_false_negative_log_in_a_real_training_step_matches_the_diagnostics(tiny
     lambda: FocalInfoNCELoss(None),
     lambda: MixCSELoss(None, seed=3),
     lambda: MixCSELoss(None, partner="hardest"),
+    lambda: MixCSELoss(None, seed=3, directions=("query_to_doc", "doc_to_query"), partition_mode="per_direction"),
     lambda: HNCSELoss(None, mode="both", pm_threshold=0.2, k=2, num_mixed=3, seed=1),
     lambda: AdversarialNegativesLoss(torch.nn.Linear(8, 8), untied=False, num_adversaries=0),
-], ids=["focal", "mixcse", "mixcse-hardest", "hncse", "adcse"])
+], ids=["focal", "mixcse", "mixcse-hardest", "mixcse-two-way", "hncse", "adcse"])
 @pytest.mark.parametrize("chunk", [None, 3])
 def test_a_batch_without_duplicates_carries_no_mask_and_the_same_loss(make, chunk):
     """No two candidates share an embedding or a text: the windows carry no mask (no rows x candidates tensor) and
@@ -535,8 +536,9 @@ def test_a_batch_without_duplicates_carries_no_mask_and_the_same_loss(make, chun
         torch.testing.assert_close(x, y, rtol=1e-12, atol=1e-12)
 
 
-def test_a_repeated_text_still_masks():
-    loss = FocalInfoNCELoss(None)
+@pytest.mark.parametrize("directions", [("query_to_doc",), ("query_to_doc", "doc_to_query")])
+def test_a_repeated_text_still_masks(directions):
+    loss = FocalInfoNCELoss(None, directions=directions)
     columns = [torch.randn(5, 8) for _ in range(2)]
     loss.set_false_negative_inputs(text_keys=torch.tensor([[1, 2, 3, 4, 5], [6, 7, 8, 7, 9]]))  # positive 3 = 1
     window = loss.window(loss.prepare_batch(columns, None), None)

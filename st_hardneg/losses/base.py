@@ -585,9 +585,11 @@ class HardNegativeLoss(ModelGuard, GradCacheMixin, nn.Module):
     def _nothing_to_mask(self, batch: Batch) -> bool:
         """Whether the false-negative mask of every row of ``batch`` is certainly empty, so that the windows carry
         none (``None`` is what an all-False mask computes, without its (rows x candidates) tensors and their
-        per-chunk cost): only duplicates are masked (no ``margin``), the loss has the ``query_to_doc`` block alone,
-        and no two candidates share an embedding id or a text key. Decided once per batch (kept on it)."""
-        if not self.mask_duplicates or self.margin is not None or tuple(self.blocks) != ("query_to_doc",):
+        per-chunk cost): only duplicates are masked (no ``margin``), the loss's blocks are ``query_to_doc`` and at
+        most ``doc_to_query`` (its mask is the transposed in-batch part of the first), and no two candidates share an
+        embedding id or a text key. Decided once per batch (kept on it)."""
+        if not self.mask_duplicates or self.margin is not None or not set(self.blocks) <= {"query_to_doc",
+                                                                                              "doc_to_query"}:
             return False
         cached = batch.nothing_to_mask
         if cached is None:
