@@ -205,3 +205,18 @@ def test_smoke_two_processes_tiny_model(tmp_path):
     assert two["world_size"] == 2 and two["per_process_batch_size"] == 8 and len(two["peak_mb_per_rank"]) == 2
     assert two["peak_mb"] == max(two["peak_mb_per_rank"])
     assert "| cached_mnrl | cached | 16 |" in out.with_suffix(".md").read_text()
+
+
+def test_paired_timing_smoke(tmp_path):
+    """Every loss and both CachedMNRL references timed round-robin in one process; ratios against the references."""
+    import importlib
+
+    paired = importlib.import_module("scale_paired")
+    out = tmp_path / "paired.md"
+    assert paired.main(["--batch-size", "64", "--rounds", "2", "--corpus", str(CORPUS), "--out", str(out)]) == 0
+    table = out.read_text()
+    for name in ("cached_mnrl", "cached_mnrl (two-way)", *paired.LOSSES):
+        assert f"| {name} |" in table
+    assert "| cached_mnrl | " in table and "| 1.00× |" in table  # the reference against itself
+    with pytest.raises(SystemExit):
+        paired.main(["--rounds", "1", "--out", str(out)])
