@@ -582,7 +582,8 @@ def test_queue_as_pool_lets_the_hardest_partner_come_from_the_queue():
     (lambda m: AdversarialNegativesLoss(m, untied=False, queue_size=4, queue_as_pool=True), "learned vectors"),
     (lambda m: MixCSELoss(m, queue_size=4, queue_as_pool=True), "needs partner='hardest'"),
     (lambda m: MixCSELoss(m, partner="hardest", queue_as_pool=True), "without a queue"),
+    (lambda m: MixCSELoss(m, partner="hardest", queue_size=4, queue_as_pool="yes"), "queue_as_pool"),
 ])
 def test_queue_as_pool_is_refused_where_there_is_no_hardest_choice(make, message):
-    with pytest.raises(ValueError, match=message):
+    with pytest.raises((ValueError, TypeError), match=message):
         make(nn.Linear(4, 4))
