@@ -400,7 +400,6 @@ class HardNegativeLoss(ModelGuard, GradCacheMixin, nn.Module):
                              "Only MixCSELoss(partner='hardest') takes it.")
         #: the main queue's readable rows for the batch being computed (for queue_as_pool), as the loss scores them
         self._queue_vectors: Tensor | None = None
-        self._last_queue_vectors: Tensor | None = None
         #: with queue_source="ema": the key encoder's rows of the next batch's columns (one per column; the anchors'
         #: only with queue_anchors, else None in their place)
         self._queue_key_columns: list[Tensor | None] | None = None
@@ -778,13 +777,13 @@ class HardNegativeLoss(ModelGuard, GradCacheMixin, nn.Module):
             return None
         dot = self.similarity_fct_name == "dot_score"
         self._queue_stats = {}
-        columns = self._queue_columns_for(self.queue, batch, queries, batch.row_anchors)
-        self._queue_vectors = self._last_queue_vectors if columns is not None else None
+        read = self._queue_columns_for(self.queue, batch, queries, batch.row_anchors)
+        columns, self._queue_vectors = (read[:2], read[2]) if read is not None else (None, None)
         self._anchor_queue_columns = None
         if self.anchor_queue is not None:
             row_positives = batch.raw_rows()[1] if dot else batch.row_positives
-            self._anchor_queue_columns = self._queue_columns_for(self.anchor_queue, batch, row_positives,
-                                                                 batch.row_positives)
+            anchors_read = self._queue_columns_for(self.anchor_queue, batch, row_positives, batch.row_positives)
+            self._anchor_queue_columns = anchors_read[:2] if anchors_read is not None else None
         if batch.rows is None or batch.rows[0] == self.own_row_range(batch)[0]:  # once per batch: its first window
             ema = self.queue.key_encoder is not None and torch.is_grad_enabled()
             key_rows = self._key_encoder_rows(dot) if ema else None
@@ -800,8 +799,8 @@ class HardNegativeLoss(ModelGuard, GradCacheMixin, nn.Module):
         return columns
 
     def _queue_columns_for(self, queue: CandidateQueue, batch: Batch, rows: Tensor, unit_rows: Tensor
-                           ) -> tuple[Tensor, Tensor | None] | None:
-        """``(similarity (R, Q), exclude (R, Q) or None)`` of the batch's rows (``rows``: as the loss scores them,
+                           ) -> tuple[Tensor, Tensor | None, Tensor] | None:
+        """``(similarity (R, Q), exclude (R, Q) or None, the queued rows (Q, d))`` of the batch's rows (``rows``: as the loss scores them,
         ``unit_rows``: unit length, for the margin) against ``queue``'s readable rows, or ``None``. A queued row is
         excluded for pair ``i`` when its text key equals the anchor's or the positive's (``mask_duplicates``), or
         when its cosine with the row exceeds pair ``i``'s false-negative threshold (``margin``)."""
@@ -811,7 +810,6 @@ class HardNegativeLoss(ModelGuard, GradCacheMixin, nn.Module):
         dot = self.similarity_fct_name == "dot_score"
         vectors, keys = readable
         vectors = vectors.to(device=rows.device, dtype=rows.dtype)
-        self._last_queue_vectors = vectors
         similarity = rows @ vectors.T
         exclude = None
         if self.mask_duplicates and batch.text_keys is not None:
@@ -828,7 +826,7 @@ class HardNegativeLoss(ModelGuard, GradCacheMixin, nn.Module):
                          else positive - positive.abs() * self.margin)
             above = cosines > threshold
             exclude = above if exclude is None else exclude | above
-        return similarity, exclude
+        return similarity, exclude, vectors
 
     def _key_encoder_rows(self, dot: bool) -> list[Tensor]:
         """``queue_source="ema"``: the key encoder's rows of this batch, one tensor per column (the anchors' only
