@@ -15,6 +15,7 @@ encoding. Options are chosen on the dev task only (``--select``); test scores ar
     python benchmarks/retrieval.py --task scifact --select        # SELECTION on the dev task, seed 0
     python benchmarks/retrieval.py --task scifact                 # METHODS x seeds 0 1 2 -> results/scifact.*
     python benchmarks/retrieval.py --task scifact --methods focal_no_fnc mixcse_explicit   # ABLATIONS rows
+    python benchmarks/retrieval.py --task scifact --methods focal_queue             # the queue (QUEUE_ROWS)
     python benchmarks/retrieval.py --task scifact --report        # rewrite the tables from the JSON
 """
 
@@ -62,6 +63,14 @@ ABLATIONS: dict[str, tuple[str, dict[str, Any]]] = {
     "focal_no_fnc": ("focal", {"mask_duplicates": False}),
     "focal_margin_rel0.05": ("focal", {"margin": 0.05, "margin_strategy": "relative"}),
     "mixcse_hardest": ("mixcse", {"partner": "hardest"}),  # an in-batch partner instead of the mined one
+}
+#: issue 23's queue at equal memory (3 seeds, same protocol): Focal-InfoNCE at the protocol's batch of 32 with the
+#: detached candidates (positives and mined negatives, 64 per step) of the last 3 steps queued, so every anchor has
+#: 64 in-batch + 192 queued = 256 candidates, as many as ``cached_mnrl_4x`` (batch 128 in mini-batches of 32: the same
+#: 32 rows of activations at a time). The source is "online" (XBM), the one that adds no memory (an "ema" key encoder
+#: is a second model); warm-up 1 step, 5 % of the 17. ``focal`` is the same loss without the queue.
+QUEUE_ROWS: dict[str, tuple[str, dict[str, Any]]] = {
+    "focal_queue": ("focal", {"queue_size": 192, "queue_warmup_steps": 1}),
 }
 #: label -> (family, loss, hyperparameters): screened on the dev task (seed 0); the best of each family runs in
 #: METHODS and the others become ablation rows
@@ -147,8 +156,16 @@ def run_one(label: str, loss_name: str, loss_kwargs: dict, seed: int, dataset, s
     run = run_training(model, loss, dataset, config, keep_checkpoints=False,
                        score=lambda trained: evaluate_beir_recipe(trained, split, test=not dev_only,
                                                                   batch_size=64, show_progress_bar=not args.quiet))
-    return run.record(label, seed, loss=loss_name, batch_size=batch_size, **run.scores,
+    return run.record(label, seed, loss=loss_name, batch_size=batch_size, **run.scores, **queue_fields(run.loss),
                       load_avg=round(os.getloadavg()[0], 2))
+
+
+def queue_fields(loss) -> dict[str, Any]:
+    """A queued loss's queue at the end of training (rows filled, rows its last batch read and masked per anchor,
+    memory), so a row shows the queue was read; nothing for a loss without one."""
+    if getattr(loss, "queue", None) is None:
+        return {}
+    return {"queue": {key: value for key, value in loss.diagnostics.items() if key.startswith("queue")}}
 
 
 def untrained(args, beir, split) -> dict[str, Any]:
@@ -340,7 +357,8 @@ def main(argv: list[str] | None = None) -> int:
         dev_only = True
     else:
         methods = args.methods or list(METHODS)
-        table = {**{m: (loss, kw) for m, (_, loss, kw) in SELECTION.items()}, **ABLATIONS, **METHODS}
+        table = {**{m: (loss, kw) for m, (_, loss, kw) in SELECTION.items()}, **ABLATIONS, **QUEUE_ROWS,
+                 **METHODS}
         unknown = [m for m in methods if m not in table]
         if unknown:
             parser.error(f"unknown method(s) {unknown}; choose from {', '.join(table)}")

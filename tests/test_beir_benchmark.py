@@ -71,3 +71,32 @@ def test_report_means_and_target_check():
     runs[-1]["test"] = {**runs[-1]["test"], "ndcg@10": 67.9}  # seed 2 now behind mnrl's 68.0
     check = bench.target_check({"runs": runs})
     assert "ahead on every common seed: no" in check and "Target not met" in check
+
+
+def test_queue_row_matches_cached_mnrl_4x_candidates():
+    """focal_queue's claim: 2 candidate columns of the protocol's batch in-batch + the queue = CachedMNRL 4x's."""
+    bench = _load("beir_benchmark")
+    loss, kwargs = bench.QUEUE_ROWS["focal_queue"]
+    batch = bench.BEIR_TRAINING["batch_size"]
+    assert loss == "focal" and bench.METHODS["focal"] == ("focal", {})
+    assert 2 * batch + kwargs["queue_size"] == 2 * batch * bench.METHODS["cached_mnrl_4x"][1]["batch_factor"]
+    assert kwargs["queue_warmup_steps"] >= 1 and kwargs.get("queue_source", "online") == "online"
+
+
+def test_smoke_queue_row_reads_the_queue(tiny_model_dir, tmp_path):
+    """A 3-step focal_queue run with warm-up 1 records its queue: the last batch read the 2 earlier steps' candidate
+    rows (positive + mined negative per query) and the queue holds all 3 steps'."""
+    retrieval = _load("retrieval")
+    folder = make_tiny_beir(tmp_path / "tiny", train_queries=48)
+    out = tmp_path / "tiny.json"
+    argv = ["--task", "beir", "--data", str(folder), "--model", str(tiny_model_dir), "--max-steps", "3",
+            "--batch-size", "4", "--seeds", "0", "--methods", "focal_queue", "--out", str(out), "--cache-dir",
+            str(tmp_path / "cache"), "--work-dir", str(tmp_path / "work"), "--relative-margin", "none", "--quiet"]
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        assert retrieval.main(argv) == 0
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+    (run,) = json.loads(out.read_text())["runs"]
+    assert run["method"] == "focal_queue" and run["steps"] == 3 and run["loss_config"]["queue_size"] == 192
+    assert run["queue"]["queue_filled"] == 3 * 2 * 4 and run["queue"]["queue_rows_read"] == 2 * 2 * 4
