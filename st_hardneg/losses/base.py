@@ -759,7 +759,7 @@ class HardNegativeLoss(ModelGuard, GradCacheMixin, nn.Module):
             else:  # pragma: no cover - the constructor validated the names
                 raise ValueError(f"unknown block {name!r}")
             out[name] = block.excluding(masks.get(name))
-        self._queue_columns = self._read_and_stage_queue(batch, row_queries, out["query_to_doc"])
+        self._queue_columns = self._read_and_stage_queue(batch, row_queries)
         return out
 
     #: whether the loss has a hardest-negative choice that can take queued rows (``queue_as_pool``)
@@ -767,8 +767,7 @@ class HardNegativeLoss(ModelGuard, GradCacheMixin, nn.Module):
     #: why a loss with such a choice still refuses ``queue_as_pool`` (None: it has no such choice)
     queue_pool_refusal: str | None = None
 
-    def _read_and_stage_queue(self, batch: Batch, queries: Tensor, q2d: fr.Block
-                              ) -> tuple[Tensor, Tensor | None] | None:
+    def _read_and_stage_queue(self, batch: Batch, queries: Tensor) -> tuple[Tensor, Tensor | None] | None:
         """The queue's columns for the rows of this batch, ``(similarity (R, Q), exclude (R, Q) or None)``, or
         ``None``; then (once per batch: at its first window) this batch's candidates are staged (they enter the
         queue after the optimizer step, so a batch never reads itself). With ``queue_anchors`` the same for the
