@@ -190,11 +190,9 @@ def untrained(args, beir, split) -> dict[str, Any]:
 
 # --------------------------------------------------------------------------- report
 def _mean_std(values: list[float]) -> str:
-    if not values:
-        return "–"
-    if len(values) == 1:
-        return f"{values[0]:.2f}"
-    return f"{statistics.mean(values):.2f} ± {statistics.stdev(values):.2f}"
+    from st_hardneg.reporting import mean_std_text
+
+    return mean_std_text(values)
 
 
 def summarize(data: dict[str, Any], role: str = "test") -> dict[str, dict[str, Any]]:

@@ -31,14 +31,6 @@ def _load(path: Path) -> dict[str, Any] | None:
     return json.loads(path.read_text()) if path.is_file() else None
 
 
-def _fmt(values: list[float]) -> str:
-    if not values:
-        return "–"
-    if len(values) == 1:
-        return f"{values[0]:.2f}"
-    return f"{statistics.mean(values):.2f} ± {statistics.stdev(values):.2f}"
-
-
 def _per_seed(runs: list[dict[str, Any]], method: str, score) -> dict[int, float]:
     return {r["seed"]: score(r) for r in runs if r.get("method") == method and not r.get("failed")
             and r.get("seed") is not None}
@@ -63,7 +55,7 @@ def screen_table(screen: dict[str, Any]) -> str:
 def cpu_table(cpu: dict[str, Any]) -> tuple[str, str]:
     """The queued rows and their no-queue twins on the CPU protocol (STS avg, mean ± std, per seed), and the target
     sentence."""
-    from st_hardneg.reporting import markdown_table
+    from st_hardneg.reporting import markdown_table, mean_std_text
 
     def avg(run):
         return run["sts"]["avg"]
@@ -81,7 +73,7 @@ def cpu_table(cpu: dict[str, Any]) -> tuple[str, str]:
             setting = (f"{config.get('queue_size')} rows, {config.get('queue_source', 'online')}"
                        if config.get("queue_size") else "no queue")
             gap = statistics.mean(values) - statistics.mean(mnrl.values()) if mnrl else None
-            body.append([method, setting, _fmt(values), ", ".join(f"{v:.2f}" for v in values),
+            body.append([method, setting, mean_std_text(values), ", ".join(f"{v:.2f}" for v in values),
                          f"{gap:+.2f}" if gap is not None and method != "mnrl" else "–"])
             if method == queued and len(values) >= 3 and gap is not None and (best is None or gap > best[1]):
                 best = (method, gap)
@@ -97,14 +89,14 @@ def cpu_table(cpu: dict[str, Any]) -> tuple[str, str]:
 def scifact_table(scifact: dict[str, Any]) -> tuple[str, str]:
     """Focal with and without the queue and CachedMNRL at 4x the batch on SciFact test (nDCG@10), and the target
     sentence (over the seeds both Focal rows have)."""
-    from st_hardneg.reporting import markdown_table
+    from st_hardneg.reporting import markdown_table, mean_std_text
 
     def ndcg(run):
         return run["test"]["ndcg@10"]
 
     runs = [r for r in scifact["runs"] if "test" in r]
     rows = {m: _per_seed(runs, m, ndcg) for m in SCIFACT_ROWS}
-    body = [[m, _fmt([v[s] for s in sorted(v)]), ", ".join(f"{s}: {v[s]:.2f}" for s in sorted(v))]
+    body = [[m, mean_std_text([v[s] for s in sorted(v)]), ", ".join(f"{s}: {v[s]:.2f}" for s in sorted(v))]
             for m, v in rows.items() if v]
     table = markdown_table(["SciFact test", "nDCG@10", "per seed"], body, align=["l", "r", "l"])
     common = sorted(set(rows["focal_queue"]) & set(rows["focal"]))

@@ -114,6 +114,15 @@ def mean_std(values: Sequence[float]) -> tuple[float, float]:
     return statistics.mean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
 
 
+def mean_std_text(values: Sequence[float]) -> str:
+    """``"mean ± std"`` to 2 decimals (sample std), the single value for one, ``"–"`` for none: a results cell."""
+    if not values:
+        return "–"
+    if len(values) == 1:
+        return f"{values[0]:.2f}"
+    return f"{statistics.mean(values):.2f} ± {statistics.stdev(values):.2f}"
+
+
 def median_or_none(values: Iterable[float | None]) -> float | None:
     """The median of the values that are set (not ``None`` or 0: a run without that measurement), else ``None``."""
     kept = [v for v in values if v]

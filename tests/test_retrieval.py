@@ -553,6 +553,14 @@ def test_replace_block_needs_one_pair_of_markers():
             replace_block(bad, "t", "x")
 
 
+def test_mean_std_text_is_the_sample_std_cell():
+    from st_hardneg.reporting import mean_std_text
+
+    assert mean_std_text([]) == "–" and mean_std_text([65.794]) == "65.79"
+    # mean 66, sample std sqrt(((-1)^2 + 0 + 1^2) / 2) = 1
+    assert mean_std_text([65.0, 66.0, 67.0]) == "66.00 ± 1.00"
+
+
 def test_untrained_report_regenerates_byte_identical_from_the_committed_json():
     bench = _load_benchmark()
     results = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
