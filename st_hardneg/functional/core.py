@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import functools
 from collections.abc import Callable
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, TypeVar, cast
 
 import torch
 import torch.nn.functional as F
@@ -68,14 +68,41 @@ def row_norms(x: Tensor) -> Tensor:
     return scale * torch.linalg.vector_norm(x / scale, dim=-1, keepdim=True)
 
 
+class _Normalize(torch.autograd.Function):
+    """``x / max(||x||, NORM_EPS)`` row by row, whose backward keeps only its output and the (N, 1) norms.
+
+    Composed of autograd's own ops, the normalisation would keep an extra (N, d) tensor per call until the backward
+    (``row_norms``' scaled copy of ``x``, which ``vector_norm`` saves). Its gradient needs none:
+    ``∂L/∂x = (g - y (y·g)) / ||x||`` for a row above ``NORM_EPS`` (``y`` the output, ``g`` its gradient) and
+    ``g / NORM_EPS`` below (a constant divisor), the same values up to rounding."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Tensor) -> Tensor:  # type: ignore[override]
+        norms = row_norms(x)
+        divisor = norms.clamp_min(NORM_EPS)
+        y = x / divisor
+        ctx.save_for_backward(y, divisor, norms >= NORM_EPS)
+        return y
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> Tensor:  # type: ignore[override]
+        y, divisor, above = ctx.saved_tensors
+        radial = torch.where(above, y * (y * grad).sum(dim=-1, keepdim=True), torch.zeros_like(y))
+        return (grad - radial) / divisor
+
+
 def normalize(x: Tensor) -> Tensor:
     """L2-normalise the last dimension in float32: ``x / max(||x||, NORM_EPS)``.
 
     A zero row stays zero (cosine 0 with everything) and every row's gradient is bounded by ``1 / NORM_EPS`` times
     the upstream gradient. Normalise a tensor once: normalising an (almost) zero unit row again multiplies the bounds.
+    Its backward holds no (N, d) tensor beyond the output (see :class:`_Normalize`), which is what keeps a cached
+    loss's memory at CachedMNRL's.
     """
     x = loss_precision(x)
-    return x / row_norms(x).clamp_min(NORM_EPS)
+    if not x.requires_grad:
+        return x / row_norms(x).clamp_min(NORM_EPS)
+    return cast(Tensor, _Normalize.apply(x))
 
 
 def mix(a: Tensor, b: Tensor, weight_a: float | Tensor, assume_normalized: bool = False) -> Tensor:

@@ -666,16 +666,15 @@ class HardNegativeLoss(ModelGuard, GradCacheMixin, nn.Module):
         raw = [column.to(dtype) for column in embeddings]
         units = []
         for i, column in enumerate(raw):
-            norms = fn.row_norms(column)
-            self._check_finite(column, norms, i)
-            units.append(column / norms.clamp_min(fn.NORM_EPS))
+            self._check_finite(column, i)
+            units.append(fn.normalize(column))
         self._local_rows = None
         if self.gather_across_devices and dist.is_distributed():
             # Every column of every process, in rank order (with gradient), normalised again row by row (the same
             # float operations on the same rows); reduce() then averages this process's own rows.
             dist.check_equal_local_batches(n, raw[0].device)
             raw = [dist.gather_with_grad(column) for column in raw]
-            units = [column / fn.row_norms(column).clamp_min(fn.NORM_EPS) for column in raw]
+            units = [fn.normalize(column) for column in raw]
             self._local_rows = (dist.local_rows(n), raw[0].size(0))
         # a pair with a (near-)zero anchor or positive has no direction: it cannot be ranked (unusable)
         self._zero_rows = (fn.row_norms(raw[0].detach()).squeeze(-1) < fn.NORM_EPS) | (
@@ -689,7 +688,7 @@ class HardNegativeLoss(ModelGuard, GradCacheMixin, nn.Module):
             batch, inputs, len(embeddings), needs_guide=self.guide is not None,
             gathered=self._local_rows is not None, loss_name=type(self).__name__)
 
-    def _check_finite(self, column: Tensor, norms: Tensor, index: int) -> None:
+    def _check_finite(self, column: Tensor, index: int) -> None:
         if column.device.type == "meta":
             return
         if not bool(torch.isfinite(column).all()):
@@ -699,6 +698,7 @@ class HardNegativeLoss(ModelGuard, GradCacheMixin, nn.Module):
                 f"values (rows {bad[:5]}{'...' if len(bad) > 5 else ''}). Check the model's output: an fp16 overflow "
                 "or a diverged training run produces them."
             )
+        norms = fn.row_norms(column.detach())
         if not bool(torch.isfinite(norms).all()):
             bad = (~torch.isfinite(norms)).flatten().nonzero().flatten().tolist()
             raise ValueError(

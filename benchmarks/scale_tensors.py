@@ -1,0 +1,146 @@
+"""Which O(N·d) tensors a cached loss holds at its peak, next to sentence-transformers' CachedMNRL: the term behind
+the cached-peak ratio of the scale benchmark (issue 21).
+
+No model: the columns are random (N, d) leaf embeddings, as GradCache hands them to the loss, and each loss runs its
+chunked loss with backward (``mini_batch_size`` = c rows per chunk). A dispatch mode records every tensor of at
+least N·d / 2 elements that an operation outputs, and after every operation sums the distinct storages still alive
+(weak references; PyTorch keeps a tensor's Python object while autograd holds the tensor). The peak of that sum and
+the tensors alive at it are reported, in units of one N × d float32 matrix. The inputs themselves (2 columns) are
+held by every loss alike and not counted.
+
+    python benchmarks/scale_tensors.py                   # N 8192, d 32, c 32 -> results/scale_tensors.md
+    python benchmarks/scale_tensors.py --n 65536
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import weakref
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+REPO = Path(__file__).resolve().parents[1]
+OUT = REPO / "benchmarks" / "results" / "scale_tensors.md"
+
+
+class LiveTensors(TorchDispatchMode):
+    """The distinct storages of large operation outputs alive after each operation, and their peak."""
+
+    def __init__(self, threshold: int, inputs: list[torch.Tensor]) -> None:
+        super().__init__()
+        self.threshold = threshold
+        self.inputs = {t.untyped_storage().data_ptr() for t in inputs}  # aliases of the inputs are not counted
+        self.tracked: list[tuple[weakref.ref, int, int, str]] = []
+        self.peak = 0
+        self.at_peak: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for tensor in out if isinstance(out, tuple | list) else (out,):
+            if isinstance(tensor, torch.Tensor) and tensor.numel() >= self.threshold:
+                storage = tensor.untyped_storage()
+                if storage.data_ptr() in self.inputs:
+                    continue
+                label = f"{func.__name__ if hasattr(func, '__name__') else func} {tuple(tensor.shape)}"
+                self.tracked.append((weakref.ref(tensor), storage.data_ptr(), storage.nbytes(), label))
+        alive: dict[int, tuple[int, str]] = {}
+        kept = []
+        for ref, pointer, size, label in self.tracked:
+            if ref() is not None:
+                kept.append((ref, pointer, size, label))
+                alive.setdefault(pointer, (size, label))
+        self.tracked = kept
+        total = sum(size for size, _ in alive.values())
+        if total > self.peak:
+            self.peak, self.at_peak = total, [label for _, label in alive.values()]
+        return out
+
+
+def _cached_mnrl(n: int, d: int, c: int) -> Callable[[list[torch.Tensor]], Any]:
+    from sentence_transformers.sentence_transformer.losses import CachedMultipleNegativesRankingLoss
+
+    class _Sized(torch.nn.Sequential):  # what CachedMNRL's constructor inspects
+        def get_embedding_dimension(self) -> int:
+            return d
+
+    loss = CachedMultipleNegativesRankingLoss(_Sized(torch.nn.Linear(1, 1)), scale=20.0, mini_batch_size=c)
+
+    def run(columns: list[torch.Tensor]) -> Any:
+        reps = [[column.detach()[i:i + c].requires_grad_() for i in range(0, n, c)] for column in columns]
+        return loss.calculate_loss(reps, None, with_backward=True)
+
+    return run
+
+
+def _ours(factory: Callable[[], Any], c: int) -> Callable[[list[torch.Tensor]], Any]:
+    loss = factory()
+    loss.mini_batch_size = c  # chunk like GradCache would (no model is needed for the loss side)
+
+    def run(columns: list[torch.Tensor]) -> Any:
+        return loss.chunked_loss(columns, None, with_backward=True)
+
+    return run
+
+
+def losses(n: int, d: int, c: int) -> dict[str, Callable[[list[torch.Tensor]], Any]]:
+    from st_hardneg import FocalInfoNCELoss, HNCSELoss, MixCSELoss
+
+    return {"cached_mnrl": _cached_mnrl(n, d, c),
+            "focal": _ours(lambda: FocalInfoNCELoss(None), c),
+            "mixcse (two-way)": _ours(lambda: MixCSELoss(None, directions=("query_to_doc", "doc_to_query"),
+                                                         partition_mode="per_direction"), c),
+            "hncse_pm": _ours(lambda: HNCSELoss(None, mode="pm"), c),
+            "hncse_hnm": _ours(lambda: HNCSELoss(None, mode="hnm"), c)}
+
+
+def measure(n: int, d: int, c: int) -> dict[str, tuple[float, list[str]]]:
+    """loss → (peak of the tracked live storages in N × d matrices, the tensors alive at that peak)."""
+    matrix = n * d * 4
+    out = {}
+    for name, run in losses(n, d, c).items():
+        torch.manual_seed(0)
+        columns = [torch.randn(n, d).requires_grad_() for _ in range(2)]  # leaves, outside the mode
+        mode = LiveTensors(n * d // 2, columns)
+        with mode:
+            run(columns)
+        out[name] = (mode.peak / matrix, mode.at_peak)
+    return out
+
+
+def markdown(results: dict[str, tuple[float, list[str]]], n: int, d: int, c: int) -> str:
+    from st_hardneg.reporting import markdown_table
+
+    reference = results["cached_mnrl"][0]
+    body = []
+    for name, (peak, alive) in results.items():
+        counts = collections.Counter(alive)
+        body.append([name, f"{peak:.1f}", f"{peak - reference:+.1f}",
+                     "; ".join(f"{k}× {label}" for label, k in counts.most_common())])
+    return (f"# Live O(N·d) tensors of a cached loss step (N {n}, d {d}, chunks of {c})\n\n"
+            + markdown_table(["loss", "peak (N×d float32 matrices)", "vs cached_mnrl", "alive at the peak"], body,
+                             align=["l", "r", "r", "l"])
+            + f"\nOne N×d float32 matrix = {n * d * 4 / 2**20:.1f} MB. Outputs of at least N·d/2 elements only; the "
+              "2 input columns (held by every loss) and their aliases are not counted. `python benchmarks/scale_tensors.py`\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--n", type=int, default=8192)
+    parser.add_argument("--d", type=int, default=32)
+    parser.add_argument("--c", type=int, default=32)
+    parser.add_argument("--out", default=str(OUT))
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)
+    text = markdown(measure(args.n, args.d, args.c), args.n, args.d, args.c)
+    Path(args.out).write_text(text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
