@@ -220,3 +220,19 @@ def test_paired_timing_smoke(tmp_path):
     assert "| cached_mnrl | " in table and "| 1.00× |" in table  # the reference against itself
     with pytest.raises(SystemExit):
         paired.main(["--rounds", "1", "--out", str(out)])
+
+
+def test_live_tensors_of_a_cached_step_against_cached_mnrl():
+    """benchmarks/scale_tensors.py at N 512, d 8, chunks of 8: Focal holds what CachedMNRL holds (within half an
+    N × d matrix), MixCSE's two-way form one more chunk block per direction; composing the normalisation from
+    autograd's ops instead (row_norms' scaled copy kept per column) would add 2 matrices to every loss."""
+    spec = importlib.util.spec_from_file_location("benchmarks_scale_tensors", REPO / "benchmarks" / "scale_tensors.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    results = module.measure(512, 8, 8)
+    reference = results["cached_mnrl"][0]
+    assert reference >= 5  # the tracker sees CachedMNRL's own concatenations and normalised copies
+    assert results["focal"][0] <= reference + 0.5
+    assert results["mixcse (two-way)"][0] <= reference + 2.5
+    text = module.markdown(results, 512, 8, 8)
+    assert f"| focal | {results['focal'][0]:.1f} | {results['focal'][0] - reference:+.1f} |" in text
