@@ -135,6 +135,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--c", type=int, default=32)
     parser.add_argument("--out", default=str(OUT))
     args = parser.parse_args(argv)
+    for name, low in (("n", 2), ("d", 1), ("c", 1)):
+        if getattr(args, name) < low:
+            parser.error(f"--{name} must be at least {low}, got {getattr(args, name)}")
     torch.set_num_threads(1)
     text = markdown(measure(args.n, args.d, args.c), args.n, args.d, args.c)
     Path(args.out).write_text(text)

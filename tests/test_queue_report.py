@@ -7,6 +7,8 @@ import json
 import statistics
 from pathlib import Path
 
+import pytest
+
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
 
@@ -73,3 +75,16 @@ def test_targets_not_met_and_missing_rows(tmp_path):
     _write(tmp_path, cpu[:3] + cpu[3:5], [_sci("focal", 0, 66.0)])  # 2 seeds only; no focal_queue
     text = bench.report(tmp_path)
     assert "no queued row has 3 seeds yet" in text and "no seed has both focal and focal_queue yet" in text
+
+
+def test_readme_without_the_block_is_refused_by_name(tmp_path):
+    bench = _load()
+    readme = _write(tmp_path, [_cpu("mnrl", 0, 75.0)], [])
+    readme.write_text("no markers here\n")
+    with pytest.raises(ValueError, match="queue-table:start"):
+        bench.main(["--results", str(tmp_path), "--readme", str(readme)])
+    assert readme.read_text() == "no markers here\n"  # left as it was
+
+
+def test_missing_results_files_give_an_empty_report(tmp_path):
+    assert _load().report(tmp_path) == "# The queue (issue 23)\n"

@@ -236,3 +236,13 @@ def test_live_tensors_of_a_cached_step_against_cached_mnrl():
     assert results["mixcse (two-way)"][0] <= reference + 2.5
     text = module.markdown(results, 512, 8, 8)
     assert f"| focal | {results['focal'][0]:.1f} | {results['focal'][0] - reference:+.1f} |" in text
+
+
+@pytest.mark.parametrize("argv", [["--n", "1"], ["--d", "0"], ["--c", "0"], ["--n", "-5"]])
+def test_live_tensors_script_refuses_bad_sizes(argv, capsys):
+    spec = importlib.util.spec_from_file_location("benchmarks_scale_tensors", REPO / "benchmarks" / "scale_tensors.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    with pytest.raises(SystemExit):
+        module.main([*argv, "--out", "/dev/null"])
+    assert f"{argv[0]} must be at least" in capsys.readouterr().err
