@@ -125,7 +125,8 @@ def markdown(results: dict[str, tuple[float, list[str]]], n: int, d: int, c: int
             + markdown_table(["loss", "peak (N×d float32 matrices)", "vs cached_mnrl", "alive at the peak"], body,
                              align=["l", "r", "r", "l"])
             + f"\nOne N×d float32 matrix = {n * d * 4 / 2**20:.1f} MB. Outputs of at least N·d/2 elements only; the "
-              "2 input columns (held by every loss) and their aliases are not counted. `python benchmarks/scale_tensors.py`\n")
+              "2 input columns (held by every loss) and their aliases are not counted. "
+              "`python benchmarks/scale_tensors.py`\n")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -799,10 +799,11 @@ class HardNegativeLoss(ModelGuard, GradCacheMixin, nn.Module):
 
     def _queue_columns_for(self, queue: CandidateQueue, batch: Batch, rows: Tensor, unit_rows: Tensor
                            ) -> tuple[Tensor, Tensor | None, Tensor] | None:
-        """``(similarity (R, Q), exclude (R, Q) or None, the queued rows (Q, d))`` of the batch's rows (``rows``: as the loss scores them,
-        ``unit_rows``: unit length, for the margin) against ``queue``'s readable rows, or ``None``. A queued row is
-        excluded for pair ``i`` when its text key equals the anchor's or the positive's (``mask_duplicates``), or
-        when its cosine with the row exceeds pair ``i``'s false-negative threshold (``margin``)."""
+        """``(similarity (R, Q), exclude (R, Q) or None, the queued rows (Q, d))`` of the batch's rows (``rows``: as
+        the loss scores them, ``unit_rows``: unit length, for the margin) against ``queue``'s readable rows, or
+        ``None``. A queued row is excluded for pair ``i`` when its text key equals the anchor's or the positive's
+        (``mask_duplicates``), or when its cosine with the row exceeds pair ``i``'s false-negative threshold
+        (``margin``)."""
         readable = queue.readable()
         if readable is None:
             return None
@@ -845,7 +846,7 @@ class HardNegativeLoss(ModelGuard, GradCacheMixin, nn.Module):
             column = column.float()
             if self._local_rows is not None:  # the batch was gathered: so are the keys, in rank order
                 column = dist.gather(column)
-            out.append(column if dot else column / fn.row_norms(column).clamp_min(fn.NORM_EPS))
+            out.append(column if dot else fn.normalize(column))
         return out
 
     def ranking_rows(self, blocks: dict[str, fr.Block], focal_m: float | None = None) -> Tensor:
@@ -1138,8 +1139,8 @@ class HardNegativeLoss(ModelGuard, GradCacheMixin, nn.Module):
         control also ``masked_false_negatives`` (masked candidates per anchor, mean) and
         ``masked_false_negatives_total``: always when ``margin`` is set, and from the first batch in
         which ``mask_duplicates`` masked something on. With a queue: ``queue_rows_read`` (rows in the last batch's
-        denominator), ``queue_rows_masked`` (per anchor, mean), ``queue_filled`` and ``queue_memory_bytes`` (with ``queue_source="ema"`` also
-        ``queue_key_encoder_bytes``)."""
+        denominator), ``queue_rows_masked`` (per anchor, mean), ``queue_filled`` and ``queue_memory_bytes`` (with
+        ``queue_source="ema"`` also ``queue_key_encoder_bytes``)."""
         out = {key: float(value) for key, value in self._last_stats.items()}
         if self.queue is not None:
             out["queue_filled"] = float(self.queue.filled)
