@@ -133,23 +133,53 @@ def hardness_penalty(similarity: Tensor, num_rows: int, mode: HardnessMode | Non
     return (strength * similarity.detach()).masked_fill(~selected, 0.0)
 
 
+class _FocalLogits(torch.autograd.Function):
+    """Focal-InfoNCE's scaled logits of a similarity block, ``s (s + m) · scale`` with ``s² · scale`` at the rows'
+    positive entries, keeping only the similarity for the backward (``∂/∂s = (2s + m) · scale``, ``2s · scale`` at the
+    positives), computed in one buffer; composed from autograd's ops, a chunk of rows would hold three more."""
+
+    @staticmethod
+    def forward(ctx, sim: Tensor, rows: Tensor | None, columns: Tensor | None, m: float,  # type: ignore[override]
+                scale: float) -> Tensor:
+        logits = sim.square()
+        logits.add_(sim, alpha=m)
+        if rows is not None:
+            logits[rows, columns] = sim[rows, columns].square()
+        logits.mul_(scale)
+        ctx.save_for_backward(sim, rows, columns)
+        ctx.m, ctx.scale = m, scale
+        return logits
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):  # type: ignore[override]
+        sim, rows, columns = ctx.saved_tensors
+        slope = sim * 2.0
+        slope.add_(ctx.m)
+        if rows is not None:
+            slope[rows, columns] -= ctx.m
+        slope.mul_(grad).mul_(ctx.scale)
+        return slope, None, None, None, None
+
+
 def block_logits(block: Block, scale: float, focal_m: float | None = None) -> Tensor:
     """The logits of a block: ``similarity · scale`` (Focal-InfoNCE with ``focal_m``: ``s² · scale`` for the
-    positive, ``s (s + m) · scale`` for every other column), plus the penalty, with excluded entries at ``-inf``."""
+    positive, ``s (s + m) · scale`` for every other column), plus the penalty, with excluded entries at ``-inf``.
+
+    A new tensor, updated in place after its first operation: autograd keeps at most the similarity of it, so a
+    chunk of rows holds one (rows, columns) buffer here, not one per operation (the loss-side memory at batch 65,536,
+    issue 21)."""
     sim = block.similarity
     if focal_m is None:
         logits = sim * scale
+    elif block.has_positive:
+        rows = torch.arange(sim.size(0), device=sim.device)
+        logits = _FocalLogits.apply(sim, rows, block.positive_columns(), focal_m, scale)
     else:
-        negative = sim * (sim + focal_m)
-        if block.has_positive:
-            is_positive = torch.zeros_like(sim, dtype=torch.bool)
-            is_positive[torch.arange(sim.size(0), device=sim.device), block.positive_columns()] = True
-            negative = torch.where(is_positive, sim * sim, negative)
-        logits = negative * scale
+        logits = _FocalLogits.apply(sim, None, None, focal_m, scale)
     if block.penalty is not None:
-        logits = logits + block.penalty
+        logits.add_(block.penalty)
     if block.exclude is not None:
-        logits = logits.masked_fill(block.exclude, float("-inf"))
+        logits.masked_fill_(block.exclude, float("-inf"))
     return logits
 
 
@@ -166,14 +196,16 @@ def ranking_rows(blocks: dict[str, Block], scale: float, partition_mode: Partiti
     rows = torch.arange(q2d.size(0), device=q2d.device)
     # log Z - positive = logsumexp(logits - positive): subtracting first keeps the small losses of well-separated
     # rows accurate in float32 (the positive's own entry becomes exactly 0), as a cross-entropy does
+    # (the logits are fresh tensors of block_logits: the subtractions run in place, nothing saved them)
     positive = q2d[rows, blocks["query_to_doc"].positive_columns()].unsqueeze(1)
     if partition_mode == "joint":
-        return torch.logsumexp(torch.cat(list(logits.values()), dim=1) - positive, dim=1)
+        joint = torch.cat(list(logits.values()), dim=1) if len(logits) > 1 else q2d
+        return torch.logsumexp(joint.sub_(positive), dim=1)
     if partition_mode == "per_direction":
         # every block here holds the positive pair; a block's own diagonal is the same similarity as query_to_doc's
         # (up to float rounding), and subtracting it keeps that entry exactly 0
-        parts = [torch.logsumexp(value - (value[rows, blocks[name].positive_columns()].unsqueeze(1)
-                                          if blocks[name].has_positive else positive), dim=1)
-                 for name, value in logits.items()]
+        own = {name: value[rows, blocks[name].positive_columns()].unsqueeze(1) if blocks[name].has_positive
+               else positive for name, value in logits.items()}
+        parts = [torch.logsumexp(value.sub_(own[name]), dim=1) for name, value in logits.items()]
         return torch.stack(parts).mean(dim=0)
     raise ValueError(f"partition_mode must be 'joint' or 'per_direction', got {partition_mode!r}")

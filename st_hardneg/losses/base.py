@@ -1069,7 +1069,7 @@ class HardNegativeLoss(ModelGuard, GradCacheMixin, nn.Module):
                 factor = torch.tensor(1.0 / max(local_usable, 1), dtype=total.dtype, device=batch.device)
             loss = total * factor
             if with_backward and graph:
-                pairs = [(tensor, leaf.grad * factor) for tensor, leaf in graph if leaf.grad is not None]
+                pairs = [(tensor, leaf.grad.mul_(factor)) for tensor, leaf in graph if leaf.grad is not None]
                 if pairs:
                     torch.autograd.backward([t for t, _ in pairs], [g for _, g in pairs])
             return loss.detach() if with_backward else loss

@@ -309,9 +309,11 @@ class HNCSELoss(HardNegativeLoss):
         if self.uses_hnm and not self.hnm_single:
             k = self.effective_k(n, None if self.hnm_pool == "in_batch_negatives" else self._pool_size(batch))
             if k >= 2:
-                self._hnm_draws = fn.sample_distinct_pairs(n, k, self.num_mixed,
-                                                           generator=self.generator(batch.device),
-                                                           device=batch.device)
+                draws = fn.sample_distinct_pairs(n, k, self.num_mixed, generator=self.generator(batch.device),
+                                                 device=batch.device)
+                # kept for the whole batch: positions < k fit 16 bits (a quarter of int64's (N, num_mixed) pairs)
+                compact = torch.int16 if k <= torch.iinfo(torch.int16).max else torch.int32
+                self._hnm_draws = (draws[0].to(compact), draws[1].to(compact))
         return batch
 
     def end_batch(self, batch: Batch) -> None:
@@ -392,7 +394,7 @@ class HNCSELoss(HardNegativeLoss):
         if draws is None:  # called outside begin_batch: draw for these rows now
             draws = fn.sample_distinct_pairs(n, k, self.num_mixed, generator=self.generator(batch.device),
                                              device=batch.device)
-        parents_a, parents_b = hard.gather(1, draws[0][start:stop]), hard.gather(1, draws[1][start:stop])
+        parents_a, parents_b = (hard.gather(1, draws[0][start:stop].long()), hard.gather(1, draws[1][start:stop].long()))
         synthetic = fn.mixed_negative_cosines(
             row_anchors, pool, parents_a, parents_b, alpha=self._alpha_function, detach_pool=not self.hnm_gradient,
             similarity=similarity, assume_normalized=True,
