@@ -18,7 +18,7 @@ exactly as ST does: the positive logit is ``query_to_doc[i, i]``; ``"joint"`` ta
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from torch import Tensor
@@ -139,8 +139,8 @@ class _FocalLogits(torch.autograd.Function):
     positives), computed in one buffer; composed from autograd's ops, a chunk of rows would hold three more."""
 
     @staticmethod
-    def forward(ctx, sim: Tensor, rows: Tensor | None, columns: Tensor | None, m: float,  # type: ignore[override]
-                scale: float) -> Tensor:
+    def forward(ctx: Any, sim: Tensor, rows: Tensor | None, columns: Tensor | None,  # type: ignore[override]
+                m: float, scale: float) -> Tensor:
         logits = sim.square()
         logits.add_(sim, alpha=m)
         if rows is not None:
@@ -151,7 +151,7 @@ class _FocalLogits(torch.autograd.Function):
         return logits
 
     @staticmethod
-    def backward(ctx, grad: Tensor):  # type: ignore[override]
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None, None, None]:  # type: ignore[override]
         sim, rows, columns = ctx.saved_tensors
         slope = sim * 2.0
         slope.add_(ctx.m)
