@@ -240,8 +240,9 @@ def test_live_tensors_of_a_cached_step_against_cached_mnrl():
 
 def test_live_tensors_at_the_scale_benchmark_width_stay_near_cached_mnrl():
     """At d = c = 32 (the tiny model's width and mini-batch) and N 1024: Focal holds less than CachedMNRL (its logits
-    keep only the similarity for the backward), MixCSE's two-way form within half a matrix, HNCSE PM within 1.5 (its
-    mixed positives' graph) and HNM within 6 (its per-row draws are kept in 16 bits; as int64 it was 9.3 above)."""
+    keep only the similarity for the backward) and so does HNCSE PM (only the mixed rows are mixed; mixing every row and
+    selecting was 1.2 above), MixCSE's two-way form within half a matrix, and HNM within 6 (its per-row draws are kept
+    in 16 bits; as int64 it was 9.3 above)."""
     spec = importlib.util.spec_from_file_location("benchmarks_scale_tensors", REPO / "benchmarks" / "scale_tensors.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -250,7 +251,7 @@ def test_live_tensors_at_the_scale_benchmark_width_stay_near_cached_mnrl():
     assert reference >= 10
     assert results["focal"][0] < reference
     assert results["mixcse (two-way)"][0] <= reference + 0.5
-    assert results["hncse_pm"][0] <= reference + 1.5
+    assert results["hncse_pm"][0] < reference
     assert results["hncse_hnm"][0] <= reference + 6.0
     text = module.markdown(results, 1024, 32, 32)
     assert "| cached_mnrl | " in text and " = " in text  # each label with its total in N × d matrices

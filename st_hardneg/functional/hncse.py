@@ -159,10 +159,14 @@ def positive_mixing(
         mixed = mixed & has_partner
         weights = torch.where(has_partner, weights, torch.ones_like(weights))
         cases = torch.where(has_partner, cases, torch.full_like(cases, PM_UNSAFE))
-    mixture = mix(positives, positives[partners], weights.unsqueeze(1), assume_normalized=True)
+    # only the mixed rows are mixed (a row's mixture reads only its own row): no (N, d) mixture, selection or their
+    # gradients for the rows that keep their positive
+    rows_mixed = mixed.nonzero().squeeze(1)
+    mixture = mix(positives[rows_mixed], positives[partners[rows_mixed]], weights[rows_mixed].unsqueeze(1),
+                  assume_normalized=True)
     if detach_mix:
         mixture = mixture.detach()
-    return PositiveMix(torch.where(mixed.unsqueeze(1), mixture, positives), partners, weights, cases, mixed)
+    return PositiveMix(positives.index_put((rows_mixed,), mixture), partners, weights, cases, mixed)
 
 
 def sample_distinct_pairs(

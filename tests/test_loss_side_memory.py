@@ -1,5 +1,6 @@
-"""The ranking rows' logits are built in one buffer per block (issue 21): Focal-InfoNCE's transform keeps only the
-similarity for its backward, the later steps run in place, and none of it touches the caller's similarity."""
+"""Loss-side memory (issue 21). The ranking rows' logits are built in one buffer per block: Focal-InfoNCE's
+transform keeps only the similarity for its backward, the later steps run in place, and none of it touches the
+caller's similarity. HNCSE's positive mixing builds the mixtures of the mixed rows only."""
 
 from __future__ import annotations
 
@@ -106,3 +107,35 @@ def test_one_block_of_rows_keeps_at_most_two_buffers_for_its_backward(focal_m):
     assert count <= (2 if focal_m is not None else 1)
     rows.sum().backward()  # and the in-place steps left autograd a consistent graph
     assert sim.grad is not None and torch.isfinite(sim.grad).all()
+
+
+@pytest.mark.parametrize("weight_gradient", [False, True])
+@pytest.mark.parametrize("detach_mix", [False, True])
+def test_positive_mixing_mixes_only_the_mixed_rows_with_the_same_values_and_gradients(weight_gradient, detach_mix):
+    """Against Eq. 2 written out for every row and a selection (the form that mixed every row): equal outputs and
+    gradients, and the rows that keep their positive are exactly their positive."""
+    from st_hardneg import functional as fn
+
+    torch.manual_seed(4)
+    anchors = torch.nn.functional.normalize(torch.randn(12, 5, dtype=torch.float64), dim=1).requires_grad_()
+    positives = torch.nn.functional.normalize(torch.randn(12, 5, dtype=torch.float64), dim=1).requires_grad_()
+    kwargs = dict(threshold=0.0, w1=0.8, w2=0.6, weight_gradient=weight_gradient, detach_mix=detach_mix,
+                  assume_normalized=True)
+    out = fn.positive_mixing(anchors, positives, **kwargs)
+    assert 0 < int(out.mixed.sum()) < 12  # both kinds of rows are present
+    # the reference: every row mixed, then selected
+    a, p = anchors.detach().clone().requires_grad_(), positives.detach().clone().requires_grad_()
+    weights = out.weights.detach() if not weight_gradient else fn.positive_mixing(a, p, **kwargs).weights
+    every = weights.unsqueeze(1) * p + (1 - weights.unsqueeze(1)) * p[out.partners]
+    every = every / every.norm(dim=1, keepdim=True)
+    if detach_mix:
+        every = every.detach()
+    expected = torch.where(out.mixed.unsqueeze(1), every, p)
+    torch.testing.assert_close(out.positives, expected, rtol=1e-12, atol=1e-12)
+    assert torch.equal(out.positives[~out.mixed], positives[~out.mixed])
+    upstream = torch.randn(12, 5, dtype=torch.float64)
+    (out.positives * upstream).sum().backward()
+    (expected * upstream).sum().backward()
+    torch.testing.assert_close(positives.grad, p.grad, rtol=1e-10, atol=1e-12)
+    if weight_gradient:
+        torch.testing.assert_close(anchors.grad, a.grad, rtol=1e-10, atol=1e-12)
