@@ -243,21 +243,44 @@ def markdown(data: dict[str, Any], name: str = "SciFact") -> str:
 
 
 def target_check(data: dict[str, Any]) -> str:
-    rows = {m: r for m, r in summarize(data).items() if m != "untrained" and len(r["ndcg@10"]) >= 1}
-    builtin = {m: r for m, r in rows.items() if m in BUILTIN}
-    ours = {m: r for m, r in rows.items() if m not in BUILTIN}
+    """The issue's target, with both sides chosen as the protocol chooses options: the built-in row and our row with
+    the best **dev**-task mean nDCG@10 (test when a row has no dev scores), compared on test. Then, for reading only
+    (choosing on these would be choosing on test): our row with the best test mean and our rows ahead of that
+    built-in on every seed."""
+    test = {m: r for m, r in summarize(data).items() if m != "untrained" and len(r["ndcg@10"]) >= 1}
+    dev = summarize(data, "dev")
+    builtin = {m: r for m, r in test.items() if m in BUILTIN}
+    ours = {m: r for m, r in test.items() if m not in BUILTIN}
     if not builtin or not ours:
         return ""
-    best_b = max(builtin, key=lambda m: statistics.mean(builtin[m]["ndcg@10"]))
-    best_o = max(ours, key=lambda m: statistics.mean(ours[m]["ndcg@10"]))
-    gap = statistics.mean(ours[best_o]["ndcg@10"]) - statistics.mean(builtin[best_b]["ndcg@10"])
-    by_seed_b = dict(zip(builtin[best_b]["seeds"], builtin[best_b]["ndcg@10"], strict=True))
-    seeds = [(s, v) for s, v in zip(ours[best_o]["seeds"], ours[best_o]["ndcg@10"], strict=True) if s in by_seed_b]
-    ahead = all(v > by_seed_b[s] for s, v in seeds)
-    met = gap >= 1.0 and ahead and len(seeds) >= 3
-    return (f"best st-hardneg `{best_o}` − best built-in `{best_b}` = {gap:+.2f} nDCG@10 (mean of "
-            f"{len(ours[best_o]['ndcg@10'])} seeds); ahead on every common seed: {'yes' if ahead else 'no'}. "
+
+    def chosen(rows: dict[str, dict[str, Any]]) -> str:
+        return max(rows, key=lambda m: statistics.mean((dev[m] if m in dev else rows[m])["ndcg@10"]))
+
+    def versus(mine: str, theirs: str) -> tuple[float, bool, int]:
+        by_seed = dict(zip(builtin[theirs]["seeds"], builtin[theirs]["ndcg@10"], strict=True))
+        seeds = [(s, v) for s, v in zip(ours[mine]["seeds"], ours[mine]["ndcg@10"], strict=True) if s in by_seed]
+        gap = statistics.mean(ours[mine]["ndcg@10"]) - statistics.mean(builtin[theirs]["ndcg@10"])
+        return gap, all(v > by_seed[s] for s, v in seeds), len(seeds)
+
+    best_b, best_o = chosen(builtin), chosen(ours)
+    gap, ahead, common = versus(best_o, best_b)
+    met = gap >= 1.0 and ahead and common >= 3
+    basis = ", ".join(f"{statistics.mean(dev[m]['ndcg@10']):.2f}" for m in (best_o, best_b) if m in dev)
+    text = (f"best st-hardneg `{best_o}` − best built-in `{best_b}` = {gap:+.2f} nDCG@10 (mean of "
+            f"{len(ours[best_o]['ndcg@10'])} seeds; each side chosen by its dev-task mean"
+            f"{f', dev {basis}' if basis else ''}); ahead on every common seed: {'yes' if ahead else 'no'}. "
             f"Target {'met' if met else 'not met'}.")
+    top = max(ours, key=lambda m: statistics.mean(ours[m]["ndcg@10"]))
+    if top != best_o:
+        top_gap, top_ahead, _ = versus(top, best_b)
+        text += (f" For reading only (a choice on test): the highest test mean of our rows is `{top}`, "
+                 f"{top_gap:+.2f} (ahead on every seed: {'yes' if top_ahead else 'no'}).")
+    every = [(m, versus(m, best_b)[0]) for m in ours if versus(m, best_b)[1] and versus(m, best_b)[2] >= 3]
+    if every:
+        text += " Ahead of `" + best_b + "` on every seed: " + ", ".join(
+            f"`{m}` ({g:+.2f})" for m, g in sorted(every, key=lambda item: -item[1])) + "."
+    return text
 
 
 def readme_table(data: dict[str, Any]) -> str:

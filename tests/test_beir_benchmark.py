@@ -100,3 +100,23 @@ def test_smoke_queue_row_reads_the_queue(tiny_model_dir, tmp_path):
     (run,) = json.loads(out.read_text())["runs"]
     assert run["method"] == "focal_queue" and run["steps"] == 3 and run["loss_config"]["queue_size"] == 192
     assert run["queue"]["queue_filled"] == 3 * 2 * 4 and run["queue"]["queue_rows_read"] == 2 * 2 * 4
+
+
+def test_target_check_chooses_both_sides_on_the_dev_task_not_on_test():
+    """The row with the best test mean is not the chosen one when another row leads on dev: choosing on test would
+    be tuning on the test set. The test-best row is still named, for reading only."""
+    bench = _load("beir_benchmark")
+
+    def run(method, seed, test, dev):
+        return {"method": method, "seed": seed, "test": {"ndcg@10": test, "mrr@10": test, "recall@100": 90.0},
+                "dev": {"ndcg@10": dev, "mrr@10": dev, "recall@100": 90.0}}
+
+    runs = [run("mnrl", s, 66.0, 65.0) for s in range(3)] + [run("gist", s, 67.0, 64.0) for s in range(3)]
+    runs += [run("focal", s, 66.5 + s / 10, 66.0) for s in range(3)]  # dev leader of ours: 66.6 on test
+    runs += [run("focal_margin_rel0.05", s, 69.0, 63.0) for s in range(3)]  # test leader, dev last
+    check = bench.target_check({"runs": runs})
+    # built-in chosen on dev: mnrl (65.0 > gist's 64.0) although gist has the better test mean
+    assert check.startswith("best st-hardneg `focal` − best built-in `mnrl` = +0.60 nDCG@10")
+    assert "dev 66.00, 65.00" in check and "Target not met" in check
+    assert "highest test mean of our rows is `focal_margin_rel0.05`, +3.00 (ahead on every seed: yes)" in check
+    assert "Ahead of `mnrl` on every seed: `focal_margin_rel0.05` (+3.00), `focal` (+0.60)." in check
