@@ -271,12 +271,13 @@ def target_check(data: dict[str, Any]) -> str:
             f"{len(ours[best_o]['ndcg@10'])} seeds; each side chosen by its dev-task mean"
             f"{f', dev {basis}' if basis else ''}); ahead on every common seed: {'yes' if ahead else 'no'}. "
             f"Target {'met' if met else 'not met'}.")
+    against = {m: versus(m, best_b) for m in ours}
     top = max(ours, key=lambda m: statistics.mean(ours[m]["ndcg@10"]))
     if top != best_o:
-        top_gap, top_ahead, _ = versus(top, best_b)
+        top_gap, top_ahead, _ = against[top]
         text += (f" For reading only (a choice on test): the highest test mean of our rows is `{top}`, "
                  f"{top_gap:+.2f} (ahead on every seed: {'yes' if top_ahead else 'no'}).")
-    every = [(m, versus(m, best_b)[0]) for m in ours if versus(m, best_b)[1] and versus(m, best_b)[2] >= 3]
+    every = [(m, g) for m, (g, all_ahead, n) in against.items() if all_ahead and n >= 3]
     if every:
         text += " Ahead of `" + best_b + "` on every seed: " + ", ".join(
             f"`{m}` ({g:+.2f})" for m, g in sorted(every, key=lambda item: -item[1])) + "."
