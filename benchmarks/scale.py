@@ -67,6 +67,15 @@ would take hours, so for the real model run the memory and time targets only: th
 about 5 x (2 x 60-120 s) at 1024 plus 2 min at 64, i.e. 12-22 min on a quiet machine with 1 thread (measured only
 under load; an estimate).
 
+On 2 cores the 2-process comparison is the noisiest number here: in one quiet run and the next (each the median of
+2 or 8 steps) the same loss's 2 / 1 ratio moved by up to 0.13, in either direction. ``--rounds R`` times every
+configuration of the invocation R times, round by round (memory in round 1 only), and reports the median round, with
+the ratio of each round in the 2-process table::
+
+    python benchmarks/scale.py --batch-sizes 1024 --variants cached --steps 9 --rounds 3 \
+        --methods cached_mnrl mixcse focal hncse_pm hncse_hnm adcse --ddp-methods cached_mnrl mixcse focal \
+        hncse_pm hncse_hnm adcse
+
     python benchmarks/scale.py                                  # the default grid (tiny model, ~10 min)
     python benchmarks/scale.py --methods mnrl cached_mnrl --batch-sizes 8 16 --steps 2 --out /tmp/s.json  # smoke
     python benchmarks/scale.py --report                         # only rewrite scale.md and scale.png
@@ -85,6 +94,7 @@ import argparse
 import json
 import os
 import platform
+import statistics
 import subprocess
 import sys
 import time
@@ -179,6 +189,25 @@ def measure(cfg: dict[str, Any], timeout: float) -> dict[str, Any]:
             "wall_seconds": round(timed.get("wall_seconds", 0.0) + memory.get("wall_seconds", 0.0), 1)}
 
 
+def rounds_of(run: dict[str, Any]) -> int:
+    """How many timed rounds a finished run holds (1 for a run from before ``--rounds``)."""
+    return len(run.get("step_ms_rounds") or [run.get("step_ms")])
+
+
+def add_round(run: dict[str, Any], timed: dict[str, Any]) -> dict[str, Any]:
+    """``run`` with one more timed round ``timed`` (a :func:`launch` result): ``step_ms_rounds`` gains its step time,
+    ``step_ms`` becomes their median, ``default_malloc_peak_mb`` the largest mark of any round. A failed round
+    leaves the measurements as they were and is listed in ``round_errors`` (the next invocation tries it again)."""
+    if timed.get("status") != "ok":
+        return {**run, "round_errors": [*run.get("round_errors", []),
+                                        f"round {rounds_of(run) + 1}: {timed.get('reason', 'failed')}"]}
+    rounds = [*(run.get("step_ms_rounds") or [run["step_ms"]]), timed["step_ms"]]
+    return {**run, "step_ms_rounds": rounds, "step_ms": round(statistics.median(rounds), 2),
+            "default_malloc_peak_mb": max(run.get("default_malloc_peak_mb", 0.0), timed["peak_mb"]),
+            "wall_seconds": round(run.get("wall_seconds", 0.0) + timed.get("wall_seconds", 0.0), 1),
+            "finished": time.strftime("%Y-%m-%d %H:%M:%S")}
+
+
 def available_mb() -> float | None:
     """``MemAvailable`` of ``/proc/meminfo`` in MB (None where there is no such file)."""
     try:
@@ -244,6 +273,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ddp-variants", nargs="*", default=["cached"], choices=VARIANTS)
     parser.add_argument("--memory-fraction", type=float, default=0.8,
                         help="skip a configuration whose extrapolated peak exceeds this share of the available memory")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="time every configuration in this many interleaved rounds (round 1 also measures the "
+                             "memory; later rounds only time): step_ms is the median of the rounds' step times, "
+                             "step_ms_rounds lists them. A configuration already in --out counts the rounds it has")
     parser.add_argument("--timeout", type=float, default=3600, help="seconds per configuration")
     parser.add_argument("--out", default=str(DEFAULT_OUT))
     parser.add_argument("--report", action="store_true", help="only rewrite the markdown table and the plot")
@@ -271,6 +304,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unknown method(s) {unknown}; choose from {', '.join(known)}")
     if args.steps < 2:
         parser.error("--steps must be >= 2 (one warm-up step, then the measured ones)")
+    if args.rounds < 1:
+        parser.error(f"--rounds must be >= 1, got {args.rounds}")
     if args.mini_batch_size < 1 or args.threads < 1 or any(b < 2 for b in args.batch_sizes + args.ddp_batch_sizes):
         parser.error("--mini-batch-size and --threads must be >= 1 and every batch size >= 2")
     odd = [b for b in args.ddp_batch_sizes if b % 2]
@@ -301,12 +336,25 @@ def main(argv: list[str] | None = None) -> int:
     configs = plan(args.methods, args.batch_sizes, args.ddp_methods, args.ddp_batch_sizes, args.ddp_variants,
                    args.variants)
     start = time.perf_counter()
-    for number, cfg in enumerate(configs, 1):
+    total = len(configs) * args.rounds
+    for number, (round_, cfg) in enumerate(((r, c) for r in range(1, args.rounds + 1) for c in configs), 1):
         key = config_key(cfg["method"], cfg["variant"], cfg["batch_size"], cfg["processes"])
-        if data["runs"].get(key, {}).get("status") in FINISHED:
-            print(f"[{number}/{len(configs)}] skip {key}: already in {out}", flush=True)
+        held_run = data["runs"].get(key, {})
+        label = f"[{number}/{total}]" + (f" round {round_}" if args.rounds > 1 else "")
+        if held_run.get("status") in FINISHED and (held_run["status"] != "ok" or rounds_of(held_run) >= round_):
+            print(f"{label} skip {key}: already in {out}", flush=True)
             continue
-        print(f"[{number}/{len(configs)}] {key} ...", end=" ", flush=True)
+        if round_ > 1 and held_run.get("status") != "ok":
+            continue  # its first round did not measure it (skipped or failed): nothing to time again
+        print(f"{label} {key} ...", end=" ", flush=True)
+        settings = {**common, **cfg, "threads": max(1, args.threads // cfg["processes"])}
+        if round_ > 1:
+            result = add_round(held_run, launch(settings, args.timeout))
+            data["runs"][key] = result
+            failed = len(result.get("round_errors", [])) > len(held_run.get("round_errors", []))
+            print(result["round_errors"][-1] if failed else result["step_ms_rounds"], flush=True)
+            write_report(data, out)
+            continue
         needed, free = estimate_peak_mb(data["runs"], cfg), available_mb()
         unsupported = [r for r in data["runs"].values() if r.get("status") == "not supported"
                        and (r["method"], r["variant"], r["processes"]) == (cfg["method"], cfg["variant"],
@@ -317,14 +365,17 @@ def main(argv: list[str] | None = None) -> int:
             result = {"status": "skipped", "reason": f"needs about {needed / 1024:.1f} GB (extrapolated from the "
                                                      f"smaller batch), {free / 1024:.1f} GB available"}
         else:
-            result = measure({**common, **cfg, "threads": max(1, args.threads // cfg["processes"])}, args.timeout)
+            result = measure(settings, args.timeout)
+            if result.get("status") == "ok":
+                result["step_ms_rounds"] = [result["step_ms"]]
         data["runs"][key] = {**cfg, **result, "steps": args.steps, "finished": time.strftime("%Y-%m-%d %H:%M:%S")}
         print(result["status"], result.get("step_ms", result.get("reason", "")), flush=True)
         write_report(data, out)
     data["_meta"]["seconds_last_invocation"] = round(time.perf_counter() - start, 1)
     write_report(data, out)
     print(markdown(data))
-    errors = [k for k, r in data["runs"].items() if r.get("status") == "error"]
+    errors = [k for k, r in data["runs"].items() if r.get("status") == "error"
+              or (r.get("status") == "ok" and rounds_of(r) < args.rounds and r.get("round_errors"))]
     if errors:
         print(f"failed configurations (rerun to retry): {errors}", file=sys.stderr)
         return 1

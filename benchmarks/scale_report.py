@@ -76,25 +76,56 @@ def summarize(data: dict[str, Any]) -> dict[str, Any]:
                     "processes": run["processes"], "status": run["status"],
                     "one_process_ms": one and one["step_ms"], "two_process_ms": two and two["step_ms"],
                     "ratio": two["step_ms"] / one["step_ms"] if one and two else None,
-                    "two_process_peak_mb": two and two["peak_mb"]})
+                    "two_process_peak_mb": two and two["peak_mb"],
+                    "round_ratios": _round_ratios(one, two)})
     for row in ddp:
         row["meets_target"] = None if row["ratio"] is None else row["ratio"] <= DDP_TARGET
     return {"rows": rows, "memory": memory, "timing": timing, "peaks": peaks, "ddp": ddp}
 
 
+def _round_ratios(one: dict[str, Any] | None, two: dict[str, Any] | None) -> list[float]:
+    """Round by round, 2 processes' step over 1 process's, where both were timed in several (interleaved) rounds."""
+    if not one or not two:
+        return []
+    first, second = one.get("step_ms_rounds") or [], two.get("step_ms_rounds") or []
+    if min(len(first), len(second)) < 2:
+        return []
+    return [b / a for a, b in zip(first, second, strict=False)]  # a failed round leaves one side shorter
+
+
 def _steps_text(data: dict[str, Any]) -> str:
-    """"3 steps", or with configurations timed over different numbers of steps "3 steps (batch 65536: 2)"."""
+    """"3 steps", or with configurations timed over different numbers of steps "3 steps (batch 65536: 2)", naming
+    the variant where a batch's variants differ: "3 steps (cached batch 1024: 9)"."""
     default = data.get("_meta", {}).get("steps")
-    by_batch: dict[int, set[int]] = {}
+    by_group: dict[tuple[int, str], set[int]] = {}
     for run in data["runs"].values():
-        by_batch.setdefault(run["batch_size"], set()).add(run.get("steps", default))
-    counts = [c for steps in by_batch.values() for c in steps if c is not None]
+        by_group.setdefault((run["batch_size"], run.get("variant", "")), set()).add(run.get("steps", default))
+    counts = [c for steps in by_group.values() for c in steps if c is not None]
     if not counts:
         return f"{default} steps"
     common = max(set(counts), key=counts.count)
-    other = {b: sorted(s - {common}) for b, s in sorted(by_batch.items()) if s - {common, None}}
-    extra = "; ".join(f"batch {b}: {', '.join(map(str, s))}" for b, s in other.items())
-    return f"{common} steps" + (f" ({extra})" if extra else "")
+    extra = []
+    for batch in sorted({b for b, _ in by_group}):
+        groups = {v: s - {None} for (b, v), s in sorted(by_group.items()) if b == batch}
+        if not any(s - {common} for s in groups.values()):
+            continue
+        if len({frozenset(s) for s in groups.values()}) == 1:  # every variant alike: name the batch only
+            extra.append(f"batch {batch}: {', '.join(map(str, sorted(next(iter(groups.values())) - {common})))}")
+        else:
+            extra += [f"{v} batch {batch}: {', '.join(map(str, sorted(s - {common})))}"
+                      for v, s in groups.items() if s - {common}]
+    return f"{common} steps" + (f" ({'; '.join(extra)})" if extra else "")
+
+
+def _rounds_text(data: dict[str, Any]) -> str:
+    """A sentence on the configurations timed in several interleaved rounds (``scale.py --rounds``), else ''."""
+    rounds = sorted({len(r["step_ms_rounds"]) for r in data["runs"].values() if len(r.get("step_ms_rounds") or []) > 1})
+    if not rounds:
+        return ""
+    return (f" Rounds: some configurations were timed in {' or '.join(map(str, rounds))} interleaved rounds "
+            "(``scale.py --rounds``: every configuration once per round, in turn, so that a drift of the machine's "
+            "speed hits them alike); their step is the median of the rounds' steps, and the 2-process table lists "
+            "each round's ratio where both sides have rounds.")
 
 
 def _met(value: bool | None) -> str:
@@ -135,13 +166,16 @@ def markdown(data: dict[str, Any]) -> str:
         out.append(markdown_table(["method", "batch", f"cached step / {REFERENCE} (target ≤ {TIME_TARGET}× from "
                                    f"batch {TIME_FROM_BATCH})", "met"], body))
     if summary["ddp"]:
+        by_round = any(d["round_ratios"] for d in summary["ddp"])
         body = [[d["method"], d["variant"], d["global_batch"], _fmt(d["one_process_ms"]),
                  _fmt(d["two_process_ms"]) if d["status"] == "ok" else d["status"],
-                 "–" if d["ratio"] is None else f"{d['ratio']:.2f}×", _met(d["meets_target"]),
-                 _fmt(d["two_process_peak_mb"])] for d in summary["ddp"]]
+                 "–" if d["ratio"] is None else f"{d['ratio']:.2f}×",
+                 *([", ".join(f"{r:.2f}" for r in d["round_ratios"]) or "–"] if by_round else []),
+                 _met(d["meets_target"]), _fmt(d["two_process_peak_mb"])] for d in summary["ddp"]]
         out.append(markdown_table(["method", "variant", "global batch", "1 process step (ms)",
-                                   "2 processes step (ms)", f"2 / 1 (target ≤ {DDP_TARGET}×)", "met",
-                                   "peak per process (MB)"], body))
+                                   "2 processes step (ms)", f"2 / 1 (target ≤ {DDP_TARGET}×)",
+                                   *(["2 / 1 per round"] if by_round else []), "met", "peak per process (MB)"],
+                                  body))
     if meta:
         out.append(f"{meta.get('model')}, max_seq_length {meta.get('max_seq_length')}, {_steps_text(data)} per "
                    f"configuration (the first a warm-up; step = median of the rest), torch {meta.get('torch')}, "
@@ -152,7 +186,7 @@ def markdown(data: dict[str, Any]) -> str:
                    "that freed buffers leave the resident set; \"default malloc\" = the same mark over the timed "
                    "steps with glibc's defaults (its dynamic mmap threshold keeps freed per-chunk buffers in the heap, "
                    "so this one also counts the heap's growth); 2 processes: gloo, gather_across_devices, half the "
-                   "global batch each, step time of the slower rank.\n")
+                   f"global batch each, step time of the slower rank.{_rounds_text(data)}\n")
     return "\n".join(out)
 
 

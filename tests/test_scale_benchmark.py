@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -96,6 +97,51 @@ def test_memory_estimate_extrapolates_the_batch_dependent_part():
                                          "processes": 1}) is None
 
 
+def test_a_round_adds_its_step_and_the_median_becomes_the_step():
+    _, run = _run("focal", "cached", 1024, step_ms=600.0, peak_mb=24.0)
+    run.update(default_malloc_peak_mb=30.0, wall_seconds=20.0)
+    assert scale.rounds_of(run) == 1  # a run from before --rounds: its one step time
+    second = scale.add_round(run, {"status": "ok", "step_ms": 700.0, "peak_mb": 35.0, "wall_seconds": 9.0})
+    assert second["step_ms_rounds"] == [600.0, 700.0] and second["step_ms"] == 650.0 and scale.rounds_of(second) == 2
+    assert second["default_malloc_peak_mb"] == 35.0 and second["wall_seconds"] == 29.0
+    assert second["peak_mb"] == 24.0  # the memory run of round 1 stands
+    third = scale.add_round(second, {"status": "ok", "step_ms": 400.0, "peak_mb": 31.0, "wall_seconds": 9.0})
+    assert third["step_ms"] == 600.0 and third["default_malloc_peak_mb"] == 35.0  # median of 600, 700, 400
+    failed = scale.add_round(third, {"status": "error", "reason": "exit code 1"})
+    assert failed["status"] == "ok" and failed["step_ms_rounds"] == third["step_ms_rounds"]
+    assert failed["round_errors"] == ["round 4: exit code 1"] and scale.rounds_of(failed) == 3
+    assert run == dict(_run("focal", "cached", 1024, step_ms=600.0, peak_mb=24.0)[1], default_malloc_peak_mb=30.0,
+                       wall_seconds=20.0)  # not modified in place
+
+
+def test_report_lists_the_2_process_ratio_of_every_round():
+    one, two = _run("focal", "cached", 1024, step_ms=600.0, peak_mb=24.0), \
+        _run("focal", "cached", 1024, processes=2, step_ms=330.0, peak_mb=25.0)
+    one[1]["step_ms_rounds"], two[1]["step_ms_rounds"] = [600.0, 500.0, 650.0], [300.0, 330.0, 390.0]
+    plain = _run("mixcse", "cached", 1024, step_ms=700.0, peak_mb=24.0), \
+        _run("mixcse", "cached", 1024, processes=2, step_ms=350.0, peak_mb=24.0)
+    data = _data(one, two, *plain)
+    ddp = {d["method"]: d for d in scale.summarize(data)["ddp"]}
+    assert ddp["focal"]["round_ratios"] == pytest.approx([0.5, 0.66, 0.6]) and ddp["focal"]["ratio"] == 0.55
+    assert ddp["mixcse"]["round_ratios"] == []
+    data["_meta"] = {"steps": 3, "model": "tiny"}
+    text = scale.markdown(data)
+    assert "| 2 / 1 per round |" in text
+    assert "| focal | cached | 1024 | 600 | 330 | 0.55× | 0.50, 0.66, 0.60 | yes | 25 |" in text
+    assert "| mixcse | cached | 1024 | 700 | 350 | 0.50× | – | yes | 24 |" in text
+    assert "timed in 3 interleaved rounds" in text
+    assert "interleaved" not in scale.markdown(_data(*plain) | {"_meta": {"steps": 3}})
+
+
+def test_steps_text_names_the_variant_only_where_a_batch_s_variants_differ():
+    runs = [_run("focal", v, b) for v in ("cached", "uncached") for b in (64, 1024)] + \
+        [_run("focal", "cached", 65536)]
+    data = _data(*runs)
+    for key, run in data["runs"].items():
+        run["steps"] = 9 if key == "focal/cached/b1024" else 2 if run["batch_size"] == 65536 else 3
+    assert sys.modules["scale_report"]._steps_text(data) == "3 steps (cached batch 1024: 9; batch 65536: 2)"
+
+
 def test_plan_and_bad_inputs(tmp_path):
     configs = scale.plan(["mnrl", "cached_mnrl"], [8, 16], ["cached_mnrl"], [16], ["cached", "uncached"])
     keys = [scale.config_key(c["method"], c["variant"], c["batch_size"], c["processes"]) for c in configs]
@@ -113,6 +159,8 @@ def test_plan_and_bad_inputs(tmp_path):
         scale.main(["--ddp-batch-sizes", "15", "--out", str(tmp_path / "s.json")])
     with pytest.raises(SystemExit):
         scale.main(["--steps", "1", "--out", str(tmp_path / "s.json")])
+    with pytest.raises(SystemExit):
+        scale.main(["--rounds", "0", "--out", str(tmp_path / "s.json")])
     bad = tmp_path / "other.json"
     bad.write_text(json.dumps({"runs": []}))
     with pytest.raises(ValueError, match="not a scale benchmark result"):
@@ -189,6 +237,29 @@ def test_smoke_grid_tiny_model(tmp_path, capsys):
     assert "2 steps (batch 24: 3) per configuration" in out.with_suffix(".md").read_text()
     with pytest.raises(SystemExit):
         scale.main([*more[:-2], "--mini-batch-size", "8", "--out", str(out)])
+
+
+def test_rounds_time_again_and_measure_memory_once(tmp_path, monkeypatch, capsys):
+    real_launch, launches = scale.launch, []
+
+    def counting_launch(cfg, timeout, extra_env=None):
+        launches.append("memory" if extra_env else "timed")
+        return real_launch(cfg, timeout, extra_env)
+
+    monkeypatch.setattr(scale, "launch", counting_launch)
+    out = tmp_path / "scale.json"
+    argv = ["--model", "tiny", "--methods", "cached_mnrl", "--variants", "cached", "--batch-sizes", "8", "--steps", "2",
+            "--mini-batch-size", "4", "--threads", "1", "--ddp-methods", "--corpus", str(CORPUS), "--out", str(out)]
+    assert scale.main([*argv, "--rounds", "2"]) == 0
+    assert launches == ["timed", "memory", "timed"]
+    run = json.loads(out.read_text())["runs"]["cached_mnrl/cached/b8"]
+    assert len(run["step_ms_rounds"]) == 2 and run["step_ms"] == pytest.approx(sum(run["step_ms_rounds"]) / 2, abs=0.01)
+    assert "round 2" in capsys.readouterr().out
+    assert scale.main([*argv, "--rounds", "2"]) == 0 and len(launches) == 3  # both rounds held: nothing runs
+    assert scale.main([*argv, "--rounds", "3"]) == 0 and launches[3:] == ["timed"]  # one more round, timed only
+    again = json.loads(out.read_text())["runs"]["cached_mnrl/cached/b8"]
+    assert again["step_ms_rounds"][:2] == run["step_ms_rounds"] and len(again["step_ms_rounds"]) == 3
+    assert again["peak_mb"] == run["peak_mb"] and "timed in 3 interleaved rounds" in out.with_suffix(".md").read_text()
 
 
 @pytest.mark.distributed
