@@ -139,3 +139,56 @@ def test_positive_mixing_mixes_only_the_mixed_rows_with_the_same_values_and_grad
     torch.testing.assert_close(positives.grad, p.grad, rtol=1e-10, atol=1e-12)
     if weight_gradient:
         torch.testing.assert_close(anchors.grad, a.grad, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("k", [2, 10, 128, 129, 16384, 16385])
+def test_compact_pair_draws_are_the_int64_draws_in_the_narrowest_dtype(k):
+    from st_hardneg import functional as fn
+
+    dtype = fn.compact_index_dtype(k)
+    assert dtype == (torch.uint8 if k <= 128 else torch.int16 if k <= 16384 else torch.int32)
+    assert 2 * k - 2 <= torch.iinfo(dtype).max  # room for a + o before the modulo
+    wide = fn.sample_distinct_pairs(7, k, 50, generator=torch.Generator().manual_seed(5))
+    narrow = fn.sample_distinct_pairs(7, k, 50, generator=torch.Generator().manual_seed(5), dtype=dtype)
+    for w, n in zip(wide, narrow, strict=True):
+        assert w.dtype == torch.int64 and n.dtype == dtype and torch.equal(w, n.long())
+    assert bool((narrow[0] != narrow[1]).all()) and int(narrow[1].long().max()) < k
+
+
+def test_compact_pair_draws_refuse_a_dtype_without_room():
+    from st_hardneg import functional as fn
+
+    with pytest.raises(ValueError, match="cannot hold the sum of two positions < 129"):
+        fn.sample_distinct_pairs(2, 129, 3, dtype=torch.uint8)
+    with pytest.raises(ValueError, match="cannot hold"):
+        fn.sample_distinct_pairs(2, 65, 3, dtype=torch.int8)  # 128 > 127
+    fn.sample_distinct_pairs(2, 64, 3, dtype=torch.int8)  # 126 fits
+    for bad in (torch.float32, torch.bool, "int16"):
+        with pytest.raises(TypeError, match="integer torch.dtype"):
+            fn.sample_distinct_pairs(2, 4, 3, dtype=bad)
+    with pytest.raises(ValueError, match="k must be >= 1"):
+        fn.compact_index_dtype(0)
+
+
+def test_hncse_keeps_its_pair_draws_in_8_bits_for_the_batch():
+    from st_hardneg.losses.hncse import HNCSELoss
+
+    class Model(torch.nn.Module):
+        def forward(self, features):
+            return features
+
+    loss = HNCSELoss(Model(), mode="hnm", k=5, num_mixed=6, seed=0)
+    columns = [torch.nn.functional.normalize(torch.randn(9, 4, generator=torch.Generator().manual_seed(i)), dim=-1)
+               for i in range(2)]
+    seen = {}
+    real_end = loss.end_batch
+
+    def spy(batch):
+        seen["draws"] = loss._hnm_draws
+        real_end(batch)
+
+    loss.end_batch = spy
+    value = loss.compute_loss_from_embeddings(columns, None)
+    first, second = seen["draws"]
+    assert first.dtype == second.dtype == torch.uint8 and first.shape == (9, 6)
+    assert bool((first != second).all()) and int(first.max()) < 5 and torch.isfinite(value)

@@ -45,6 +45,7 @@ from st_hardneg.functional.hncse import (
     PositiveMix,
     adaptive_alpha,
     alpha_weights,
+    compact_index_dtype,
     hard_negative_mixing,
     hard_negative_mixing_cosines,
     hard_negative_pairs,
@@ -57,9 +58,10 @@ from st_hardneg.functional.hncse import (
 
 __all__ = [
     "ALPHA_FUNCTIONS", "NORM_EPS", "PM_CASES", "PM_FAR", "PM_INVERTED", "PM_NEAR", "PM_UNSAFE", "Alpha",
-    "PartnerMode", "PositiveMix", "adaptive_alpha", "alpha_weights", "autocast_disabled", "float32_math", "loss_precision", "candidate_cosines", "contrastive_logits",
-    "contrastive_stats", "hard_negative_mixing", "hard_negative_mixing_cosines", "hard_negative_pairs",
-    "hardest_negatives", "info_nce", "info_nce_rows", "mix", "mix_hard_negatives", "mixed_negative_cosines",
-    "normalize", "offdiagonal_mask", "partner_indices", "positive_mixing", "positive_mixing_weights",
-    "random_derangement", "row_norms", "sample_distinct_pairs", "allowed_partners", "mask_columns", "top_candidates",
+    "PartnerMode", "PositiveMix", "adaptive_alpha", "alpha_weights", "autocast_disabled", "float32_math",
+    "loss_precision", "candidate_cosines", "compact_index_dtype", "contrastive_logits", "contrastive_stats",
+    "hard_negative_mixing", "hard_negative_mixing_cosines", "hard_negative_pairs", "hardest_negatives", "info_nce",
+    "info_nce_rows", "mix", "mix_hard_negatives", "mixed_negative_cosines", "normalize", "offdiagonal_mask",
+    "partner_indices", "positive_mixing", "positive_mixing_weights", "random_derangement", "row_norms",
+    "sample_distinct_pairs", "allowed_partners", "mask_columns", "top_candidates",
 ]

@@ -169,23 +169,49 @@ def positive_mixing(
     return PositiveMix(positives.index_put((rows_mixed,), mixture), partners, weights, cases, mixed)
 
 
+def compact_index_dtype(k: int) -> torch.dtype:
+    """The narrowest integer dtype in which :func:`sample_distinct_pairs` can draw positions in ``[0, k)``: it adds
+    two of them before the modulo, so it needs room for ``2k - 2``: ``torch.uint8`` up to k = 128, ``torch.int16`` up
+    to 16,384, then ``torch.int32`` and ``torch.int64``."""
+    if k < 1:
+        raise ValueError(f"k must be >= 1, got {k}")
+    for dtype in (torch.uint8, torch.int16, torch.int32):
+        if 2 * k - 2 <= torch.iinfo(dtype).max:
+            return dtype
+    return torch.int64
+
+
 def sample_distinct_pairs(
     rows: int, k: int, num: int, generator: torch.Generator | None = None,
-    device: torch.device | str | None = None,
+    device: torch.device | str | None = None, dtype: torch.dtype = torch.int64,
 ) -> tuple[Tensor, Tensor]:
     """``num`` ordered pairs ``(a, b)`` of distinct indices in ``[0, k)`` for each of ``rows`` rows.
 
     Uniform over the ``k (k-1)`` ordered pairs, drawn independently (with replacement across pairs), vectorised:
     ``a`` is uniform and ``b = (a + o) mod k`` with ``o`` uniform in ``[1, k)``.
 
+    Args:
+        rows, k, num: the shape of the draw: ``num`` pairs for each of ``rows`` rows, positions in ``[0, k)``.
+        generator: the random source (its device is the draw's); else the global one on ``device``.
+        device: where the pairs are returned.
+        dtype: an integer dtype with room for ``2k - 2`` (:func:`compact_index_dtype` gives the narrowest). The draw
+            is the same in every dtype (the generator gives the same numbers); a narrow one holds a fraction of
+            int64's memory (uint8: an eighth) and never builds an int64 copy.
+
     Returns:
-        Two LongTensors of shape (rows, num).
+        Two tensors of shape (rows, num) and dtype ``dtype``.
     """
     if k < 2:
         raise ValueError(f"pairs of distinct indices need k >= 2, got {k}")
+    if not isinstance(dtype, torch.dtype) or dtype.is_floating_point or dtype.is_complex or dtype == torch.bool:
+        raise TypeError(f"dtype must be an integer torch.dtype, got {dtype!r}")
+    if 2 * k - 2 > torch.iinfo(dtype).max:
+        raise ValueError(f"dtype {dtype} cannot hold the sum of two positions < {k} ({2 * k - 2}); use "
+                         f"compact_index_dtype(k) = {compact_index_dtype(k)} or wider")
     source = generator.device if generator is not None else device
-    first = torch.randint(k, (rows, num), generator=generator, device=source)
-    second = (first + torch.randint(1, k, (rows, num), generator=generator, device=source)) % k
+    first = torch.randint(k, (rows, num), generator=generator, device=source, dtype=dtype)
+    second = torch.randint(1, k, (rows, num), generator=generator, device=source, dtype=dtype)
+    second.add_(first).remainder_(k)
     if device is not None:
         first, second = first.to(device), second.to(device)
     return first, second

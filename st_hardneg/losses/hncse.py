@@ -309,11 +309,10 @@ class HNCSELoss(HardNegativeLoss):
         if self.uses_hnm and not self.hnm_single:
             k = self.effective_k(n, None if self.hnm_pool == "in_batch_negatives" else self._pool_size(batch))
             if k >= 2:
-                draws = fn.sample_distinct_pairs(n, k, self.num_mixed, generator=self.generator(batch.device),
-                                                 device=batch.device)
-                # kept for the whole batch: positions < k fit 16 bits (a quarter of int64's (N, num_mixed) pairs)
-                compact = torch.int16 if k <= torch.iinfo(torch.int16).max else torch.int32
-                self._hnm_draws = (draws[0].to(compact), draws[1].to(compact))
+                # kept for the whole batch, drawn in the narrowest dtype positions < k fit (8 bits up to k = 128:
+                # an eighth of int64's (N, num_mixed) pairs, and no int64 draw on the way)
+                self._hnm_draws = fn.sample_distinct_pairs(n, k, self.num_mixed, generator=self.generator(batch.device),
+                                                           device=batch.device, dtype=fn.compact_index_dtype(k))
         return batch
 
     def end_batch(self, batch: Batch) -> None:
