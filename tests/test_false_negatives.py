@@ -544,3 +544,62 @@ def test_a_repeated_text_still_masks(directions):
     window = loss.window(loss.prepare_batch(columns, None), None)
     assert window.false_negatives is not None and bool(window.false_negatives[1, 3]) and bool(
         window.false_negatives[3, 1])
+
+
+def _key_by_hand(tokens: list[int]) -> int:
+    """The documented id: two polynomial hashes sum_j (t_j + 1) * B**j mod P, packed as (h1 << 31) | h2."""
+    from st_hardneg.losses.batch import KEY_BASES, KEY_PRIMES
+
+    h = [sum((t + 1) * pow(b, j, p) for j, t in enumerate(tokens)) % p for b, p in zip(KEY_BASES, KEY_PRIMES,
+                                                                                         strict=True)]
+    return (h[0] << 31) | h[1]
+
+
+def test_text_keys_are_the_documented_hash_whatever_the_padding_side_width_and_dtype():
+    wide_rows = [[101, 7, 8, 102], [101, 9, 102], [101, 30521, 0, 2**31 + 5, 102]]  # a token id above 31 bits
+    narrow_rows = wide_rows[:2]  # int32 ids
+    width = 7
+
+    def padded(rows, left: bool, dtype: torch.dtype):
+        ids = torch.zeros(len(rows), width, dtype=dtype)
+        mask = torch.zeros(len(rows), width, dtype=torch.long)
+        for i, row in enumerate(rows):
+            cols = slice(width - len(row), width) if left else slice(0, len(row))
+            ids[i, cols], mask[i, cols] = torch.tensor(row, dtype=dtype), 1
+        return {"input_ids": ids, "attention_mask": mask}
+
+    for rows, dtype in ((wide_rows, torch.long), (narrow_rows, torch.int32)):
+        expected = torch.tensor([[_key_by_hand(r) for r in rows]])
+        for left in (False, True):
+            assert torch.equal(text_keys([padded(rows, left, dtype)]), expected), (dtype, left)
+    # no mask: every position is a token (the padding ids too)
+    unmasked = torch.tensor([[101, 7, 102, 0]])
+    assert int(text_keys([{"input_ids": unmasked}])[0, 0]) == _key_by_hand([101, 7, 102, 0]) != \
+        _key_by_hand([101, 7, 102])
+
+
+def test_text_keys_in_blocks_equal_one_block_and_hold_no_python_integers(monkeypatch):
+    import tracemalloc
+
+    from st_hardneg.losses import batch as batch_module
+
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(1000, 30000, (4096, 32), generator=g)
+    mask = (torch.arange(32) < torch.randint(3, 33, (4096, 1), generator=g)).long()
+    whole = text_keys([{"input_ids": ids, "attention_mask": mask}])
+    monkeypatch.setattr(batch_module, "KEY_BLOCK_ROWS", 1000)  # 5 blocks, the last one short
+    tracemalloc.start()
+    blocked = text_keys([{"input_ids": ids, "attention_mask": mask}])
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert torch.equal(whole, blocked)
+    # hashing tuples of Python ints held ~36 bytes per token here (4.7 MB); the tensor hash holds none
+    assert peak < 200_000, peak
+    rows = [ids[i][mask[i].bool()].tolist() for i in (0, 17, 4095)]
+    assert [int(whole[0, i]) for i in (0, 17, 4095)] == [_key_by_hand(r) for r in rows]
+
+
+def test_packed_text_keys_ignore_tokens_outside_the_rows():
+    ids = torch.tensor([[101, 7, 102, 101, 9, 9, 102, 55, 56]])
+    keys = text_keys([{"input_ids": ids, "cu_seq_lens_q": torch.tensor([0, 3, 7])}])
+    assert keys.tolist() == [[_key_by_hand([101, 7, 102]), _key_by_hand([101, 9, 9, 102])]]
