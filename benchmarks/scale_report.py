@@ -123,7 +123,7 @@ def _rounds_text(data: dict[str, Any]) -> str:
     if not rounds:
         return ""
     return (f" Rounds: some configurations were timed in {' or '.join(map(str, rounds))} interleaved rounds "
-            "(``scale.py --rounds``: every configuration once per round, in turn, so that a drift of the machine's "
+            "(`scale.py --rounds`: every configuration once per round, in turn, so that a drift of the machine's "
             "speed hits them alike); their step is the median of the rounds' steps, and the 2-process table lists "
             "each round's ratio where both sides have rounds.")
 
