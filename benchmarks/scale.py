@@ -107,6 +107,8 @@ from scale_report import (  # noqa: E402,F401  (the report half of this benchmar
     MEMORY_TARGET,
     PEAK_TARGET,
     REFERENCE,
+    REFERENCE_TWO_WAY,
+    REFERENCES,
     TIME_TARGET,
     config_key,
     markdown,
@@ -135,13 +137,13 @@ def plan(methods: list[str], batch_sizes: list[int], ddp_methods: list[str], ddp
     for batch in batch_sizes:
         for method in methods:
             for variant in variants:
-                if method == REFERENCE and variant == "uncached":
+                if method in REFERENCES and variant == "uncached":
                     continue
                 configs.append({"method": method, "variant": variant, "batch_size": batch, "processes": 1})
     for batch in ddp_batch_sizes:
         for method in ddp_methods:
             for variant in ddp_variants:
-                if method == REFERENCE and variant == "uncached":
+                if method in REFERENCES and variant == "uncached":
                     continue
                 configs.append({"method": method, "variant": variant, "batch_size": batch, "processes": 2})
     return configs
@@ -252,7 +254,8 @@ def load(path: Path) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--methods", nargs="*", default=DEFAULT_METHODS,
-                        help=f"names of st_hardneg.training.registry.LOSSES and {REFERENCE} (default: {DEFAULT_METHODS})")
+                        help=f"names of st_hardneg.training.registry.LOSSES, {REFERENCE} and {REFERENCE_TWO_WAY} "
+                             f"(default: {DEFAULT_METHODS})")
     parser.add_argument("--batch-sizes", nargs="*", type=int, default=[64, 1024, 8192])
     parser.add_argument("--mini-batch-size", type=int, default=32, help="of the cached variant")
     parser.add_argument("--variants", nargs="*", default=list(VARIANTS), choices=VARIANTS,
@@ -298,7 +301,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from st_hardneg.training.registry import LOSSES
 
-    known = [*LOSSES, REFERENCE]
+    known = [*LOSSES, *REFERENCES]
     unknown = [m for m in [*args.methods, *args.ddp_methods] if m not in known]
     if unknown:
         parser.error(f"unknown method(s) {unknown}; choose from {', '.join(known)}")

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from scale_report import REFERENCE
+from scale_report import REFERENCE, REFERENCE_TWO_WAY
 
 
 def _status_kb(field: str) -> int | None:
@@ -45,11 +45,12 @@ def _ru_maxrss_kb() -> int:
 
 
 def build_benchmark_loss(method: str, model, cached: bool, mini_batch_size: int, gather: bool):
-    """The loss of ``method`` (a name of ``st_hardneg.training.registry.LOSSES`` or ``cached_mnrl``).
+    """The loss of ``method`` (a name of ``st_hardneg.training.registry.LOSSES``, ``cached_mnrl`` or
+    ``cached_mnrl_two_way``, the same with both directions).
 
     Raises:
         ValueError: the loss rejects ``mini_batch_size`` or ``gather_across_devices`` (reported as not supported),
-            or ``cached_mnrl`` asked for uncached (it is ``mnrl``).
+            or ``cached_mnrl`` (``cached_mnrl_two_way``) asked for uncached (it is ``mnrl``).
     """
     kwargs: dict[str, Any] = {"gather_across_devices": True} if gather else {}
     if method == REFERENCE:
@@ -58,6 +59,14 @@ def build_benchmark_loss(method: str, model, cached: bool, mini_batch_size: int,
         from sentence_transformers.sentence_transformer.losses import CachedMultipleNegativesRankingLoss
 
         return CachedMultipleNegativesRankingLoss(model, scale=20.0, mini_batch_size=mini_batch_size, **kwargs)
+    if method == REFERENCE_TWO_WAY:
+        if not cached:
+            raise ValueError(f"{REFERENCE_TWO_WAY} is always cached")
+        from sentence_transformers.sentence_transformer.losses import CachedMultipleNegativesRankingLoss
+
+        return CachedMultipleNegativesRankingLoss(model, scale=20.0, mini_batch_size=mini_batch_size,
+                                                  directions=("query_to_doc", "doc_to_query"),
+                                                  partition_mode="per_direction", **kwargs)
     from st_hardneg.training.registry import build_loss
 
     if cached:

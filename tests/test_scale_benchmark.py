@@ -79,6 +79,26 @@ def test_summary_ratios_and_targets_by_hand():
     assert "| mixcse | cached | 1024 | 1300 | 650 | 0.50× | yes | 33 |" in text
 
 
+def test_two_way_reference_is_listed_but_not_judged(tiny_model_dir):
+    from st_hardneg.models import load_model
+
+    assert [c["variant"] for c in scale.plan(["cached_mnrl_two_way"], [8], [], [], [])] == ["cached"]
+    model = load_model(tiny_model_dir, pooling="cls", max_seq_length=16, device="cpu")
+    loss = scale.build_benchmark_loss("cached_mnrl_two_way", model, cached=True, mini_batch_size=4, gather=False)
+    assert type(loss).__name__ == "CachedMultipleNegativesRankingLoss" and loss.mini_batch_size == 4
+    assert tuple(loss.directions) == ("query_to_doc", "doc_to_query") and loss.partition_mode == "per_direction"
+    with pytest.raises(ValueError, match="always cached"):
+        scale.build_benchmark_loss("cached_mnrl_two_way", model, cached=False, mini_batch_size=4, gather=False)
+    data = _data(_run("cached_mnrl", "cached", 1024, step_ms=100.0, peak_mb=50.0),
+                 _run("cached_mnrl_two_way", "cached", 1024, step_ms=190.0, peak_mb=70.0),
+                 _run("mixcse", "cached", 1024, step_ms=200.0, peak_mb=55.0))
+    summary = scale.summarize(data)
+    assert [t["method"] for t in summary["timing"]] == [t["method"] for t in summary["peaks"]] == ["mixcse"]
+    rows = {r["method"]: r for r in summary["rows"]}
+    assert rows["cached_mnrl_two_way"]["cached_time_vs_reference"] == pytest.approx(1.9)
+    assert "| cached_mnrl_two_way | 1024 | – | – | 190 | 70 | – | 1.90× |" in scale.markdown(data)
+
+
 def test_memory_estimate_extrapolates_the_batch_dependent_part():
     runs = dict([_run("mnrl", "uncached", 64, step_ms=1.0, peak_mb=1410.0, state_mb=250.0),
                  _run("mnrl", "uncached", 16, step_ms=1.0, peak_mb=500.0, state_mb=250.0)])
