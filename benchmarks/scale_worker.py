@@ -53,20 +53,16 @@ def build_benchmark_loss(method: str, model, cached: bool, mini_batch_size: int,
             or ``cached_mnrl`` (``cached_mnrl_two_way``) asked for uncached (it is ``mnrl``).
     """
     kwargs: dict[str, Any] = {"gather_across_devices": True} if gather else {}
-    if method == REFERENCE:
+    if method in (REFERENCE, REFERENCE_TWO_WAY):
         if not cached:
-            raise ValueError(f"{REFERENCE} is always cached; its uncached counterpart is mnrl")
+            raise ValueError(f"{method} is always cached" + ("; its uncached counterpart is mnrl"
+                                                              if method == REFERENCE else ""))
         from sentence_transformers.sentence_transformer.losses import CachedMultipleNegativesRankingLoss
 
-        return CachedMultipleNegativesRankingLoss(model, scale=20.0, mini_batch_size=mini_batch_size, **kwargs)
-    if method == REFERENCE_TWO_WAY:
-        if not cached:
-            raise ValueError(f"{REFERENCE_TWO_WAY} is always cached")
-        from sentence_transformers.sentence_transformer.losses import CachedMultipleNegativesRankingLoss
-
-        return CachedMultipleNegativesRankingLoss(model, scale=20.0, mini_batch_size=mini_batch_size,
-                                                  directions=("query_to_doc", "doc_to_query"),
-                                                  partition_mode="per_direction", **kwargs)
+        two_way = {"directions": ("query_to_doc", "doc_to_query"), "partition_mode": "per_direction"} \
+            if method == REFERENCE_TWO_WAY else {}
+        return CachedMultipleNegativesRankingLoss(model, scale=20.0, mini_batch_size=mini_batch_size, **two_way,
+                                                  **kwargs)
     from st_hardneg.training.registry import build_loss
 
     if cached:
