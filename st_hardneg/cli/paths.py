@@ -1,0 +1,105 @@
+"""Output paths of the command line, proven writable before any model is loaded.
+
+``os.access`` is not proof: as root it says yes to ``/proc`` or a read-only mount, and the run then fails after
+the work. :func:`ensure_writable_dir` and :func:`ensure_writable_file` create (and remove) a probe file in the very
+folder the run will write to, creating missing folders for the probe and removing them again, so nothing is left
+behind by the check. ``st-hardneg train --output-dir`` and ``st-hardneg eval --output-dir`` both use them::
+
+    from st_hardneg.cli.paths import ensure_writable_dir, ensure_writable_file
+
+    ensure_writable_dir(args.output_dir, "--output-dir")          # a folder for checkpoints, models, results
+    ensure_writable_file(args.output, "--output")                 # one JSON file
+
+Only the standard library is imported here (``--help`` stays fast).
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from pathlib import Path
+
+__all__ = ["ensure_writable_dir", "ensure_writable_file"]
+
+
+def _probe(folder: Path, option: str, shown: Path) -> None:
+    """Create the missing part of ``folder``, write and remove a probe file in it, remove what was created."""
+    created: list[Path] = []
+    missing = folder
+    while not missing.exists():
+        created.append(missing)
+        if missing.parent == missing:
+            break
+        missing = missing.parent
+    try:
+        for path in reversed(created):
+            path.mkdir()
+        probe = folder / f".st-hardneg-write-test-{uuid.uuid4().hex[:12]}"
+        with open(probe, "wb") as handle:
+            handle.write(b"ok")
+        probe.unlink()
+    except OSError as exc:
+        reason = exc.strerror or type(exc).__name__
+        raise ValueError(f"{option} {shown} cannot be written ({reason}: {exc.filename or folder})") from None
+    finally:
+        for path in created:  # deepest first; a folder the check made holds nothing now
+            try:
+                path.rmdir()
+            except OSError:
+                pass
+
+
+def ensure_writable_dir(path: str | os.PathLike[str], option: str = "--output-dir") -> Path:
+    """Prove that the folder ``path`` can be written: create a probe file in it (and the missing folders on the
+    way), then remove them all. Returns the expanded path; nothing is left behind.
+
+    Args:
+        path: the folder the run will write to (it may not exist yet).
+        option: the command-line option named in the error message.
+
+    Returns:
+        ``Path(path).expanduser()``.
+
+    Raises:
+        ValueError: an empty path, a path that is a file, or a folder that cannot be written (one line naming
+            ``option``, the path and the reason).
+
+    Example:
+        ::
+
+            ensure_writable_dir("output/run1")        # Path('output/run1'); output/ and run1/ are not left behind
+            ensure_writable_dir("/proc/run1")          # ValueError: --output-dir /proc/run1 cannot be written (...)
+    """
+    if not str(path).strip():
+        raise ValueError(f"{option} is empty; give a folder path")
+    folder = Path(path).expanduser()
+    if folder.exists() and not folder.is_dir():
+        raise ValueError(f"{option} {folder} is a file, not a folder")
+    ancestor = folder
+    while not ancestor.exists() and ancestor.parent != ancestor:
+        ancestor = ancestor.parent
+    if ancestor.exists() and not ancestor.is_dir():
+        raise ValueError(f"{option} {folder} cannot be written ({ancestor} is a file, not a folder)")
+    _probe(folder, option, folder)
+    return folder
+
+
+def ensure_writable_file(path: str | os.PathLike[str], option: str = "--output") -> Path:
+    """Prove that the file ``path`` can be written: its folder must take a probe file (see
+    :func:`ensure_writable_dir`); the file itself is neither created nor changed. Returns the expanded path.
+
+    Raises:
+        ValueError: an empty path, a path that is a folder, or a place that cannot be written.
+    """
+    if not str(path).strip():
+        raise ValueError(f"{option} is empty; give a file path")
+    target = Path(path).expanduser()
+    if target.is_dir():
+        raise ValueError(f"{option} {target} is a folder; give a file path")
+    ancestor = target.parent
+    while not ancestor.exists() and ancestor.parent != ancestor:
+        ancestor = ancestor.parent
+    if ancestor.exists() and not ancestor.is_dir():
+        raise ValueError(f"{option} {target} cannot be written ({ancestor} is a file, not a folder)")
+    _probe(target.parent, option, target)
+    return target
