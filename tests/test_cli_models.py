@@ -102,8 +102,8 @@ def test_cli_train_passes_stop_after_and_rejects_negative(monkeypatch, tiny_mode
     """--stop-after reaches TrainConfig.stop_after_steps (training itself is tested in test_training.py)."""
     from st_hardneg.training import loop as training
 
-    corpus = tmp_path / "corpus.txt"
-    corpus.write_text("\n".join(tiny_sentences) + "\n")
+    corpus = tmp_path / "corpus.txt"  # 80 rows, 10 steps of 8: --stop-after 7 stops before the end
+    corpus.write_text("\n".join(f"{sentence} ({copy})" for copy in range(5) for sentence in tiny_sentences) + "\n")
     seen = {}
 
     class _Stop(Exception):

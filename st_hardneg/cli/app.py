@@ -6,6 +6,11 @@
     st-hardneg eval --task beir --data PATH --split test    # BEIR nDCG@10, MTEB-comparable (256 tokens)
     st-hardneg eval --model output/st-hardneg/final     # 7-task SentEval STS table
     st-hardneg download senteval --dest data            # users with a network
+
+Exit status: 0 done; 1 a failure at run time (training, evaluation or saving failed, an environment problem such as
+a missing package or a GPU that cannot run the precision asked for); 2 a usage error (an unknown or contradictory
+option, a bad value, missing or malformed input data), reported in one line before any model is loaded.
+``-v``/``-q`` work before or after the command; warnings of the libraries are printed as one line each on stderr.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from st_hardneg.cli.train import (
     STS_DEFAULTS,
     TASK_ONLY_OPTIONS,
     TRAIN_TASKS,
+    RunFailed,
     cmd_train,
 )
 from st_hardneg.data.senteval import DataNotFoundError
@@ -162,25 +168,28 @@ class TrainHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from st_hardneg import __version__
     from st_hardneg.training.registry import LOSSES
 
     parser = argparse.ArgumentParser(
         prog="st-hardneg",
         description="Hard-negative contrastive training (MixCSE, Focal-InfoNCE, HNCSE, AdCSE) for sentence-transformers.",
+        epilog=EXIT_STATUS_HELP, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    parser.add_argument("--version", action="version", version=f"st-hardneg {__version__}")
+    _add_verbosity(parser, None)
     sub = parser.add_subparsers(dest="command", required=True)
 
     common = argparse.ArgumentParser(add_help=False)
+    _add_verbosity(common, argparse.SUPPRESS)  # -v / -q after the command too, without resetting those before it
     common.add_argument("--data-dir", default=None,
                         help="SentEval data directory (containing STS/, SICK/ … or senteval/). Default: "
                              "$ST_HARDNEG_DATA, then ../shared/data, ./data, ~/.cache/st_hardneg/data")
-    common.add_argument("--quiet", action="store_true", help="no progress bars")
 
     t = sub.add_parser("train", parents=[common], help="train with a hard-negative loss; --task sts: select on "
                                                        "STS-B dev, print the 7-task STS table; --task retrieval: "
                                                        "mined triplets, print the retrieval table",
-                       formatter_class=TrainHelpFormatter)
+                       formatter_class=TrainHelpFormatter, epilog=EXIT_STATUS_HELP)
     t.add_argument("--task", default="sts", choices=TRAIN_TASKS,
                    help="sts: unsupervised sentences (--corpus), STS-B dev selection, 7-task STS table (the papers' "
                         "protocol); retrieval: (anchor, positive, mined hard negative) triplets of the MRPC train "
@@ -243,6 +252,18 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--allow-duplicates", action="store_true",
                    help="plain random batches (default: no sentence twice in a batch, as duplicates are false "
                         "negatives)")
+    t.add_argument("--training-arg", action="append", metavar="KEY=VALUE",
+                   help="any field of sentence-transformers' SentenceTransformerTrainingArguments, repeatable, over "
+                        "the recipe's value, e.g. --training-arg gradient_accumulation_steps=2 --training-arg bf16=true "
+                        "(on a CPU too) --training-arg report_to=tensorboard --training-arg save_strategy=steps "
+                        "--training-arg resume_from_checkpoint=PATH (or =last: the latest checkpoint of "
+                        "--output-dir) --training-arg push_to_hub=true --training-arg hub_model_id=USER/NAME; the "
+                        "fields with their own option (--lr, --batch-size, --epochs, --max-steps, --warmup-ratio, "
+                        "--seed, --eval-steps, --output-dir, --allow-duplicates, -q) are set with it")
+    t.add_argument("--save-train-head", action="store_true",
+                   help="with --mlp-head: save the final model with its train-only head (it then loads with "
+                        "st_hardneg.models.load_checkpoint); by default the head is removed and the model loads with "
+                        "plain sentence-transformers")
     t.set_defaults(func=cmd_train)
 
     e = sub.add_parser("eval", parents=[common], help="evaluate a model and print markdown tables",
@@ -265,27 +286,107 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--output", default=None, help="write the results as JSON here")
     e.set_defaults(func=cmd_eval)
 
-    d = sub.add_parser("download", help="fetch the SentEval data or the wiki1m corpus (needs a network)")
+    d = sub.add_parser("download", help="fetch the SentEval data or the wiki1m corpus (needs a network)",
+                       parents=[verbosity_only()])
     d.add_argument("what", choices=("senteval", "wiki1m"))
     d.add_argument("--dest", default=None, help="target directory (default ~/.cache/st_hardneg/data)")
     d.set_defaults(func=cmd_download)
     return parser
 
 
+#: the exit statuses, in every ``--help``
+EXIT_STATUS_HELP = ("exit status: 0 done; 1 a failure at run time (training, evaluation or saving failed, or the "
+                    "machine cannot run what was asked); 2 a usage error (a bad option, value or input file), "
+                    "reported before any model is loaded")
+
+
+def _add_verbosity(parser: argparse.ArgumentParser, default: Any) -> None:
+    """``-v`` (repeatable) and ``-q`` on ``parser``; ``default`` ``SUPPRESS`` on the subcommands, so that a flag given
+    before the command is not reset by the subcommand's parser."""
+    parser.add_argument("-v", "--verbose", action="count", default=0 if default is None else default,
+                        help="more log output: -v info, -vv debug and tracebacks (default: warnings only)")
+    parser.add_argument("-q", "--quiet", action="store_true", default=False if default is None else default,
+                        help="errors only: no progress bars, no warnings")
+
+
+def verbosity_only() -> argparse.ArgumentParser:
+    """A parent parser with only ``-v`` / ``-q`` (for subcommands without the data options)."""
+    parent = argparse.ArgumentParser(add_help=False)
+    _add_verbosity(parent, argparse.SUPPRESS)
+    return parent
+
+
+def configure_logging(verbose: int, quiet: bool) -> int:
+    """The log level of a command-line run: ``ERROR`` with ``-q``, else ``WARNING``, ``INFO`` (``-v``) or ``DEBUG``
+    (``-vv``); returns it."""
+    level = logging.ERROR if quiet else (logging.WARNING, logging.INFO, logging.DEBUG)[min(verbose, 2)]
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for name in ("st_hardneg", "sentence_transformers"):
+        logging.getLogger(name).setLevel(level)
+    return level
+
+
+def exit_status(exc: BaseException) -> int:
+    """1 for a failure at run time (:class:`~st_hardneg.cli.train.RunFailed`, ``RuntimeError``, ``OSError`` other
+    than a missing file, ``ImportError``, ``MemoryError``), 2 for a usage error (``ValueError``, ``TypeError``, a
+    missing file or data)."""
+    if isinstance(exc, RunFailed):
+        return 1
+    if isinstance(exc, (FileNotFoundError, NotADirectoryError, IsADirectoryError)):
+        return 2
+    if isinstance(exc, (RuntimeError, OSError, ImportError, MemoryError)):
+        return 1
+    return 2
+
+
+class _WarningPrinter:
+    """Within the block, every warning is one line on stderr, ``st-hardneg COMMAND: warning: ...`` (once per
+    place; deprecation notices of the libraries only with ``-v``; none with ``-q``)."""
+
+    def __init__(self, command: str, verbose: int, quiet: bool) -> None:
+        import warnings
+
+        self.command, self.verbose, self.quiet = command, verbose, quiet
+        self._catch = warnings.catch_warnings()
+
+    def __enter__(self) -> None:
+        import warnings
+
+        self._catch.__enter__()
+        if self.quiet:
+            warnings.simplefilter("ignore")
+            return
+        warnings.simplefilter("default")
+        if not self.verbose:
+            for category in (DeprecationWarning, PendingDeprecationWarning, FutureWarning):
+                warnings.simplefilter("ignore", category)
+
+        def show(message: Warning | str, category: type[Warning], filename: str, lineno: int, file: Any = None,
+                 line: str | None = None) -> None:
+            text = " ".join(str(message).split())
+            where = f" ({category.__name__}, {filename}:{lineno})" if self.verbose else ""
+            print(f"st-hardneg {self.command}: warning: {text}{where}", file=sys.stderr)
+
+        warnings.showwarning = show
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self._catch.__exit__(*exc_info)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    args = parser.parse_args(argv)  # a usage error exits with status 2 here (argparse)
+    configure_logging(args.verbose, args.quiet)
     try:
-        return args.func(args)
-    except (DataNotFoundError, OSError, ValueError, TypeError, ImportError, RuntimeError) as exc:
-        # one clear message, no traceback (--verbose shows it); OSError covers a model name that cannot be loaded
-        if args.verbose:
-            logger.exception("st-hardneg %s failed", args.command)
+        with _WarningPrinter(args.command, args.verbose, args.quiet):
+            return int(args.func(args))
+    except (DataNotFoundError, OSError, ValueError, TypeError, ImportError, RuntimeError, MemoryError) as exc:
+        # one clear message, no traceback (-vv shows it); OSError covers a model name that cannot be loaded
+        if args.verbose > 1:
+            logger.error("st-hardneg %s failed", args.command, exc_info=exc)
         message = str(exc).strip() or type(exc).__name__
         if isinstance(exc, OSError) and not isinstance(exc, FileNotFoundError):
             message = message.splitlines()[0]
         print(f"st-hardneg {args.command}: error: {message}", file=sys.stderr)
-        return 2
+        return exit_status(exc)
 

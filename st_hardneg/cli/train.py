@@ -13,7 +13,10 @@ deep-learning library).
 from __future__ import annotations
 
 import argparse
+import json
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, cast
 
@@ -35,6 +38,33 @@ TASK_ONLY_OPTIONS: dict[str, tuple[str, tuple[str, ...]]] = {
     "mining_arg": ("--mining-arg", ("retrieval", "beir")), "no_sts": ("--no-sts", ("retrieval",)),
     "data": ("--data", ("beir",)),
 }
+#: ``SentenceTransformerTrainingArguments`` fields that have their own ``train`` option: ``--training-arg`` refuses
+#: them, naming the option
+RESERVED_TRAINING_ARGS = {
+    "output_dir": "--output-dir", "per_device_train_batch_size": "--batch-size", "learning_rate": "--lr",
+    "num_train_epochs": "--epochs", "max_steps": "--max-steps (or --stop-after)", "warmup_steps": "--warmup-ratio",
+    "warmup_ratio": "--warmup-ratio", "seed": "--seed", "data_seed": "--seed", "eval_steps": "--eval-steps",
+    "batch_sampler": "--allow-duplicates", "disable_tqdm": "-q/--quiet",
+}
+
+
+class RunFailed(RuntimeError):
+    """A failure once the work has begun (training, scoring, saving): the command exits with status 1."""
+
+
+@contextmanager
+def run_time(what: str) -> Iterator[None]:
+    """Within the block, a failure of a known kind becomes :class:`RunFailed` (exit status 1), its message kept."""
+    try:
+        yield
+    except RunFailed:
+        raise
+    except (RuntimeError, OSError, ValueError, TypeError, ArithmeticError, ImportError, KeyError, IndexError,
+            MemoryError) as exc:
+        message = str(exc).strip() or type(exc).__name__
+        raise RunFailed(f"{what} failed: {message}") from exc
+
+
 WRONG_TASK_HINTS = {
     "corpus": "--corpus (one sentence per line) is for --task sts; --task retrieval trains on (anchor, positive"
               "[, negative ...]) rows: use --train-file FILE",
@@ -95,6 +125,12 @@ def resolve_train_args(args: argparse.Namespace) -> argparse.Namespace:
         if getattr(args, key) is None:
             setattr(args, key, value)
     check_output_dir(args.output_dir, getattr(args, "overwrite", False))
+    from st_hardneg.cli.paths import ensure_writable_dir
+
+    ensure_writable_dir(args.output_dir, "--output-dir")  # proven with a probe file, before any model loads
+    if getattr(args, "save_train_head", False) and not args.mlp_head:
+        raise ValueError("--save-train-head keeps the head of --mlp-head; this run has no head: add --mlp-head or drop "
+                         "--save-train-head")
     parse_loss_args(args.loss_arg)  # a repeated key fails here (the names are checked by cmd_train)
     parse_loss_args(args.mining_arg, "--mining-arg")
     if args.eval_batch_size < 1:
@@ -153,6 +189,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     from st_hardneg.training.registry import check_loss_args
 
     check_loss_args(args.loss, parse_loss_args(args.loss_arg))  # names (and no model=), before any model loads
+    args.extra_training_args = resolve_training_args(args)
     if args.task == "retrieval":
         return cmd_train_retrieval(args)
     if args.task == "beir":
@@ -160,12 +197,13 @@ def cmd_train(args: argparse.Namespace) -> int:
     import torch
     from transformers import set_seed
 
-    from st_hardneg.data.senteval import read_corpus
-    from st_hardneg.evaluation import format_sts_table
-    from st_hardneg.models import resolve_model, save_inference_model
+    from st_hardneg.data.senteval import pair_dataset, read_corpus
+    from st_hardneg.evaluation import SentEvalSTSEvaluator, evaluate_sts, format_sts_table
+    from st_hardneg.models import resolve_model
     from st_hardneg.reporting import write_json
-    from st_hardneg.training.experiment import planned_steps, run_experiment
+    from st_hardneg.training.experiment import run_training
     from st_hardneg.training.loop import TrainConfig
+    from st_hardneg.training.registry import build_loss
 
     loss_kwargs = parse_loss_args(args.loss_arg)
     corpus = Path(args.corpus) if args.corpus else default_corpus(args.data_dir)
@@ -186,32 +224,46 @@ def cmd_train(args: argparse.Namespace) -> int:
         eval_steps=args.eval_steps,
         no_duplicates=not args.allow_duplicates,
         show_progress_bar=not args.quiet,
+        extra_args=args.extra_training_args,
     )
     try:
-        planned_steps(len(sentences), config)  # before loading the model: a too-small corpus fails fast
+        planned = run_steps(len(sentences), config)  # before loading the model: a too-small corpus fails fast
     except ValueError as exc:
         raise ValueError(f"{corpus}: {exc}") from None
+    check_stop_after(args.stop_after, planned)
+    check_training_arguments(config, with_evaluator=True)
     check_sts_files(args.data_dir)  # STS-B dev selects, the 7 test sets score: damaged files fail before training
+    dev = SentEvalSTSEvaluator(args.data_dir, batch_size=args.eval_batch_size)
 
     set_seed(args.seed)
     torch.set_num_threads(max(1, torch.get_num_threads()))
     model = resolve_model(args.model, pooling=args.pooling, max_seq_length=args.max_seq_length,
                           mlp_head=args.mlp_head)
-    run = run_experiment(model, args.loss, loss_kwargs, sentences, config, args.data_dir,
-                         eval_batch_size=args.eval_batch_size)
-    result, scores = run.train, run.sts
-    final = output_dir / "final"
-    save_inference_model(model, final)  # without a train-only MLP head: loads with plain SentenceTransformer()
+    loss = build_loss(args.loss, model, **loss_kwargs)
+    announce_loss(args, loss, loss_kwargs)
+
+    def score(trained: Any) -> dict[str, float]:
+        return evaluate_sts(trained, args.data_dir, batch_size=args.eval_batch_size,
+                            show_progress_bar=not args.quiet)
+
+    with run_time("training"):
+        run = run_training(model, loss, pair_dataset(list(sentences)), config, evaluator=dev, score=score,
+                           callbacks=run_callbacks(args, loss_kwargs))
+        run.sts = run.scores
+        result, scores = run.train, run.sts
+        final = save_final_model(args, model, output_dir)
     logger.info("saved the selected model to %s", final)
     payload = {
         "loss": args.loss,
-        "loss_config": run.loss.get_config_dict() if hasattr(run.loss, "get_config_dict") else loss_kwargs,
+        "loss_config": run.loss_config,
+        "loss_call": _loss_call(args.loss, loss_kwargs),
         "model": args.model or "default (all-MiniLM-L6-v2, embedded)",
         "pooling": args.pooling,
         "mlp_head": args.mlp_head,
         "corpus": str(corpus),
         "num_sentences": len(sentences),
         "config": {k: v for k, v in vars(args).items() if k not in ("func",)},
+        "planned_steps": planned,
         "sts": scores,
         "stsb_dev_best": result.best_metric,
         "train_seconds": result.train_seconds,
@@ -234,7 +286,8 @@ def _recipe_config(args: argparse.Namespace) -> Any:
     return recipe.train_config(Path(args.output_dir) / "checkpoints", seed=args.seed, batch_size=args.batch_size,
                                learning_rate=args.lr, epochs=args.epochs, warmup_ratio=args.warmup_ratio,
                                max_steps=args.max_steps, stop_after_steps=args.stop_after,
-                               no_duplicates=not args.allow_duplicates, show_progress_bar=not args.quiet)
+                               no_duplicates=not args.allow_duplicates, show_progress_bar=not args.quiet,
+                               extra_args=args.extra_training_args)
 
 
 def _train_and_save(args: argparse.Namespace, dataset: Any, config: Any, score: Any,
@@ -243,27 +296,34 @@ def _train_and_save(args: argparse.Namespace, dataset: Any, config: Any, score: 
     write ``OUTPUT/results.json`` (``head`` first, then the shared fields); returns ``(run, final, planned)``."""
     from transformers import set_seed
 
-    from st_hardneg.models import resolve_model, save_inference_model
+    from st_hardneg.models import resolve_model
     from st_hardneg.reporting import write_json
-    from st_hardneg.training.experiment import planned_steps, run_training
+    from st_hardneg.training.experiment import run_training
     from st_hardneg.training.registry import build_loss
 
     output_dir = Path(args.output_dir)
-    planned = planned_steps(len(dataset), config)
+    planned = run_steps(len(dataset), config)
+    check_stop_after(args.stop_after, planned)
     logger.info("training data: %d rows (%s), %d steps planned", len(dataset), info.get("source", info.get("file")),
                 planned)
     set_seed(args.seed)
     model = resolve_model(args.model, pooling=args.pooling, max_seq_length=args.max_seq_length,
                           mlp_head=args.mlp_head)
-    loss = build_loss(args.loss, model, **parse_loss_args(args.loss_arg))
-    run = run_training(model, loss, dataset, config, keep_checkpoints=False, score=score)
-    final = output_dir / "final"
-    save_inference_model(model, final)  # without a train-only MLP head: loads with plain SentenceTransformer()
+    loss_kwargs = parse_loss_args(args.loss_arg)
+    loss = build_loss(args.loss, model, **loss_kwargs)
+    announce_loss(args, loss, loss_kwargs)
+    # the checkpoints are removed after the run unless the user asked for them (save_strategy)
+    keep = str(config.extra_args.get("save_strategy", "no")) != "no"
+    with run_time("training"):
+        run = run_training(model, loss, dataset, config, keep_checkpoints=keep, score=score,
+                           callbacks=run_callbacks(args, loss_kwargs))
+        final = save_final_model(args, model, output_dir)
     result = run.train
     write_json(output_dir / "results.json", {
         **head,
         "loss": args.loss,
         "loss_config": run.loss_config,
+        "loss_call": _loss_call(args.loss, loss_kwargs),
         "model": args.model or "default (all-MiniLM-L6-v2, embedded)",
         "pooling": args.pooling,
         "mlp_head": args.mlp_head,
@@ -286,6 +346,7 @@ def cmd_train_retrieval(args: argparse.Namespace) -> int:
 
     mining = parse_loss_args(args.mining_arg, "--mining-arg")
     config = _recipe_config(args)
+    check_training_arguments(config, with_evaluator=False)
     data = build_mrpc_retrieval(args.data_dir)  # the test task: missing MRPC files fail before any work
     if not args.no_sts:  # and missing STS files too, not after training
         try:
@@ -320,6 +381,7 @@ def cmd_train_beir(args: argparse.Namespace) -> int:
 
     mining = parse_loss_args(args.mining_arg, "--mining-arg")
     config = _recipe_config(args)
+    check_training_arguments(config, with_evaluator=False)
     data, split = recipe.beir_split(args.data)  # a malformed folder fails here, before any model loads
     logger.info("%s: %s", data.name, split.stats)
     dataset, info = recipe.mined_beir_triplets(data, split, args.model, mining=mining, cache_dir=args.cache_dir,
@@ -334,3 +396,116 @@ def cmd_train_beir(args: argparse.Namespace) -> int:
           f"train time: {run.train.train_seconds:.0f} s")
     print(f"model: {final}\nresults: {Path(args.output_dir) / 'results.json'}")
     return 0
+
+
+# --------------------------------------------------------------------------- shared by the three tasks
+def resolve_training_args(args: argparse.Namespace) -> dict[str, Any]:
+    """``--training-arg`` as ``SentenceTransformerTrainingArguments`` values (see
+    :func:`st_hardneg.training.loop.parse_training_args`), checked against this machine and run before any model
+    loads: ``bf16`` / ``fp16`` (:func:`~st_hardneg.training.loop.check_precision`), ``push_to_hub``
+    (:func:`~st_hardneg.training.loop.check_hub_access`), and ``resume_from_checkpoint`` (a checkpoint folder, or a
+    folder holding ``checkpoint-N`` folders; ``last`` / ``true``: the latest one of ``--output-dir``) written by a run of
+    the same loss and loss arguments (:func:`~st_hardneg.training.loop.find_checkpoint`).
+
+    Raises:
+        ValueError: an unknown field (with a suggestion), a field with its own option, a value of the wrong type,
+            a precision this machine cannot run, a push that cannot happen, a checkpoint that is missing or of
+            another loss.
+    """
+    from st_hardneg.training.loop import check_hub_access, check_precision, find_checkpoint, parse_training_args
+
+    extra = parse_training_args(args.training_arg, reserved=RESERVED_TRAINING_ARGS)
+    extra = check_precision(extra)
+    check_hub_access(extra)
+    resume = extra.get("resume_from_checkpoint")
+    if resume:
+        folder = Path(args.output_dir) / "checkpoints" if str(resume).lower() in ("last", "true") else Path(resume)
+        run = {"loss": args.loss, "loss_args": _json_safe(parse_loss_args(args.loss_arg))}
+        extra["resume_from_checkpoint"] = find_checkpoint(str(folder), run, "--training-arg resume_from_checkpoint")
+    return extra
+
+
+def check_training_arguments(config: Any, with_evaluator: bool) -> None:
+    """Build the run's ``SentenceTransformerTrainingArguments`` once now, so that a contradiction among the
+    ``--training-arg`` values and the recipe (e.g. ``save_strategy=no`` with the best-checkpoint selection of
+    ``--task sts``) is a usage error before any model loads.
+
+    Raises:
+        ValueError: what ``TrainingArguments`` refused, prefixed with ``--training-arg``.
+    """
+    if not config.extra_args:
+        return
+    from st_hardneg.training.loop import training_arguments
+
+    try:
+        training_arguments(config, with_evaluator=with_evaluator)
+    except (ValueError, TypeError) as exc:
+        message = " ".join(str(exc).split())
+        raise ValueError(f"--training-arg: the Trainer's arguments refuse this combination: {message}") from None
+
+
+def run_steps(num_examples: int, config: Any) -> int:
+    """The optimizer steps of the run (:func:`~st_hardneg.training.experiment.planned_steps`, with the
+    ``gradient_accumulation_steps`` of ``--training-arg``, counted as the Trainer counts them)."""
+    import math
+
+    from st_hardneg.training.experiment import planned_steps
+
+    steps = planned_steps(num_examples, config)
+    accumulation = int(config.extra_args.get("gradient_accumulation_steps", 1) or 1)
+    if accumulation > 1 and not config.max_steps > 0:
+        batches = num_examples // config.batch_size if config.drop_last else math.ceil(num_examples / config.batch_size)
+        per_epoch = max(batches // accumulation + int(batches % accumulation > 0), 1)
+        steps = math.ceil(config.epochs * per_epoch)
+    return steps
+
+
+def check_stop_after(stop_after: int, planned: int) -> None:
+    """``--stop-after N`` must stop before the run's end (``planned`` steps): otherwise it changes nothing.
+
+    Raises:
+        ValueError: ``N >= planned``.
+    """
+    if stop_after and stop_after >= planned:
+        raise ValueError(f"--stop-after {stop_after} is not before the end of the run ({planned} steps): it would "
+                         "train the whole run; lower it or drop it")
+
+
+def _json_safe(value: Any) -> Any:
+    return json.loads(json.dumps(value, default=str))
+
+
+def _loss_call(name: str, loss_kwargs: dict[str, Any]) -> str:
+    from st_hardneg.training.registry import loss_call
+
+    return loss_call(name, loss_kwargs)
+
+
+def announce_loss(args: argparse.Namespace, loss: Any, loss_kwargs: dict[str, Any]) -> None:
+    """Print, before training, the class call that builds the loss and its full ``get_config_dict()`` (not with
+    ``-q``)."""
+    if args.quiet:
+        return
+    config = loss.get_config_dict() if hasattr(loss, "get_config_dict") else {}
+    print(f"loss {args.loss}: {_loss_call(args.loss, loss_kwargs)}")
+    print(f"loss configuration: {json.dumps(_json_safe(config))}", flush=True)
+
+
+def run_callbacks(args: argparse.Namespace, loss_kwargs: dict[str, Any]) -> list[Any]:
+    """The command line's extra Trainer callbacks: the run's loss in every checkpoint (resume checks)."""
+    from st_hardneg.training.callbacks import CheckpointRunInfo
+
+    return [CheckpointRunInfo({"loss": args.loss, "loss_args": _json_safe(loss_kwargs)})]
+
+
+def save_final_model(args: argparse.Namespace, model: Any, output_dir: Path) -> Path:
+    """Save the trained model to ``OUTPUT/final``: without a train-only MLP head (it loads with plain
+    sentence-transformers), or with it for ``--save-train-head``."""
+    from st_hardneg.models import save_inference_model
+
+    final = output_dir / "final"
+    if getattr(args, "save_train_head", False):
+        model.save(str(final))  # loads with st_hardneg.models.load_checkpoint
+    else:
+        save_inference_model(model, final)  # without a train-only MLP head: loads with plain SentenceTransformer()
+    return final

@@ -7,7 +7,9 @@
 - :class:`StatefulLossCallback`: connects stateful losses (:class:`~st_hardneg.AdversarialNegativesLoss`) to a
   Trainer, as explained below;
 - :class:`LossModelCheck` / :func:`check_loss_model`: warn when the loss was built on another model than the
-  Trainer's (that model would not train; see :mod:`st_hardneg.losses.model_guard`).
+  Trainer's (that model would not train; see :mod:`st_hardneg.losses.model_guard`);
+- :class:`ModelCardCallback` / :func:`add_model_card_data`: the ``st-hardneg`` tag, version and documentation links
+  in the model card; :class:`CheckpointRunInfo`: the loss of the run in every checkpoint (resume checks).
 
 **Stateful losses.**
 
@@ -55,8 +57,10 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["EvaluateAtEnd", "FalseNegativeLog", "LossDiagnosticsCallback", "LossModelCheck", "StatefulLossCallback",
-           "StepTimer", "StopAfterSteps", "add_stateful_loss_callback", "check_loss_model", "find_stateful_losses"]
+__all__ = ["CHECKPOINT_RUN_FILE", "CheckpointRunInfo", "EvaluateAtEnd", "FalseNegativeLog", "LossDiagnosticsCallback",
+           "LossModelCheck", "ModelCardCallback", "StatefulLossCallback", "StepTimer", "StopAfterSteps",
+           "add_model_card_data", "add_stateful_loss_callback", "check_loss_model", "find_stateful_losses",
+           "st_hardneg_losses"]
 
 
 def _is_stateful(module: Any) -> bool:
@@ -365,4 +369,99 @@ class LossDiagnosticsCallback(TrainerCallback):
         if state.log_history and state.log_history[-1].get("step") == state.global_step \
                 and "loss" in state.log_history[-1]:
             state.log_history[-1].update(entries)
+        return control
+
+
+# --------------------------------------------------------------------------- model card and checkpoints
+#: the file an st-hardneg run writes into each checkpoint: the loss it trains (see
+#: :func:`st_hardneg.training.loop.find_checkpoint`)
+CHECKPOINT_RUN_FILE = "st_hardneg_run.json"
+
+
+def st_hardneg_losses(loss: Any) -> list[nn.Module]:
+    """The st-hardneg losses (those with a documentation page) inside ``loss``: a module or a dict of them."""
+    from st_hardneg.training.registry import loss_docs_url
+
+    found: list[nn.Module] = []
+    for item in (loss.values() if isinstance(loss, Mapping) else [loss]):
+        if isinstance(item, nn.Module):
+            found.extend(m for m in item.modules() if loss_docs_url(m) and not any(m is f for f in found))
+    return found
+
+
+def add_model_card_data(model: Any, loss: Any) -> bool:
+    """Name st-hardneg in ``model.model_card_data`` when ``loss`` holds an st-hardneg loss: the ``st-hardneg`` tag,
+    the package version (``version["st_hardneg"]``) and a citation entry ``st-hardneg`` with the version and the
+    link to each loss's documentation page (rendered in the saved model's README.md). Returns whether it did.
+
+    sentence-transformers fills the card's tags and citations from the losses when the Trainer is made
+    (``loss:MixCSELoss`` …); :class:`ModelCardCallback` calls this after that, at the start of training.
+    """
+    losses = st_hardneg_losses(loss)
+    card = getattr(model, "model_card_data", None)
+    if not losses or card is None:
+        return False
+    from st_hardneg import __version__
+    from st_hardneg.training.registry import DOCS_URL, loss_docs_url
+
+    card.add_tags(["st-hardneg"])
+    if isinstance(getattr(card, "version", None), dict):
+        card.version["st_hardneg"] = __version__
+    names = sorted({type(m).__name__ for m in losses})
+    pages = ", ".join(f"{name}: {loss_docs_url(next(m for m in losses if type(m).__name__ == name))}"
+                      for name in names)
+    citations = getattr(card, "citations", None)
+    if isinstance(citations, dict):
+        citations["st-hardneg"] = (
+            "@software{st_hardneg,\n"
+            "    title = {st-hardneg: hard-negative contrastive losses for sentence-transformers},\n"
+            f"    version = {{{__version__}}},\n"
+            f"    url = {{{DOCS_URL}}},\n"
+            f"    note = {{trained with {pages}}},\n"
+            "}")
+    return True
+
+
+class ModelCardCallback(TrainerCallback):
+    """At ``on_train_begin`` (after sentence-transformers has filled the card from the losses), add st-hardneg's
+    tag, version and documentation links to the model card (:func:`add_model_card_data`).
+    :func:`st_hardneg.training.train` adds it; with a plain ``SentenceTransformerTrainer`` pass
+    ``callbacks=[ModelCardCallback(loss)]``.
+
+    Args:
+        loss: the Trainer's loss (a module or a dict of them).
+    """
+
+    def __init__(self, loss: Any) -> None:
+        self.loss = loss
+
+    def on_train_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                       model: Any = None, **kwargs: Any) -> TrainerControl:
+        if model is not None:
+            add_model_card_data(model, self.loss)
+        return control
+
+
+class CheckpointRunInfo(TrainerCallback):
+    """Write ``info`` (e.g. ``{"loss": "adcse", "loss_args": {...}}``) as :data:`CHECKPOINT_RUN_FILE` into every
+    checkpoint the Trainer saves, so a resumed run can refuse a checkpoint of another loss
+    (:func:`st_hardneg.training.loop.find_checkpoint`).
+
+    Args:
+        info: a JSON-serialisable mapping.
+    """
+
+    def __init__(self, info: dict[str, Any]) -> None:
+        self.info = dict(info)
+
+    def on_save(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                **kwargs: Any) -> TrainerControl:
+        import json
+        import os
+
+        if state.is_world_process_zero:
+            folder = os.path.join(args.output_dir or ".", f"checkpoint-{state.global_step}")
+            if os.path.isdir(folder):
+                with open(os.path.join(folder, CHECKPOINT_RUN_FILE), "w", encoding="utf-8") as handle:
+                    json.dump(self.info, handle, indent=2, sort_keys=True, default=str)
         return control

@@ -12,7 +12,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from st_hardneg.training.callbacks import EvaluateAtEnd, StepTimer, StopAfterSteps
+from st_hardneg.training.callbacks import CHECKPOINT_RUN_FILE, EvaluateAtEnd, StepTimer, StopAfterSteps
 
 if TYPE_CHECKING:
     from datasets import Dataset
@@ -23,7 +23,8 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["TrainConfig", "TrainResult", "train", "training_arguments"]
+__all__ = ["TrainConfig", "TrainResult", "check_hub_access", "check_precision", "find_checkpoint",
+           "parse_training_args", "train", "training_arguments"]
 
 
 # --------------------------------------------------------------------------- the recipe
@@ -135,9 +136,16 @@ def training_arguments(config: TrainConfig, with_evaluator: bool) -> SentenceTra
         fp16=config.fp16,
         bf16=config.bf16,
         disable_tqdm=not config.show_progress_bar,
+        dataloader_pin_memory=_has_cuda(),  # pinning without a GPU only warns
     )
     kwargs.update(config.extra_args)
     return SentenceTransformerTrainingArguments(**kwargs)
+
+
+def _has_cuda() -> bool:
+    import torch
+
+    return bool(torch.cuda.is_available())
 
 
 def _rows(dataset: Any) -> str:
@@ -183,7 +191,7 @@ def train(model: SentenceTransformer, train_dataset: Dataset, loss: nn.Module, c
     """
     from sentence_transformers import SentenceTransformerTrainer
 
-    from st_hardneg.training.callbacks import LossModelCheck, add_stateful_loss_callback
+    from st_hardneg.training.callbacks import LossModelCheck, ModelCardCallback, add_stateful_loss_callback
 
     timer = StepTimer()
     stop = [StopAfterSteps(config.stop_after_steps)] if config.stop_after_steps else []
@@ -197,11 +205,12 @@ def train(model: SentenceTransformer, train_dataset: Dataset, loss: nn.Module, c
         train_dataset=train_dataset,
         loss=loss,
         evaluator=evaluator if args.eval_strategy != "no" else None,
-        callbacks=[timer, EvaluateAtEnd(), model_check, *stop, *(callbacks or [])],
+        callbacks=[timer, EvaluateAtEnd(), model_check, ModelCardCallback(loss), *stop, *(callbacks or [])],
     )
     add_stateful_loss_callback(trainer)  # stateful losses (AdCSE) restore their state on resume
     start = time.perf_counter()
-    trainer.train()
+    # TrainingArguments.resume_from_checkpoint is only a field; the Trainer resumes when train() is given it
+    trainer.train(resume_from_checkpoint=args.resume_from_checkpoint or None)
     seconds = time.perf_counter() - start
     if trainer.state.global_step < 1:
         raise RuntimeError(
@@ -217,3 +226,215 @@ def train(model: SentenceTransformer, train_dataset: Dataset, loss: nn.Module, c
         best_checkpoint=trainer.state.best_model_checkpoint,
         log_history=list(trainer.state.log_history),
     )
+
+
+# --------------------------------------------------------------------------- every TrainingArguments field by name
+_TRUE = ("true", "yes", "1", "on")
+_FALSE = ("false", "no", "0", "off")
+
+
+def _convert_field(name: str, raw: str, hint: Any, option: str) -> Any:
+    """``raw`` (a command-line string) as a value of the field ``name`` whose type is ``hint``."""
+    import enum
+    import json
+    import types
+    import typing
+
+    origin = typing.get_origin(hint)
+    members = typing.get_args(hint) if origin in (typing.Union, types.UnionType) else (hint,)
+    plain = [typing.get_origin(m) or m for m in members]
+    text = raw.strip()
+    wrong = f"{option} {name}={raw!r}"
+    if type(None) in plain and str not in plain and text.lower() in ("none", "null"):
+        return None
+    if bool in plain:
+        if text.lower() in _TRUE:
+            return True
+        if text.lower() in _FALSE:
+            return False
+        if str not in plain:
+            raise ValueError(f"{wrong}: {name} is true or false")
+    if typing.Literal in plain and text.lower() in _FALSE:
+        return False
+    if int in plain:
+        try:
+            return int(text)
+        except ValueError:
+            if float not in plain:
+                raise ValueError(f"{wrong}: {name} is a whole number") from None
+    if float in plain:
+        try:
+            return float(text)
+        except ValueError:
+            raise ValueError(f"{wrong}: {name} is a number") from None
+    choices = [m for m in plain if isinstance(m, type) and issubclass(m, enum.Enum)]
+    if choices:
+        values = [str(member.value) for member in choices[0]]
+        if text not in values:
+            import difflib
+
+            close = difflib.get_close_matches(text, values, 1)
+            hint_text = f" (did you mean {close[0]}?)" if close else ""
+            raise ValueError(f"{wrong}: not a choice of {name}{hint_text}; choose from {', '.join(values)}")
+        return text
+    if dict in plain and text.startswith("{"):
+        try:
+            value = json.loads(text)
+        except ValueError:
+            raise ValueError(f"{wrong}: {name} takes a JSON object such as {{\"key\": 1}}") from None
+        if not isinstance(value, dict):
+            raise ValueError(f"{wrong}: {name} takes a JSON object")
+        return value
+    if list in plain and ("," in text or str not in plain):
+        return [item.strip() for item in text.split(",") if item.strip()]
+    if str in plain:
+        return text
+    raise ValueError(f"{wrong}: {name} ({hint}) cannot be set from the command line")
+
+
+def parse_training_args(items: list[str] | None, *, reserved: dict[str, str] | None = None,
+                        option: str = "--training-arg") -> dict[str, Any]:
+    """``["gradient_accumulation_steps=2", "bf16=true", "report_to=tensorboard"]`` → ``{"gradient_accumulation_steps":
+    2, "bf16": True, "report_to": "tensorboard"}``: any field of ``SentenceTransformerTrainingArguments``, converted
+    to the field's type (``true``/``false``; whole numbers; numbers; a choice of the field's enum; ``none``; a JSON
+    object for a dict field; ``a,b`` for a list field). The result goes into :attr:`TrainConfig.extra_args`, where it
+    overrides the recipe's value.
+
+    Args:
+        items: ``KEY=VALUE`` strings.
+        reserved: fields that have their own option, field → option (e.g. ``{"learning_rate": "--lr"}``): refused
+            with that option's name.
+        option: the command-line option named in the error messages.
+
+    Returns:
+        The converted values by field name.
+
+    Raises:
+        ValueError: an item without ``=``, an unknown field (with the closest field's name), a field given twice or
+            reserved, or a value of the wrong type.
+
+    Example:
+        ::
+
+            >>> parse_training_args(["gradient_accumulation_steps=2", "save_strategy=steps"])
+            {'gradient_accumulation_steps': 2, 'save_strategy': 'steps'}
+    """
+    import dataclasses
+    import difflib
+    import typing
+
+    from sentence_transformers import SentenceTransformerTrainingArguments
+
+    fields = {f.name: f for f in dataclasses.fields(SentenceTransformerTrainingArguments) if f.init}
+    hints = typing.get_type_hints(SentenceTransformerTrainingArguments)
+    result: dict[str, Any] = {}
+    for item in items or []:
+        key, sep, raw = item.partition("=")
+        name = key.strip().replace("-", "_")
+        if not sep or not name:
+            raise ValueError(f"{option} expects KEY=VALUE, got {item!r}")
+        if name not in fields:
+            close = difflib.get_close_matches(name, list(fields), 1)
+            hint = f" (did you mean {close[0]}?)" if close else ""
+            raise ValueError(f"{option}: SentenceTransformerTrainingArguments has no field {name}{hint}")
+        if reserved and name in reserved:
+            raise ValueError(f"{option} {name}: set it with {reserved[name]}")
+        if name in result:
+            raise ValueError(f"{option} gives {name} twice; give it once")
+        result[name] = _convert_field(name, raw, hints[name], option)
+    return result
+
+
+def check_precision(extra_args: dict[str, Any]) -> dict[str, Any]:
+    """Check ``bf16`` / ``fp16`` of ``extra_args`` against this machine before any model loads; returns
+    ``extra_args``, with ``use_cpu=True`` added for ``bf16`` on a machine without a GPU (CPU autocast, which the
+    Trainer otherwise refuses with "Your setup doesn't support bf16/gpu").
+
+    Raises:
+        ValueError: ``bf16`` on a GPU without bfloat16 (or a CPU build of torch without it), ``fp16`` without a
+            CUDA GPU, or both.
+    """
+    import torch
+
+    bf16, fp16 = bool(extra_args.get("bf16")), bool(extra_args.get("fp16"))
+    if bf16 and fp16:
+        raise ValueError("bf16 and fp16 are exclusive: choose one")
+    cpu = bool(extra_args.get("use_cpu")) or not torch.cuda.is_available()
+    if bf16:
+        if not cpu and not torch.cuda.is_bf16_supported():
+            raise ValueError(f"bf16=true: this GPU ({torch.cuda.get_device_name()}) cannot compute in bfloat16; use "
+                             "fp16=true or neither")
+        if cpu:
+            from transformers.utils import is_torch_bf16_available_on_device
+
+            if not is_torch_bf16_available_on_device("cpu"):
+                raise ValueError("bf16=true: this machine has no GPU and torch cannot run bfloat16 on its CPU")
+            return {**extra_args, "use_cpu": True}
+    if fp16 and cpu:
+        raise ValueError("fp16=true needs a CUDA GPU and this run has none; use bf16=true on a CPU")
+    return extra_args
+
+
+def check_hub_access(extra_args: dict[str, Any]) -> None:
+    """``push_to_hub=True`` needs ``hub_model_id``, a token and the Hub within reach: checked before any model
+    loads (the Trainer would otherwise train for hours and fail at its first push).
+
+    Raises:
+        ValueError: no ``hub_model_id``, ``HF_HUB_OFFLINE`` set, no token, or the Hub not reachable with it.
+    """
+    if not extra_args.get("push_to_hub"):
+        if extra_args.get("hub_model_id"):
+            raise ValueError("hub_model_id is set but push_to_hub is not: add push_to_hub=true or drop hub_model_id")
+        return
+    if not extra_args.get("hub_model_id"):
+        raise ValueError("push_to_hub=true needs hub_model_id=USER/NAME: the repository to push to")
+    from huggingface_hub import constants, get_token
+
+    if constants.HF_HUB_OFFLINE:
+        raise ValueError("push_to_hub=true, but HF_HUB_OFFLINE is set: this run cannot reach the Hugging Face Hub")
+    token = extra_args.get("hub_token") or get_token()
+    if not token:
+        raise ValueError("push_to_hub=true needs a Hugging Face token: run `hf auth login`, set HF_TOKEN, or pass "
+                         "hub_token=...")
+    from huggingface_hub import HfApi
+
+    try:
+        HfApi().whoami(token=token)
+    except Exception as exc:  # no network, a revoked token: either way nothing could be pushed
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ValueError(f"push_to_hub=true, but the Hugging Face Hub does not answer with this token: {first}") \
+            from None
+
+
+def find_checkpoint(path: str, run: dict[str, Any] | None = None, option: str = "resume_from_checkpoint") -> str:
+    """The checkpoint folder to resume from: ``path`` itself (a folder with ``trainer_state.json``) or the latest
+    ``checkpoint-N`` inside it; with ``run`` (``{"loss": ..., "loss_args": ...}``), the checkpoint must have been
+    written by a run of the same loss and loss arguments (its :data:`CHECKPOINT_RUN_FILE`).
+
+    Raises:
+        ValueError: no such folder, no checkpoint in it, or a checkpoint of another loss or other loss arguments.
+    """
+    import json
+    from pathlib import Path
+
+    from transformers.trainer_utils import get_last_checkpoint
+
+    folder = Path(path).expanduser()
+    if not folder.is_dir():
+        raise ValueError(f"{option} {folder}: no such folder")
+    if not (folder / "trainer_state.json").is_file():
+        last = get_last_checkpoint(str(folder))
+        if last is None:
+            raise ValueError(f"{option} {folder} holds no checkpoint (no trainer_state.json, no checkpoint-N folder)")
+        folder = Path(last)
+    if run is not None:
+        info_file = folder / CHECKPOINT_RUN_FILE
+        if not info_file.is_file():
+            raise ValueError(f"{option} {folder} was not written by st-hardneg train (no {CHECKPOINT_RUN_FILE}): its "
+                             "loss is unknown")
+        saved = json.loads(info_file.read_text(encoding="utf-8"))
+        for key in ("loss", "loss_args"):
+            if json.dumps(saved.get(key), sort_keys=True) != json.dumps(run.get(key), sort_keys=True, default=str):
+                raise ValueError(f"{option} {folder} is a checkpoint of {key} {saved.get(key)!r}, this run trains "
+                                 f"{run.get(key)!r}: resume with the same loss and loss arguments")
+    return str(folder)

@@ -200,3 +200,47 @@ def check_loss_args(name: str, kwargs: dict[str, Any], option: str = "--loss-arg
                  for u in unknown]
         raise ValueError(f"{option}: loss {name!r} takes no argument {', '.join(hints)}; it takes "
                          f"{', '.join(accepted)}")
+
+
+#: the documentation site (built from ``docs/``); every link to it is made from this constant
+DOCS_URL = "https://st-hardneg.readthedocs.io/en/latest"
+#: the documentation page of each st-hardneg loss class, ``{DOCS_URL}/losses/{page}.html``
+LOSS_DOC_PAGES = {"MixCSELoss": "mixcse", "FocalInfoNCELoss": "focal", "HNCSELoss": "hncse",
+                  "AdversarialNegativesLoss": "adcse"}
+
+
+def loss_docs_url(loss: Any) -> str | None:
+    """The documentation page of ``loss`` (an instance or a class) when it is an st-hardneg loss, else ``None``."""
+    cls = loss if isinstance(loss, type) else type(loss)
+    page = LOSS_DOC_PAGES.get(cls.__name__)
+    return f"{DOCS_URL}/losses/{page}.html" if page and cls.__module__.startswith("st_hardneg.") else None
+
+
+def loss_call(name: str, kwargs: dict[str, Any] | None = None) -> str:
+    """The class call that builds the loss ``name`` of :data:`LOSSES` with ``kwargs``, as code: the factory's own
+    settings (e.g. MixCSE's :data:`MIXCSE_BENCHMARK_FORM`) written out, so the row of any table is reproduced from
+    the class alone.
+
+    Example:
+        ::
+
+            >>> loss_call("mixcse", {"lam": 0.3})
+            "MixCSELoss(model, directions=('query_to_doc', 'doc_to_query'), partition_mode='per_direction', lam=0.3)"
+    """
+    if name not in LOSSES:
+        raise ValueError(f"unknown loss {name!r}; choose from {', '.join(LOSSES)}")
+    kwargs = dict(kwargs or {})
+    preset: dict[str, Any] = {}
+    if name == "mixcse" and "directions" not in kwargs and kwargs.get("layout", "paper") == "paper":
+        preset = dict(MIXCSE_BENCHMARK_FORM)
+    elif name.startswith("hncse"):
+        preset = {"mode": {"hncse_pm": "pm", "hncse_hnm": "hnm", "hncse": "both"}[name]}
+    elif name == "mnrl_queue":
+        preset = {"num_adversaries": 0, "untied": False, "mask_duplicates": False}
+    elif name == "mnrl_hardness":
+        preset = {"hardness_mode": "in_batch_negatives", "hardness_strength": 9.0}
+    if name.startswith("mnrl") and name != "mnrl_queue":
+        preset["scale"] = 1.0 / float(kwargs.pop("temperature", 0.05))
+    merged = {**preset, **kwargs}
+    arguments = "".join(f", {key}={value!r}" for key, value in merged.items())
+    return f"{_loss_class(name).__name__}(model{arguments})"
