@@ -285,7 +285,7 @@ __all__ = [
     "MAX_LOGIT", "check_bool", "check_choice", "check_count", "check_focal_margin_range", "check_guide",
     "check_momentum", "check_non_negative",
     "check_number", "check_optional_count", "check_optional_non_negative", "check_seed", "check_temperature", "check_unit_interval", "check_weight_or_callable",
-    "check_weights_tensor",
+    "check_weights_tensor", "check_known_positives",
 ]
 
 
@@ -312,4 +312,40 @@ def check_relevant_docs(relevant_docs: Any, name: str = "relevant_docs") -> dict
         if bad is not None:
             raise TypeError(f"{name}[{query!r}] holds {bad!r} ({type(bad).__name__}); document ids are strings")
         out[query] = ids
+    return out
+
+
+def check_known_positives(mapping: Any, name: str = "known_positives") -> dict[str, frozenset[str]]:
+    """``{anchor text: frozenset of texts known to be relevant to it}`` from a mapping of strings to collections of
+    strings (:mod:`st_hardneg.data.relevance` builds one from BEIR qrels or a group column). An anchor listed with no
+    text is dropped; an empty mapping warns (nothing can be masked) and returns ``{}``.
+
+    Raises:
+        TypeError: ``mapping`` is not a mapping, a key is not a string, a value is a string (it would be read as its
+            characters) or not a collection, or holds a non-string; the message names the entry.
+    """
+    if not isinstance(mapping, Mapping):
+        raise TypeError(f"{name} must map anchor texts to sets of texts known to be relevant to them, got "
+                        f"{type(mapping).__name__}")
+    out: dict[str, frozenset[str]] = {}
+    for anchor, texts in mapping.items():
+        if not isinstance(anchor, str):
+            raise TypeError(f"{name} has the key {anchor!r} ({type(anchor).__name__}); its keys are anchor texts "
+                            "(strings): translate ids to texts first, e.g. with "
+                            "st_hardneg.data.relevance.known_positives_from_qrels")
+        if isinstance(texts, str | bytes):
+            raise TypeError(f"{name}[{anchor[:60]!r}] is the string {texts[:60]!r}, not a set of texts: a string would "
+                            f"be read as its characters; write {{{texts[:60]!r}}}")
+        if isinstance(texts, Mapping) or not isinstance(texts, Iterable):
+            raise TypeError(f"{name}[{anchor[:60]!r}] must be a set (or list) of texts, got {type(texts).__name__}")
+        values = frozenset(texts)
+        bad = next((text for text in values if not isinstance(text, str)), None)
+        if bad is not None:
+            raise TypeError(f"{name}[{anchor[:60]!r}] holds {bad!r} ({type(bad).__name__}); the relevant texts are "
+                            "strings")
+        if values:
+            out[anchor] = out.get(anchor, frozenset()) | values
+    if not out:
+        warnings.warn(f"{name} is empty: no candidate can be masked as known-relevant, the loss is the loss without it",
+                      UserWarning, stacklevel=3)
     return out

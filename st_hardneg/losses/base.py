@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import logging
 import warnings
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Literal, NamedTuple, TypedDict, TypeVar, cast
 
 import torch
@@ -28,6 +28,7 @@ from st_hardneg.losses.batch import Batch, SideInputs, column_name
 from st_hardneg.losses.gradcache import GradCacheMixin, check_cacheable_model
 from st_hardneg.losses.model_guard import ModelGuard
 from st_hardneg.losses.queue import CandidateQueue
+from st_hardneg.losses.relevance import KnownPositives
 
 __all__ = ["HardNegativeLoss", "LossOptions", "float32_loss"]
 
@@ -49,6 +50,7 @@ class LossOptions(TypedDict, total=False):
     hardness_strength: float
     seed: int | None
     mask_duplicates: bool
+    known_positives: Mapping[str, Any] | KnownPositives | None
     margin: float | None
     margin_strategy: Literal["absolute", "relative"]
     contrast_anchors: bool | None
@@ -105,7 +107,8 @@ def _combine_chunk_stats(pieces: list[tuple[int, dict[str, Tensor]]]) -> dict[st
         else:
             # a chunk without the masked counts had nothing masked (they are reported from the first masked entry
             # on): it counts as 0 over its rows
-            weight = rows if key == "masked_false_negatives" else (sum(n for n, _ in values) or rows)
+            weight = rows if key in ("masked_false_negatives", "masked_known_positives") else (
+                sum(n for n, _ in values) or rows)
             out[key] = sum((v.double().cpu() * n for n, v in values), torch.zeros((), dtype=torch.float64)) / weight
     return out
 
@@ -186,6 +189,23 @@ class HardNegativeLoss(ModelGuard, GradCacheMixin, nn.Module):
             (mixing partners, top-k pools). The positive itself is never masked (unsupervised ``(sentence,
             sentence)`` pairs are fine). Default on (sentence-transformers has no such mask: ``False`` for its exact
             behaviour on data with duplicates).
+        known_positives: false-negative control from the relevance the data already has: a mapping from anchor text
+            to the texts known to be relevant to it (built from BEIR qrels with
+            :func:`st_hardneg.data.relevance.known_positives_from_qrels`, or from a group column with
+            ``known_positives_from_groups``; the same mapping mining excludes), or a prebuilt
+            :class:`~st_hardneg.losses.relevance.KnownPositives`. Every in-batch, gathered or queued candidate the
+            mapping marks relevant to anchor ``i`` (its own positive aside) leaves row ``i``'s denominator and every
+            hard-negative choice (mixing partners, top-k pools, HNCSE's pairs), before any of them is made; in
+            ``query_to_query`` / ``doc_to_doc`` (and the contrast blocks) likewise the anchors and documents marked
+            relevant to anchor ``i``. A candidate masked for several reasons (duplicate, margin, mapping) is masked
+            once. The texts are matched by the hash of their token ids (as ``mask_duplicates`` does): the mapping's
+            texts are tokenised once, here, with the model's ``preprocess`` (O(mapping) memory, no N × corpus
+            table), so the loss must be called through ``forward`` (or given ``text_keys`` with
+            :meth:`set_false_negative_inputs`), and a training prompt must be part of the mapping's texts.
+            :attr:`diagnostics` reports ``masked_known_positives`` (per anchor, mean) and
+            ``masked_known_positives_total`` (with a queue also ``queue_known_positives_masked_total``), besides the
+            union of every reason in ``masked_false_negatives_total``. ``None`` (default): off; an empty mapping
+            warns and is the loss without it; a batch whose rows all lose every negative is refused (see ``margin``).
         margin: GISTEmbedLoss's false-negative filter: ``None`` (off; ``0.0`` when a guide is given) or a margin >= 0:
             mask every candidate whose similarity to the anchor exceeds the positive's similarity minus the margin
             (``margin_strategy="absolute"``) or minus ``|positive similarity|·margin`` (``"relative"``), judged by
@@ -289,7 +309,7 @@ class HardNegativeLoss(ModelGuard, GradCacheMixin, nn.Module):
                  directions: tuple[fr.Direction, ...] = ("query_to_doc",),
                  partition_mode: fr.PartitionMode = "joint", hardness_mode: fr.HardnessMode | None = None,
                  hardness_strength: float = 0.0, seed: int | None = None, mask_duplicates: bool = True,
-                 margin: float | None = None, margin_strategy: Literal["absolute", "relative"] = "absolute",
+                 known_positives: Mapping[str, Any] | KnownPositives | None = None, margin: float | None = None, margin_strategy: Literal["absolute", "relative"] = "absolute",
                  contrast_anchors: bool | None = None, contrast_positives: bool | None = None,
                  gather_across_devices: bool = False, mini_batch_size: int | None = None,
                  mini_batch_num_tokens: int | None = None, show_progress_bar: bool = False,
@@ -339,6 +359,7 @@ class HardNegativeLoss(ModelGuard, GradCacheMixin, nn.Module):
             check_cacheable_model(model, name)
         # false-negative control (the mask: st_hardneg.losses.false_negatives)
         self.mask_duplicates = validation.check_bool(mask_duplicates, "mask_duplicates")
+        self.known_positives = self._known_positives_index(known_positives, model)
         if margin is None and guide is not None:
             margin = 0.0  # GISTEmbedLoss: a guide alone masks every candidate it finds closer than the positive
         self.margin = validation.check_optional_non_negative(margin, "margin")
@@ -427,6 +448,24 @@ class HardNegativeLoss(ModelGuard, GradCacheMixin, nn.Module):
                 logger.info("%s: the queued rows join query_to_doc only; queue_anchors=True also queues the anchors "
                             "for doc_to_query", name)
 
+    def _known_positives_index(self, known_positives: Any, model: Any) -> KnownPositives | None:
+        """The index of ``known_positives`` (``None``: off, also for an empty mapping, which warns)."""
+        if known_positives is None or isinstance(known_positives, KnownPositives):
+            return known_positives
+        name = type(self).__name__
+        if not isinstance(known_positives, Mapping):
+            raise TypeError(f"{name}: known_positives must map anchor texts to the texts known to be relevant to them "
+                            f"(st_hardneg.data.relevance.known_positives_from_qrels builds one), got "
+                            f"{type(known_positives).__name__}")
+        if not validation.check_known_positives(known_positives):
+            return None
+        preprocess = getattr(model, "preprocess", None)
+        if not callable(preprocess):
+            raise ValueError(f"{name}: known_positives are texts, tokenised with the model's preprocess to match the "
+                             f"batch's token ids; the model {type(model).__name__} has none (pass a "
+                             "st_hardneg.losses.relevance.KnownPositives built from text keys instead)")
+        return KnownPositives.from_mapping(known_positives, preprocess)
+
     def cosine_only_reason(self) -> str | None:
         """Why this loss's equation needs cosine similarities (then ``similarity_fct=dot_score`` is rejected), or
         ``None`` if it works with both. Called by the constructor before the loss's own arguments are set."""
@@ -461,8 +500,8 @@ class HardNegativeLoss(ModelGuard, GradCacheMixin, nn.Module):
 
     @property
     def controls_false_negatives(self) -> bool:
-        """Whether any candidate can be masked (``mask_duplicates`` or a ``margin``)."""
-        return self.mask_duplicates or self.margin is not None
+        """Whether any candidate can be masked (``mask_duplicates``, ``known_positives`` or a ``margin``)."""
+        return self.mask_duplicates or self.margin is not None or self.known_positives is not None
 
     def check_logit_range(self, max_abs_similarity: float) -> None:
         """Raise if ``max_abs_similarity / temperature`` overflows (e.g. ``1 + m`` for Focal-InfoNCE logits)."""
@@ -487,7 +526,8 @@ class HardNegativeLoss(ModelGuard, GradCacheMixin, nn.Module):
         candidate columns for the next :meth:`prepare_batch`. Returns the features as a list."""
         sentence_features = list(sentence_features)
         self._side_inputs = false_negatives.side_inputs(
-            sentence_features, mask_duplicates=self.mask_duplicates, guide=self.guide, model=self.model,
+            sentence_features, mask_duplicates=self.mask_duplicates or self.known_positives is not None,
+            guide=self.guide, model=self.model,
             retokenize=self._must_retokenize)
         self._queue_key_columns = None
         if self.queue is not None and self.queue.key_encoder is not None and torch.is_grad_enabled():
@@ -587,8 +627,8 @@ class HardNegativeLoss(ModelGuard, GradCacheMixin, nn.Module):
         per-chunk cost): only duplicates are masked (no ``margin``), the loss's blocks are ``query_to_doc`` and at
         most ``doc_to_query`` (its mask is the transposed in-batch part of the first), and no two candidates share an
         embedding id or a text key. Decided once per batch (kept on it)."""
-        if not self.mask_duplicates or self.margin is not None or not set(self.blocks) <= {"query_to_doc",
-                                                                                              "doc_to_query"}:
+        if (not self.mask_duplicates or self.margin is not None or self.known_positives is not None
+                or not set(self.blocks) <= {"query_to_doc", "doc_to_query"}):
             return False
         cached = batch.nothing_to_mask
         if cached is None:
@@ -684,9 +724,17 @@ class HardNegativeLoss(ModelGuard, GradCacheMixin, nn.Module):
         self._false_negative_stats = {}
         if not self.controls_false_negatives:
             return batch
-        return false_negatives.attach_side_inputs(
+        batch = false_negatives.attach_side_inputs(
             batch, inputs, len(embeddings), needs_guide=self.guide is not None,
             gathered=self._local_rows is not None, loss_name=type(self).__name__)
+        if self.known_positives is not None and batch.device.type != "meta":
+            if batch.text_keys is None:
+                raise ValueError(f"{name}: known_positives needs the rows' texts (their token ids), which only forward() "
+                                 "sees; call the loss through forward() / the Trainer, or pass text_keys with "
+                                 "set_false_negative_inputs() before compute_loss_from_embeddings()")
+            batch.known = self.known_positives
+            self.known_positives.note_batch(batch.text_keys[0], name)
+        return batch
 
     def _check_finite(self, column: Tensor, index: int) -> None:
         if column.device.type == "meta":
@@ -819,6 +867,15 @@ class HardNegativeLoss(ModelGuard, GradCacheMixin, nn.Module):
             own = batch.text_keys[:2, start:stop].to(rows.device)  # anchor and positive keys, (2, R)
             exclude = ((own[0].unsqueeze(1) == keys.unsqueeze(0)) | (own[1].unsqueeze(1) == keys.unsqueeze(0)))
             exclude &= known.unsqueeze(0)
+        if self.known_positives is not None and batch.text_keys is not None:
+            start, stop = batch.row_range
+            if queue is self.queue:  # queued documents known to be relevant to the row's anchor
+                known = self.known_positives.mask(batch.text_keys[0, start:stop].to(rows.device), keys.to(rows.device))
+            else:  # queued anchors to which the row's positive is known to be relevant (doc_to_query)
+                known = self.known_positives.mask(keys.to(rows.device), batch.text_keys[1, start:stop].to(rows.device)).T
+            exclude = known if exclude is None else exclude | known
+            key = "queue_known_positives_masked_total" if queue is self.queue else "anchor_queue_known_positives_masked_total"
+            self._queue_stats = {**self._queue_stats, key: known.sum().float()}
         if self.margin is not None:
             cosines = unit_rows.detach() @ (fn.normalize(vectors) if dot else vectors).T
             positive = (batch.row_anchors.detach() * batch.row_positives.detach()).sum(dim=1, keepdim=True)
@@ -858,7 +915,7 @@ class HardNegativeLoss(ModelGuard, GradCacheMixin, nn.Module):
             similarity, exclude = self._queue_columns
             self._queue_columns = None
             blocks = {**blocks, "query_to_doc": blocks["query_to_doc"].with_columns(similarity, exclude)}
-            self._queue_stats = {"queue_rows_read": torch.tensor(float(similarity.size(1))),
+            self._queue_stats = {**self._queue_stats, "queue_rows_read": torch.tensor(float(similarity.size(1))),
                                  **({"queue_rows_masked": exclude.sum(dim=1).float().mean().detach()}
                                     if exclude is not None else {})}
             self._last_stats = {**self._last_stats, **self._queue_stats}  # whether stats come before or after
@@ -965,8 +1022,10 @@ class HardNegativeLoss(ModelGuard, GradCacheMixin, nn.Module):
         causes = []
         if count_empty:
             causes.append(f"{count_empty} of {n} rows of a batch have no negative left (every candidate was masked as a "
-                          "false negative, or the batch repeats one text; check margin / mask_duplicates and the data, "
-                          "e.g. BatchSamplers.NO_DUPLICATES)")
+                          "false negative, or the batch repeats one text; check margin / mask_duplicates"
+                          + (" / known_positives (the mapping marks every candidate of these rows relevant)"
+                             if self.known_positives is not None else "")
+                          + " and the data, e.g. BatchSamplers.NO_DUPLICATES)")
         if count_zero:
             causes.append(f"{count_zero} of {n} rows have an anchor or positive embedding of norm below "
                           f"{fn.NORM_EPS:g} (no direction to rank; a collapsed or broken model?)")
@@ -1163,7 +1222,9 @@ class HardNegativeLoss(ModelGuard, GradCacheMixin, nn.Module):
                   "similarity_fct": self.similarity_fct_name, "directions": self.directions,
                   "partition_mode": self.partition_mode, "hardness_mode": self.hardness_mode,
                   "hardness_strength": self.hardness_strength, "seed": self.seed,
-                  "mask_duplicates": self.mask_duplicates, "margin": self.margin,
+                  "mask_duplicates": self.mask_duplicates,
+                  **({"known_positives": self.known_positives.num_pairs} if self.known_positives is not None else {}),
+                  "margin": self.margin,
                   "margin_strategy": self.margin_strategy, "contrast_anchors": self.contrast_anchors,
                   "contrast_positives": self.contrast_positives}
         if self.queue_size:

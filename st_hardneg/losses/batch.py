@@ -8,9 +8,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
+
+if TYPE_CHECKING:
+    from st_hardneg.losses.relevance import KnownPositives
 
 __all__ = ["Batch", "SideInputs", "column_name", "text_keys"]
 
@@ -51,6 +55,9 @@ class Batch:
     #: the batch before the loss replaced some of its rows (HNCSE's mixed positives): false negatives are judged
     #: on it (duplicates and the margin without a guide), as before the replacement
     unmixed: Batch | None = None
+    #: the loss's ``known_positives`` index: a candidate whose text key it pairs with anchor ``i``'s is masked
+    #: (needs :attr:`text_keys`)
+    known: KnownPositives | None = None
 
     @property
     def judged(self) -> Batch:

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from sentence_transformers import SentenceTransformer
 
 __all__ = ["attach_side_inputs", "block_masks", "candidate_mask", "duplicate_ids", "false_negative_mask",
-           "guide_embeddings", "side_inputs"]
+           "guide_embeddings", "known_mask", "side_inputs"]
 
 
 def side_inputs(sentence_features: list[dict[str, Tensor]], *, mask_duplicates: bool, guide: SentenceTransformer | None,
@@ -112,18 +112,38 @@ def _thresholds(source: Batch, start: int, stop: int, margin: float, margin_stra
     return positive - margin if margin_strategy == "absolute" else positive - positive.abs() * margin
 
 
+def known_mask(batch: Batch, anchors: tuple[int, int], columns: tuple[int, int]) -> Tensor | None:
+    """(A, K) bool: True where candidate ``c`` (``columns`` of ``batch.candidates``) is known to be relevant to anchor
+    ``i`` (``anchors``) by the loss's ``known_positives`` (``batch.known``, judged on the text keys), the anchor's own
+    positive left out; ``None`` when the batch has no such index or no text keys."""
+    if batch.known is None or batch.text_keys is None:
+        return None
+    i0, i1 = anchors
+    c0, c1 = columns
+    keys = batch.text_keys
+    mask = batch.known.mask(keys[0, i0:i1], keys[1:].reshape(-1)[c0:c1])
+    low, high = max(i0, c0), min(i1, c1)
+    if low < high:
+        step = torch.arange(high - low, device=mask.device)
+        mask[step + (low - i0), step + (low - c0)] = False
+    return mask.to(batch.device)
+
+
 @torch.no_grad()
 def candidate_mask(batch: Batch, anchors: tuple[int, int], columns: tuple[int, int], *, mask_duplicates: bool,
-                   margin: float | None, margin_strategy: str = "absolute") -> Tensor:
+                   margin: float | None, margin_strategy: str = "absolute", known: Tensor | None = None) -> Tensor:
     """(A, K) bool: True where candidate ``c`` (``batch.candidates`` order, ``columns`` = ``[c0, c1)``) is a masked
     false negative of anchor ``i`` (``anchors`` = ``[i0, i1)``): it duplicates the anchor's positive (embedding, or
     text when ``batch.text_keys`` is set), or (``margin``) it scores above the anchor's threshold (in the guide's
-    embeddings when ``batch.guide`` is set, else in the batch's own, detached). A positive is never masked for its
-    own anchor."""
+    embeddings when ``batch.guide`` is set, else in the batch's own, detached), or the loss's ``known_positives``
+    mark it relevant to the anchor (:func:`known_mask`; ``known``: that mask, when the caller computed it already).
+    A positive is never masked for its own anchor."""
     i0, i1 = anchors
     c0, c1 = columns
     n = batch.size
-    mask = torch.zeros(i1 - i0, c1 - c0, dtype=torch.bool, device=batch.device)
+    mask = known.clone() if known is not None else known_mask(batch, anchors, columns)
+    if mask is None:
+        mask = torch.zeros(i1 - i0, c1 - c0, dtype=torch.bool, device=batch.device)
     if mask_duplicates:
         ids = duplicate_ids(batch)
         if ids is not None:
@@ -158,13 +178,23 @@ def false_negative_mask(batch: Batch, *, mask_duplicates: bool, margin: float | 
       ``sim(i, c) > sim(i, i) - |sim(i, i)|·margin`` (``"relative"``), with ``sim`` the cosines of ``batch.guide``
       when set, else of the batch itself (detached).
 
-    The positive column ``c == i`` is never masked. ``stats``: ``masked_false_negatives`` (masked candidates per
-    anchor, mean) and ``masked_false_negatives_total``.
+    - ``known_positives`` (``batch.known``): the loss's mapping marks it relevant to the anchor (:func:`known_mask`).
+
+    A candidate masked for several reasons is masked once. The positive column ``c == i`` is never masked.
+    ``stats``: ``masked_false_negatives`` (masked candidates per anchor, mean) and ``masked_false_negatives_total``
+    (every reason); with ``known_positives`` also ``masked_known_positives`` / ``masked_known_positives_total``, the
+    candidates the mapping marked (whether or not a duplicate or the margin masked them too).
     """
-    mask = candidate_mask(batch, batch.row_range, (0, batch.candidates.size(0)), mask_duplicates=mask_duplicates,
-                          margin=margin, margin_strategy=margin_strategy)
+    columns = (0, batch.candidates.size(0))
+    known = known_mask(batch, batch.row_range, columns)
+    mask = candidate_mask(batch, batch.row_range, columns, mask_duplicates=mask_duplicates,
+                          margin=margin, margin_strategy=margin_strategy, known=known)
     count = mask.sum(dim=1).float()
-    return mask, {"masked_false_negatives": count.mean(), "masked_false_negatives_total": count.sum()}
+    stats = {"masked_false_negatives": count.mean(), "masked_false_negatives_total": count.sum()}
+    if known is not None:
+        marked = known.sum(dim=1).float()
+        stats.update(masked_known_positives=marked.mean(), masked_known_positives_total=marked.sum())
+    return mask, stats
 
 
 @torch.no_grad()
@@ -208,6 +238,8 @@ def block_masks(batch: Batch, names: set[str] | frozenset[str], *, mask_duplicat
                      | (keys[1, start:stop].unsqueeze(1) == keys[0].unsqueeze(0)))
         if threshold is not None:
             mask |= source.anchors[start:stop].detach() @ source.anchors.detach().T > threshold
+        if batch.known is not None and keys is not None:  # another anchor known to be relevant to anchor i
+            mask |= batch.known.mask(keys[0, start:stop], keys[0]).to(mask.device)
         for name in ("query_to_query", "anchor_to_anchor"):
             if name in names:
                 masks[name] = mask
@@ -221,6 +253,9 @@ def block_masks(batch: Batch, names: set[str] | frozenset[str], *, mask_duplicat
             mask |= keys[1, start:stop].unsqueeze(1) == keys[1:].reshape(-1).unsqueeze(0)
         if threshold is not None:
             mask |= source.positives[start:stop].detach() @ source.candidates.detach().T > threshold
+        known = known_mask(batch, (start, stop), (0, candidates.size(0)))
+        if known is not None:  # a document known to be relevant to pair i's anchor
+            mask |= known
         if "doc_to_doc" in names:
             masks["doc_to_doc"] = mask
         if "positive_to_positive" in names:

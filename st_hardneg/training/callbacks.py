@@ -216,17 +216,28 @@ class FalseNegativeLog(TrainerCallback):
         self.loss = loss
         #: masked candidates of each optimizer step's last batch
         self.per_step: list[float] = []
+        #: of those, the candidates the loss's ``known_positives`` marked (0 without the argument)
+        self.known_per_step: list[float] = []
 
     def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                     **kwargs: Any) -> None:
-        self.per_step.append(float(cast(Any, self.loss).diagnostics.get("masked_false_negatives_total", 0.0)))
+        diagnostics = cast(Any, self.loss).diagnostics
+        self.per_step.append(float(diagnostics.get("masked_false_negatives_total", 0.0)))
+        self.known_per_step.append(float(diagnostics.get("masked_known_positives_total", 0.0)))
 
     def summary(self) -> dict[str, float | int]:
-        """``steps``, ``masked_total``, ``masked_per_batch`` (mean over steps) and ``batches_with_any``."""
+        """``steps``, ``masked_total``, ``masked_per_batch`` (mean over steps) and ``batches_with_any``; with a loss
+        that has ``known_positives`` also ``known_masked_total`` and ``known_masked_per_batch``, the candidates its
+        mapping marked (part of ``masked_total``, which counts a candidate masked for several reasons once)."""
         steps = len(self.per_step)
         total = sum(self.per_step)
-        return {"steps": steps, "masked_total": total, "masked_per_batch": total / steps if steps else 0.0,
-                "batches_with_any": sum(1 for value in self.per_step if value > 0)}
+        summary: dict[str, float | int] = {
+            "steps": steps, "masked_total": total, "masked_per_batch": total / steps if steps else 0.0,
+            "batches_with_any": sum(1 for value in self.per_step if value > 0)}
+        if getattr(self.loss, "known_positives", None) is not None:
+            known = sum(self.known_per_step)
+            summary.update(known_masked_total=known, known_masked_per_batch=known / steps if steps else 0.0)
+        return summary
 
 
 # --------------------------------------------------------------------------- the training recipe's own
