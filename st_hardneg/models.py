@@ -331,7 +331,9 @@ def resolve_model(name_or_path: str | Path | None, pooling: str = "cls", max_seq
         saved: what to do with a saved SentenceTransformer directory (one with ``modules.json``): ``"rebuild"``
             takes its encoder and adds a fresh pooling (for training, :func:`load_model`); ``"as_is"`` loads it
             with its own modules (for evaluation, :func:`load_checkpoint`; a training checkpoint with the train-only
-            MLP head loads too, the head being inactive in evaluation).
+            MLP head loads too, the head being inactive in evaluation). With ``"as_is"`` the embedded default is
+            all-MiniLM-L6-v2 as published (mean pooling + Normalize), and a Hub name whose snapshot is in the local
+            Hugging Face cache with a ``modules.json`` loads as saved too (:func:`saved_model_dir`).
 
     Raises:
         FileNotFoundError: a path (``/…``, ``./…``, ``~…``) that does not exist.
@@ -340,12 +342,52 @@ def resolve_model(name_or_path: str | Path | None, pooling: str = "cls", max_seq
     if saved not in ("rebuild", "as_is"):
         raise ValueError(f"saved must be 'rebuild' or 'as_is', got {saved!r}")
     if name_or_path in (None, "", "default"):
+        if saved == "as_is":  # the model as published: its own mean pooling and normalisation
+            model = load_checkpoint(default_model_path(), device=device)
+            model.model_card_data.base_model = f"sentence-transformers/{DEFAULT_MODEL_NAME}"
+            return model
         return load_default_model(pooling=pooling, max_seq_length=max_seq_length, device=device, mlp_head=mlp_head)
     _check_local_path(name_or_path)
-    if saved == "as_is" and (Path(str(name_or_path)).expanduser() / "modules.json").is_file():
-        return load_checkpoint(Path(str(name_or_path)).expanduser(), device=device)
+    if saved == "as_is":
+        saved_dir = saved_model_dir(name_or_path)
+        if saved_dir is not None:
+            return load_checkpoint(saved_dir, device=device)
     return load_model(name_or_path, pooling=pooling, max_seq_length=max_seq_length, device=device,
                       mlp_head=mlp_head)
+
+
+def saved_model_dir(name_or_path: str | Path) -> Path | None:
+    """The folder of a saved SentenceTransformer (one with ``modules.json``): ``name_or_path`` itself, or a Hub
+    name's snapshot in the local Hugging Face cache (nothing is downloaded); ``None`` when it is not one."""
+    local = Path(str(name_or_path)).expanduser()
+    if local.is_dir():
+        return local if (local / "modules.json").is_file() else None
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        cached = try_to_load_from_cache(str(name_or_path), "modules.json")
+    except Exception:  # an id the Hub would refuse (e.g. two slashes) is not in the cache either
+        return None
+    return Path(cached).parent if isinstance(cached, str) else None
+
+
+def module_stack(model: SentenceTransformer) -> str:
+    """One line naming the modules evaluated, e.g. ``Transformer(BertModel, 256 tokens) -> Pooling(mean) ->
+    Normalize``."""
+    parts = []
+    for module in model:
+        name = type(module).__name__
+        config = cast(Any, module).get_config_dict() if hasattr(module, "get_config_dict") else {}
+        if name == "Transformer":
+            arch = config.get("architecture") or type(getattr(module, "auto_model", module)).__name__
+            parts.append(f"{name}({arch}, {getattr(module, 'max_seq_length', '?')} tokens)")
+        elif name == "Pooling":
+            parts.append(f"{name}({config.get('pooling_mode', '?')})")
+        elif "out_features" in config:
+            parts.append(f"{name}({config.get('in_features')}->{config['out_features']})")
+        else:
+            parts.append(name)
+    return " -> ".join(parts)
 
 
 def weights_digest(model: SentenceTransformer) -> str:

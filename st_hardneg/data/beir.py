@@ -8,7 +8,8 @@ The BEIR layout (Thakur et al., 2021), which ``beir``'s ``GenericDataLoader`` an
 
 A document's text is its title and text joined by a space (``"title text"``, stripped), exactly the string mteb
 encodes for a retrieval corpus, so :mod:`st_hardneg.evaluation`'s scores and mteb's are computed on the same inputs.
-A judgement with score > 0 makes a document relevant (BEIR's and mteb's rule).
+A judgement with score > 0 makes a document relevant (BEIR's and mteb's rule); the scores are kept as graded
+relevance (``GradedRetrievalTask.qrels``), which nDCG uses as gains, as mteb does. Scores must be non-negative integers.
 
 :func:`beir_retrieval` splits a folder into what a benchmark needs:
 
@@ -38,7 +39,7 @@ from typing import Any
 from st_hardneg.data.mrpc import RetrievalTask
 from st_hardneg.data.senteval import DataNotFoundError
 
-__all__ = ["BEIRData", "BEIRFormatError", "BEIRRetrieval", "beir_retrieval", "load_beir"]
+__all__ = ["BEIRData", "BEIRFormatError", "BEIRRetrieval", "GradedRetrievalTask", "beir_retrieval", "load_beir"]
 
 logger = logging.getLogger(__name__)
 
@@ -50,6 +51,19 @@ QRELS_HEADER = ("query-id", "corpus-id", "score")
 
 class BEIRFormatError(ValueError):
     """A BEIR file that does not follow the layout; the message names the file and line."""
+
+
+@dataclass
+class GradedRetrievalTask(RetrievalTask):
+    """A :class:`~st_hardneg.data.mrpc.RetrievalTask` that keeps the judgements' grades.
+
+    Attributes:
+        qrels: query id → document id → grade (non-negative integer) of the task's queries, as in the qrels file;
+            :func:`st_hardneg.evaluation.retrieval.evaluate_beir` scores nDCG with these gains (mteb's rule).
+            ``relevant_docs`` holds the ids whose grade is > 0.
+    """
+
+    qrels: dict[str, dict[str, int]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -98,8 +112,9 @@ class BEIRData:
         """``split``'s queries (those with a relevant document) against the whole corpus, as a
         :class:`~st_hardneg.data.mrpc.RetrievalTask` (named ``"<name>-<split>"`` by default)."""
         relevant = self.relevant(split)
-        return RetrievalTask(name=name or f"{self.name}-{split}", queries={q: self.queries[q] for q in relevant},
-                             corpus=dict(self.corpus), relevant_docs=relevant)
+        return GradedRetrievalTask(name=name or f"{self.name}-{split}",
+                                   queries={q: self.queries[q] for q in relevant}, corpus=dict(self.corpus),
+                                   relevant_docs=relevant, qrels={q: dict(self.qrels[split][q]) for q in relevant})
 
     def files(self) -> list[Path]:
         """The files read: corpus, queries, then the qrels of each split."""
@@ -216,7 +231,11 @@ def _read_qrels(path: Path, corpus: dict[str, str], queries: dict[str, str]) -> 
             try:
                 score = int(raw)
             except ValueError:
-                raise BEIRFormatError(f"{_where(path, number)}: the score must be an integer, got {raw!r}") from None
+                raise BEIRFormatError(f"{_where(path, number)}: the score must be an integer, got {raw!r} (a grade: "
+                                      "0 = not relevant, 1, 2 … = relevant)") from None
+            if score < 0:
+                raise BEIRFormatError(f"{_where(path, number)}: the score must be a non-negative integer grade, got "
+                                      f"{raw!r}")
             if query not in queries:
                 raise BEIRFormatError(f"{_where(path, number)}: query id {query!r} is not in queries.jsonl")
             if doc not in corpus:
@@ -313,8 +332,9 @@ def beir_retrieval(data: BEIRData | str | Path, *, eval_split: str = "test", tra
     dev_ids = [q for q in ordered if data.queries[q] not in test_texts][:want]
     dev_task = None
     if dev_ids:
-        dev_task = RetrievalTask(name=f"{data.name}-dev", queries={q: data.queries[q] for q in sorted(dev_ids)},
-                                 corpus=dict(data.corpus), relevant_docs={q: train_relevant[q] for q in dev_ids})
+        dev_task = GradedRetrievalTask(name=f"{data.name}-dev", queries={q: data.queries[q] for q in sorted(dev_ids)},
+                                       corpus=dict(data.corpus), relevant_docs={q: train_relevant[q] for q in dev_ids},
+                                       qrels={q: dict(data.qrels[train_split][q]) for q in dev_ids})
     held_out = test_texts | {data.queries[q] for q in dev_ids}
     pairs: list[tuple[str, str]] = []
     known: dict[str, set[str]] = {}

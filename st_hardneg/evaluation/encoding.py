@@ -102,7 +102,7 @@ def check_embeddings(embeddings: np.ndarray, what: str = "the evaluated sentence
 
 def encode_unique(
     model: SentenceTransformer, sentences: Iterable[str], batch_size: int = 64, show_progress_bar: bool = False,
-    whole: bool = True, check: bool = True,
+    whole: bool = True, check: bool = True, role: str | None = None, prompt_name: str | None = None,
 ) -> dict[str, np.ndarray]:
     """Encode each distinct sentence once; returns ``{sentence: float32 embedding}``.
 
@@ -113,11 +113,23 @@ def encode_unique(
         show_progress_bar: show ST's progress bar.
         whole: encode at the model's full length (see :func:`full_length`); ``False`` keeps ``max_seq_length``.
         check: refuse degenerate embeddings (see :func:`check_embeddings`).
+        role: ``"query"`` or ``"document"`` encodes with ``model.encode_query`` / ``model.encode_document`` (their
+            default prompt and Router task, as mteb encodes a retrieval task); ``None`` = ``model.encode``.
+        prompt_name: a prompt of ``model.prompts`` to prepend (``None``: the method's default).
 
     Raises:
         DegenerateEmbeddingsError: with ``check``, the embeddings are non-finite, zero or collapsed (see
             :func:`check_embeddings`).
+        ValueError: an unknown ``role``, or a ``prompt_name`` the model does not define.
     """
+    if role not in (None, "query", "document"):
+        raise ValueError(f"role must be 'query', 'document' or None, got {role!r}")
+    prompts = getattr(model, "prompts", None) or {}
+    if prompt_name is not None and prompt_name not in prompts:
+        raise ValueError(f"prompt_name {prompt_name!r} is not a prompt of the model; its prompts are "
+                         f"{sorted(prompts) or 'none'}")
+    encode = {None: model.encode, "query": getattr(model, "encode_query", model.encode),
+              "document": getattr(model, "encode_document", model.encode)}[role]
     unique = list(dict.fromkeys(sentences))
     if not unique:
         return {}
@@ -125,8 +137,9 @@ def encode_unique(
     context = full_length(model) if whole else _nullcontext()
     try:
         with context:
-            embeddings = model.encode(
-                unique, batch_size=batch_size, show_progress_bar=show_progress_bar, convert_to_numpy=True
+            extra = {"prompt_name": prompt_name} if prompt_name is not None else {}
+            embeddings = encode(
+                unique, batch_size=batch_size, show_progress_bar=show_progress_bar, convert_to_numpy=True, **extra
             )
     finally:
         if was_training:

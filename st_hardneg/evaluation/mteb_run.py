@@ -28,7 +28,7 @@ from st_hardneg.evaluation.mteb_tasks import (
     local_task,
     require_mteb,
 )
-from st_hardneg.evaluation.retrieval import encode_at_length
+from st_hardneg.evaluation.retrieval import at_length, encode_at_length
 from st_hardneg.reporting import markdown_table
 
 if TYPE_CHECKING:
@@ -46,9 +46,10 @@ def _encoder_class() -> Callable[[SentenceTransformer, ModelMeta, dict[str, Any]
     from mteb.models import SentenceTransformerEncoderWrapper
 
     class _Encoder(SentenceTransformerEncoderWrapper):
-        """mteb's SentenceTransformer wrapper; for local tasks, each distinct sentence of the task is encoded once
-        (as :func:`evaluate_sts` does) and the embeddings are handed to mteb in float64, so that mteb's cosine is
-        computed in the same precision as :func:`~st_hardneg.evaluation.cosine_spearman`."""
+        """mteb's SentenceTransformer wrapper; for local STS tasks without a prompt, each distinct sentence of the
+        task is encoded once (as :func:`evaluate_sts` does) and the embeddings are handed to mteb in float64, so that
+        mteb's cosine is computed in the same precision as :func:`~st_hardneg.evaluation.cosine_spearman`. Retrieval
+        tasks (queries and documents, with their prompts) go through mteb's own encoding."""
 
         def __init__(self, model: SentenceTransformer, meta: ModelMeta, local_tasks: dict[str, Any], batch_size: int,
                      show_progress_bar: bool) -> None:
@@ -62,9 +63,16 @@ def _encoder_class() -> Callable[[SentenceTransformer, ModelMeta, dict[str, Any]
         def encode(self, inputs: DataLoader[BatchedInput], *, task_metadata: TaskMetadata, hf_split: str,
                    hf_subset: str, prompt_type: PromptType | None = None, **kwargs: Any) -> Array:
             name = task_metadata.name
-            if name not in self._local_tasks:
-                return super().encode(inputs, task_metadata=task_metadata, hf_split=hf_split, hf_subset=hf_subset,
-                                      prompt_type=prompt_type, **kwargs)
+            task = self._local_tasks.get(name)
+            if task is None or prompt_type is not None or self.get_prompt_name(task_metadata, prompt_type):
+                # mteb's own path (encode_query / encode_document, the model's prompts); a local retrieval task at
+                # its length (MRPC: the model's full length, BEIR folders: 256 tokens)
+                length = getattr(task, "max_seq_length", None) if task is not None else None
+                context = full_length(self.model) if task is not None and length is None else \
+                    at_length(self.model, length)
+                with context:
+                    return super().encode(inputs, task_metadata=task_metadata, hf_split=hf_split,
+                                          hf_subset=hf_subset, prompt_type=prompt_type, **kwargs)
             if name not in self._tables:
                 task = self._local_tasks[name]
                 length = getattr(task, "max_seq_length", None)
