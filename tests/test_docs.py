@@ -1,0 +1,127 @@
+"""The documentation site's sources: every loss, module, evaluator and CLI command documented, nothing hand-copied.
+
+The build itself (``sphinx-build -W --keep-going``, warnings as errors) runs in ``.ci/run``; these checks are the
+structure it relies on, cheap enough for every test run.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import pkgutil
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+import st_hardneg
+
+REPO = Path(__file__).resolve().parents[1]
+DOCS = REPO / "docs"
+LOSSES = ["MixCSELoss", "FocalInfoNCELoss", "HNCSELoss", "AdversarialNegativesLoss"]
+
+
+@pytest.fixture(scope="module")
+def apigen():
+    sys.path.insert(0, str(DOCS))
+    try:
+        yield importlib.import_module("_ext.apigen")
+    finally:
+        sys.path.remove(str(DOCS))
+
+
+def _pages() -> dict[str, str]:
+    return {p.relative_to(DOCS).as_posix(): p.read_text() for p in DOCS.rglob("*.md")
+            if "_build" not in p.parts and "generated" not in p.parts and p.name != "README.md"}
+
+
+def test_every_loss_has_a_page_rendering_its_module():
+    from st_hardneg.training.registry import LOSS_DOC_PAGES
+
+    assert sorted(LOSS_DOC_PAGES) == sorted(LOSSES)  # the model card's links point at these pages
+    for name, page in LOSS_DOC_PAGES.items():
+        text = (DOCS / "losses" / f"{page}.md").read_text()
+        module = getattr(st_hardneg, name).__module__
+        assert f".. automodule:: {module}" in text, (name, page)
+
+
+def test_every_module_is_in_the_api_reference(apigen, tmp_path):
+    pages = apigen.write_api_pages(tmp_path)
+    text = "\n".join(p.read_text() for p in pages)
+    modules = [m.name for m in pkgutil.walk_packages(st_hardneg.__path__, "st_hardneg.")
+               if m.name not in apigen.SKIP]
+    assert len(modules) > 40
+    for name in modules:
+        documented = f".. automodule:: {name}\n" in text or name in apigen.LOSS_PAGES
+        assert documented, name
+    # the loss modules are documented once (their own page), so Sphinx sees no duplicate object
+    for name in apigen.LOSS_PAGES:
+        assert f".. automodule:: {name}\n" not in text
+
+
+def test_api_pages_are_rewritten_and_stale_ones_removed(apigen, tmp_path):
+    (tmp_path / "99_gone.md").write_text("# a module that no longer exists\n")
+    pages = apigen.write_api_pages(tmp_path)
+    assert not (tmp_path / "99_gone.md").exists()
+    assert [p.name for p in pages][:2] == ["00_losses.md", "01_functional.md"]
+    assert sorted(tmp_path.glob("*.md")) == sorted(pages)
+
+
+def test_every_evaluator_and_public_name_is_documented_by_its_module(apigen):
+    """autodoc documents a module's own members: every evaluator class lives in a module of the API reference."""
+    from sentence_transformers.base.evaluation.evaluator import BaseEvaluator
+
+    import st_hardneg.evaluation as evaluation
+
+    evaluators = [obj for name in evaluation.__all__ if inspect.isclass(obj := getattr(evaluation, name))
+                  and issubclass(obj, BaseEvaluator)]
+    assert evaluators, "st_hardneg.evaluation exports evaluators"
+    documented = {m for names in apigen.modules().values() for m in names}
+    for cls in evaluators:
+        assert cls.__module__ in documented, cls
+
+
+def test_cli_page_is_generated_from_the_parser():
+    text = (DOCS / "cli.md").read_text()
+    assert re.search(r"```\{argparse\}\n:module: st_hardneg.cli.app\n:func: build_parser\n:prog: st-hardneg\n```", text)
+    from st_hardneg.cli.app import build_parser
+
+    parser = build_parser()
+    commands = next(a for a in parser._actions if a.__class__.__name__ == "_SubParsersAction").choices
+    assert {"train", "eval", "download"} <= set(commands)
+
+
+def test_every_page_is_in_a_toctree_and_every_include_exists():
+    pages = _pages()
+    toctrees = "\n".join(re.findall(r"```\{toctree\}\n(.*?)```", "\n".join(pages.values()), flags=re.S))
+    for page in pages:
+        if page in ("index.md",):
+            continue
+        stem = Path(page).with_suffix("").as_posix()
+        leaf = Path(page).with_suffix("").name
+        assert re.search(rf"^({re.escape(stem)}|{re.escape(leaf)})$", toctrees, flags=re.M), page
+    for page, text in pages.items():
+        for target in re.findall(r"```\{include\} (\S+)", text):
+            assert ((DOCS / page).parent / target).resolve().is_file(), (page, target)
+
+
+def test_measured_tables_are_included_not_copied():
+    pages = _pages()
+    text = "\n".join(pages.values())
+    for name in ("scale", "scale_minilm", "queue", "retrieval", "scifact"):
+        assert f"../benchmarks/results/{name}.md" in text, name
+        table = (REPO / "benchmarks" / "results" / f"{name}.md").read_text()
+        first_row = next(line for line in table.splitlines() if line.startswith("| ") and "---" not in line)
+        second = table.splitlines()[table.splitlines().index(first_row) + 2]  # a data row
+        assert second not in text, f"a row of {name}.md is copied into the docs"
+
+
+def test_no_page_copies_a_docstring():
+    pages = "\n".join(_pages().values())
+    for name in LOSSES + ["HardNegativeLoss"]:
+        doc = inspect.getdoc(getattr(st_hardneg, name)) or ""
+        for paragraph in doc.split("\n\n"):
+            sentence = " ".join(paragraph.split())
+            if len(sentence) > 120:
+                assert sentence[:120] not in " ".join(pages.split()), (name, sentence[:120])
