@@ -341,7 +341,8 @@ def exit_status(exc: BaseException) -> int:
 
 class _WarningPrinter:
     """Within the block, every warning is one line on stderr, ``st-hardneg COMMAND: warning: ...`` (once per
-    place; deprecation notices of the libraries only with ``-v``; none with ``-q``)."""
+    place; deprecation notices of the libraries only with ``-v``; none with ``-q``, which also turns off the
+    progress bars of transformers and the Hub)."""
 
     def __init__(self, command: str, verbose: int, quiet: bool) -> None:
         import warnings
@@ -353,8 +354,13 @@ class _WarningPrinter:
         import warnings
 
         self._catch.__enter__()
+        self._bars: bool | None = None
         if self.quiet:
             warnings.simplefilter("ignore")
+            from transformers.utils import logging as hf_logging  # -q: no progress bar of the libraries either
+
+            self._bars = hf_logging.is_progress_bar_enabled()
+            hf_logging.disable_progress_bar()
             return
         warnings.simplefilter("default")
         if not self.verbose:
@@ -371,6 +377,10 @@ class _WarningPrinter:
 
     def __exit__(self, *exc_info: Any) -> None:
         self._catch.__exit__(*exc_info)
+        if self._bars:
+            from transformers.utils import logging as hf_logging
+
+            hf_logging.enable_progress_bar()
 
 
 def main(argv: list[str] | None = None) -> int:
