@@ -1,0 +1,56 @@
+"""``st_hardneg.training.registry``: the class call shown for each loss builds exactly the registry's loss, and the
+documentation links."""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+
+from st_hardneg.training.registry import (
+    DOCS_URL,
+    LOSSES,
+    MIXCSE_BENCHMARK_FORM,
+    _loss_class,
+    build_loss,
+    loss_call,
+    loss_docs_url,
+)
+
+CASES = [(name, {}) for name in sorted(LOSSES)] + [
+    ("mixcse", {"lam": 0.3}), ("mixcse", {"directions": ("query_to_doc",)}), ("focal", {"queue_size": 8}),
+    ("mnrl", {"temperature": 0.1}), ("mnrl_queue", {"queue_size": 16}), ("hncse_hnm", {"k": 8}),
+]
+
+
+@pytest.mark.parametrize("name, kwargs", CASES, ids=[f"{n}-{k}" for n, k in CASES])
+def test_the_shown_call_builds_the_registry_loss(tiny_model, name, kwargs):
+    cls = _loss_class(name)
+    call = loss_call(name, kwargs)
+    assert call.startswith(f"{cls.__name__}(model")
+    built_from_call = eval(call, {cls.__name__: cls, "model": tiny_model})  # noqa: S307 - our own rendering
+    expected = build_loss(name, tiny_model, **kwargs)
+    assert type(built_from_call) is type(expected)
+    assert built_from_call.get_config_dict() == expected.get_config_dict()
+
+
+def test_mixcse_shows_its_benchmark_form():
+    assert MIXCSE_BENCHMARK_FORM == {"directions": ("query_to_doc", "doc_to_query"), "partition_mode": "per_direction"}
+    assert loss_call("mixcse") == ("MixCSELoss(model, directions=('query_to_doc', 'doc_to_query'), "
+                                   "partition_mode='per_direction')")
+    assert loss_call("focal") == "FocalInfoNCELoss(model)"
+    assert loss_call("hncse_pm", {"k": 5}) == "HNCSELoss(model, mode='pm', k=5)"
+    with pytest.raises(ValueError, match="unknown loss"):
+        loss_call("simcse++")
+
+
+def test_docs_links_of_the_st_hardneg_losses_only():
+    pages = {}
+    for module, cls in [("st_hardneg.losses.mixcse", "MixCSELoss"), ("st_hardneg.losses.focal", "FocalInfoNCELoss"),
+                        ("st_hardneg.losses.hncse", "HNCSELoss"), ("st_hardneg.losses.adcse", "AdversarialNegativesLoss")]:
+        pages[cls] = loss_docs_url(getattr(importlib.import_module(module), cls))
+    assert pages == {"MixCSELoss": f"{DOCS_URL}/losses/mixcse.html", "FocalInfoNCELoss": f"{DOCS_URL}/losses/focal.html",
+                     "HNCSELoss": f"{DOCS_URL}/losses/hncse.html", "AdversarialNegativesLoss": f"{DOCS_URL}/losses/adcse.html"}
+    from sentence_transformers.sentence_transformer.losses import MultipleNegativesRankingLoss
+
+    assert loss_docs_url(MultipleNegativesRankingLoss) is None
