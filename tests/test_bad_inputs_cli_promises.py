@@ -166,11 +166,13 @@ def test_intact_sts_tree_passes_the_early_check(tmp_path, corpus, no_model):
 @pytest.mark.parametrize("target, message", [
     ("file/under/a/file.json", "cannot be written"),
     ("", "--output is empty"),
-    (".", "is a folder"),
+    ("folder.json", "is a folder"),  # a path ending in .json is the results file ("." is now an output folder)
+    ("file/under/a/folder", "cannot be written"),
 ])
 def test_eval_output_is_checked_before_evaluating(tmp_path, capsys, no_model, monkeypatch, target, message):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "file").write_text("x")
+    (tmp_path / "folder.json").mkdir()
     assert cli.main(["eval", "--tasks", "align", "--output", target]) == 2
     assert message in capsys.readouterr().err
 

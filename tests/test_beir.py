@@ -314,7 +314,7 @@ def test_cli_eval_beir_prints_and_writes_the_scores(beir_dir, beir_model, tmp_pa
     out = tmp_path / "scores.json"
     assert app.main(["eval", "--task", "beir", "--data", str(beir_dir), "--split", "test", "--max-seq-length", "16",
                      "--output", str(out), "--quiet"]) == 0
-    written = json.loads(out.read_text())["beir"]
+    written = json.loads(out.read_text())["beir"]["tiny-test"]
     expected = evaluate_beir(beir_model, [load_beir(beir_dir).task("test")], max_seq_length=16)["tiny-test"]
     assert written["ndcg@10"] == pytest.approx(expected["ndcg@10"]) and written["split"] == "test"
     assert f"{expected['ndcg@10']:.2f}" in capsys.readouterr().out

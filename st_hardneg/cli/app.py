@@ -37,38 +37,58 @@ if TYPE_CHECKING:
 logger = logging.getLogger("st_hardneg")
 
 EVAL_TASK_GROUPS = ("sts", "transfer", "mteb", "align", "beir")
-def load_for_eval(name: str | None, pooling: str) -> SentenceTransformer:
-    """A saved SentenceTransformer directory as saved (its own pooling), else an encoder with ``pooling``: see
-    :func:`st_hardneg.models.resolve_model` (``saved="as_is"``)."""
+def load_for_eval(name: str | None, pooling: str | None) -> SentenceTransformer:
+    """The model as published: a saved SentenceTransformer (a folder or a cached Hub snapshot with ``modules.json``,
+    or the embedded all-MiniLM-L6-v2) with all its own modules; with ``pooling`` given, the encoder with a fresh
+    pooling of that mode. An encoder without a saved pooling gets ``pooling`` (default: cls). See
+    :func:`st_hardneg.models.resolve_model`."""
     from st_hardneg.models import resolve_model
 
-    return resolve_model(name, pooling=pooling, max_seq_length=None, saved="as_is")
+    if pooling is not None:
+        return resolve_model(name, pooling=pooling, max_seq_length=None, saved="rebuild")
+    return resolve_model(name, pooling="cls", max_seq_length=None, saved="as_is")
 
 
 def check_output_file(output: str) -> Path:
-    """``eval --output``: a file path whose folder exists or can be made and is writable, checked before any
-    evaluation (nothing is created here).
+    """``eval --output FILE.json``: a file path whose folder can be written (proven by a probe file, see
+    :func:`st_hardneg.cli.paths.ensure_writable_file`).
 
     Raises:
         ValueError: an empty path, a folder, or a place that cannot be written.
     """
-    import os
+    from st_hardneg.cli.paths import ensure_writable_file
 
-    if not str(output).strip():
-        raise ValueError("--output is empty; give a JSON file path")
-    path = Path(output).expanduser()
-    if path.is_dir():
-        raise ValueError(f"--output {path} is a folder; give a JSON file path")
-    ancestor = path.parent
-    while not ancestor.exists():
-        ancestor = ancestor.parent
-    if not ancestor.is_dir() or not os.access(ancestor, os.W_OK | os.X_OK):
-        raise ValueError(f"--output {path} cannot be written ({ancestor} is not a writable folder)")
-    return path
+    return ensure_writable_file(output, "--output")
 
 
-# --------------------------------------------------------------------------- commands
+def eval_model_name(args: argparse.Namespace) -> str:
+    """The name results are filed under: ``--model-name``, else the embedded model's Hub name, a Hub name as given,
+    or ``local/<folder name>`` for a path."""
+    from st_hardneg.models import DEFAULT_MODEL_NAME
+
+    if args.model_name:
+        return args.model_name if "/" in args.model_name else f"local/{args.model_name}"
+    if args.model in (None, "", "default"):
+        return f"sentence-transformers/{DEFAULT_MODEL_NAME}"
+    path = Path(args.model).expanduser()
+    if path.exists():
+        return f"local/{path.resolve().name}"
+    return args.model if "/" in args.model else f"local/{args.model}"
+
+
+def _eval_files(args: argparse.Namespace, model_name: str, revision: str) -> dict[str, Path]:
+    """Where ``eval`` writes: ``--output-dir X.json`` → that file, side files ``X.per_query.tsv`` / ``X.<task>.trec``
+    beside it; a folder → ``<folder>/st-hardneg/<org>__<name>/<revision>/eval.json`` (+ ``per_query.tsv``,
+    ``<task>.trec``), mteb's own files under ``<folder>/results/`` (its ``ResultCache``)."""
+    target = Path(args.output_dir).expanduser()
+    if target.suffix == ".json":
+        return {"results": target, "folder": target.parent, "prefix": target.with_suffix(""), "mteb": target.parent}
+    folder = target / "st-hardneg" / model_name.replace("/", "__") / revision
+    return {"results": folder / "eval.json", "folder": folder, "prefix": folder / "", "mteb": target}
+
+
 def cmd_eval(args: argparse.Namespace) -> int:
+    from st_hardneg.cli.paths import ensure_writable_dir, ensure_writable_file
     from st_hardneg.evaluation import evaluate_sts, format_sts_table
     from st_hardneg.reporting import write_json
 
@@ -80,27 +100,52 @@ def cmd_eval(args: argparse.Namespace) -> int:
         raise ValueError(f"--tasks names a group twice: {args.tasks!r}")
     if args.batch_size < 1:
         raise ValueError(f"--batch-size must be >= 1, got {args.batch_size}")
-    if args.output is not None:
-        check_output_file(args.output)
-    if "beir" in groups:  # before the model loads: a bad folder or split fails first
+    option = getattr(args, "output_option", "--output-dir")
+    if str(args.output_dir).endswith(".json"):
+        ensure_writable_file(args.output_dir, option)
+    else:
+        ensure_writable_dir(args.output_dir, option)
+    folders = args.data or []
+    beir_tasks: list[Any] = []
+    loaded: list[Any] = []
+    if folders and not {"beir", "mteb"} & set(groups):
+        raise ValueError("--data is the BEIR folder of --task beir (or of --tasks mteb); SentEval data is --data-dir")
+    if "beir" in groups and not folders:
+        raise ValueError("--task beir needs --data PATH: a BEIR folder (corpus.jsonl, queries.jsonl, qrels/*.tsv)")
+    if folders:  # before the model loads: a bad folder or split fails first
         from st_hardneg.data.beir import load_beir
         from st_hardneg.validation import check_count
 
-        if not args.data:
-            raise ValueError("--task beir needs --data PATH: a BEIR folder (corpus.jsonl, queries.jsonl, qrels/*.tsv)")
         check_count(args.max_seq_length, "--max-seq-length", minimum=1)
-        beir = load_beir(args.data)
-        beir_task = beir.task(args.split)
-    elif args.data is not None:
-        raise ValueError("--data is the BEIR folder of --task beir; SentEval data is --data-dir")
+        loaded = [load_beir(folder) for folder in folders]
+        names = [data.name for data in loaded]
+        if len(set(names)) != len(names):
+            raise ValueError(f"--data: two folders share a name ({', '.join(names)}); their results would collide")
+        beir_tasks = [data.task(args.split) for data in loaded]
     if "sts" in groups:  # a damaged STS file fails before the model loads
         from st_hardneg.cli.train import check_sts_files
 
         check_sts_files(args.data_dir)
-    pooling = args.pooling or ("mean" if groups == ["beir"] else "cls")
+    if args.pooling is None and groups == ["beir"] and args.model not in (None, "", "default"):
+        from st_hardneg.models import saved_model_dir
+
+        pooling = None if saved_model_dir(args.model) is not None else "mean"  # a bare encoder: mean for retrieval
+    else:
+        pooling = args.pooling
     model = load_for_eval(args.model, pooling)
+    from st_hardneg.models import module_stack, weights_digest
+
+    model_name = eval_model_name(args)
+    revision = args.revision or f"weights-{weights_digest(model)}"
+    files = _eval_files(args, model_name, revision)
+    if files["results"].exists() and not args.overwrite:
+        raise ValueError(f"{files['results']} exists (an evaluation of {model_name} {revision}); pass --overwrite "
+                         "to replace it")
+    print(f"model: {model_name} ({revision}): {module_stack(model)}"
+          + (f" [fresh {args.pooling} pooling, --pooling]" if args.pooling else ""))
     name = args.model or "default (all-MiniLM-L6-v2, embedded)"
-    results: dict[str, Any] = {"model": name}
+    results: dict[str, Any] = {"model": name, "model_name": model_name, "revision": revision,
+                               "modules": module_stack(model), "files": {}}
     tables: list[str] = []
     start = time.perf_counter()
     if "sts" in groups:
@@ -114,9 +159,15 @@ def cmd_eval(args: argparse.Namespace) -> int:
         tables.append("### Transfer (accuracy)\n\n" + format_transfer_table({name: results["transfer"]}))
     if "mteb" in groups:
         from st_hardneg.evaluation import format_mteb_table, run_mteb
+        from st_hardneg.evaluation.mteb_tasks import beir_mteb_task
 
-        mteb_tasks = [t.strip() for t in args.mteb_tasks.split(",") if t.strip()]
-        results["mteb"] = run_mteb(model, mteb_tasks, data_dir=args.data_dir, model_name=None)
+        default = "" if folders else "STSBenchmark-local"
+        mteb_tasks: list[Any] = [t.strip() for t in (args.mteb_tasks or default).split(",") if t.strip()]
+        mteb_tasks += [beir_mteb_task(data, args.split, max_seq_length=args.max_seq_length) for data in loaded]
+        results["mteb"] = run_mteb(model, mteb_tasks, data_dir=args.data_dir, output_dir=files["mteb"],
+                                   model_name=model_name, revision=revision, batch_size=args.batch_size,
+                                   use_cache=not args.overwrite, show_progress_bar=not args.quiet)
+        results["files"]["mteb"] = str(files["mteb"])
         tables.append("### MTEB (main score x 100)\n\n" + format_mteb_table({name: results["mteb"]}))
     if "align" in groups:
         from st_hardneg.evaluation import alignment_uniformity, format_alignment_table
@@ -124,23 +175,77 @@ def cmd_eval(args: argparse.Namespace) -> int:
         results["align"] = alignment_uniformity(model, args.data_dir)
         tables.append("### Alignment / uniformity (lower is better)\n\n" +
                       format_alignment_table({name: results["align"]}))
+    retrieved: dict[str, Any] = {}
     if "beir" in groups:
-        from st_hardneg.evaluation.retrieval import evaluate_beir
+        from st_hardneg.evaluation.retrieval import BEIR_METRICS, retrieve
         from st_hardneg.reporting import markdown_table
 
-        scores = evaluate_beir(model, [beir_task], max_seq_length=args.max_seq_length, batch_size=args.batch_size,
-                               show_progress_bar=not args.quiet, cache_dir=args.cache_dir)[beir_task.name]
-        results["beir"] = {"data": str(beir.root), "split": args.split, "max_seq_length": args.max_seq_length,
-                           **scores}
-        table = markdown_table(["model", "nDCG@10", "MRR@10", "R@100"],
-                               [[name, *(f"{scores[m]:.2f}" for m in ("ndcg@10", "mrr@10", "recall@100"))]])
-        tables.append(f"### {beir_task.name} (x 100, {scores['queries']} queries, {scores['corpus']} documents)\n\n"
-                      + table.rstrip("\n"))
+        retrieved = retrieve(model, beir_tasks, max_seq_length=args.max_seq_length, batch_size=args.batch_size,
+                             show_progress_bar=not args.quiet, cache_dir=args.cache_dir,
+                             query_prompt_name=args.query_prompt_name,
+                             document_prompt_name=args.document_prompt_name)
+        results["beir"] = {}
+        for data, task in zip(loaded, beir_tasks, strict=True):
+            scores = retrieved[task.name].scores
+            results["beir"][task.name] = {"data": str(data.root), "split": args.split,
+                                          "max_seq_length": args.max_seq_length,
+                                          "prompts": retrieved[task.name].prompts,
+                                          **{m: scores[m] for m in BEIR_METRICS},
+                                          "queries": scores["queries"], "corpus": scores["corpus"]}
+            table = markdown_table(["model", "nDCG@10", "MRR@10", "R@100"],
+                                   [[name, *(f"{scores[m]:.2f}" for m in ("ndcg@10", "mrr@10", "recall@100"))]])
+            tables.append(f"### {task.name} (x 100, {scores['queries']} queries, {scores['corpus']} documents)\n\n"
+                          + table.rstrip("\n"))
     results["seconds"] = time.perf_counter() - start
     print("\n\n".join(tables))
-    if args.output:
-        write_json(args.output, results)
-        print(f"\nresults: {args.output}")
+    files["folder"].mkdir(parents=True, exist_ok=True)
+    if retrieved:
+        from st_hardneg.evaluation.runs import write_per_query, write_trec_run
+
+        prefix = str(files["prefix"])
+        sep = "" if prefix.endswith(("/", "\\")) else "."
+        per_query = write_per_query(f"{prefix}{sep}per_query.tsv",
+                                    {task: result.per_query for task, result in retrieved.items()})
+        results["files"]["per_query"] = per_query.name
+        results["files"]["runs"] = {}
+        for task, result in retrieved.items():
+            run = write_trec_run(f"{prefix}{sep}{task}.trec", result.run, tag=model_name.replace(" ", "_"))
+            results["files"]["runs"][task] = run.name
+    write_json(files["results"], results)
+    print(f"\nresults: {files['results']}")
+    return 0
+
+
+class _OutputOption(argparse.Action):
+    """Stores the value and the spelling used (``--output-dir``, ``--output-folder`` or ``--output``), so that an
+    error names the option as the user typed it."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        setattr(namespace, self.dest, values)
+        namespace.output_option = option_string or "--output-dir"
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from st_hardneg.evaluation.compare import compare_runs, parse_run_specs
+
+    runs = parse_run_specs(args.runs)
+    if len(runs) < 2:
+        raise ValueError(f"compare needs the runs of at least two methods (NAME=PATH[,PATH...] each), got "
+                         f"{len(runs)}")
+    if args.output is not None:
+        from st_hardneg.cli.paths import ensure_writable_file
+
+        target = ensure_writable_file(args.output, "--output")
+        if target.exists() and not args.overwrite:
+            raise ValueError(f"--output {target} exists; pass --overwrite to replace it")
+    result = compare_runs(runs, metric=args.metric, baseline=args.baseline, permutations=args.permutations,
+                          seed=args.seed)
+    print(result.to_markdown())
+    if args.output is not None:
+        text = result.to_json() if str(args.output).endswith(".json") else result.to_markdown()
+        Path(args.output).expanduser().write_text(text)
+        print(f"comparison: {args.output}")
     return 0
 
 
@@ -268,23 +373,61 @@ def build_parser() -> argparse.ArgumentParser:
 
     e = sub.add_parser("eval", parents=[common], help="evaluate a model and print markdown tables",
                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    e.add_argument("--model", default=None, help="saved model directory or encoder name; default: embedded model")
+    e.add_argument("--model", default=None,
+                   help="a saved SentenceTransformer (folder, or Hub name in the local cache) evaluated as published "
+                        "with all its modules, or an encoder name; default: the embedded all-MiniLM-L6-v2 as "
+                        "published (mean pooling + normalize)")
     e.add_argument("--pooling", default=None,
-                   help="pooling when building a model from an encoder (default: cls, the papers' choice; mean "
-                        "with --task beir, the embedded model's own)")
+                   help="replace the model's pooling by a fresh one of this mode (cls, mean, ...); default: the "
+                        "saved model's own (an encoder without one: cls, mean with --tasks beir)")
     e.add_argument("--tasks", "--task", default="sts",
                    help=f"comma-separated groups from {', '.join(EVAL_TASK_GROUPS)}")
-    e.add_argument("--data", default=None, help="beir: the BEIR folder to evaluate on")
+    e.add_argument("--data", action="append", default=None, metavar="FOLDER",
+                   help="a BEIR folder (repeatable): evaluated by --tasks beir, added as a local mteb retrieval task "
+                        "by --tasks mteb")
     e.add_argument("--split", default="test", help="beir: the qrels split to evaluate")
     e.add_argument("--max-seq-length", type=int, default=256,
                    help="beir: the encoding length (256: MTEB's length for all-MiniLM-L6-v2)")
+    e.add_argument("--query-prompt-name", default=None,
+                   help="beir: the model prompt for queries (default: mteb's choice, e.g. 'query' when defined)")
+    e.add_argument("--document-prompt-name", default=None,
+                   help="beir: the model prompt for documents (default: mteb's choice, e.g. 'document')")
     e.add_argument("--cache-dir", default=None, help="beir: cache the embeddings here, per model (default: none)")
-    e.add_argument("--mteb-tasks", default="STSBenchmark-local",
-                   help="tasks for the mteb group (local SentEval-backed tasks, or official names with a network)")
+    e.add_argument("--mteb-tasks", default=None,
+                   help="tasks for the mteb group (local SentEval-backed tasks, or official names with a network); "
+                        "default: STSBenchmark-local, none when --data adds BEIR folders")
+    e.add_argument("--model-name", default=None,
+                   help="the name results are filed under (org/name); default: the Hub name, local/<folder name> "
+                        "for a path, sentence-transformers/all-MiniLM-L6-v2 for the embedded model")
+    e.add_argument("--revision", default=None, help="the revision results are filed under; default: "
+                                                    "weights-<digest of the weights>")
     e.add_argument("--fast", action="store_true", help="transfer: the quick protocol (5 folds, smaller grid)")
     e.add_argument("--batch-size", type=int, default=128)
-    e.add_argument("--output", default=None, help="write the results as JSON here")
+    e.add_argument("--output-dir", "--output-folder", "--output", dest="output_dir", default="results",
+                   action=_OutputOption,
+                   help="where results go: a folder (mteb's files under results/ as `mteb run` writes them, ours "
+                        "under st-hardneg/<model>/<revision>/: eval.json, per_query.tsv, a TREC run per retrieval "
+                        "task), or a path ending in .json: that results file, the per-query and run files beside "
+                        "it. --output-folder (mteb's name) and --output are the same option")
+    e.add_argument("--overwrite", action="store_true", help="replace existing results (refused without it)")
     e.set_defaults(func=cmd_eval)
+
+    c = sub.add_parser("compare", parents=[verbosity_only()], formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+                       help="paired significance of two or more retrieval runs over the same queries",
+                       description="Compare methods query by query: per data set the mean difference to the first "
+                                   "(baseline) method, a 95%% bootstrap interval, a paired randomization test, a "
+                                   "paired t-test and win/tie/loss counts; Holm-corrected p-values across data sets. "
+                                   "Seeds of one method are averaged per query first.")
+    c.add_argument("runs", nargs="+", metavar="NAME=RUN[,RUN...]",
+                   help="a method and its runs (one per seed): per_query.tsv files or the eval.json that names them; "
+                        "a bare path is a method named after the file; the first method is the baseline")
+    c.add_argument("--metric", default="ndcg@10", help="the per-query metric compared")
+    c.add_argument("--baseline", default=None, help="the method compared against (default: the first)")
+    c.add_argument("--permutations", type=int, default=10_000, help="randomization-test sign flips (>= 10,000)")
+    c.add_argument("--seed", type=int, default=0)
+    c.add_argument("--output", default=None, help="write the comparison here (.json: JSON, else markdown)")
+    c.add_argument("--overwrite", action="store_true", help="replace an existing --output")
+    c.set_defaults(func=cmd_compare)
 
     d = sub.add_parser("download", help="fetch the SentEval data or the wiki1m corpus (needs a network)",
                        parents=[verbosity_only()])

@@ -91,20 +91,18 @@ def _encoder_class() -> Callable[[SentenceTransformer, ModelMeta, dict[str, Any]
     return _Encoder
 
 
-def _model_meta(model: SentenceTransformer, model_name: str | None) -> ModelMeta:
+def _model_meta(model: SentenceTransformer, model_name: str | None, revision: str | None = None) -> ModelMeta:
     from mteb.models import ModelMeta
 
     meta = ModelMeta.from_sentence_transformer_model(model)
     card = getattr(model, "model_card_data", None)
     base = getattr(card, "base_model", None)
-    name = model_name or getattr(card, "model_name", None)
-    if not name:
-        name = "st-hardneg/" + (base or "model").rstrip("/").rsplit("/", 1)[-1]
+    name = model_name or getattr(card, "model_name", None) or "local/model"
     if "/" not in name:
         name = f"local/{name}"
     from st_hardneg.models import weights_digest
 
-    update = {"name": name, "revision": f"weights-{weights_digest(model)}"}
+    update = {"name": name, "revision": revision or f"weights-{weights_digest(model)}"}
     if base:
         update["adapted_from"] = base
     return meta.model_copy(update=update)
@@ -181,6 +179,7 @@ def run_mteb(
     output_dir: str | Path | None = None,
     *,
     model_name: str | None = None,
+    revision: str | None = None,
     batch_size: int = 64,
     use_cache: bool = False,
     show_progress_bar: bool = True,
@@ -204,10 +203,14 @@ def run_mteb(
       :class:`MTEBOfflineError` naming the local equivalents, before any encoding.
     - mteb's result cache is bypassed unless ``use_cache=True``: its default cache would return stale scores for
       an unnamed local model. Results are named after the model: ``model_name``, else the model card's
-      ``model_name``, else ``st-hardneg/<base model>``; the revision is a digest of the weights
+      ``model_name``, else ``local/model``; the revision is ``revision``, else a digest of the weights
       (``weights-<sha256[:12]>``), so result files are traceable and a cache can never mix two checkpoints.
-    - The training ``max_seq_length`` is lifted to the model's limit during the run; the global ``random`` /
-      numpy / torch RNG states (which mteb reseeds when it builds tasks) are restored afterwards.
+    - Retrieval tasks are encoded by mteb itself (``encode_query`` / ``encode_document`` with the model's prompts,
+      as ``mteb.evaluate(model, task)``); local STS tasks without a prompt use each distinct sentence once. Lengths:
+      local STS and MRPC tasks at the model's full length (the training ``max_seq_length`` lifted), BEIR folders at
+      their task's ``max_seq_length`` (256), official tasks at the model's own ``max_seq_length`` (as mteb). The
+      global ``random`` / numpy / torch RNG states (which mteb reseeds when it builds tasks) are restored
+      afterwards.
 
     Args:
         model: a SentenceTransformer.
@@ -216,6 +219,7 @@ def run_mteb(
         output_dir: if given, mteb writes its result files there (``results/<model>/<revision>/<task>.json`` and
             ``model_meta.json``); existing files are overwritten unless ``use_cache=True``.
         model_name: name recorded in the results (``org/name``; ``local/`` is prepended when there is no ``/``).
+        revision: the revision recorded (default: ``weights-<digest of the weights>``).
         batch_size: encoding batch size.
         use_cache: reuse results already in ``output_dir`` (or in mteb's default cache ``$MTEB_CACHE`` /
             ``~/.cache/mteb`` when ``output_dir`` is None) instead of recomputing them.
@@ -260,7 +264,7 @@ def run_mteb(
         ordered = [by_name[n] for n in names if n in by_name]
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=".*get_sentence_embedding_dimension", category=FutureWarning)
-            meta = _model_meta(model, model_name)
+            meta = _model_meta(model, model_name, revision)
             encoder = _encoder_class()(model, meta, local, batch_size, show_progress_bar)
         cache_obj: ResultCache | None
         if output_dir is not None:
@@ -268,7 +272,7 @@ def run_mteb(
         else:
             cache_obj = ResultCache() if use_cache else None
         try:
-            with full_length(model), warnings.catch_warnings():
+            with warnings.catch_warnings():
                 # mteb 2.x still calls ST's renamed get_sentence_embedding_dimension (a FutureWarning per task)
                 warnings.filterwarnings("ignore", message=".*get_sentence_embedding_dimension", category=FutureWarning)
                 result = mteb.evaluate(
