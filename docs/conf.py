@@ -56,6 +56,8 @@ myst_enable_extensions = ["colon_fence", "dollarmath", "deflist"]
 myst_heading_anchors = 3
 
 # autodoc: the docstrings are the documentation; members in source order, signatures with their type hints
+# sentence-transformers writes a loss's documentation in its __init__ docstring: show the class's and __init__'s
+autoclass_content = "both"
 autodoc_member_order = "bysource"
 autodoc_typehints = "signature"
 autodoc_default_options = {"members": True, "undoc-members": True, "ignore-module-all": True, "show-inheritance": True}
