@@ -273,15 +273,14 @@ class TrainHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from st_hardneg import __version__
-    from st_hardneg.training.registry import LOSSES
+    from st_hardneg.training.registry import LOSSES, package_version
 
     parser = argparse.ArgumentParser(
         prog="st-hardneg",
         description="Hard-negative contrastive training (MixCSE, Focal-InfoNCE, HNCSE, AdCSE) for sentence-transformers.",
         epilog=EXIT_STATUS_HELP, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--version", action="version", version=f"st-hardneg {__version__}")
+    parser.add_argument("--version", action="version", version=f"st-hardneg {package_version()}")
     _add_verbosity(parser, None)
     sub = parser.add_subparsers(dest="command", required=True)
 

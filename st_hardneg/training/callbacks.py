@@ -412,12 +412,13 @@ def add_model_card_data(model: Any, loss: Any) -> bool:
     card = getattr(model, "model_card_data", None)
     if not losses or card is None:
         return False
-    from st_hardneg import __version__
-    from st_hardneg.training.registry import DOCS_URL, loss_docs_url
+    from st_hardneg.training.registry import DOCS_URL, loss_docs_url, package_version
+
+    version = package_version()
 
     card.add_tags(["st-hardneg"])
     if isinstance(getattr(card, "version", None), dict):
-        card.version["st_hardneg"] = __version__
+        card.version["st_hardneg"] = version
     names = sorted({type(m).__name__ for m in losses})
     pages = ", ".join(f"{name}: {loss_docs_url(next(m for m in losses if type(m).__name__ == name))}"
                       for name in names)
@@ -426,7 +427,7 @@ def add_model_card_data(model: Any, loss: Any) -> bool:
         citations["st-hardneg"] = (
             "@software{st_hardneg,\n"
             "    title = {st-hardneg: hard-negative contrastive losses for sentence-transformers},\n"
-            f"    version = {{{__version__}}},\n"
+            f"    version = {{{version}}},\n"
             f"    url = {{{DOCS_URL}}},\n"
             f"    note = {{trained with {pages}}},\n"
             "}")

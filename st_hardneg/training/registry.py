@@ -202,6 +202,14 @@ def check_loss_args(name: str, kwargs: dict[str, Any], option: str = "--loss-arg
                          f"{', '.join(accepted)}")
 
 
+def package_version() -> str:
+    """``st_hardneg.__version__``, read from the package object, which Python always loads before any of its
+    modules (so no module below the package face imports the face for it)."""
+    import sys
+
+    return str(sys.modules["st_hardneg"].__version__)
+
+
 #: the documentation site (built from ``docs/``); every link to it is made from this constant
 DOCS_URL = "https://st-hardneg.readthedocs.io/en/latest"
 #: the documentation page of each st-hardneg loss class, ``{DOCS_URL}/losses/{page}.html``
