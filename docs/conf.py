@@ -24,11 +24,13 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 import st_hardneg  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _ext.apigen import write_api_pages  # noqa: E402
+from _ext.apigen import write_api_pages, write_results_page  # noqa: E402
 
 # the API reference is generated from the package's module tree at every build (docs/api/generated/, gitignored), so
 # a module added or moved is documented without editing a page; the four paper losses have their own pages
 write_api_pages(Path(__file__).resolve().parent / "api" / "generated")
+# likewise every committed result table (benchmarks/results/*.md), included, never copied
+write_results_page(Path(__file__).resolve().parent / "generated" / "results_tables.md", ROOT / "benchmarks" / "results")
 
 project = "st-hardneg"
 author = "the st-hardneg authors"

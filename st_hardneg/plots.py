@@ -6,7 +6,7 @@ helpers work headless and leave the caller's backend and open figures alone (e.g
 - :func:`plot_alignment_uniformity`: the alignment–uniformity plane (SimCSE Fig. 2, MixCSE Fig. 5, AdCSE Fig. 3),
   one point per model, coloured by its STS average.
 - :func:`plot_training_curves`: metrics over training steps (STS-B dev Spearman, loss, the cosines logged by
-  :class:`~st_hardneg.evaluation.LossDiagnosticsCallback`), from ``trainer.state.log_history`` or lists of dicts.
+  :class:`~st_hardneg.training.callbacks.LossDiagnosticsCallback`), from ``trainer.state.log_history`` or lists of dicts.
 - :func:`plot_seed_bars`: one bar per method, mean ± std over seeds with every seed as a dot (the benchmarks' plots).
 """
 

@@ -71,3 +71,20 @@ def write_api_pages(out: Path) -> list[Path]:
     for stale in set(out.glob("*.md")) - set(written):
         stale.unlink()
     return written
+
+
+def write_results_page(path: Path, results: Path) -> Path:
+    """(Re)write ``path``: every ``results/*.md`` table file, included (never copied) under a heading of its name, so a
+    new results file appears in the documentation without editing a page."""
+    lines = ["# Every result table", "",
+             "Each committed `benchmarks/results/*.md` file, included as it is (each is rendered from the `.json` beside",
+             "it; tests check that they match). The pages of the guides quote and explain them.", ""]
+    rel = Path("..") / ".." / results.name
+    for table in sorted(results.glob("*.md")):
+        lines += [f"## `{table.name}`", "", f"```{{include}} {rel.parent.as_posix()}/benchmarks/{rel.name}/{table.name}",
+                  ":heading-offset: 2", "```", ""]
+    text = "\n".join(lines)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if not path.is_file() or path.read_text() != text:
+        path.write_text(text)
+    return path

@@ -83,7 +83,7 @@ class LocalRetrievalEvaluator(InformationRetrievalEvaluator):
         return self.score_table(model, self._table, output_path, epoch, steps, *args, **kwargs)
 
     def encode(self, model: SentenceTransformer, texts: Sequence[str]) -> dict[str, np.ndarray]:
-        """``{text: float32 embedding}`` of each distinct text, at :attr:`max_seq_length` (``None``: the model's
+        """``{text: float32 embedding}`` of each distinct text, at ``self.max_seq_length`` tokens (``None``: the model's
         full length)."""
         return encode_at_length(model, texts, self.max_seq_length, batch_size=self.batch_size,
                                 show_progress_bar=self.show_progress_bar)

@@ -84,8 +84,8 @@ def _mnrl_queue(model: SentenceTransformer, **kwargs: Any) -> nn.Module:
     return AdversarialNegativesLoss(model, **kwargs)
 
 
-#: method name → factory(model, **hyperparameters); every factory's defaults are its paper's (MixCSE: the two-directional
-#: form the benchmarks ran, :data:`MIXCSE_BENCHMARK_FORM`)
+#: method name → ``factory(model, **hyperparameters)``; every factory's defaults are its paper's (MixCSE: the
+#: two-directional form the benchmarks ran, :data:`MIXCSE_BENCHMARK_FORM`)
 LOSSES: dict[str, Callable] = {
     "mnrl": _mnrl,
     "mnrl_symmetric": _mnrl_symmetric,
