@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import math
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -187,22 +188,23 @@ def _compare(a: np.ndarray, b: np.ndarray, *, permutations: int, confidence: flo
     diff = b - a
     mean = float(diff.mean())
     rng = np.random.default_rng(seed)
-    if np.allclose(diff, diff[0], rtol=0.0, atol=0.0):  # no spread: the interval is the value, no test
+    test = stats.permutation_test((b, a), lambda x, y, axis: np.mean(x - y, axis=axis), permutation_type="samples",
+                                  n_resamples=permutations, vectorized=True, alternative="two-sided",
+                                  random_state=rng)
+    p_rand = float(test.pvalue)
+    if np.all(diff == diff[0]):  # no spread: the interval is the value, the t statistic is undefined
         low = high = mean
-        p_rand = 1.0 if mean == 0.0 else math.nan
         p_t = math.nan
     else:
-        boot = stats.bootstrap((diff,), np.mean, confidence_level=confidence, n_resamples=permutations,
-                               method="BCa", random_state=rng)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            boot = stats.bootstrap((diff,), np.mean, confidence_level=confidence, n_resamples=permutations,
+                                   method="BCa", random_state=rng)
         low, high = float(boot.confidence_interval.low), float(boot.confidence_interval.high)
-        if math.isnan(low) or math.isnan(high):  # BCa undefined (e.g. one value but a few): percentile interval
+        if math.isnan(low) or math.isnan(high):  # BCa undefined (e.g. all values but one equal): percentile
             boot = stats.bootstrap((diff,), np.mean, confidence_level=confidence, n_resamples=permutations,
                                    method="percentile", random_state=rng)
             low, high = float(boot.confidence_interval.low), float(boot.confidence_interval.high)
-        test = stats.permutation_test((b, a), lambda x, y, axis: np.mean(x - y, axis=axis),
-                                      permutation_type="samples", n_resamples=permutations, vectorized=True,
-                                      alternative="two-sided", random_state=rng)
-        p_rand = float(test.pvalue)
         p_t = float(stats.ttest_rel(b, a).pvalue)
     wins = int((diff > tolerance).sum())
     losses = int((diff < -tolerance).sum())

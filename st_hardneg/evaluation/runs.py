@@ -261,6 +261,9 @@ def write_per_query(path: str | Path, per_query: Mapping[str, Mapping[str, Mappi
         writer.writerow(["task", "query-id", *metrics])
         for task, queries in per_query.items():
             for qid, values in queries.items():
+                missing = [m for m in metrics if m not in values]
+                if missing:
+                    raise ValueError(f"query {qid!r} of task {task!r} has no {missing[0]!r}; it has {sorted(values)}")
                 writer.writerow([task, qid, *(repr(float(values[m])) for m in metrics)])
     return path
 
