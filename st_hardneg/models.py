@@ -7,10 +7,12 @@ requested mode; :func:`load_default_model` does the same for the all-MiniLM-L6-v
 
 ``mlp_head=True`` adds SimCSE's MLP head used in training only (:class:`TrainOnlyDense`, SimCSE's
 ``--mlp_only_train``): a Dense + tanh layer on the pooled [CLS] vector while the model is in train mode, the identity
-in eval mode (SimCSE's ``cls_before_pooler`` at test time). Save the trained model with :func:`save_inference_model`
-(or call :func:`strip_train_only_modules` first) so that it loads with a plain ``SentenceTransformer(path)``;
-checkpoints written during training keep the head and reload with :func:`load_checkpoint` (the Trainer's
-``load_best_model_at_end`` reloads them by itself).
+in eval mode (SimCSE's ``cls_before_pooler`` at test time). Saving such a model (``model.save``,
+``model.save_pretrained``, ``trainer.save_model`` or :func:`save_inference_model`) writes the inference model, the
+head removed, which loads with a plain ``SentenceTransformer(path)`` where st-hardneg is not installed;
+``model.save(path, keep_train_only_modules=True)`` keeps the head. The checkpoints written during training keep the
+head and reload with :func:`load_checkpoint` (the Trainer's resume and ``load_best_model_at_end`` reload them by
+themselves).
 """
 
 from __future__ import annotations
@@ -188,6 +190,46 @@ def without_train_only_modules(model: SentenceTransformer) -> Iterator[SentenceT
             cast(dict[str, Any], model.module_kwargs).update(saved_kwargs)
 
 
+def _writing_a_trainer_checkpoint() -> bool:
+    """Whether the current call comes from a Trainer writing a checkpoint (``Trainer._save_checkpoint``): those keep
+    the train-only modules, which resuming and ``load_best_model_at_end`` load back."""
+    import sys
+
+    frame = sys._getframe(2)
+    while frame is not None:
+        if frame.f_code.co_name == "_save_checkpoint":
+            owner = frame.f_locals.get("self")
+            if owner is not None and any(cls.__name__ == "Trainer" for cls in type(owner).__mro__):
+                return True
+        frame = frame.f_back  # type: ignore[assignment]
+    return False
+
+
+def _save_without_train_only_modules(self: SentenceTransformer, path: str, *args: Any,
+                                     keep_train_only_modules: bool = False, **kwargs: Any) -> Any:
+    """``model.save`` of a model with train-only modules (installed by :func:`add_mlp_head`): the inference model,
+    unless ``keep_train_only_modules=True`` or a Trainer is writing a checkpoint."""
+    save = type(self).save
+    if keep_train_only_modules or not train_only_module_names(self) or _writing_a_trainer_checkpoint():
+        return save(self, path, *args, **kwargs)
+    with without_train_only_modules(self):
+        return save(self, path, *args, **kwargs)
+
+
+def save_inference_by_default(model: SentenceTransformer) -> SentenceTransformer:
+    """Make ``model.save`` / ``model.save_pretrained`` (and ``trainer.save_model``) write the inference model, without
+    its train-only modules, so the folder loads with plain sentence-transformers; in place, returns ``model``.
+
+    The Trainer's checkpoints keep the modules (resuming and ``load_best_model_at_end`` need them). Keep them in a
+    save with ``model.save(path, keep_train_only_modules=True)`` (then load with :func:`load_checkpoint`).
+    :func:`add_mlp_head` and :func:`load_checkpoint` call this.
+    """
+    import types
+
+    model.save = types.MethodType(_save_without_train_only_modules, model)  # type: ignore[method-assign]
+    return model
+
+
 def save_inference_model(model: SentenceTransformer, path: str | Path, **save_kwargs: Any) -> Path:
     """Save ``model`` without its train-only modules (``model`` itself is left as it is); returns ``path``.
 
@@ -218,8 +260,10 @@ def load_checkpoint(path: str | Path, device: str | None = None) -> SentenceTran
     module_classes = {f"{TrainOnlyDense.__module__}.{TrainOnlyDense.__name__}": TrainOnlyDense}
     loader = getattr(SentenceTransformer, "_load_with_module_classes", None)
     if loader is None:  # pragma: no cover - other sentence-transformers versions
-        return SentenceTransformer(str(path), device=device, trust_remote_code=True)
-    return loader(str(path), module_classes, device=device)
+        loaded = SentenceTransformer(str(path), device=device, trust_remote_code=True)
+    else:
+        loaded = loader(str(path), module_classes, device=device)
+    return save_inference_by_default(loaded) if train_only_module_names(loaded) else loaded
 
 
 def add_mlp_head(model: SentenceTransformer, init_std: float | None = None) -> SentenceTransformer:
@@ -243,7 +287,7 @@ def add_mlp_head(model: SentenceTransformer, init_std: float | None = None) -> S
     head = TrainOnlyDense(dim, dim, init_std=init_std)
     device = next(model.parameters()).device
     model.append(head.to(device))
-    return model
+    return save_inference_by_default(model)  # model.save writes the model without the head
 
 
 def load_model(

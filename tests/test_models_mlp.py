@@ -94,7 +94,8 @@ def test_strip_in_place(mlp_model):
 
 def test_full_save_keeps_the_head_and_reloads(mlp_model, tmp_path):
     mlp_model[2].linear.weight.data.normal_()
-    mlp_model.save(str(tmp_path / "checkpoint"))  # what the Trainer writes at every checkpoint
+    # what the Trainer writes at every checkpoint (a plain model.save writes the inference model: tests/test_models.py)
+    mlp_model.save(str(tmp_path / "checkpoint"), keep_train_only_modules=True)
     reloaded = load_checkpoint(tmp_path / "checkpoint", device="cpu")
     assert isinstance(reloaded[2], TrainOnlyDense)
     assert torch.equal(reloaded[2].linear.weight, mlp_model[2].linear.weight)

@@ -505,7 +505,7 @@ def save_final_model(args: argparse.Namespace, model: Any, output_dir: Path) -> 
 
     final = output_dir / "final"
     if getattr(args, "save_train_head", False):
-        model.save(str(final))  # loads with st_hardneg.models.load_checkpoint
+        model.save(str(final), keep_train_only_modules=True)  # loads with st_hardneg.models.load_checkpoint
     else:
         save_inference_model(model, final)  # without a train-only MLP head: loads with plain SentenceTransformer()
     return final

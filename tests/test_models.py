@@ -1,0 +1,109 @@
+"""``st_hardneg.models``' saving: a model with SimCSE's train-only head saves as the inference model by default (it
+loads with plain sentence-transformers in a process where st_hardneg cannot be imported), keeps the head on request
+and in the Trainer's checkpoints."""
+
+from __future__ import annotations
+
+import copy
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from st_hardneg.models import load_checkpoint, load_model, save_inference_model
+
+BLOCKED_LOAD = """
+import json, sys
+class Block:
+    def find_spec(self, name, path=None, target=None):
+        if name == "st_hardneg" or name.startswith("st_hardneg."):
+            raise ImportError("st_hardneg is blocked in this process")
+sys.meta_path.insert(0, Block())
+from sentence_transformers import SentenceTransformer
+model = SentenceTransformer(sys.argv[1], device="cpu")
+print(json.dumps(model.encode(["the cat eats food."], convert_to_tensor=True)[0].tolist()))
+try:
+    import st_hardneg  # noqa: F401
+    blocked = False
+except ImportError:
+    blocked = True
+print(json.dumps([type(m).__name__ for m in model]), "st_hardneg" in sys.modules, blocked)
+"""
+
+
+def _types(path) -> list[str]:
+    return [m["type"].rsplit(".", 1)[-1] for m in json.loads((path / "modules.json").read_text())]
+
+
+def _blocked(path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", BLOCKED_LOAD, str(path)], capture_output=True, text=True,
+                          timeout=300)
+
+
+def test_every_save_writes_the_inference_model_unless_asked(tiny_model_dir, tmp_path):
+    model = load_model(tiny_model_dir, mlp_head=True, device="cpu")
+    with torch.no_grad():
+        model[-1].linear.weight.mul_(3.0)  # the head changes train-mode outputs, not eval-mode ones
+    model.save(str(tmp_path / "save"))
+    model.save_pretrained(str(tmp_path / "save_pretrained"))
+    save_inference_model(model, tmp_path / "inference")
+    model.save(str(tmp_path / "kept"), keep_train_only_modules=True)
+    for name in ("save", "save_pretrained", "inference"):
+        assert _types(tmp_path / name) == ["Transformer", "Pooling"], name
+    assert _types(tmp_path / "kept") == ["Transformer", "Pooling", "TrainOnlyDense"]
+    assert _types(tmp_path / "kept") == [type(m).__name__ for m in model]  # the model itself keeps its head
+
+    expected = model.encode(["the cat eats food."], convert_to_tensor=True)[0]
+    blocked = _blocked(tmp_path / "save")
+    assert blocked.returncode == 0, blocked.stderr
+    vector, rest = blocked.stdout.strip().splitlines()
+    assert rest == '["Transformer", "Pooling"] False True'  # st_hardneg was never loaded, and could not be
+    assert torch.allclose(torch.tensor(json.loads(vector)), expected, atol=1e-5)
+    # the folder with the head does not load with plain sentence-transformers
+    refused = _blocked(tmp_path / "kept")
+    assert refused.returncode != 0 and "st_hardneg.models.TrainOnlyDense" in refused.stderr
+    reloaded = load_checkpoint(tmp_path / "kept")
+    assert [type(m).__name__ for m in reloaded][-1] == "TrainOnlyDense"
+    reloaded.save(str(tmp_path / "resaved"))  # a reloaded checkpoint saves without its head too
+    assert _types(tmp_path / "resaved") == ["Transformer", "Pooling"]
+
+
+def test_a_copy_saves_itself(tiny_model_dir, tmp_path):
+    model = load_model(tiny_model_dir, mlp_head=True, device="cpu")
+    twin = copy.deepcopy(model)
+    with torch.no_grad():
+        twin[0].auto_model.embeddings.word_embeddings.weight.add_(1.0)
+    twin.save(str(tmp_path / "twin"))
+    from safetensors.torch import load_file
+
+    saved = load_file(str(tmp_path / "twin" / "model.safetensors"))
+    key = next(k for k in saved if k.endswith("word_embeddings.weight"))
+    assert torch.equal(saved[key], twin[0].auto_model.embeddings.word_embeddings.weight)
+    assert not torch.equal(saved[key], model[0].auto_model.embeddings.word_embeddings.weight)
+
+
+@pytest.mark.parametrize("keep", [False, True])
+def test_trainer_checkpoints_keep_the_head_and_the_final_save_drops_it(tiny_model_dir, tiny_sentences, tmp_path,
+                                                                        keep):
+    from sentence_transformers import SentenceTransformerTrainer, SentenceTransformerTrainingArguments
+
+    from st_hardneg.data.senteval import pair_dataset
+    from st_hardneg.training.registry import build_loss
+
+    model = load_model(tiny_model_dir, mlp_head=True, device="cpu")
+    args = SentenceTransformerTrainingArguments(output_dir=str(tmp_path / "ckpt"), per_device_train_batch_size=8,
+                                                max_steps=2, save_strategy="steps", save_steps=1, report_to=[],
+                                                disable_tqdm=True, use_cpu=True, dataloader_pin_memory=False)
+    trainer = SentenceTransformerTrainer(model=model, args=args, train_dataset=pair_dataset(tiny_sentences),
+                                         loss=build_loss("focal", model))
+    trainer.train()
+    assert _types(tmp_path / "ckpt" / "checkpoint-2") == ["Transformer", "Pooling", "TrainOnlyDense"]
+    trainer.save_model(str(tmp_path / "final"))
+    assert _types(tmp_path / "final") == ["Transformer", "Pooling"]
+    if keep:  # resuming from a checkpoint with the head works (its weights load back strictly)
+        resumed = SentenceTransformerTrainer(model=model, args=args, train_dataset=pair_dataset(tiny_sentences),
+                                             loss=build_loss("focal", model))
+        resumed.train(resume_from_checkpoint=str(tmp_path / "ckpt" / "checkpoint-1"))
+        assert resumed.state.global_step == 2
