@@ -92,6 +92,8 @@ def mine_training_negatives(
     range_max: int | None = None,
     batch_size: int = 64,
     verbose: bool = False,
+    query_prompt_name: str | None = None,
+    corpus_prompt_name: str | None = None,
 ) -> Dataset:
     """One mined hard negative per (anchor, positive) pair, with sentence-transformers' ``mine_hard_negatives``.
 
@@ -114,6 +116,9 @@ def mine_training_negatives(
             ``num_candidates + range_min + 10``).
         batch_size: encoding batch size.
         verbose: print ``mine_hard_negatives``' statistics.
+        query_prompt_name, corpus_prompt_name: prompts of ``model.prompts`` for the anchors and the corpus, passed to
+            ``mine_hard_negatives`` (which encodes with ``encode_query`` / ``encode_document``; ``None``: their
+            default prompts, as mteb and the evaluation use).
 
     Returns:
         ``datasets.Dataset`` with columns ``anchor``, ``positive``, ``negative`` (pairs in input order).
@@ -121,14 +126,19 @@ def mine_training_negatives(
     Raises:
         TypeError: ``pairs`` is not a sequence of 2-item pairs of strings, or ``corpus`` holds a non-string (the
             message names the index; texts are never converted with ``str``).
-        ValueError: an empty text, no pair, a corpus of fewer than 2 sentences, a forbidden sentence, or a bad
-            candidate range.
+        ValueError: an empty text, no pair, a corpus of fewer than 2 sentences, a forbidden sentence, a bad
+            candidate range, or a prompt name the model does not define.
     """
     from datasets import Dataset
     from sentence_transformers.util import mine_hard_negatives
 
     if num_candidates < 1:
         raise ValueError(f"num_candidates must be >= 1, got {num_candidates!r}")
+    prompts = getattr(model, "prompts", None) or {}
+    for what, prompt_name in (("query_prompt_name", query_prompt_name), ("corpus_prompt_name", corpus_prompt_name)):
+        if prompt_name is not None and prompt_name not in prompts:
+            raise ValueError(f"{what} {prompt_name!r} is not a prompt of the model; its prompts are "
+                             f"{sorted(prompts) or 'none'}")
     if isinstance(pairs, Dataset):
         if len(pairs.column_names) < 2:
             raise ValueError(f"pairs needs two columns (anchor, positive), got {pairs.column_names}")
@@ -163,7 +173,8 @@ def mine_training_negatives(
     mined = mine_hard_negatives(
         dataset, model, corpus=corpus, range_min=range_min, range_max=range_max,
         relative_margin=relative_margin, num_negatives=num_candidates, sampling_strategy="top",
-        output_format="triplet", batch_size=batch_size, verbose=verbose,
+        output_format="triplet", batch_size=batch_size, verbose=verbose, query_prompt_name=query_prompt_name,
+        corpus_prompt_name=corpus_prompt_name,
     )
     # triplet rows come per anchor in decreasing similarity of the negative; candidates without a valid score are
     # already left out
