@@ -121,6 +121,9 @@ def resolve_train_args(args: argparse.Namespace) -> argparse.Namespace:
     if args.train_file is not None and (args.mining_arg or args.cache_dir is not None):
         raise ValueError("--mining-arg and --cache-dir configure the mined MRPC triplets; --train-file trains on your "
                          "rows as they are: drop them")
+    if args.max_steps > 0 and args.epochs is not None:  # before the defaults fill --epochs in
+        raise ValueError(f"--max-steps {args.max_steps} sets the length of the run and --epochs {args.epochs:g} would "
+                         "be ignored: give one of them")
     for key, value in task_defaults(args.task).items():
         if getattr(args, key) is None:
             setattr(args, key, value)

@@ -192,6 +192,7 @@ def no_model(monkeypatch):
     (["--stop-after", "12"], "--stop-after 12 is not before the end of the run (12 steps)"),
     (["--stop-after", "40"], "--stop-after 40 is not before the end of the run (12 steps)"),
     (["--save-train-head"], "--save-train-head keeps the head of --mlp-head"),
+    (["--max-steps", "5", "--epochs", "2"], "--max-steps 5 sets the length of the run and --epochs 2 would be ignored"),
 ])
 def test_bad_training_input_is_one_line_exit_2_before_any_model(tmp_path, no_model, capsys, extra, message,
                                                                  shared_data):
