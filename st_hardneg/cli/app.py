@@ -81,10 +81,13 @@ def _eval_files(args: argparse.Namespace, model_name: str, revision: str) -> dic
     beside it; a folder → ``<folder>/st-hardneg/<org>__<name>/<revision>/eval.json`` (+ ``per_query.tsv``,
     ``<task>.trec``), mteb's own files under ``<folder>/results/`` (its ``ResultCache``)."""
     target = Path(args.output_dir).expanduser()
-    if target.suffix == ".json":
-        return {"results": target, "folder": target.parent, "prefix": target.with_suffix(""), "mteb": target.parent}
+    if str(args.output_dir).endswith(".json"):
+        stem = target.name[: -len(".json")]
+        return {"results": target, "folder": target.parent, "per_query": target.parent / f"{stem}.per_query.tsv",
+                "runs": target.parent / f"{stem}.{{task}}.trec", "mteb": target.parent}
     folder = target / "st-hardneg" / model_name.replace("/", "__") / revision
-    return {"results": folder / "eval.json", "folder": folder, "prefix": folder / "", "mteb": target}
+    return {"results": folder / "eval.json", "folder": folder, "per_query": folder / "per_query.tsv",
+            "runs": folder / "{task}.trec", "mteb": target}
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
@@ -202,14 +205,11 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if retrieved:
         from st_hardneg.evaluation.runs import write_per_query, write_trec_run
 
-        prefix = str(files["prefix"])
-        sep = "" if prefix.endswith(("/", "\\")) else "."
-        per_query = write_per_query(f"{prefix}{sep}per_query.tsv",
-                                    {task: result.per_query for task, result in retrieved.items()})
+        per_query = write_per_query(files["per_query"], {task: result.per_query for task, result in retrieved.items()})
         results["files"]["per_query"] = per_query.name
         results["files"]["runs"] = {}
         for task, result in retrieved.items():
-            run = write_trec_run(f"{prefix}{sep}{task}.trec", result.run, tag=model_name.replace(" ", "_"))
+            run = write_trec_run(str(files["runs"]).replace("{task}", task), result.run, tag=model_name.replace(" ", "_"))
             results["files"]["runs"][task] = run.name
     write_json(files["results"], results)
     print(f"\nresults: {files['results']}")

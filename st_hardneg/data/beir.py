@@ -273,8 +273,14 @@ def load_beir(path: str | Path, name: str | None = None) -> BEIRData:
             test = scifact.task("test")   # 300 queries, 5,183 documents
     """
     root = Path(path).expanduser()
+    if root.is_file():
+        raise DataNotFoundError(f"{root} is a file, not a BEIR folder (expected a folder holding corpus.jsonl, "
+                                "queries.jsonl, qrels/*.tsv)")
     if not root.is_dir():
         raise DataNotFoundError(f"no BEIR folder at {root} (expected corpus.jsonl, queries.jsonl, qrels/*.tsv)")
+    folders = [str(root / f) for f in BEIR_FILES if (root / f).is_dir()]
+    if folders:
+        raise DataNotFoundError(f"{folders[0]} is a folder, not the BEIR file it should be")
     missing = [str(root / f) for f in BEIR_FILES if not (root / f).is_file()]
     qrels_files = sorted((root / "qrels").glob("*.tsv")) if (root / "qrels").is_dir() else []
     if not qrels_files:

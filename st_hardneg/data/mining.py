@@ -134,8 +134,8 @@ def mine_training_negatives(
 
     if num_candidates < 1:
         raise ValueError(f"num_candidates must be >= 1, got {num_candidates!r}")
-    prompts = getattr(model, "prompts", None) or {}
     for what, prompt_name in (("query_prompt_name", query_prompt_name), ("corpus_prompt_name", corpus_prompt_name)):
+        prompts = (getattr(model, "prompts", None) or {}) if prompt_name is not None else {}
         if prompt_name is not None and prompt_name not in prompts:
             raise ValueError(f"{what} {prompt_name!r} is not a prompt of the model; its prompts are "
                              f"{sorted(prompts) or 'none'}")

@@ -118,6 +118,9 @@ def sts_files(task: str) -> list[str]:
 
 def check_sts_data(root: Path, tasks: Iterable[str]) -> None:
     """Raise :class:`DataNotFoundError` naming every missing file of ``tasks`` under ``root``."""
+    folders = [rel for task in tasks for rel in sts_files(task) if (root / rel).is_dir()]
+    if folders:
+        raise DataNotFoundError(f"{root / folders[0]} is a folder, not the SentEval file it should be")
     missing = [rel for task in tasks for rel in sts_files(task) if not (root / rel).is_file()]
     if missing:
         shown = "\n  ".join(missing[:20]) + ("\n  …" if len(missing) > 20 else "")
@@ -293,6 +296,9 @@ def read_corpus(path: str | Path, min_chars: int = 0, dedupe: bool = False) -> l
             false negatives, see ``BatchSamplers.NO_DUPLICATES``).
     """
     path = Path(path)
+    if path.is_dir():
+        raise IsADirectoryError(f"corpus file {str(path)!r} is a folder, not a file; pass a text file with one "
+                                "sentence per line")
     if not path.is_file():
         raise FileNotFoundError(
             f"corpus file {str(path)!r} not found. Pass a text file with one sentence per line; the papers' corpus "

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from st_hardneg.data.senteval import DataNotFoundError, _how_to_get
+from st_hardneg.data.senteval import DataFormatError, DataNotFoundError, _how_to_get
 
 #: the seven transfer tasks of the SimCSE / MixCSE tables, in their column order
 TRANSFER_TASKS = ("MR", "CR", "SUBJ", "MPQA", "SST2", "TREC", "MRPC")
@@ -40,6 +40,9 @@ def transfer_files(task: str) -> list[str]:
 
 def check_transfer_data(root: Path, tasks: Sequence[str]) -> None:
     """Raise :class:`~st_hardneg.data.senteval.DataNotFoundError` naming every missing file of ``tasks`` under ``root``."""
+    folders = [rel for task in tasks for rel in transfer_files(task) if (Path(root) / rel).is_dir()]
+    if folders:
+        raise DataNotFoundError(f"{Path(root) / folders[0]} is a folder, not the SentEval transfer file it should be")
     missing = [rel for task in tasks for rel in transfer_files(task) if not (Path(root) / rel).is_file()]
     if missing:
         raise DataNotFoundError(
@@ -100,35 +103,49 @@ def read_transfer_task(root: str | Path, task: str) -> dict[str, TransferSplit]:
         splits = {}
         for split in ("train", "dev", "test"):
             items = []
-            for line in (root / "SST" / "binary" / f"sentiment-{split}").read_text(encoding="utf8").splitlines():
+            path = root / "SST" / "binary" / f"sentiment-{split}"
+            for number, line in enumerate(path.read_text(encoding="utf8").splitlines(), start=1):
                 if not line.strip():
                     continue
-                text, label = line.strip().split("\t")
-                items.append((_tokens(text), int(label)))
+                fields = line.strip().split("\t")
+                if len(fields) != 2 or fields[1].strip() not in ("0", "1"):
+                    raise DataFormatError(f"{path}, line {number}: expected 'sentence<TAB>label' with label 0 or 1, "
+                                          f"got {line.strip()!r:.80}")
+                items.append((_tokens(fields[0]), int(fields[1])))
             splits[split] = _split_from(items)
         return splits
     if task == "TREC":
         splits = {}
         for split, name in (("train", "train_5500.label"), ("test", "TREC_10.label")):
             items = []
-            for line in (root / "TREC" / name).read_text(encoding="latin-1").splitlines():
+            path = root / "TREC" / name
+            for number, line in enumerate(path.read_text(encoding="latin-1").splitlines(), start=1):
                 if not line.strip():
                     continue
-                target, rest = line.strip().split(":", 1)
+                target, colon, rest = line.strip().partition(":")
+                fine, space, question = rest.partition(" ")
+                if not colon or not space or not fine or not question.strip():
+                    raise DataFormatError(f"{path}, line {number}: expected 'LABEL:fine question' (e.g. "
+                                          f"'DESC:def What is ...'), got {line.strip()!r:.80}")
                 if target not in _TREC_LABELS:
-                    raise ValueError(f"TREC/{name}: unknown label {target!r} in line {line!r}")
-                items.append((_tokens(rest.split(" ", 1)[1]), _TREC_LABELS[target]))
+                    raise DataFormatError(f"{path}, line {number}: unknown label {target!r}; TREC's labels are "
+                                          f"{', '.join(_TREC_LABELS)}")
+                items.append((_tokens(question), _TREC_LABELS[target]))
             splits[split] = _split_from(items)
         return splits
     if task == "MRPC":
         splits = {}
         for split in ("train", "test"):
-            lines = (root / "MRPC" / f"msr_paraphrase_{split}.txt").read_text(encoding="utf8").splitlines()[1:]
+            path = root / "MRPC" / f"msr_paraphrase_{split}.txt"
+            lines = path.read_text(encoding="utf8").splitlines()[1:]
             items = []
-            for line in lines:
+            for number, line in enumerate(lines, start=2):
                 if not line.strip():
                     continue
                 fields = line.strip().split("\t")
+                if len(fields) < 5 or fields[0] not in ("0", "1"):
+                    raise DataFormatError(f"{path}, line {number}: expected 5 tab-separated fields (quality 0/1, "
+                                          f"#1 ID, #2 ID, #1 string, #2 string), got {len(fields)}")
                 items.append((_tokens(fields[3]), _tokens(fields[4]), int(fields[0])))
             items = _ordered(items, key=lambda z: (len(z[0]), len(z[1]), z[2]))
             splits[split] = TransferSplit(

@@ -32,6 +32,14 @@ def _normalize(x: np.ndarray) -> np.ndarray:
     return x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
 
 
+def _matrix(x: np.ndarray, name: str) -> np.ndarray:
+    """``x`` as a 2-D array (one embedding a row), or a ValueError naming the argument."""
+    array = np.asarray(x)
+    if array.ndim != 2:
+        raise ValueError(f"{name} must be a 2-D array (one embedding a row), got shape {array.shape}")
+    return array
+
+
 def alignment(x: np.ndarray, y: np.ndarray, alpha: float = 2.0) -> float:
     """Wang & Isola's alignment ``E ||f(x) − f(y)||^alpha`` over positive pairs (rows of ``x`` and ``y``), on
     L2-normalised embeddings (the inputs are normalised here). Lower is better.
@@ -40,10 +48,18 @@ def alignment(x: np.ndarray, y: np.ndarray, alpha: float = 2.0) -> float:
         DegenerateEmbeddingsError: NaN, infinite or zero embeddings, or collapsed ones (all within a relative spread
             of :data:`~st_hardneg.evaluation.encoding.COLLAPSE_TOLERANCE` of one point: a collapsed encoder would
             otherwise get a "perfect" alignment near 0).
+        ValueError: ``x`` or ``y`` not 2-D, of different lengths or widths, empty, or ``alpha`` not > 0.
     """
+    from st_hardneg.validation import check_number
+
+    x, y = _matrix(x, "x"), _matrix(y, "y")
+    if check_number(alpha, "alpha", minimum=0.0) == 0.0:
+        raise ValueError(f"alpha must be a finite number > 0, got {alpha!r}")
     if len(x) != len(y) or len(x) == 0:
         raise ValueError(f"alignment needs two non-empty arrays of the same length, got {len(x)} and {len(y)}")
-    check_embeddings(np.concatenate([np.asarray(x), np.asarray(y)]), "the positive pairs")
+    if x.shape[1] != y.shape[1]:
+        raise ValueError(f"x and y must have the same width, got {x.shape[1]} and {y.shape[1]}")
+    check_embeddings(np.concatenate([x, y]), "the positive pairs")
     x, y = _normalize(x), _normalize(y)
     return float(np.mean(np.linalg.norm(x - y, axis=1) ** alpha))
 
@@ -54,7 +70,13 @@ def uniformity(x: np.ndarray, t: float = 2.0) -> float:
 
     Raises:
         DegenerateEmbeddingsError: NaN, infinite or zero embeddings, or collapsed ones (see :func:`alignment`).
+        ValueError: ``x`` not 2-D or with fewer than 2 rows, or ``t`` not > 0.
     """
+    from st_hardneg.validation import check_number
+
+    x = _matrix(x, "x")
+    if check_number(t, "t", minimum=0.0) == 0.0:
+        raise ValueError(f"t must be a finite number > 0, got {t!r}")
     n = len(x)
     if n < 2:
         raise ValueError(f"uniformity needs at least 2 embeddings, got {n}")

@@ -32,13 +32,25 @@ def cosine_spearman(embeddings1: np.ndarray, embeddings2: np.ndarray, gold: Sequ
 
     Raises:
         DegenerateEmbeddingsError: a non-finite or zero embedding, or all cosines equal (Spearman is undefined).
-        ValueError: fewer than two pairs, mismatched lengths, or constant gold scores.
+        ValueError: fewer than two pairs, mismatched lengths or widths, 1-D embeddings, a non-finite gold score, or
+            constant gold scores.
     """
     a = np.asarray(embeddings1, dtype=np.float64)
     b = np.asarray(embeddings2, dtype=np.float64)
     y = np.asarray(gold, dtype=np.float64)
+    for name, matrix in (("embeddings1", a), ("embeddings2", b)):
+        if matrix.ndim != 2:
+            raise ValueError(f"{name} must be a 2-D array (one embedding a row), got shape {matrix.shape}")
+    if y.ndim != 1:
+        raise ValueError(f"gold must be a 1-D sequence of scores, got shape {y.shape}")
     if not (len(a) == len(b) == len(y)) or len(y) < 2:
         raise ValueError(f"cosine_spearman needs >= 2 pairs of equal length, got {len(a)}, {len(b)}, {len(y)}")
+    if a.shape[1] != b.shape[1]:
+        raise ValueError(f"embeddings1 and embeddings2 must have the same width, got {a.shape[1]} and {b.shape[1]}")
+    bad = np.flatnonzero(~np.isfinite(y))
+    if len(bad):
+        raise ValueError(f"gold has {len(bad)} non-finite score(s) (NaN or infinite), first at index {bad[0]}: the "
+                         "Spearman correlation would be NaN")
     if not (np.isfinite(a).all() and np.isfinite(b).all()):
         raise DegenerateEmbeddingsError("non-finite (NaN or infinite) embeddings: the Spearman score is undefined")
     norms = np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1)

@@ -1,0 +1,106 @@
+"""st-hardneg eval: the model as published, its module stack, the files beside the results, mteb's names."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import numpy as np
+import pytest
+
+from st_hardneg.cli import app
+from st_hardneg.testing.beir import make_tiny_beir
+
+
+@pytest.fixture(scope="module")
+def saved_model(tmp_path_factory, tiny_model_dir):
+    """A saved SentenceTransformer (tiny BERT, mean pooling, Normalize): what eval must load as it is."""
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.base.modules import Transformer
+    from sentence_transformers.sentence_transformer.modules import Normalize, Pooling
+
+    transformer = Transformer(str(tiny_model_dir), max_seq_length=48)
+    model = SentenceTransformer(modules=[transformer, Pooling(transformer.get_embedding_dimension(), "mean"),
+                                         Normalize()], device="cpu")
+    path = tmp_path_factory.mktemp("saved") / "tiny-st"
+    model.save(str(path))
+    return path
+
+
+def test_eval_loads_a_saved_model_as_published_and_writes_runs_beside_the_results(saved_model, tmp_path, capsys):
+    beir = make_tiny_beir(tmp_path / "tiny")
+    out = tmp_path / "results"
+    argv = ["eval", "--model", str(saved_model), "--tasks", "beir", "--data", str(beir), "--output-dir", str(out),
+            "--max-seq-length", "48", "--quiet"]
+    assert app.main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "model: local/tiny-st (weights-" in printed
+    assert "Transformer(BertModel, 48 tokens) -> Pooling(mean) -> Normalize" in printed
+    [results_file] = list(out.glob("st-hardneg/local__tiny-st/weights-*/eval.json"))
+    results = json.loads(results_file.read_text())
+    assert results["modules"].endswith("Pooling(mean) -> Normalize")
+    per_query = results_file.parent / results["files"]["per_query"]
+    with per_query.open() as handle:
+        rows = list(csv.DictReader(handle, delimiter="\t"))
+    assert {r["task"] for r in rows} == {"tiny-test"} and len(rows) == results["beir"]["tiny-test"]["queries"]
+    assert np.mean([float(r["ndcg@10"]) for r in rows]) == pytest.approx(results["beir"]["tiny-test"]["ndcg@10"])
+    run = (results_file.parent / results["files"]["runs"]["tiny-test"]).read_text().splitlines()
+    assert len(run) == len(rows) * min(100, results["beir"]["tiny-test"]["corpus"])
+    # nothing overwritten without --overwrite; with it, the same scores
+    assert app.main(argv) == 2
+    err = capsys.readouterr().err
+    assert "eval.json exists" in err and "pass --overwrite" in err
+    assert app.main([*argv, "--overwrite"]) == 0
+    assert json.loads(results_file.read_text())["beir"] == results["beir"]
+
+
+def test_pooling_flag_builds_a_fresh_pooling_and_says_so(saved_model, tmp_path, capsys):
+    beir = make_tiny_beir(tmp_path / "tiny")
+    out = tmp_path / "scores.json"
+    assert app.main(["eval", "--model", str(saved_model), "--pooling", "cls", "--tasks", "beir", "--data", str(beir),
+                     "--output", str(out), "--quiet"]) == 0
+    printed = capsys.readouterr().out
+    assert "Pooling(cls)" in printed and "Normalize" not in printed.splitlines()[0]
+    assert "[fresh cls pooling, --pooling]" in printed
+    assert (tmp_path / "scores.per_query.tsv").is_file() and (tmp_path / "scores.tiny-test.trec").is_file()
+
+
+def test_an_output_folder_that_cannot_be_written_fails_before_the_model_loads(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(app, "load_for_eval", lambda *a: pytest.fail("model loaded"))
+    (tmp_path / "file").write_text("x")
+    assert app.main(["eval", "--output-folder", str(tmp_path / "file" / "results")]) == 2
+    assert "--output-folder" in capsys.readouterr().err
+
+
+def test_a_prompt_name_the_model_does_not_define_exits_2(saved_model, tmp_path, capsys):
+    beir = make_tiny_beir(tmp_path / "tiny")
+    assert app.main(["eval", "--model", str(saved_model), "--tasks", "beir", "--data", str(beir),
+                     "--query-prompt-name", "search_query", "--output-dir", str(tmp_path / "r"), "--quiet"]) == 2
+    assert "query_prompt_name 'search_query' is not a prompt of the model" in capsys.readouterr().err
+
+
+@pytest.mark.integration
+def test_embedded_model_through_eval_equals_sentence_transformers_own(shared_data, tmp_path, capsys):
+    """`st-hardneg eval` with no --model scores all-MiniLM-L6-v2 as published: STS-B equals a plain
+    SentenceTransformer(folder) within 0.01 (82.03; the old CLS rebuild gave 73.50)."""
+    from scipy.stats import spearmanr
+    from sentence_transformers import SentenceTransformer
+
+    from st_hardneg.models import default_model_path
+
+    out = tmp_path / "results"
+    assert app.main(["eval", "--tasks", "mteb", "--mteb-tasks", "STSBenchmark-local", "--data-dir",
+                     str(shared_data / "senteval"), "--output-dir", str(out), "--quiet"]) == 0
+    printed = capsys.readouterr().out
+    assert "sentence-transformers/all-MiniLM-L6-v2" in printed and "Pooling(mean) -> Normalize" in printed
+    [results_file] = list(out.glob("st-hardneg/sentence-transformers__all-MiniLM-L6-v2/weights-*/eval.json"))
+    ours = json.loads(results_file.read_text())["mteb"]["scores"]["STSBenchmark-local"]
+    assert list(out.glob("results/sentence-transformers__all-MiniLM-L6-v2/weights-*/STSBenchmark-local.json"))
+    rows = [line.split("\t") for line in (shared_data / "senteval" / "STS" / "STSBenchmark" / "sts-test.csv")
+            .read_text(encoding="utf8").splitlines() if line.strip()]
+    model = SentenceTransformer(str(default_model_path()), device="cpu")
+    a = model.encode([r[5] for r in rows], normalize_embeddings=True)
+    b = model.encode([r[6] for r in rows], normalize_embeddings=True)
+    expected = 100 * spearmanr((a * b).sum(1), [float(r[4]) for r in rows]).statistic
+    assert ours == pytest.approx(expected, abs=0.01)
+    assert ours == pytest.approx(82.03, abs=0.05)
