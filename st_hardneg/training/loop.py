@@ -35,7 +35,9 @@ class TrainConfig:
     ``max_steps`` (> 0) shortens the run *and* its LR schedule; ``stop_after_steps`` (> 0) keeps the full run's
     schedule and stops early (see :class:`StopAfterSteps`), for screening hyperparameters. ``warmup_ratio`` is the
     share of the steps, in [0, 1), with linear warm-up. Every value is checked when the config is made: a
-    ``ValueError`` names all bad ones.
+    ``ValueError`` names all bad ones. ``extra_args`` are ``SentenceTransformerTrainingArguments`` fields that
+    override the recipe's values (see :func:`parse_training_args`); with ``resume_from_checkpoint`` (a checkpoint
+    folder) :func:`train` resumes from it.
     """
 
     output_dir: str = "output/st-hardneg"
@@ -176,7 +178,9 @@ def train(model: SentenceTransformer, train_dataset: Dataset, loss: nn.Module, c
 
     With an ``evaluator`` (e.g. :class:`~st_hardneg.evaluation.SentEvalSTSEvaluator` on STS-B dev) the model is
     evaluated every ``config.eval_steps`` steps and at the end, and the best checkpoint is loaded at the end
-    (the papers' selection rule). The model is modified in place.
+    (the papers' selection rule). The model is modified in place. ``config.extra_args["resume_from_checkpoint"]``
+    resumes from that checkpoint folder (a stateful loss too, exactly: :class:`StatefulLossCallback`). The model card
+    names st-hardneg (:class:`~st_hardneg.training.callbacks.ModelCardCallback`).
 
     Raises:
         ValueError: ``train_dataset`` has fewer rows than one batch (with ``drop_last``) or no row: the run would
