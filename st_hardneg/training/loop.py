@@ -179,8 +179,9 @@ def train(model: SentenceTransformer, train_dataset: Dataset, loss: nn.Module, c
     With an ``evaluator`` (e.g. :class:`~st_hardneg.evaluation.SentEvalSTSEvaluator` on STS-B dev) the model is
     evaluated every ``config.eval_steps`` steps and at the end, and the best checkpoint is loaded at the end
     (the papers' selection rule). The model is modified in place. ``config.extra_args["resume_from_checkpoint"]``
-    resumes from that checkpoint folder (a stateful loss too, exactly: :class:`StatefulLossCallback`). The model card
-    names st-hardneg (:class:`~st_hardneg.training.callbacks.ModelCardCallback`).
+    resumes from that checkpoint folder (a stateful loss too, exactly:
+    :class:`~st_hardneg.training.callbacks.StatefulLossCallback`). The model card names st-hardneg
+    (:class:`~st_hardneg.training.callbacks.ModelCardCallback`).
 
     Raises:
         ValueError: ``train_dataset`` has fewer rows than one batch (with ``drop_last``) or no row: the run would
@@ -301,7 +302,7 @@ def parse_training_args(items: list[str] | None, *, reserved: dict[str, str] | N
     """``["gradient_accumulation_steps=2", "bf16=true", "report_to=tensorboard"]`` → ``{"gradient_accumulation_steps":
     2, "bf16": True, "report_to": "tensorboard"}``: any field of ``SentenceTransformerTrainingArguments``, converted
     to the field's type (``true``/``false``; whole numbers; numbers; a choice of the field's enum; ``none``; a JSON
-    object for a dict field; ``a,b`` for a list field). The result goes into :attr:`TrainConfig.extra_args`, where it
+    object for a dict field; ``a,b`` for a list field). The result goes into ``TrainConfig.extra_args``, where it
     overrides the recipe's value.
 
     Args:
