@@ -60,9 +60,18 @@ def _missing_reference(app: Any, env: Any, node: Any, contnode: Any) -> Any:
         if obj is not None and qual and mod and f"{mod}.{qual}" in objects:
             found = f"{mod}.{qual}"
             break
+    if found is None and node.get("py:module") and node.get("py:class"):
+        # an inherited member, referred to from a subclass (``:attr:`diagnostics``` in a loss's docstring)
+        cls = _import(f"{node['py:module']}.{node['py:class']}")
+        for base in getattr(cls, "__mro__", ()):
+            name = f"{base.__module__}.{base.__qualname__}.{target.lstrip('.~')}"
+            if name in objects:
+                found = name
+                break
     if found is None:
-        tail = "." + target.lstrip(".~").split("st_hardneg.", 1)[-1].split(".", 1)[-1] if target.startswith(
-            "st_hardneg.") else "." + target.lstrip(".~")
+        # the unique documented name ending in the target's last part (a full path: within its package)
+        short = target.lstrip(".~")
+        tail = "." + (short.rsplit(".", 1)[-1] if short.startswith("st_hardneg.") else short)
         matches = sorted(k for k in objects if k.startswith("st_hardneg.") and k.endswith(tail))
         if target.startswith("st_hardneg."):
             package = target.rsplit(".", 1)[0]
@@ -71,9 +80,12 @@ def _missing_reference(app: Any, env: Any, node: Any, contnode: Any) -> Any:
             found = matches[0]
     if found is None:
         return None
-    return domain.resolve_xref(env, node.get("refdoc", ""), app.builder, node["reftype"], found, node, contnode) or \
-        domain.resolve_any_xref(env, node.get("refdoc", ""), app.builder, found, node, contnode)[0][1] \
-        if domain.resolve_any_xref(env, node.get("refdoc", ""), app.builder, found, node, contnode) else None
+    refdoc = node.get("refdoc", "")
+    resolved = domain.resolve_xref(env, refdoc, app.builder, node["reftype"], found, node, contnode)
+    if resolved is None:  # e.g. :func: written for a method: any role of the object's own type
+        matches = domain.resolve_any_xref(env, refdoc, app.builder, found, node, contnode)
+        resolved = matches[0][1] if matches else None
+    return resolved
 
 
 def setup(app: Any) -> dict[str, Any]:
