@@ -1,5 +1,7 @@
-"""Evaluation: SentEval STS (the papers' protocol), local retrieval tasks, MTEB and shared encoding helpers."""
+"""Evaluation: SentEval STS (the papers' protocol), retrieval scored as mteb scores it (graded, ``pytrec_eval``),
+MTEB, paired comparison of runs (:func:`compare_runs`) and shared encoding helpers."""
 
+from st_hardneg.evaluation.compare import ComparisonResult, DatasetComparison, compare_runs
 from st_hardneg.evaluation.diagnostics import (
     alignment,
     alignment_uniformity,
@@ -25,10 +27,14 @@ from st_hardneg.evaluation.mteb_tasks import (
 from st_hardneg.evaluation.retrieval import (
     RETRIEVAL_METRICS,
     LocalRetrievalEvaluator,
+    RetrievalResult,
+    evaluate_beir,
     evaluate_retrieval,
     mrpc_retrieval_evaluator,
     retrieval_evaluator,
+    retrieve,
 )
+from st_hardneg.evaluation.runs import read_per_query, read_trec_run, score_run, write_per_query, write_trec_run
 from st_hardneg.evaluation.sts import (
     INVALID_SCORE,
     SentEvalSTSEvaluator,
@@ -40,6 +46,17 @@ from st_hardneg.evaluation.transfer import TRANSFER_TASKS, evaluate_transfer, fo
 
 __all__ = [
     "COLLAPSE_TOLERANCE",
+    "ComparisonResult",
+    "DatasetComparison",
+    "RetrievalResult",
+    "compare_runs",
+    "evaluate_beir",
+    "read_per_query",
+    "read_trec_run",
+    "retrieve",
+    "score_run",
+    "write_per_query",
+    "write_trec_run",
     "INVALID_SCORE",
     "DegenerateEmbeddingsError",
     "check_embeddings",

@@ -128,8 +128,8 @@ def encode_unique(
     if prompt_name is not None and prompt_name not in prompts:
         raise ValueError(f"prompt_name {prompt_name!r} is not a prompt of the model; its prompts are "
                          f"{sorted(prompts) or 'none'}")
-    encode = {None: model.encode, "query": getattr(model, "encode_query", model.encode),
-              "document": getattr(model, "encode_document", model.encode)}[role]
+    encode: Any = {None: model.encode, "query": getattr(model, "encode_query", model.encode),
+                   "document": getattr(model, "encode_document", model.encode)}[role]
     unique = list(dict.fromkeys(sentences))
     if not unique:
         return {}
