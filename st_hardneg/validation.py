@@ -121,6 +121,29 @@ def check_count(value: Any, name: str, minimum: int = 1) -> int:
     return count
 
 
+def clamp_count(value: int, name: str, limit: int, reason: str, *, owner: str, remedy: str,
+                warn: bool = True) -> int:
+    """The one rule for a count or size that cannot be met: ``value``, or ``limit`` with a warning.
+
+    Every count argument of a loss is checked in two steps. A value that no data could meet (below its minimum, not
+    an integer) is a ``ValueError`` (:func:`check_count`). A value above what the loss's other arguments or the
+    batch allow (``num_mixed`` above the ``k (k - 1)`` ordered pairs of ``k`` hard negatives; ``k`` above a small
+    batch's negatives) is clamped to that limit, with a ``UserWarning`` naming the argument, the limit and why
+    (``warn``: the caller shows it once per loss). Nothing is met by silently repeating work (copies of one mixture
+    in a denominator) or silently dropping it.
+    """
+    if value <= limit:
+        return value
+    if warn:
+        warnings.warn(clamped_count_message(owner, name, value, limit, reason, remedy), UserWarning, stacklevel=3)
+    return limit
+
+
+def clamped_count_message(owner: str, name: str, value: int, limit: int, reason: str, remedy: str) -> str:
+    """The warning of a count clamped to what the arguments or a batch allow (see :func:`clamp_count`)."""
+    return f"{owner}: {name}={value} but {reason}; using {name}={limit}. {remedy} (this warning is shown once)."
+
+
 def check_optional_count(value: Any, name: str) -> int | None:
     """``None`` (off) or a positive integer."""
     if value is None:
@@ -285,7 +308,7 @@ __all__ = [
     "MAX_LOGIT", "check_bool", "check_choice", "check_count", "check_focal_margin_range", "check_guide",
     "check_momentum", "check_non_negative",
     "check_number", "check_optional_count", "check_optional_non_negative", "check_seed", "check_temperature", "check_unit_interval", "check_weight_or_callable",
-    "check_weights_tensor", "check_known_positives",
+    "check_weights_tensor", "check_known_positives", "clamp_count", "clamped_count_message",
 ]
 
 

@@ -83,8 +83,12 @@ def test_rejects_bad_batches(tiny_model, tiny_sentences):
     no_adv = AdversarialNegativesLoss(tiny_model, num_adversaries=0)
     with pytest.raises(ValueError, match="at least 2 pairs"):
         no_adv.compute_loss_from_embeddings([torch.randn(1, DIM), torch.randn(1, DIM)], None)
-    # With adversaries it has M negatives.
-    assert torch.isfinite(loss.compute_loss_from_embeddings([torch.randn(1, DIM), torch.randn(1, DIM)], None))
+    # With adversaries it has M negatives, but adversaries alone do not make a row usable (the rule of every loss):
+    # refused with the in-batch keys, the paper's Eq. 5 (in_batch_keys=False: the adversaries are its negatives) runs.
+    with pytest.raises(ValueError, match="no usable row in this batch: 1 of 1 rows of a batch have no negative left"):
+        loss.compute_loss_from_embeddings([torch.randn(1, DIM), torch.randn(1, DIM)], None)
+    eq5 = AdversarialNegativesLoss(tiny_model, num_adversaries=4, seed=0, in_batch_keys=False)
+    assert torch.isfinite(eq5.compute_loss_from_embeddings([torch.randn(1, DIM), torch.randn(1, DIM)], None))
 
 
 def test_key_encoder_is_exact_hidden_frozen_copy(tiny_model):

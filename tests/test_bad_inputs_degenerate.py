@@ -46,9 +46,9 @@ FACTORIES = {
     "adcse_mnrl": lambda **kw: AdversarialNegativesLoss(SizedModel(), num_adversaries=0, untied=False, **kw),
 }
 ALL = list(FACTORIES)
-#: the losses in which a row's only negatives are the batch's candidates (no never-masked synthetic column: MixCSE's
-#: official layout has one, its mixed anchor against its own positive, as AdCSE has its adversaries)
-RANKED = ["mixcse", "focal", "hncse", "adcse_mnrl"]
+#: the losses in which a row is usable only with a batch candidate left (MixCSE's official layout has a never-masked
+#: synthetic column, its mixed anchor against its own positive; AdCSE's adversaries do not make a row usable)
+RANKED = ["mixcse", "focal", "hncse", "adcse", "adcse_mnrl"]
 NO_NEGATIVE = r"no usable row in this batch: {k} of {k} rows of a batch have no negative left"
 
 
@@ -195,10 +195,14 @@ def test_identical_rows_without_the_duplicate_mask_are_sentence_transformers_val
 
 
 def test_identical_rows_keep_adcse_adversaries_as_negatives():
-    """AdCSE's adversaries are never masked: identical rows still have M negatives, and the loss is the exact
-    cross-entropy over the positive (cosine 1) and the adversaries."""
+    """AdCSE's adversaries are never masked: identical rows still have M negatives, but adversaries alone do not make
+    a row usable, so the batch is refused as in every loss; in the paper's Eq. 5 (``in_batch_keys=False``: the
+    adversaries are the only negatives) the loss is the exact cross-entropy over the positive (cosine 1) and the
+    adversaries."""
     row = pairs()[0][:1]
-    loss = FACTORIES["adcse"]()
+    with pytest.raises(ValueError, match=NO_NEGATIVE.format(k=N)):
+        call(FACTORIES["adcse"](), [row.repeat(N, 1), row.repeat(N, 1)])
+    loss = FACTORIES["adcse"](in_batch_keys=False)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         value = call(loss, [row.repeat(N, 1), row.repeat(N, 1)]).item()

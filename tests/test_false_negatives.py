@@ -481,9 +481,11 @@ def test_false_negative_log_in_a_real_training_step_matches_the_diagnostics(tiny
     from st_hardneg.training import TrainConfig, train
     from st_hardneg.training.callbacks import FalseNegativeLog
 
-    # an absolute margin of 2 masks every non-positive candidate: 3 other positives + 4 negatives per anchor (the
-    # adversaries, never masked, leave every row a negative: a batch without one would be refused)
-    loss = AdversarialNegativesLoss(tiny_model, num_adversaries=4, untied=False, margin=2.0, seed=0)
+    # an absolute margin of 2 masks every non-positive candidate: 3 other positives + 4 negatives per anchor (in the
+    # paper's Eq. 5, in_batch_keys=False, the adversaries, never masked, are a row's negatives, so the rows stay
+    # usable; with the in-batch keys, adversaries alone do not make a row usable and the batch would be refused)
+    loss = AdversarialNegativesLoss(tiny_model, num_adversaries=4, untied=False, margin=2.0, seed=0,
+                                    in_batch_keys=False)
     log = FalseNegativeLog(loss)
     texts = [f"sentence number {i}" for i in range(8)]
     data = Dataset.from_dict({"anchor": texts, "positive": [t + " again" for t in texts],

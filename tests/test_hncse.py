@@ -212,8 +212,11 @@ def test_pm_gradient_off_blocks_the_mixed_rows():
 # ---------------------------------------------------------------------------------------------- hard-negative mixing
 def test_hnm_shapes_and_candidate_counts():
     h, hp = (fn.normalize(c) for c in random_columns(n=8, d=5))
-    mixing = HNCSELoss(None, mode="hnm", k=3, num_mixed=7, seed=0)
+    mixing = HNCSELoss(None, mode="hnm", k=4, num_mixed=7, seed=0)  # 7 of the 12 ordered pairs of 4
     assert hncse_synthetic_negatives(mixing, h, hp).shape == (8, 7, 5)
+    with pytest.warns(UserWarning, match=r"num_mixed=7 but k=3 hard negatives make only 6 distinct ordered pairs"):
+        clamped = HNCSELoss(None, mode="hnm", k=3, num_mixed=7, seed=0)
+    assert hncse_synthetic_negatives(clamped, h, hp).shape == (8, 6, 5)
     single = HNCSELoss(None, mode="hnm", k=3, hnm_single=True)
     assert hncse_synthetic_negatives(single, h, hp).shape == (8, 3, 5)
     loss = HNCSELoss(None, mode="hnm", k=3, num_mixed=7, seed=0)
@@ -224,7 +227,7 @@ def test_hnm_shapes_and_candidate_counts():
 def test_hnm_k2_even_mix_matches_formula():
     """k = 2 and α = 0.5: every sampled pair gives the same mixture, so the loss is deterministic."""
     h, hp, neg = random_columns(columns=3)
-    n, m = h.shape[0], 5
+    n, m = h.shape[0], 2  # k = 2 has 2 ordered pairs: more would be clamped
     extras = []
     for i in range(n):
         a, b = ref_top_k(h, hp, i, 2)
@@ -244,7 +247,7 @@ def ref_adaptive(c):
 def test_hnm_mixtures_are_pairs_of_top_k(alpha):
     """Every synthetic negative of anchor i is normalize(α Ĝ_a + (1-α) Ĝ_b) for distinct a, b in its top-k."""
     h, hp = random_columns(n=7, d=6, seed=1)
-    k, m = 4, 30
+    k, m = 6, 30  # 30 draws = the 6 · 5 ordered pairs (7 rows: 6 in-batch negatives)
     weight = ref_adaptive if alpha == "adaptive" else alpha
     synthetic = hncse_synthetic_negatives(HNCSELoss(None, mode="hnm", k=k, num_mixed=m, alpha=alpha, seed=5), h, hp)
     for i in range(h.shape[0]):
@@ -281,13 +284,13 @@ def test_hnm_alpha_extremes_and_callables():
     h, hp = random_columns(n=6, d=5, seed=2)
     k = 3
     for alpha in [1.0, 0.0, lambda c: torch.ones_like(c)]:
-        synthetic = hncse_synthetic_negatives(HNCSELoss(None, mode="hnm", k=k, num_mixed=12, alpha=alpha, seed=0), h, hp)
+        synthetic = hncse_synthetic_negatives(HNCSELoss(None, mode="hnm", k=k, num_mixed=6, alpha=alpha, seed=0), h, hp)
         for i in range(6):
             top = torch.stack([unit(hp[j]) for j in ref_top_k(h, hp, i, k)])
             for u in synthetic[i].double():
                 assert torch.min((top - u).abs().amax(dim=1)) < 1e-6  # exactly one of the top-k
     # a callable returning a plain float works too
-    synthetic = hncse_synthetic_negatives(HNCSELoss(None, mode="hnm", k=2, num_mixed=3, alpha=lambda c: 0.5), h, hp)
+    synthetic = hncse_synthetic_negatives(HNCSELoss(None, mode="hnm", k=2, num_mixed=2, alpha=lambda c: 0.5), h, hp)
     a, b = ref_top_k(h, hp, 0, 2)
     torch.testing.assert_close(synthetic[0, 0].double(), unit(unit(hp[a]) + unit(hp[b])), rtol=1e-5, atol=1e-6)
 
@@ -332,7 +335,7 @@ def test_mode_both_composes_pm_then_hnm(focal_m):
     h, hp, neg = random_columns(columns=3, seed=6)
     ref_ps, ref_cases, _ = ref_positive_mixing(h, hp, threshold=10.0)
     assert ref_cases.count("near") + ref_cases.count("inverted") >= 2
-    m = 4
+    m = 2
     extras = []
     for i in range(h.shape[0]):
         a, b = ref_top_k(h, ref_ps, i, 2)
@@ -354,7 +357,7 @@ def test_focal_inside_hncse_pm_matches_formula():
 @pytest.mark.parametrize("hnm_gradient", [True, False])
 def test_hnm_gradient_flow(hnm_gradient):
     h, hp = random_columns(seed=9, requires_grad=True)
-    loss = HNCSELoss(None, mode="hnm", k=2, num_mixed=3, hnm_gradient=hnm_gradient)
+    loss = HNCSELoss(None, mode="hnm", k=2, num_mixed=2, hnm_gradient=hnm_gradient)
     loss.compute_loss_from_embeddings([h, hp], None).backward()
     got_h, got_hp = h.grad.clone(), hp.grad.clone()
     h.grad = hp.grad = None
@@ -362,7 +365,7 @@ def test_hnm_gradient_flow(hnm_gradient):
     extras = []
     for i in range(h.shape[0]):
         a, b = ref_top_k(h, hp, i, 2)
-        extras.append([unit(0.5 * unit(source[a]) + 0.5 * unit(source[b]))] * 3)
+        extras.append([unit(0.5 * unit(source[a]) + 0.5 * unit(source[b]))] * 2)
     ref_loss(h, list(hp), extras=extras).backward()
     torch.testing.assert_close(got_h.double(), h.grad, rtol=1e-4, atol=1e-6)
     torch.testing.assert_close(got_hp.double(), hp.grad, rtol=1e-4, atol=1e-6)

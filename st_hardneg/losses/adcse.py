@@ -116,7 +116,11 @@ class AdversarialNegativesLoss(stateful.OptimizerDrivenLoss, HardNegativeLoss):
                 adversaries; ``similarity_fct=dot_score`` needs ``num_adversaries=0`` (the adversaries live on the
                 unit sphere, as in AdCo).
                 Here: a masked key or explicit negative leaves the denominator of the encoder's and of the
-                adversaries' loss (the adversaries are never masked); the margin's similarities are the online
+                adversaries' loss (the adversaries are never masked). The adversaries alone do not make a row
+                usable (the rule of every loss, :meth:`~st_hardneg.HardNegativeLoss.note_unusable_rows`): with
+                ``in_batch_keys=True`` a row whose every in-batch key and explicit negative is masked is left out of
+                the mean and counted in ``rows_without_negatives`` (the first such batch warns), and a batch of
+                only such rows is a ``ValueError``; the adversaries' ascent gradient still reads every row. The margin's similarities are the online
                 encoder's; ``seed`` seeds the adversaries' standard-normal initialisation (``None``: torch's global
                 generator; a loss factory ``loss=lambda m: AdversarialNegativesLoss(m)`` is built after the Trainer
                 seeds it). ``gather_across_devices`` gathers the online anchors and the key-encoder keys (and explicit
@@ -344,7 +348,9 @@ class AdversarialNegativesLoss(stateful.OptimizerDrivenLoss, HardNegativeLoss):
             adversaries = self._prefix(self.adversaries.detach(), batch.anchors.size(1)).to(batch.anchors.dtype)
             q2d = q2d.with_columns(batch.row_anchors @ fn.normalize(adversaries).T)
         blocks["query_to_doc"] = q2d
-        rows = self.ranking_rows(blocks)
+        # adversaries alone do not make a row usable: a row whose every in-batch negative is masked is left out (and
+        # a batch of only such rows refused), as in every loss; with in_batch_keys=False they are its only negatives
+        rows = self.ranking_rows(blocks, uncounted_columns=self.num_adversaries if self.in_batch_keys else 0)
         self.record_stats(q2d.similarity, num_in_batch=batch.size, num_synthetic=self.num_adversaries,
                           row_offset=start)
         if self._adversary_rows is not None:

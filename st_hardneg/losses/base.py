@@ -280,6 +280,13 @@ class HardNegativeLoss(ModelGuard, GradCacheMixin, nn.Module):
     All processes must hold the same local batch size (use ``dataloader_drop_last=True``); a ragged batch raises.
     Without a process group the option changes nothing but the random source of the draws.
 
+    **Counts that cannot be met** (every loss, one rule: :func:`st_hardneg.validation.clamp_count`): a count below its
+    minimum is a ``ValueError``; a count above what the other arguments or the batch allow (HNCSE's ``num_mixed``
+    above the ``k (k - 1)`` pairs of ``k``, ``k`` above a small batch's negatives) is clamped to that limit with a
+    warning, never met by repeating or dropping work silently. **Rows that cannot teach** (one rule:
+    :meth:`note_unusable_rows`): a row with no unmasked negative candidate, or a zero-norm anchor or positive, is left
+    out of the mean, counted and warned once; a batch of only such rows is a ``ValueError``.
+
     ``mini_batch_size`` / ``mini_batch_num_tokens``: GradCache (Gao et al., 2021) through sentence-transformers'
     ``CachedLossMixin`` (:class:`st_hardneg.losses.gradcache.GradCacheMixin`): the encoder sees only mini-batches of that
     size (or token budget), in two passes, and the loss and gradients are those of the whole batch (the second pass
@@ -906,11 +913,13 @@ class HardNegativeLoss(ModelGuard, GradCacheMixin, nn.Module):
             out.append(column if dot else fn.normalize(column))
         return out
 
-    def ranking_rows(self, blocks: dict[str, fr.Block], focal_m: float | None = None) -> Tensor:
+    def ranking_rows(self, blocks: dict[str, fr.Block], focal_m: float | None = None,
+                     uncounted_columns: int = 0) -> Tensor:
         """The (N,) per-row losses of the blocks (:func:`st_hardneg.functional.ranking.ranking_rows` with this
         loss's scale and partition mode); warns once when rows have no negative left (every candidate masked).
         With a queue its readable rows join ``query_to_doc`` here, after the loss chose its own negatives from the
-        batch."""
+        batch. ``uncounted_columns``: columns of ``query_to_doc`` that are negatives in the loss but do not make a
+        row usable (AdCSE's adversaries: learned vectors, not data; they are never masked)."""
         if self._queue_columns is not None:
             similarity, exclude = self._queue_columns
             self._queue_columns = None
@@ -925,7 +934,7 @@ class HardNegativeLoss(ModelGuard, GradCacheMixin, nn.Module):
             blocks = {**blocks, "doc_to_query": blocks["doc_to_query"].with_columns(similarity, exclude)}
             self._queue_stats = {**self._queue_stats, "anchor_queue_rows_read": torch.tensor(float(similarity.size(1)))}
             self._last_stats = {**self._last_stats, **self._queue_stats}
-        self._count_unusable_rows(blocks)
+        self._count_unusable_rows(blocks, uncounted_columns)
         return fr.ranking_rows(blocks, self.scale, self.partition_mode, focal_m)
 
     def _window_zero_rows(self, start: int, n: int) -> Tensor | None:
@@ -944,9 +953,10 @@ class HardNegativeLoss(ModelGuard, GradCacheMixin, nn.Module):
             usable = ~zero if usable is None else usable & ~zero.to(usable.device)
         return usable
 
-    def _count_unusable_rows(self, blocks: dict[str, fr.Block]) -> None:
-        """Count the negatives left to each row of the ranking ``blocks`` (every entry but the positive and the
-        masked ones) and hand them to :meth:`note_unusable_rows`."""
+    def _count_unusable_rows(self, blocks: dict[str, fr.Block], uncounted_columns: int = 0) -> None:
+        """Count the negatives left to each row of the ranking ``blocks`` (every entry but the positive, the masked
+        ones and ``uncounted_columns`` never-masked columns of ``query_to_doc``) and hand them to
+        :meth:`note_unusable_rows`."""
         q2d = blocks["query_to_doc"]
         n = q2d.similarity.size(0)
         available: Tensor | None = None
@@ -959,6 +969,9 @@ class HardNegativeLoss(ModelGuard, GradCacheMixin, nn.Module):
                 count = block.similarity.size(1) - int(block.has_positive)
                 excluded = block.exclude.sum(dim=1) if block.exclude is not None else None
                 available += count if excluded is None else count - excluded
+                if block is q2d:  # not candidates: neither a negative left nor a maskable entry
+                    available -= uncounted_columns
+                    count -= uncounted_columns
                 total += count
                 if excluded is not None:
                     masked = masked + excluded.sum()
@@ -968,7 +981,7 @@ class HardNegativeLoss(ModelGuard, GradCacheMixin, nn.Module):
                            start: int = 0) -> None:
         """The one rule for rows that cannot teach anything, for every loss and layout. A row is unusable when it
         has no unmasked negative (``available``, the (n,) count of negatives left to each row, is 0: every candidate
-        was masked as a false negative) or when its anchor or positive has a norm below ``NORM_EPS`` (no direction:
+        was masked as a false negative; columns that are not data, AdCSE's adversaries, do not count) or when its anchor or positive has a norm below ``NORM_EPS`` (no direction:
         cosine 0 with everything). :meth:`reduce` averages the usable rows only; a batch with no usable row raises
         ``ValueError``; the first batch with some unusable rows warns once per loss (``warnings`` and ``logging``),
         with the counts, which :attr:`diagnostics` reports as ``rows_without_negatives``, ``zero_norm_rows``,

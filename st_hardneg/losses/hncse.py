@@ -121,7 +121,10 @@ class HNCSELoss(HardNegativeLoss):
             k: how many hard negatives per anchor are mined (paper: 10), >= 1 (>= 2 for mixing). **If the batch has
                 fewer in-batch negatives (k >= batch size), k is clamped to batch size - 1 and a warning is issued once
                 per loss**: the last batch of an epoch is often smaller, and an error would stop training there.
-            num_mixed: ``m``, synthetic negatives per anchor (paper's code: 40), >= 1.
+            num_mixed: ``m``, synthetic negatives per anchor (paper's code: 40), >= 1. More than the ``k (k - 1)``
+                ordered pairs of distinct hard negatives could only repeat mixtures: it is clamped to ``k (k - 1)``
+                with a warning (at construction; and for a batch whose size clamps ``k``, to that ``k``'s pairs, once
+                per loss). The rule for every count: :func:`st_hardneg.validation.clamp_count`.
             alpha: the weight ``α`` of ``G_a``: a float in [0, 1] (default 0.5, as in the authors' code); a function
                 ``f(cos(G_a, G_b)) -> α`` on the (N, m) cosine tensor (the paper's adaptive Eq. 8; evaluated without
                 gradient; must return values in [0, 1]); or ``"adaptive"`` for :func:`st_hardneg.functional.adaptive_alpha`,
@@ -226,12 +229,18 @@ class HNCSELoss(HardNegativeLoss):
         self.hnm_single = validation.check_bool(hnm_single, "hnm_single")
         self.k = validation.check_count(k, "k", minimum=1 if self.hnm_single else 2)
         self.num_mixed = validation.check_count(num_mixed, "num_mixed")
+        if not self.hnm_single:  # more mixtures than ordered pairs would repeat mixtures (copies in the denominator)
+            self.num_mixed = validation.clamp_count(
+                self.num_mixed, "num_mixed", self.k * (self.k - 1),
+                f"k={self.k} hard negatives make only {self.k * (self.k - 1)} distinct ordered pairs (a, b) to mix",
+                owner="HNCSELoss", remedy="Raise k or lower num_mixed")
         self.alpha = validation.check_weight_or_callable(alpha, "alpha (the weight of G_a in the mix)",
                                                          names=fn.ALPHA_FUNCTIONS)
         self.hnm_gradient = validation.check_bool(hnm_gradient, "hnm_gradient")
         self.focal_m = validation.check_optional_non_negative(focal_m, "focal_m (the Focal-InfoNCE margin m)")
         validation.check_focal_margin_range(self.focal_m, "focal_m (the Focal-InfoNCE margin m)", self.temperature)
         self._warned_k = False
+        self._warned_num_mixed = False
         #: per batch (begin_batch): the positive-mixing share for the diagnostics, HNM's random pair positions
         self._pm_extra: dict[str, Tensor] = {}
         self._hnm_draws: tuple[Tensor, Tensor] | None = None
@@ -263,14 +272,25 @@ class HNCSELoss(HardNegativeLoss):
         if not self._warned_k:
             what = (f"a batch of {batch_size} pairs has only {available} in-batch negatives per anchor" if in_batch
                     else f"the HNM pool ({self.hnm_pool}) has only {available} negatives per anchor")
-            warnings.warn(
-                f"HNCSELoss: k={self.k} but {what}; using k={available}. Increase the batch size or lower k (this "
-                "warning is shown once).",
-                UserWarning,
-                stacklevel=3,
-            )
+            warnings.warn(validation.clamped_count_message("HNCSELoss", "k", self.k, available, what,
+                                                           "Increase the batch size or lower k"),
+                          UserWarning, stacklevel=3)
             self._warned_k = True
         return available
+
+    def effective_num_mixed(self, k: int) -> int:
+        """``num_mixed`` clamped to the ``k (k - 1)`` ordered pairs of the batch's (clamped) ``k``; warns once per
+        loss when it clamps (more draws would only repeat mixtures)."""
+        pairs = k * (k - 1)
+        if self.num_mixed <= pairs:
+            return self.num_mixed
+        if not self._warned_num_mixed:
+            warnings.warn(validation.clamped_count_message(
+                "HNCSELoss", "num_mixed", self.num_mixed, pairs,
+                f"this batch's k={k} hard negatives make only {pairs} distinct ordered pairs to mix",
+                "Increase the batch size or lower num_mixed"), UserWarning, stacklevel=3)
+            self._warned_num_mixed = True
+        return pairs
 
     # ------------------------------------------------------------------ loss
     @float32_loss
@@ -311,7 +331,8 @@ class HNCSELoss(HardNegativeLoss):
             if k >= 2:
                 # kept for the whole batch, drawn in the narrowest dtype positions < k fit (8 bits up to k = 128:
                 # an eighth of int64's (N, num_mixed) pairs, and no int64 draw on the way)
-                self._hnm_draws = fn.sample_distinct_pairs(n, k, self.num_mixed, generator=self.generator(batch.device),
+                self._hnm_draws = fn.sample_distinct_pairs(n, k, self.effective_num_mixed(k),
+                                                           generator=self.generator(batch.device),
                                                            device=batch.device, dtype=fn.compact_index_dtype(k))
         return batch
 
@@ -391,7 +412,7 @@ class HNCSELoss(HardNegativeLoss):
             return synthetic, exclude.gather(1, hard)
         draws = self._hnm_draws
         if draws is None:  # called outside begin_batch: draw for these rows now
-            draws = fn.sample_distinct_pairs(n, k, self.num_mixed, generator=self.generator(batch.device),
+            draws = fn.sample_distinct_pairs(n, k, self.effective_num_mixed(k), generator=self.generator(batch.device),
                                              device=batch.device)
         parents_a, parents_b = (hard.gather(1, draws[0][start:stop].long()), hard.gather(1, draws[1][start:stop].long()))
         synthetic = fn.mixed_negative_cosines(
