@@ -104,7 +104,7 @@ def test_full_save_keeps_the_head_and_reloads(mlp_model, tmp_path):
     with pytest.raises(FileNotFoundError, match="modules.json"):
         load_checkpoint(tmp_path / "nothing-here")
     # `st-hardneg eval --model CHECKPOINT` loads it as well
-    assert isinstance(load_for_eval(str(tmp_path / "checkpoint"), "cls")[2], TrainOnlyDense)
+    assert isinstance(load_for_eval(str(tmp_path / "checkpoint"), None)[2], TrainOnlyDense)
 
 
 class _FirstIsBest(BaseEvaluator):
