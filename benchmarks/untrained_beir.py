@@ -33,7 +33,7 @@ METRICS = ("ndcg@10", "mrr@10", "recall@100")
 MTEB_KEYS = {"ndcg@10": "ndcg_at_10", "mrr@10": "mrr_at_10", "recall@100": "recall_at_100"}
 
 
-def measure(folder: Path, cache_dir: Path, threads: int) -> dict[str, Any]:
+def measure(folder: Path, cache_dir: Path, threads: int, save: Any = None) -> dict[str, Any]:
     import mteb
     import torch
 
@@ -56,6 +56,9 @@ def measure(folder: Path, cache_dir: Path, threads: int) -> dict[str, Any]:
     ours = evaluate_beir(model, [task], max_seq_length=256, cache_dir=cache_dir, show_progress_bar=True)[task.name]
     row["ours"] = {m: ours[m] for m in METRICS}
     row["ours_seconds"] = time.perf_counter() - start
+    row["ours_minus_published"] = row["ours"]["ndcg@10"] - row["published_ndcg@10"]
+    if save is not None:  # the first path's numbers are kept even if the second is interrupted
+        save(row)
     start = time.perf_counter()
     result = mteb.evaluate(model, beir_mteb_task(data, "test", max_seq_length=256), cache=None, co2_tracker=False,
                            encode_kwargs={"batch_size": 64, "show_progress_bar": True})
@@ -65,9 +68,7 @@ def measure(folder: Path, cache_dir: Path, threads: int) -> dict[str, Any]:
     row["mteb"] = {m: 100.0 * float(scores[key]) for m, key in MTEB_KEYS.items()}
     row["mteb_seconds"] = time.perf_counter() - start
     row["ours_minus_mteb"] = {m: row["ours"][m] - row["mteb"][m] for m in METRICS}
-    if row["published_ndcg@10"] is not None:
-        row["ours_minus_published"] = row["ours"]["ndcg@10"] - row["published_ndcg@10"]
-        row["mteb_minus_published"] = row["mteb"]["ndcg@10"] - row["published_ndcg@10"]
+    row["mteb_minus_published"] = row["mteb"]["ndcg@10"] - row["published_ndcg@10"]
     return row
 
 
@@ -79,7 +80,7 @@ def render(payload: dict[str, Any]) -> str:
              "difference | seconds |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for row in payload["rows"]:
-        for path in ("mteb", "ours"):
+        for path in [p for p in ("mteb", "ours") if p in row]:
             published = row.get("published_ndcg@10")
             diff = row.get(f"{path}_minus_published")
             lines.append(
@@ -88,9 +89,11 @@ def render(payload: dict[str, Any]) -> str:
                 + " | ".join(f"{row[path][m]:.2f}" for m in METRICS)
                 + f" | {published if published is not None else '-'} | "
                 + (f"{diff:+.2f}" if diff is not None else "-") + f" | {row[f'{path}_seconds']:.0f} |")
+        if "mteb" not in row:
+            lines.append(f"| {row['data']} | | | | mteb.evaluate | not run | | | | | |")
     lines += ["", "Largest |ours - mteb| over the three metrics: "
               + ", ".join(f"{row['data']} {max(abs(v) for v in row['ours_minus_mteb'].values()):.1e}"
-                          for row in payload["rows"]) + "."]
+                          for row in payload["rows"] if "ours_minus_mteb" in row) + "."]
     return "\n".join(lines) + "\n"
 
 
@@ -101,17 +104,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cache-dir", default=str(Path.home() / ".cache" / "st_hardneg" / "beir-embeddings"))
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--render-only", action="store_true")
+    parser.add_argument("--append", action="store_true", help="add the rows to the JSON (a data set's row replaced)")
     args = parser.parse_args(argv)
     if args.render_only:
         MD_PATH.write_text(render(json.loads(JSON_PATH.read_text())))
         return 0
     folders = [Path(d) for d in args.data] if args.data else [SHARED / "nfcorpus", SHARED / "scifact"]
     payload: dict[str, Any] = {"threads": args.threads, "machine": platform.machine(), "rows": []}
-    for folder in folders:
-        payload["rows"].append(measure(folder, Path(args.cache_dir), args.threads))
+    if args.append and JSON_PATH.is_file():
+        payload = json.loads(JSON_PATH.read_text())
+
+    def save(row: dict[str, Any]) -> None:
+        payload["rows"] = [r for r in payload["rows"] if r["data"] != row["data"]] + [row]
         RESULTS.mkdir(parents=True, exist_ok=True)
         JSON_PATH.write_text(json.dumps(payload, indent=2) + "\n")
         MD_PATH.write_text(render(payload))
+
+    for folder in folders:
+        save(measure(folder, Path(args.cache_dir), args.threads, save=save))
     print(MD_PATH.read_text())
     return 0
 
