@@ -135,3 +135,15 @@ def test_a_prompt_name_the_model_does_not_define_is_refused(folders, text_model_
     task = load_beir(folders["binary"]).task("test")
     with pytest.raises(ValueError, match="query_prompt_name 'search_query' is not a prompt of the model"):
         evaluate_beir(_model(text_model_dir, True), [task], query_prompt_name="search_query")
+
+
+def test_the_trainer_evaluator_scores_its_hits_with_the_same_scorer(folders, text_model_dir):
+    from st_hardneg.evaluation.retrieval import LocalRetrievalEvaluator, retrieve
+
+    model = _model(text_model_dir, False)
+    task = load_beir(folders["binary"]).task("test")
+    evaluator = LocalRetrievalEvaluator(task.queries, task.corpus, task.relevant_docs, name="t", max_seq_length=64)
+    scores = evaluator(model)
+    ours = retrieve(model, [task], max_seq_length=64)[task.name].scores
+    for metric in ("ndcg@10", "mrr@10", "recall@10", "map@100", "accuracy@1"):
+        assert 100 * scores[f"t_cosine_{metric}"] == pytest.approx(ours[metric], abs=1e-4), metric
