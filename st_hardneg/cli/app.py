@@ -411,19 +411,22 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--overwrite", action="store_true", help="replace existing results (refused without it)")
     e.set_defaults(func=cmd_eval)
 
-    c = sub.add_parser("compare", parents=[verbosity_only()], formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    c = sub.add_parser("compare", parents=[verbosity_only()],
                        help="paired significance of two or more retrieval runs over the same queries",
                        description="Compare methods query by query: per data set the mean difference to the first "
-                                   "(baseline) method, a 95%% bootstrap interval, a paired randomization test, a "
+                                   "(baseline) method, a 95 % bootstrap interval, a paired randomization test, a "
                                    "paired t-test and win/tie/loss counts; Holm-corrected p-values across data sets. "
                                    "Seeds of one method are averaged per query first.")
     c.add_argument("runs", nargs="+", metavar="NAME=RUN[,RUN...]",
                    help="a method and its runs (one per seed): per_query.tsv files or the eval.json that names them; "
                         "a bare path is a method named after the file; the first method is the baseline")
-    c.add_argument("--metric", default="ndcg@10", help="the per-query metric compared")
+    c.add_argument("--metric", default="ndcg@10", help="the per-query metric compared (default: ndcg@10; also "
+                                                       "mrr@10, recall@10, recall@100, map@100)")
     c.add_argument("--baseline", default=None, help="the method compared against (default: the first)")
-    c.add_argument("--permutations", type=int, default=10_000, help="randomization-test sign flips (>= 10,000)")
-    c.add_argument("--seed", type=int, default=0)
+    c.add_argument("--permutations", type=int, default=10_000,
+                   help="randomization-test sign flips and bootstrap resamples (default and minimum: 10,000; exact "
+                        "enumeration when 2^queries is fewer)")
+    c.add_argument("--seed", type=int, default=0, help="seeds the draws (default: 0)")
     c.add_argument("--output", default=None, help="write the comparison here (.json: JSON, else markdown)")
     c.add_argument("--overwrite", action="store_true", help="replace an existing --output")
     c.set_defaults(func=cmd_compare)
