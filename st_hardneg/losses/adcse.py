@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import functools
 import weakref
-from collections.abc import Iterable
 from typing import Any, Unpack, cast
 
 import torch
@@ -25,7 +24,7 @@ from st_hardneg.functional import ranking as fr
 from st_hardneg.losses import distributed as dist
 from st_hardneg.losses import stateful
 from st_hardneg.losses.adversaries import NegativeAdversaries
-from st_hardneg.losses.base import HardNegativeLoss, LossOptions, float32_loss
+from st_hardneg.losses.base import HardNegativeLoss, LossOptions
 from st_hardneg.losses.batch import Batch
 from st_hardneg.losses.momentum import frozen_copy, update_momentum
 
@@ -284,8 +283,9 @@ class AdversarialNegativesLoss(stateful.OptimizerDrivenLoss, HardNegativeLoss):
         self.adversary_bank.reset_window()
 
     # ------------------------------------------------------------------ forward
-    def forward(self, sentence_features: Iterable[dict[str, Tensor]], labels: Tensor | None) -> Tensor:
-        sentence_features = self.remember_side_inputs(sentence_features)
+    def before_embedding(self, sentence_features: list[dict[str, Tensor]]) -> None:
+        """Before either embedding path (plain or GradCache): the online model's check, the forward count, the
+        state's first sync across processes, and the key encoder on the online model's device, in train mode."""
         self._check_online_model()
         self._count_forward()
         self._sync_state_across_processes()
@@ -295,16 +295,18 @@ class AdversarialNegativesLoss(stateful.OptimizerDrivenLoss, HardNegativeLoss):
             if param is not None and online is not None and param.device != online.device:
                 key_encoder.to(online.device)
             key_encoder.train()
-        if self.uses_gradient_cache:  # the key encoder's columns are frozen_column_model(): embedded without grad
-            return self.cached_forward(sentence_features, labels)
+
+    def embed(self, sentence_features: list[dict[str, Tensor]]) -> list[Tensor]:
+        """``untied=True``: the anchors by the online model, every other column by the key encoder without gradient
+        (GradCache embeds them the same way: :meth:`frozen_column_model`)."""
         if not self.untied:
-            return self.compute_loss_from_embeddings(embed_columns(self.model, sentence_features), labels)
+            return super().embed(sentence_features)
         anchors = self.model(sentence_features[0])["sentence_embedding"]
         keys: list[Tensor] = []
         if len(sentence_features) > 1:
             with torch.no_grad():
                 keys = embed_columns(cast(nn.Module, self.key_encoder), sentence_features[1:], separate_first=False)
-        return self.compute_loss_from_embeddings([anchors, *keys], labels)
+        return [anchors, *keys]
 
     def frozen_column_model(self, column: int) -> nn.Module | None:
         """GradCache: with ``untied=True`` every column but the anchors is embedded by the key encoder, no grad."""
@@ -324,18 +326,10 @@ class AdversarialNegativesLoss(stateful.OptimizerDrivenLoss, HardNegativeLoss):
                 tensor.copy_(dist.broadcast_from_rank0(tensor))
         self._state_synced = True
 
-    @float32_loss
-    def compute_loss_from_embeddings(self, embeddings: list[Tensor], labels: Tensor | None) -> Tensor:
-        """The loss on given embeddings ``[anchors (online), keys, explicit negatives...]``; while training (grad
-        enabled), also adds the adversaries' ascent gradient to the window of the next optimizer step."""
-        batch = self.prepare_batch(embeddings, own_rows=True)  # gathered: the global candidates, this process's rows
-        batch = self.begin_batch(batch)
-        loss = self.reduce(self.window_rows(batch))
-        self.end_batch(batch)
-        return loss
-
     def window_rows(self, batch: Batch) -> Tensor:
-        """The rows of ``batch``'s anchors (:attr:`Batch.rows`) against every candidate and the adversaries; while
+        """AdCSE (paper Eq. 5 with the in-batch keys, as the authors' code) on the embeddings ``[anchors (online),
+        keys, explicit negatives...]``; while training (grad enabled), :meth:`end_batch` adds the adversaries'
+        ascent gradient to the window of the next optimizer step. The rows of ``batch``'s anchors (:attr:`Batch.rows`) against every candidate and the adversaries; while
         training, their share of the adversaries' ascent gradient is added up for :meth:`end_batch`."""
         masked = batch.false_negatives
         start, stop = batch.row_range
@@ -374,6 +368,10 @@ class AdversarialNegativesLoss(stateful.OptimizerDrivenLoss, HardNegativeLoss):
         pending, self._adversary_rows = self._adversary_rows, None
         if pending is not None and len(pending):
             self.adversary_bank.add(pending)
+
+    def close_batch(self) -> None:
+        """A batch that raised adds nothing to the ascent window."""
+        self._adversary_rows = None
 
     @staticmethod
     def _prefix(adversaries: Tensor, width: int) -> Tensor:

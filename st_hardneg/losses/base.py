@@ -522,10 +522,19 @@ class HardNegativeLoss(ModelGuard, GradCacheMixin, nn.Module):
 
     def forward(self, sentence_features: Iterable[dict[str, Tensor]], labels: Tensor | None) -> Tensor:
         sentence_features = self.remember_side_inputs(sentence_features)
+        self.before_embedding(sentence_features)
         if self.uses_gradient_cache:
             return self.cached_forward(sentence_features, labels)
-        embeddings = embed_columns(self.model, sentence_features)
-        return self.compute_loss_from_embeddings(embeddings, labels)
+        return self.compute_loss_from_embeddings(self.embed(sentence_features), labels)
+
+    def before_embedding(self, sentence_features: list[dict[str, Tensor]]) -> None:
+        """Called by ``forward`` before the columns are embedded (plain or GradCache); a loss with state that must
+        be ready first (AdCSE's key encoder) prepares it here."""
+
+    def embed(self, sentence_features: list[dict[str, Tensor]]) -> list[Tensor]:
+        """The embeddings of every column (uncached ``forward``): the model's, merged where sentence-transformers
+        can. A loss that embeds some columns with another encoder (AdCSE's key encoder) overrides it."""
+        return embed_columns(self.model, sentence_features)
 
     def remember_side_inputs(self, sentence_features: Iterable[dict[str, Tensor]]) -> list[dict[str, Tensor]]:
         """Called by ``forward`` before the model runs: keep each row's text key (for ``mask_duplicates``), the
@@ -555,8 +564,30 @@ class HardNegativeLoss(ModelGuard, GradCacheMixin, nn.Module):
             guide=[g.detach() for g in guide_embeddings] if guide_embeddings is not None else None)
         self._side_inputs = inputs if inputs.text_keys is not None or inputs.guide is not None else None
 
+    @float32_loss
     def compute_loss_from_embeddings(self, embeddings: list[Tensor], labels: Tensor | None) -> Tensor:
-        raise NotImplementedError
+        """The loss of a batch of embeddings, one per column ``[anchors, positives, negatives...]``: the one compute
+        template of every loss. :meth:`prepare_batch` (this process's rows), :meth:`begin_batch`, the paper's
+        :meth:`window_rows` (its equation), :meth:`reduce`, :meth:`end_batch`; :meth:`close_batch` always, also when
+        a step raised. A loss computed whole (:attr:`supports_row_chunks` false) gives :meth:`whole_batch_rows`.
+        GradCache's :meth:`chunked_loss` runs the same hooks a chunk of rows at a time."""
+        if not self.supports_row_chunks:
+            try:
+                return self.reduce(self.whole_batch_rows(self.prepare_batch(embeddings, labels)))
+            finally:
+                self.close_batch()
+        try:
+            batch = self.begin_batch(self.prepare_batch(embeddings, labels, own_rows=True))
+            loss = self.reduce(self.window_rows(batch))
+            self.end_batch(batch)
+            return loss
+        finally:
+            self.close_batch()
+
+    def whole_batch_rows(self, batch: Batch) -> Tensor:
+        """The (N,) rows of a loss computed whole (every row of the gathered batch), when it has no
+        :meth:`window_rows` for chunks of rows (MixCSE's official layout)."""
+        raise NotImplementedError(f"{type(self).__name__} computes its rows with window_rows")
 
     # ------------------------------------------------------------------ input
     def check_labels(self, labels: Tensor | None) -> None:
@@ -1068,7 +1099,11 @@ class HardNegativeLoss(ModelGuard, GradCacheMixin, nn.Module):
         return batch
 
     def end_batch(self, batch: Batch) -> None:
-        """Called once per batch after its rows are computed (see :meth:`begin_batch`)."""
+        """Called once per batch after its rows were computed without error (see :meth:`begin_batch`): a loss that
+        commits per-batch work (AdCSE's adversary gradient) does it here."""
+
+    def close_batch(self) -> None:
+        """Called after every batch, also one that raised: drop what :meth:`begin_batch` prepared."""
 
     @property
     def supports_row_chunks(self) -> bool:
@@ -1097,7 +1132,11 @@ class HardNegativeLoss(ModelGuard, GradCacheMixin, nn.Module):
                 batch = self.prepare_columns(embeddings, labels)
             finally:
                 self._side_inputs = None
-            batch = self.begin_batch(batch)
+            try:
+                batch = self.begin_batch(batch)
+            except BaseException:
+                self.close_batch()
+                raise
             fields = ("anchors", "positives", "negatives", "raw_anchors", "raw_positives", "raw_negatives")
             graph: list[tuple[Tensor, Tensor]] = []  # (tensor with a graph, its leaf copy)
             leaves: dict[str, Tensor] = {}
@@ -1128,6 +1167,7 @@ class HardNegativeLoss(ModelGuard, GradCacheMixin, nn.Module):
                 self.end_batch(leaf_batch)
             finally:
                 self._chunk_tallies = None
+                self.close_batch()
             self._last_stats = _combine_chunk_stats(pieces)
             tally = self._global_tally(sum(tallies[1:], tallies[0])) if tallies else None
             if tally is not None:

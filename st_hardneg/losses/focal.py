@@ -9,7 +9,7 @@ from sentence_transformers import SentenceTransformer
 from torch import Tensor
 
 from st_hardneg import validation
-from st_hardneg.losses.base import HardNegativeLoss, LossOptions, float32_loss
+from st_hardneg.losses.base import HardNegativeLoss, LossOptions
 from st_hardneg.losses.batch import Batch
 
 
@@ -128,19 +128,14 @@ class FocalInfoNCELoss(HardNegativeLoss):
     def cosine_only_reason(self) -> str | None:
         return "the Focal-InfoNCE logits s_p² and s_n (s_n + m) are defined on cosines"
 
-    @float32_loss
-    def compute_loss_from_embeddings(self, embeddings: list[Tensor], labels: Tensor | None) -> Tensor:
+    def window_rows(self, batch: Batch) -> Tensor:
         """Focal-InfoNCE (paper Eq. 2), row i, with ``s_p = cos(h_i, h'_i)`` and ``s_n`` the other candidates::
 
             ℓ_i = -log  e^{s_p² / τ} / (e^{s_p² / τ} + Σ_n e^{s_n (s_n + m) / τ})
 
         Other ``directions`` get the same modulation (their positive ``s_p²``, every other entry ``s (s + m)``), and
-        ``partition_mode`` combines them as in sentence-transformers' ``MultipleNegativesRankingLoss``.
-        """
-        return self.reduce(self.window_rows(self.prepare_batch(embeddings, labels, own_rows=True)))
-
-    def window_rows(self, batch: Batch) -> Tensor:
-        """The rows of ``batch``'s anchors (:attr:`Batch.rows`): each row only reads its own similarities."""
+        ``partition_mode`` combines them as in sentence-transformers' ``MultipleNegativesRankingLoss``. The rows of
+        ``batch``'s anchors (:attr:`Batch.rows`): each row only reads its own similarities."""
         blocks = self.ranking_blocks(batch)
         self.record_stats(blocks["query_to_doc"].similarity, num_in_batch=batch.size, row_offset=batch.row_range[0])
         return self.ranking_rows(blocks, focal_m=self.m)

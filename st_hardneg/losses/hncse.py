@@ -15,7 +15,7 @@ from torch import Tensor
 from st_hardneg import functional as fn
 from st_hardneg import validation
 from st_hardneg.losses import false_negatives
-from st_hardneg.losses.base import HardNegativeLoss, LossOptions, float32_loss
+from st_hardneg.losses.base import HardNegativeLoss, LossOptions
 from st_hardneg.losses.batch import Batch
 
 Mode = Literal["pm", "hnm", "both"]
@@ -293,19 +293,6 @@ class HNCSELoss(HardNegativeLoss):
         return pairs
 
     # ------------------------------------------------------------------ loss
-    @float32_loss
-    def compute_loss_from_embeddings(self, embeddings: list[Tensor], labels: Tensor | None) -> Tensor:
-        """HNCSE (paper Eq. 1-3, 7), row i, with ``s(a, b) = cos(a, b) / τ``, ``p`` the positives after PM (``h'``
-        without PM) and ``u_i1..u_im`` the HNM mixtures of anchor i (none without HNM)::
-
-            ℓ_i = -log  e^{s(h_i, p_i)} / (Σ_j e^{s(h_i, p_j)} + Σ_k e^{s(h_i, n_k)} + Σ_o e^{s(h_i, u_io)})
-        """
-        batch = self.begin_batch(self.prepare_batch(embeddings, labels, own_rows=True))
-        try:
-            return self.reduce(self.window_rows(batch))
-        finally:
-            self.end_batch(batch)
-
     def begin_batch(self, batch: Batch) -> Batch:
         """Once per batch, before its rows: positive mixing of every row of the (global) batch (each row's hardest
         unmasked in-batch negative is found a chunk of :attr:`loss_chunk_size` rows at a time, so no (N, N) matrix
@@ -336,7 +323,7 @@ class HNCSELoss(HardNegativeLoss):
                                                            device=batch.device, dtype=fn.compact_index_dtype(k))
         return batch
 
-    def end_batch(self, batch: Batch) -> None:
+    def close_batch(self) -> None:
         self._hnm_draws = None
 
     def _pm_partners(self, batch: Batch) -> tuple[Tensor, Tensor | None]:
@@ -369,7 +356,12 @@ class HNCSELoss(HardNegativeLoss):
                 "all_negatives": n + num_explicit - 1}[self.hnm_pool]
 
     def window_rows(self, batch: Batch) -> Tensor:
-        """The rows of ``batch``'s anchors (:attr:`Batch.rows`), on the mixed positives of :meth:`begin_batch`."""
+        """HNCSE (paper Eq. 1-3, 7), row i, with ``s(a, b) = cos(a, b) / τ``, ``p`` the positives after PM (``h'``
+        without PM) and ``u_i1..u_im`` the HNM mixtures of anchor i (none without HNM)::
+
+            ℓ_i = -log  e^{s(h_i, p_i)} / (Σ_j e^{s(h_i, p_j)} + Σ_k e^{s(h_i, n_k)} + Σ_o e^{s(h_i, u_io)})
+
+        The rows of ``batch``'s anchors (:attr:`Batch.rows`), on the mixed positives of :meth:`begin_batch`."""
         masked = batch.false_negatives
         blocks = self.ranking_blocks(batch)
         q2d = blocks["query_to_doc"]

@@ -10,7 +10,7 @@ from torch import Tensor
 
 from st_hardneg import functional as fn
 from st_hardneg import validation
-from st_hardneg.losses.base import HardNegativeLoss, LossOptions, float32_loss
+from st_hardneg.losses.base import HardNegativeLoss, LossOptions
 from st_hardneg.losses.batch import Batch
 
 Layout = Literal["paper", "official"]
@@ -239,12 +239,15 @@ class MixCSELoss(HardNegativeLoss):
                           else None)
         return batch
 
-    def end_batch(self, batch: Batch) -> None:
+    def close_batch(self) -> None:
         self._proposed = None
 
     # ------------------------------------------------------------------ loss
-    @float32_loss
-    def compute_loss_from_embeddings(self, embeddings: list[Tensor], labels: Tensor | None) -> Tensor:
+    def whole_batch_rows(self, batch: Batch) -> Tensor:
+        """``layout="official"``: the rows of the released code's N×3N cross-entropy, computed whole."""
+        return self._official_rows(batch)
+
+    def window_rows(self, batch: Batch) -> Tensor:
         """MixCSE (paper Eq. 2-3), row i of the anchor → positive direction, with ``s(a, b) = cos(a, b) / τ``::
 
             mix_i = normalize(λ h'_i + (1-λ) h'_π(i))                                      (SG: detached)
@@ -252,20 +255,9 @@ class MixCSELoss(HardNegativeLoss):
 
         Further ``directions`` are sentence-transformers' (``partition_mode`` combines them); ``reverse_mix`` gives
         ``doc_to_query`` (h'_i as anchor, h as candidates) the mixed negative ``normalize(λ h_i + (1-λ) h_π(i))``.
-        ``layout="official"``: row i of the released code's N×3N cross-entropy (see the class docstring).
-        """
-        if self.layout == "official":
-            return self.reduce(self._official_rows(self.prepare_batch(embeddings, labels)))
-        batch = self.prepare_batch(embeddings, labels, own_rows=True)
-        batch = self.begin_batch(batch)
-        try:
-            return self.reduce(self.window_rows(batch))
-        finally:
-            self.end_batch(batch)
-
-    def window_rows(self, batch: Batch) -> Tensor:
-        """The paper layout's rows for ``batch``'s anchors (:attr:`Batch.rows`); each row's partner is its own
-        (drawn once per batch, or its hardest unmasked in-batch negative)."""
+        ``layout="official"``: row i of the released code's N×3N cross-entropy (see the class docstring;
+        :meth:`whole_batch_rows`). The paper layout's rows for ``batch``'s anchors (:attr:`Batch.rows`); each row's
+        partner is its own (drawn once per batch, or its hardest unmasked in-batch negative)."""
         if self.layout == "official":
             raise NotImplementedError("layout='official' is computed whole (compute_loss_from_embeddings)")
         n = batch.size
