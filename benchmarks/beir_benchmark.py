@@ -1,7 +1,7 @@
 """BEIR retrieval benchmark (SciFact by default): fine-tune all-MiniLM-L6-v2 on a BEIR folder's training queries with
 one hard negative mined from the whole corpus, score nDCG@10 / MRR@10 / Recall@100 on its test queries; resumable.
 
-Run through ``benchmarks/retrieval.py --task scifact`` (or ``--task beir --data PATH`` for any BEIR folder).
+Run through ``python -m benchmarks.retrieval --task scifact`` (or ``--task beir --data PATH`` for any BEIR folder).
 
 Protocol (:data:`PROTOCOL`, the same for every row): the embedded all-MiniLM-L6-v2 with its mean pooling; 20 % of the
 training queries held out as the dev task (seeded; ``st_hardneg.data.beir.beir_retrieval``), the rest give one
@@ -11,12 +11,12 @@ at 128 tokens, batch 32 (CachedMNRL: 128 = 4x, mini-batches of 32), lr 2e-5, 10 
 sampler; the final model is scored at 256 tokens (MTEB's length for this model), dev and test from one corpus
 encoding. Options are chosen on the dev task only (``--select``); test scores are never used to choose.
 
-    python benchmarks/retrieval.py --task scifact --untrained     # the untrained reference (dev + test)
-    python benchmarks/retrieval.py --task scifact --select        # SELECTION on the dev task, seed 0
-    python benchmarks/retrieval.py --task scifact                 # METHODS x seeds 0 1 2 -> results/scifact.*
-    python benchmarks/retrieval.py --task scifact --methods focal_no_fnc mixcse_explicit   # ABLATIONS rows
-    python benchmarks/retrieval.py --task scifact --methods focal_queue             # the queue (QUEUE_ROWS)
-    python benchmarks/retrieval.py --task scifact --report        # rewrite the tables from the JSON
+    python -m benchmarks.retrieval --task scifact --untrained     # the untrained reference (dev + test)
+    python -m benchmarks.retrieval --task scifact --select        # SELECTION on the dev task, seed 0
+    python -m benchmarks.retrieval --task scifact                 # METHODS x seeds 0 1 2 -> results/scifact.*
+    python -m benchmarks.retrieval --task scifact --methods focal_no_fnc mixcse_explicit   # ABLATIONS rows
+    python -m benchmarks.retrieval --task scifact --methods focal_queue             # the queue (QUEUE_ROWS)
+    python -m benchmarks.retrieval --task scifact --report        # rewrite the tables from the JSON
 """
 
 from __future__ import annotations
@@ -34,7 +34,6 @@ from st_hardneg.training.retrieval import BEIR_TRAINING, DEFAULT_CACHE_DIR, MINI
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
-README = REPO / "README.md"
 #: --task name → the folder under the shared data
 TASK_FOLDERS = {"scifact": "retrieval/scifact"}
 #: MTEB's published nDCG@10 of the untrained model on the test split
@@ -285,7 +284,8 @@ def target_check(data: dict[str, Any]) -> str:
 
 
 def readme_table(data: dict[str, Any]) -> str:
-    """The README's SciFact table: test nDCG@10 / MRR@10 / R@100 mean ± std, per-seed nDCG@10 and the target."""
+    """The compact SciFact table (for documentation pages): test nDCG@10 / MRR@10 / R@100 mean ± std, per-seed
+    nDCG@10 and the target."""
     from st_hardneg.reporting import markdown_table
 
     body = []
@@ -343,8 +343,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--task beir needs --data PATH")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
+    from benchmarks.harness import run_pending
     from st_hardneg.reporting import load_results, write_json
-    from st_hardneg.training.experiment import run_pending
     from st_hardneg.training.retrieval import beir_split, mined_beir_triplets
 
     name = args.task if args.task != "beir" else Path(args.data).name
@@ -356,10 +356,6 @@ def main(argv: list[str] | None = None) -> int:
     def save(d: dict[str, Any]) -> None:
         write_json(out, d)
         out.with_suffix(".md").write_text(selection_markdown(d) if args.select else markdown(d))
-        if not args.select and out.resolve() == (RESULTS / "scifact.json").resolve() and d["runs"]:
-            from st_hardneg.reporting import replace_block
-
-            README.write_text(replace_block(README.read_text(), "scifact-table", readme_table(d)))
 
     if args.report:
         save(data)

@@ -5,10 +5,10 @@ batch 64 (156 steps, last partial batch dropped), lr 3e-5 with linear decay and 
 batch, STS-B dev every 50 steps and at the end with the best checkpoint kept, final score = the 7-task SentEval STS
 table. The batches at a given seed are the same for every method (the sampler is seeded by the seed alone).
 
-    python benchmarks/cpu_protocol.py                                  # all methods, seeds 0 1 2
-    python benchmarks/cpu_protocol.py --methods mnrl mixcse --seeds 0  # a subset
-    python benchmarks/cpu_protocol.py --variant mixcse_lam0.3=mixcse:lam=0.3 --seeds 0   # a tuning variant
-    python benchmarks/cpu_protocol.py --report                         # only rewrite the table and plot
+    python -m benchmarks.cpu_protocol                                  # all methods, seeds 0 1 2
+    python -m benchmarks.cpu_protocol --methods mnrl mixcse --seeds 0  # a subset
+    python -m benchmarks.cpu_protocol --variant mixcse_lam0.3=mixcse:lam=0.3 --seeds 0   # a tuning variant
+    python -m benchmarks.cpu_protocol --report                         # only rewrite the table and plot
 
 A finished (method, seed) already in the JSON is skipped, so an interrupted run resumes where it stopped.
 """
@@ -146,7 +146,7 @@ def markdown(data: dict[str, Any]) -> str:
 
 
 def plot(data: dict[str, Any], path: Path) -> Path:
-    from st_hardneg.plots import plot_seed_bars
+    from benchmarks.harness import plot_seed_bars
     from st_hardneg.reporting import group_by_method, mean_std
 
     per_seed = {m: [r["sts"]["avg"] for r in runs] for m, runs in group_by_method(data["runs"]).items()}
@@ -182,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
-    from st_hardneg.training.experiment import benchmark_jobs, run_pending
+    from benchmarks.harness import benchmark_jobs, run_pending
 
     out = Path(args.out)
     data = load(out)

@@ -12,10 +12,10 @@ Loss-only benchmark: fixed random embeddings (64 x d, d = 384 for MiniLM) with `
 ``compute_loss_from_embeddings`` + backward, median over repetitions (also interleaved). It shows how much of a
 step the loss math itself costs.
 
-    python benchmarks/overhead.py                       # the real measurement (about 25 min on 2 busy cores)
-    python benchmarks/overhead.py --steps 3 --model tiny-bert-dir --out /tmp/o.json   # smoke run
-    python benchmarks/overhead.py --profile adcse       # where a method's step time goes (torch.profiler)
-    python benchmarks/overhead.py --report              # rewrite overhead.md from overhead.json
+    python -m benchmarks.overhead                       # the real measurement (about 25 min on 2 busy cores)
+    python -m benchmarks.overhead --steps 3 --model tiny-bert-dir --out /tmp/o.json   # smoke run
+    python -m benchmarks.overhead --profile adcse       # where a method's step time goes (torch.profiler)
+    python -m benchmarks.overhead --report              # rewrite overhead.md from overhead.json
 
 Writes ``benchmarks/results/overhead.json``::
 

@@ -11,10 +11,10 @@ then the 7 SentEval STS tasks (Spearman x 100, "all" setting) and the 7 transfer
 regression, "test" mode; ``--transfer-fast`` for "fasttest"). Every method of ``st_hardneg.training.LOSSES`` runs at
 its paper defaults.
 
-    python benchmarks/paper_protocol.py                                   # all methods, seed 0, on a GPU
-    python benchmarks/paper_protocol.py --methods mnrl mixcse --seeds 0 1 2 --fp16
-    python benchmarks/paper_protocol.py --report                          # only print the tables of the JSON
-    python benchmarks/paper_protocol.py --dry-run                         # CPU smoke run: tiny random BERT
+    python -m benchmarks.paper_protocol                                   # all methods, seed 0, on a GPU
+    python -m benchmarks.paper_protocol --methods mnrl mixcse --seeds 0 1 2 --fp16
+    python -m benchmarks.paper_protocol --report                          # only print the tables of the JSON
+    python -m benchmarks.paper_protocol --dry-run                         # CPU smoke run: tiny random BERT
 
 Results go to ``benchmarks/results/paper_protocol.json`` (``{"protocol": {...}, "runs": [{"method", "seed", "sts",
 "transfer", "stsb_dev_best", "train_seconds", "median_step_seconds", ...}]}``) plus a markdown file of the tables.
@@ -188,8 +188,8 @@ def write_results(data: dict[str, Any], out: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from benchmarks.harness import run_pending
     from st_hardneg.training import LOSSES
-    from st_hardneg.training.experiment import run_pending
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--methods", nargs="*", default=list(LOSSES), help=f"from {', '.join(LOSSES)}")

@@ -3,7 +3,7 @@
 (``cpu_protocol.py --variant`` rows ``mnrl_queue`` / ``focal_queue`` in ``cpu_protocol.json``) and SciFact at equal
 memory (``retrieval.py --task scifact --methods focal_queue`` in ``scifact.json``).
 
-    python benchmarks/queue_report.py     # -> benchmarks/results/queue.md and the README block "queue-table"
+    python -m benchmarks.queue_report     # -> benchmarks/results/queue.md
 
 Targets: the best queued loss ≥ mnrl + 1.5 STS avg on the CPU protocol (mean of 3 seeds); on SciFact, Focal with
 the queue ≥ Focal without it (mean nDCG@10 over the seeds both have). Nothing is trained here.
@@ -19,7 +19,6 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
-README = REPO / "README.md"
 #: CPU protocol: queued row → the same loss without the queue
 CPU_PAIRS = {"mnrl_queue": "mnrl", "focal_queue": "focal"}
 #: SciFact: queued row, the same loss without it, and the built-in with as many candidates per anchor
@@ -128,15 +127,9 @@ def report(results: Path = RESULTS) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--results", default=str(RESULTS))
-    parser.add_argument("--readme", default=str(README), help="the README whose block 'queue-table' is rewritten")
     args = parser.parse_args(argv)
-    from st_hardneg.reporting import replace_block
-
     text = report(Path(args.results))
     (Path(args.results) / "queue.md").write_text(text)
-    readme = Path(args.readme)
-    body = text.split("\n", 2)[2]  # without the title
-    readme.write_text(replace_block(readme.read_text(), "queue-table", body))
     print(text)
     return 0
 

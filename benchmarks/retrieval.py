@@ -12,13 +12,13 @@ the dev split's training pairs (``st_hardneg.data.mrpc.dev_split``: 20 % of the 
 queries, their paraphrases the relevant documents, every other train sentence the corpus; training and mining use
 only the rest) and scores dev retrieval; each of our losses then runs in :data:`METHODS` with its best dev option.
 
-    python benchmarks/retrieval.py --select                         # dev selection -> retrieval_selection.*
-    python benchmarks/retrieval.py --untrained                      # the untrained reference -> retrieval_untrained.*
-    python benchmarks/retrieval.py                                  # all methods, seeds 0 1 2
-    python benchmarks/retrieval.py --methods mnrl gist --seeds 0    # a subset
-    python benchmarks/retrieval.py --variant mixcse_l2=mixcse:lam=0.2 --seeds 0 1 2   # another configuration
-    python benchmarks/retrieval.py --report                         # only rewrite the table and the plot
-    python benchmarks/retrieval.py --task scifact ...               # BEIR SciFact: see benchmarks/beir_benchmark.py
+    python -m benchmarks.retrieval --select                         # dev selection -> retrieval_selection.*
+    python -m benchmarks.retrieval --untrained                      # the untrained reference -> retrieval_untrained.*
+    python -m benchmarks.retrieval                                  # all methods, seeds 0 1 2
+    python -m benchmarks.retrieval --methods mnrl gist --seeds 0    # a subset
+    python -m benchmarks.retrieval --variant mixcse_l2=mixcse:lam=0.2 --seeds 0 1 2   # another configuration
+    python -m benchmarks.retrieval --report                         # only rewrite the table and the plot
+    python -m benchmarks.retrieval --task scifact ...               # BEIR SciFact: see benchmarks.beir_benchmark
 
 A finished (method, seed) already in the JSON is skipped, so an interrupted run resumes where it stopped. The mined
 training set is built once per (model, mining settings, data files) and cached outside the repository
@@ -36,9 +36,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from retrieval_report import (  # noqa: E402  (the report half of this benchmark)
+from benchmarks.retrieval_report import (  # the report half of this benchmark
     BUILTIN,
     ablation_check,
     markdown,
@@ -50,8 +48,7 @@ from retrieval_report import (  # noqa: E402  (the report half of this benchmark
     untrained_markdown,
     write_report,
 )
-
-from st_hardneg.training.retrieval import DEFAULT_CACHE_DIR, MINING, TRAINING  # noqa: E402
+from st_hardneg.training.retrieval import DEFAULT_CACHE_DIR, MINING, TRAINING
 
 __all__ = ["BUILTIN", "MINING", "ablation_check", "markdown", "readme_table", "selected", "selection_markdown",
            "summarize", "target_check", "untrained_markdown", "write_report"]
@@ -61,7 +58,6 @@ RESULTS = REPO / "benchmarks" / "results"
 DEFAULT_OUT = RESULTS / "retrieval.json"
 UNTRAINED_OUT = RESULTS / "retrieval_untrained.json"
 SELECTION_OUT = RESULTS / "retrieval_selection.json"
-README = REPO / "README.md"
 DEV_SPLIT = {"fraction": 0.2, "seed": 0}
 STS_TASKS = ("STS12", "STS13", "STS14", "STS15", "STS16", "STSBenchmark", "SICKRelatedness")
 #: label -> (loss name in st_hardneg.training.LOSSES, or one of LOCAL_FACTORIES; hyperparameters)
@@ -225,19 +221,11 @@ def untrained(args) -> dict[str, Any]:
             "torch_threads": torch.get_num_threads(), "finished": time.strftime("%Y-%m-%d %H:%M:%S")}
 
 
-def update_readme(data: dict[str, Any], readme: Path = README) -> None:
-    """Rewrite the README's generated retrieval table (between its ``retrieval-table`` markers) from ``data``."""
-    from st_hardneg.reporting import replace_block
-
-    every = {**METHODS, **OPTIONAL_METHODS}
-    readme.write_text(replace_block(readme.read_text(), "retrieval-table", readme_table(data, every)))
-
-
 def select(args, parser) -> int:
     """``--select``: train each :data:`SELECTION` configuration on the dev split, score dev retrieval (resumable)."""
+    from benchmarks.harness import run_pending
     from st_hardneg.data.mrpc import build_mrpc_retrieval, dev_split
     from st_hardneg.reporting import load_results, write_json
-    from st_hardneg.training.experiment import run_pending
 
     explicit = args.methods if args.methods != list(METHODS) else list(SELECTION)
     unknown = [m for m in explicit if m not in SELECTION]
@@ -268,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
     task = next((argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--task"), None)
     task = next((a.split("=", 1)[1] for a in argv if a.startswith("--task=")), task)
     if task not in (None, "mrpc"):  # a BEIR task: SciFact, or any folder with --task beir --data PATH
-        import beir_benchmark
+        from benchmarks import beir_benchmark
 
         return beir_benchmark.main(argv)
     argv = [a for i, a in enumerate(argv) if not (a.startswith("--task") or (i and argv[i - 1] == "--task"))]
@@ -320,8 +308,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.select:
         return select(args, parser)
 
+    from benchmarks.harness import benchmark_jobs, run_pending
     from st_hardneg.reporting import load_results
-    from st_hardneg.training.experiment import benchmark_jobs, run_pending
 
     out = Path(args.out)
     data = load_results(out, PROTOCOL)
@@ -344,10 +332,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def save(data: dict[str, Any], out: Path) -> None:
-    """Write the results, their table and plot; for the committed results also the README's table."""
+    """Write the results, their table and plot (all rendered from the JSON)."""
     write_report(data, out)
-    if data["runs"] and out.resolve() == DEFAULT_OUT.resolve():
-        update_readme(data)
 
 
 if __name__ == "__main__":

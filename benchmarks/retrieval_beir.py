@@ -632,7 +632,42 @@ def paired(data: dict[str, Any], name: str, a: str, b: str) -> dict[str, Any] | 
             "ahead_every_seed": all(d > 0 for d in diffs)}
 
 
-def markdown(data: dict[str, Any]) -> str:
+def per_query_runs(path: Path) -> list[dict[str, Any]]:
+    """The per-query file's rows (one per run: dataset, method, seed, stage, nDCG@10 by role and query)."""
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
+
+
+def significance(data: dict[str, Any], per_query: list[dict[str, Any]]) -> str:
+    """The recipe against the best built-in and MNRL with mined negatives on each dataset's test queries:
+    :func:`st_hardneg.evaluation.compare_runs` (per-query nDCG@10 averaged over the seeds both rows have; paired
+    bootstrap interval, randomization and t-test p-values, Holm over the comparisons), or why it cannot be run."""
+    from st_hardneg.evaluation import compare_runs
+
+    by: dict[tuple[str, str], dict[int, dict[str, float]]] = {}
+    for row in per_query:
+        if row.get("stage") == "main" and "test" in row["ndcg@10"]:
+            by.setdefault((row["dataset"], row["method"]), {})[row["seed"]] = row["ndcg@10"]["test"]
+    lines = []
+    best = data.get("best_builtin")
+    for other in dict.fromkeys([b for b in (best, "mnrl") if b]):
+        common = {name: sorted(set(by.get((name, "recipe"), {})) & set(by.get((name, other), {}))) for name in DATASETS}
+        joint = sorted(set.intersection(*(set(v) for v in common.values())))
+        # both datasets in one comparison when they share seeds (Holm over the two), else each on its own
+        groups = [(list(DATASETS), joint)] if joint else [([name], seeds) for name, seeds in common.items()]
+        for names, seeds in groups:
+            if not seeds:
+                lines += [f"- recipe vs {other} on {names[0]}: not run (no seed with per-query scores for both rows)",
+                          ""]
+                continue
+            runs = {label: [{name: {q: {"ndcg@10": v} for q, v in by[(name, label)][s].items()} for name in names}
+                            for s in seeds] for label in (other, "recipe")}
+            result = compare_runs(runs, baseline=other)
+            lines += [f"recipe vs {other} on {', '.join(names)}, seeds {', '.join(map(str, seeds))}:", "",
+                      result.to_markdown().rstrip("\n"), ""]
+    return "\n".join(lines)
+
+
+def markdown(data: dict[str, Any], per_query: list[dict[str, Any]] | None = None) -> str:
     lines = ["# Two-dataset retrieval benchmark: SciFact + NFCorpus (all-MiniLM-L6-v2, x 100)", ""]
     lines += [f"Mining setting chosen on pooled dev: `{data.get('chosen_mining', 'not chosen')}`; recipe chosen on "
               f"pooled dev: `{data.get('chosen_recipe', 'not chosen')}`; best built-in (pooled dev, seed 0): "
@@ -658,6 +693,8 @@ def markdown(data: dict[str, Any]) -> str:
                          "yes" if result["ahead_every_seed"] else "no"])
     lines += [markdown_table(["comparison", "dataset", "mean diff", "95 % CI", "seeds", "ahead every seed"],
                              body).rstrip("\n"), ""]
+    lines += ["## Significance (per-query test nDCG@10, `st_hardneg.evaluation.compare_runs`)", "",
+              significance(data, per_query or []), ""]
     failed = [f"{r['dataset']} {r['method']} seed {r['seed']}: {r['failed']}" for r in data["runs"] if "failed" in r]
     if failed:
         lines += ["## Failed runs", "", *(f"- {f}" for f in failed), ""]
@@ -694,7 +731,7 @@ def write_report(data: dict[str, Any], out: Path) -> None:
     from st_hardneg.reporting import write_json
 
     write_json(out, data)
-    out.with_suffix(".md").write_text(markdown(data))
+    out.with_suffix(".md").write_text(markdown(data, per_query_runs(out.with_name(out.stem + "_per_query.jsonl"))))
 
 
 def main(argv: list[str] | None = None) -> int:

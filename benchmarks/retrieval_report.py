@@ -112,7 +112,7 @@ def _check_lines(runs: list[dict[str, Any]]) -> str:
 
 
 def readme_table(data: dict[str, Any], methods: dict[str, tuple[str, dict[str, Any]]]) -> str:
-    """The README's compact retrieval table (mean ± std over seeds) with the target and ablation verdicts;
+    """The compact retrieval table (mean ± std over seeds) with the target and ablation verdicts;
     ``methods`` (label → (loss, options)) names each row's options."""
     from st_hardneg.reporting import markdown_table
 
@@ -211,7 +211,7 @@ def failed_note(data: dict[str, Any]) -> str:
 
 
 def plot(data: dict[str, Any], path: Path) -> Path:
-    from st_hardneg.plots import plot_seed_bars
+    from benchmarks.harness import plot_seed_bars
 
     summary = summarize(data["runs"])
     per_seed = {m: row["ndcg@10_per_seed"] for m, row in summary.items() if m != "untrained"}

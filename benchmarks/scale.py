@@ -61,7 +61,7 @@ cached (``cached_mnrl``) batch 64, 4.0 s and 0.73 GB; batch 256, 2 threads, 115 
 would take hours, so for the real model run the memory and time targets only: the cached variant at batches 64 and
 1024, 2 steps (one warm-up)::
 
-    python benchmarks/scale.py --model default --variants cached --batch-sizes 64 1024 --steps 2 \
+    python -m benchmarks.scale --model default --variants cached --batch-sizes 64 1024 --steps 2 \
         --methods cached_mnrl mixcse focal hncse_hnm adcse --ddp-methods --out benchmarks/results/scale_minilm.json
 
 about 5 x (2 x 60-120 s) at 1024 plus 2 min at 64, i.e. 12-22 min on a quiet machine with 1 thread (measured only
@@ -72,13 +72,13 @@ On 2 cores the 2-process comparison is the noisiest number here: in one quiet ru
 configuration of the invocation R times, round by round (memory in round 1 only), and reports the median round, with
 the ratio of each round in the 2-process table::
 
-    python benchmarks/scale.py --batch-sizes 1024 --variants cached --steps 9 --rounds 3 \
+    python -m benchmarks.scale --batch-sizes 1024 --variants cached --steps 9 --rounds 3 \
         --methods cached_mnrl mixcse focal hncse_pm hncse_hnm adcse --ddp-methods cached_mnrl mixcse focal \
         hncse_pm hncse_hnm adcse
 
-    python benchmarks/scale.py                                  # the default grid (tiny model, ~10 min)
-    python benchmarks/scale.py --methods mnrl cached_mnrl --batch-sizes 8 16 --steps 2 --out /tmp/s.json  # smoke
-    python benchmarks/scale.py --report                         # only rewrite scale.md and scale.png
+    python -m benchmarks.scale                                  # the default grid (tiny model, ~10 min)
+    python -m benchmarks.scale --methods mnrl cached_mnrl --batch-sizes 8 16 --steps 2 --out /tmp/s.json  # smoke
+    python -m benchmarks.scale --report                         # only rewrite scale.md and scale.png
 
 This file is the driver (plan, subprocess per configuration, resume); ``scale_worker.py`` measures one configuration
 and ``scale_report.py`` turns the results into the summary, table and plot.
@@ -101,8 +101,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from scale_report import (  # noqa: E402,F401  (the report half of this benchmark; summarize, plot: its API here too)
+from benchmarks.scale_report import (  # noqa: F401  (the report half of this benchmark; summarize, plot: its API here too)
     DDP_TARGET,
     MEMORY_TARGET,
     PEAK_TARGET,
@@ -116,7 +115,7 @@ from scale_report import (  # noqa: E402,F401  (the report half of this benchmar
     summarize,
     write_report,
 )
-from scale_worker import MEMORY_ENV, build_benchmark_loss, run_config  # noqa: E402,F401  (one configuration)
+from benchmarks.scale_worker import MEMORY_ENV, build_benchmark_loss, run_config  # noqa: F401  (one configuration)
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"

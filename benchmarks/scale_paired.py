@@ -7,8 +7,8 @@ This script builds every loss on the same tiny model and batch in one process an
 warm-up round. It also adds sentence-transformers' ``CachedMultipleNegativesRankingLoss`` with both directions
 (``per_direction``), the like-for-like reference for MixCSE's benchmark form, which is two-way.
 
-    python benchmarks/scale_paired.py                      # batch 8192, 4 rounds -> results/scale_paired.md
-    python benchmarks/scale_paired.py --batch-size 512 --rounds 2 --out /tmp/p.md     # smoke
+    python -m benchmarks.scale_paired                      # batch 8192, 4 rounds -> results/scale_paired.md
+    python -m benchmarks.scale_paired --batch-size 512 --rounds 2 --out /tmp/p.md     # smoke
 """
 
 from __future__ import annotations
@@ -19,8 +19,6 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = REPO / "benchmarks" / "results" / "scale_paired.md"
@@ -43,10 +41,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"corpus not found: {args.corpus}")
 
     import torch
-    from scale_worker import _load_model
     from sentence_transformers.sentence_transformer.losses import CachedMultipleNegativesRankingLoss
     from tqdm import tqdm
 
+    from benchmarks.scale_worker import _load_model
     from st_hardneg.data import read_corpus
     from st_hardneg.reporting import markdown_table
     from st_hardneg.training.registry import build_loss

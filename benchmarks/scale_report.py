@@ -229,21 +229,13 @@ def plot(data: dict[str, Any], path: Path) -> Path | None:
 
 
 REPO = Path(__file__).resolve().parents[1]
-README = REPO / "README.md"
-#: the results files whose tables the README shows, and the name of each one's markers there
-README_BLOCKS = {REPO / "benchmarks" / "results" / "scale.json": "scale-table",
-                 REPO / "benchmarks" / "results" / "scale_minilm.json": "scale-minilm-table"}
 
 
 def write_report(data: dict[str, Any], out: Path) -> None:
-    """Write ``out`` (JSON), its markdown table and plot; for the files of :data:`README_BLOCKS` also the README's
-    table."""
-    from st_hardneg.reporting import replace_block, write_json
+    """Write ``out`` (JSON), its markdown table and plot (both rendered from the JSON)."""
+    from st_hardneg.reporting import write_json
 
     write_json(out, data)
     text = markdown(data)
     out.with_suffix(".md").write_text(text)
     plot(data, out.with_suffix(".png"))
-    for source, block in README_BLOCKS.items():
-        if out.resolve() == source.resolve() and README.is_file() and f"<!-- {block}:start -->" in README.read_text():
-            README.write_text(replace_block(README.read_text(), block, text))

@@ -9,8 +9,8 @@ storages still alive (weak references; PyTorch keeps a tensor's Python object wh
 peak of that sum and the tensors alive at it are reported, in units of one N × d float32 matrix; at c = d a
 (c, N) chunk block is one unit too. The inputs themselves (2 columns) are held by every loss alike and not counted.
 
-    python benchmarks/scale_tensors.py                   # N 8192, d 32, c 32 -> results/scale_tensors.md
-    python benchmarks/scale_tensors.py --n 65536
+    python -m benchmarks.scale_tensors                   # N 8192, d 32, c 32 -> results/scale_tensors.md
+    python -m benchmarks.scale_tensors --n 65536
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from scale_report import REFERENCE, REFERENCE_TWO_WAY
+from benchmarks.scale_report import REFERENCE, REFERENCE_TWO_WAY
 
 
 def _status_kb(field: str) -> int | None:

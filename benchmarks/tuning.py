@@ -11,10 +11,10 @@ identical to the full runs' dev score at step 50, read from their ``dev_curve`` 
 (tests/test_benchmarks.py checks that equality on a tiny model; ``--config mnrl=mnrl:`` re-runs it here as a
 control). The STS test sets are not computed here.
 
-    python benchmarks/tuning.py --seed 1                     # the screen below
-    python benchmarks/tuning.py --seed 1 --config focal_m0.4=focal:m=0.4   # an extra configuration
-    python benchmarks/tuning.py --report                     # only rewrite tuning.md
-    python benchmarks/tuning.py --screen queue --seed 1      # issue 23's queue screen -> tuning_queue.json
+    python -m benchmarks.tuning --seed 1                     # the screen below
+    python -m benchmarks.tuning --seed 1 --config focal_m0.4=focal:m=0.4   # an extra configuration
+    python -m benchmarks.tuning --report                     # only rewrite tuning.md
+    python -m benchmarks.tuning --screen queue --seed 1      # issue 23's queue screen -> tuning_queue.json
 
 Every configuration tried is kept in benchmarks/results/tuning.json, whether it helped or not.
 """
@@ -28,9 +28,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import cpu_protocol  # noqa: E402  (the protocol's runner, reused as is)
+from benchmarks import cpu_protocol  # the protocol's runner, reused as is
 
 RESULTS = cpu_protocol.RESULTS
 DEFAULT_OUT = RESULTS / "tuning.json"
@@ -130,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out) if args.out else default_out
     data = json.loads(out.read_text()) if out.is_file() else {"runs": []}
     if not args.report:
-        from st_hardneg.training.experiment import parse_variant
+        from benchmarks.harness import parse_variant
 
         if data["runs"] and (data.get("seed"), data.get("stop_after")) != (args.seed, args.stop_after):
             parser.error(f"{out} holds a screen at seed {data.get('seed')}, {data.get('stop_after')} steps; "

@@ -4,8 +4,8 @@ The numbers were measured once (transfer, MTEB-local STS next to ``evaluate_sts`
 ``load_default_model()`` with CLS pooling, no training) and stored in ``results/untrained_eval.json``; this script
 only renders them:
 
-    python benchmarks/untrained_eval.py            # print the markdown
-    python benchmarks/untrained_eval.py --write    # rewrite results/untrained_eval.md
+    python -m benchmarks.untrained_eval            # print the markdown
+    python -m benchmarks.untrained_eval --write    # rewrite results/untrained_eval.md
 """
 
 from __future__ import annotations

@@ -5,8 +5,8 @@ Each process builds the same tiny model (fixed seed), trains ``--steps`` optimiz
 training losses, the loss configuration and whether the weights are identical on every process after training
 (a checksum all-gathered from every rank), which is what distributed data parallel guarantees.
 
-    torchrun --nproc_per_node 2 benchmarks/ddp_train.py --loss mnrl
-    torchrun --nproc_per_node 2 benchmarks/ddp_train.py --loss mnrl --mini-batch-size 2   # GradCache + gather
+    torchrun --nproc_per_node 2 examples/ddp_train.py --loss mnrl
+    torchrun --nproc_per_node 2 examples/ddp_train.py --loss mnrl --mini-batch-size 2   # GradCache + gather
 
 Run it from the repository root (with ``PYTHONPATH=$PWD`` when the installed package points elsewhere). With
 ``--mini-batch-size`` the loss gets ``mini_batch_size`` (every st-hardneg loss caches by itself, e.g.

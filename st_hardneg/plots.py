@@ -7,7 +7,6 @@ helpers work headless and leave the caller's backend and open figures alone (e.g
   one point per model, coloured by its STS average.
 - :func:`plot_training_curves`: metrics over training steps (STS-B dev Spearman, loss, the cosines logged by
   :class:`~st_hardneg.training.callbacks.LossDiagnosticsCallback`), from ``trainer.state.log_history`` or lists of dicts.
-- :func:`plot_seed_bars`: one bar per method, mean ± std over seeds with every seed as a dot (the benchmarks' plots).
 """
 
 from __future__ import annotations
@@ -196,66 +195,4 @@ def plot_training_curves(
     if title:
         fig.suptitle(title)
     fig.tight_layout()
-    return _save(fig, path, dpi)
-
-
-def plot_seed_bars(
-    per_seed: Mapping[str, Sequence[float]],
-    path: str | Path,
-    *,
-    ylabel: str,
-    title: str,
-    grey: Sequence[str] = (),
-    reference: tuple[str, float] | None = None,
-    dpi: int = 120,
-) -> Path:
-    """Bars of mean ± sample std over seeds, one per method, each seed's score drawn as a dot and the mean written
-    above the bar.
-
-    Args:
-        per_seed: ``{method: [score of each seed]}`` (bars in this order).
-        path: the PNG file to write (parent folders are created).
-        ylabel: y-axis label.
-        title: figure title.
-        grey: methods drawn in grey (baselines); the others in blue.
-        reference: ``(label, value)`` of a dashed horizontal line (e.g. the untrained model), or ``None``.
-        dpi: resolution.
-
-    Returns:
-        The path written.
-
-    Raises:
-        ValueError: no method, a method without scores, or a path that is not ``.png``.
-    """
-    from st_hardneg.reporting import mean_std
-
-    path = _check_png(path)
-    if not per_seed:
-        raise ValueError("no method to plot: pass {method: [score per seed]}")
-    empty = [m for m, scores in per_seed.items() if not scores]
-    if empty:
-        raise ValueError(f"method(s) {empty} have no scores")
-    methods = list(per_seed)
-    stats = [mean_std([float(v) for v in per_seed[m]]) for m in methods]
-    means = [mean for mean, _ in stats]
-    stds = [std for _, std in stats]
-    fig = _figure(figsize=(max(6.0, 1.1 * len(methods)), 4.0))
-    ax = fig.subplots()
-    x = list(range(len(methods)))
-    ax.bar(x, means, yerr=stds, color=["#888888" if m in grey else "#3b75af" for m in methods], capsize=4)
-    for i, method in enumerate(methods):
-        ax.scatter([i] * len(per_seed[method]), per_seed[method], color="black", s=10, zorder=3)
-        ax.text(i, means[i] + stds[i], f"{means[i]:.2f}", ha="center", va="bottom", fontsize=8)
-    low = min(min(float(v) for v in per_seed[m]) for m in methods)
-    high = max(m + s for m, s in zip(means, stds, strict=True))
-    if reference is not None:
-        label, value = reference
-        ax.axhline(value, color="#c0392b", ls="--", lw=1, label=f"{label} ({value:.2f})")
-        ax.legend(loc="lower right")
-        low, high = min(low, value), max(high, value)
-    span = max(high - low, 1.0)
-    ax.set_ylim(low - 0.3 * span, high + 0.2 * span)
-    ax.set_xticks(x, methods, rotation=20, ha="right")
-    ax.set_ylabel(ylabel)
-    ax.set_title(title, fontsize=10)
     return _save(fig, path, dpi)

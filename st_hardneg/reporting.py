@@ -131,7 +131,7 @@ def median_or_none(values: Iterable[float | None]) -> float | None:
 
 def group_by_method(runs: Iterable[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
     """Runs grouped by their ``"method"``, methods in order of first appearance; failed runs (a ``"failed"`` entry,
-    see :func:`st_hardneg.training.experiment.run_pending`) are left out."""
+    see ``benchmarks/harness.py``'s ``run_pending``) are left out."""
     groups: dict[str, list[dict[str, Any]]] = {}
     for run in runs:
         if run.get("failed"):

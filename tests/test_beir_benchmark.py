@@ -3,10 +3,9 @@ numbers (mean ± std, the target check) against values computed here."""
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import json
 import statistics
-import sys
 from pathlib import Path
 
 from st_hardneg.testing.beir import make_tiny_beir
@@ -15,14 +14,7 @@ BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
 
 def _load(name: str):
-    sys.path.insert(0, str(BENCHMARKS))
-    try:
-        spec = importlib.util.spec_from_file_location(f"benchmarks_{name}", BENCHMARKS / f"{name}.py")
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    finally:
-        sys.path.remove(str(BENCHMARKS))
-    return module
+    return importlib.import_module(f"benchmarks.{name}")
 
 
 def test_smoke_run_through_retrieval_py_resumes(tiny_model_dir, tmp_path, capsys):
@@ -32,22 +24,18 @@ def test_smoke_run_through_retrieval_py_resumes(tiny_model_dir, tmp_path, capsys
     argv = ["--task", "beir", "--data", str(folder), "--model", str(tiny_model_dir), "--max-steps", "1",
             "--batch-size", "4", "--seeds", "0", "--methods", "mnrl", "focal", "--out", str(out), "--cache-dir",
             str(tmp_path / "cache"), "--work-dir", str(tmp_path / "work"), "--relative-margin", "none", "--quiet"]
-    sys.path.insert(0, str(BENCHMARKS))
-    try:
-        assert retrieval.main(argv) == 0
-        data = json.loads(out.read_text())
-        runs = {r["method"]: r for r in data["runs"]}
-        assert set(runs) == {"mnrl", "focal"} and data["task"] == "tiny"
-        for run in runs.values():
-            assert run["steps"] == 1 and run["batch_size"] == 4
-            assert 0 <= run["test"]["ndcg@10"] <= 100 and run["dev"]["queries"] == data["split"]["dev_queries"]
-        assert data["protocol"]["mining_override"] == {"relative_margin": None}
-        capsys.readouterr()
-        assert retrieval.main(argv) == 0  # resumed: nothing run again
-        assert "skip mnrl seed 0" in capsys.readouterr().out
-        assert json.loads(out.read_text())["runs"] == data["runs"]
-    finally:
-        sys.path.remove(str(BENCHMARKS))
+    assert retrieval.main(argv) == 0
+    data = json.loads(out.read_text())
+    runs = {r["method"]: r for r in data["runs"]}
+    assert set(runs) == {"mnrl", "focal"} and data["task"] == "tiny"
+    for run in runs.values():
+        assert run["steps"] == 1 and run["batch_size"] == 4
+        assert 0 <= run["test"]["ndcg@10"] <= 100 and run["dev"]["queries"] == data["split"]["dev_queries"]
+    assert data["protocol"]["mining_override"] == {"relative_margin": None}
+    capsys.readouterr()
+    assert retrieval.main(argv) == 0  # resumed: nothing run again
+    assert "skip mnrl seed 0" in capsys.readouterr().out
+    assert json.loads(out.read_text())["runs"] == data["runs"]
     text = out.with_suffix(".md").read_text()
     assert f"| mnrl | {runs['mnrl']['test']['ndcg@10']:.2f} |" in text
 
@@ -92,11 +80,7 @@ def test_smoke_queue_row_reads_the_queue(tiny_model_dir, tmp_path):
     argv = ["--task", "beir", "--data", str(folder), "--model", str(tiny_model_dir), "--max-steps", "3",
             "--batch-size", "4", "--seeds", "0", "--methods", "focal_queue", "--out", str(out), "--cache-dir",
             str(tmp_path / "cache"), "--work-dir", str(tmp_path / "work"), "--relative-margin", "none", "--quiet"]
-    sys.path.insert(0, str(BENCHMARKS))
-    try:
-        assert retrieval.main(argv) == 0
-    finally:
-        sys.path.remove(str(BENCHMARKS))
+    assert retrieval.main(argv) == 0
     (run,) = json.loads(out.read_text())["runs"]
     assert run["method"] == "focal_queue" and run["steps"] == 3 and run["loss_config"]["queue_size"] == 192
     assert run["queue"]["queue_filled"] == 3 * 2 * 4 and run["queue"]["queue_rows_read"] == 2 * 2 * 4

@@ -1,4 +1,4 @@
-"""benchmarks/ddp_train.py end to end: torchrun, 2 CPU processes (gloo), SentenceTransformerTrainer, 4 steps."""
+"""examples/ddp_train.py end to end: torchrun, 2 CPU processes (gloo), SentenceTransformerTrainer, 4 steps."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ def test_torchrun_two_processes_gather_and_gradcache(tmp_path, loss):
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",
            "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-           str(REPO / "benchmarks" / "ddp_train.py"), "--loss", loss, "--mini-batch-size", "2",
+           str(REPO / "examples" / "ddp_train.py"), "--loss", loss, "--mini-batch-size", "2",
            "--work-dir", str(tmp_path / "work"), "--out", str(out)]
     proc = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -1,22 +1,18 @@
-"""benchmarks/queue_report.py: the queue's evidence table and its two targets, against numbers computed here."""
+"""benchmarks.queue_report: the queue's evidence table and its two targets, against numbers computed here; the table
+is written to results/queue.md only (never into a README)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import statistics
-from pathlib import Path
 
 import pytest
 
-BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
-
 
 def _load():
-    spec = importlib.util.spec_from_file_location("benchmarks_queue_report", BENCHMARKS / "queue_report.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    from benchmarks import queue_report
+
+    return queue_report
 
 
 def _cpu(method, seed, avg, queue=None):
@@ -50,8 +46,10 @@ def test_report_tables_and_targets(tmp_path):
     sci = [_sci("focal", 0, 65.8), _sci("focal", 1, 66.0), _sci("focal_queue", 0, 66.3), _sci("focal_queue", 1, 65.9),
            _sci("focal_queue", 2, 70.0), _sci("cached_mnrl_4x", 0, 65.6)]
     readme = _write(tmp_path, cpu, sci)
-    assert bench.main(["--results", str(tmp_path), "--readme", str(readme)]) == 0
+    before = readme.read_text()
+    assert bench.main(["--results", str(tmp_path)]) == 0
     text = (tmp_path / "queue.md").read_text()
+    assert text == bench.report(tmp_path)  # the .md is what the JSON files render to
     # the screen: Δ against the loss's own no-queue reference at the same step
     assert "| mnrl_queue512_online | 512 | online | 84.60 | +0.60 |" in text
     assert "| focal_queue64_ema | 64 | ema | 84.25 | -0.25 |" in text
@@ -61,8 +59,8 @@ def test_report_tables_and_targets(tmp_path):
     # SciFact: only the seeds both focal rows have (0 and 1), so seed 2's 70.0 does not count
     gain = ((66.3 - 65.8) + (65.9 - 66.0)) / 2
     assert f"focal_queue − focal = {gain:+.2f} nDCG@10 over seed(s) 0, 1: met." in text
-    new = readme.read_text()
-    assert new.startswith("intro\n<!-- queue-table:start -->\nScreen") and "old" not in new and new.endswith("outro\n")
+    assert text.split("\n", 2)[2].startswith("Screen")  # the body under the title starts with the screen
+    assert readme.read_text() == before  # a README beside the results is never rewritten
 
 
 def test_targets_not_met_and_missing_rows(tmp_path):
@@ -77,11 +75,11 @@ def test_targets_not_met_and_missing_rows(tmp_path):
     assert "no queued row has 3 seeds yet" in text and "no seed has both focal and focal_queue yet" in text
 
 
-def test_readme_without_the_block_is_refused_by_name(tmp_path):
+def test_the_report_no_longer_takes_a_readme(tmp_path):
     bench = _load()
     readme = _write(tmp_path, [_cpu("mnrl", 0, 75.0)], [])
     readme.write_text("no markers here\n")
-    with pytest.raises(ValueError, match="queue-table:start"):
+    with pytest.raises(SystemExit):  # --readme is gone: argparse refuses it by name
         bench.main(["--results", str(tmp_path), "--readme", str(readme)])
     assert readme.read_text() == "no markers here\n"  # left as it was
 

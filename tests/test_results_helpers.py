@@ -8,8 +8,8 @@ import statistics
 
 import pytest
 
+from benchmarks.harness import benchmark_jobs, parse_variant, run_pending
 from st_hardneg.reporting import group_by_method, load_results, mean_std, median_or_none, write_results
-from st_hardneg.training.experiment import benchmark_jobs, parse_variant, run_pending
 
 
 def test_run_pending_skips_finished_runs_and_saves_after_each():

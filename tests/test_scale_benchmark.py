@@ -302,7 +302,7 @@ def test_paired_timing_smoke(tmp_path):
     """Every loss and both CachedMNRL references timed round-robin in one process; ratios against the references."""
     import importlib
 
-    paired = importlib.import_module("scale_paired")
+    paired = importlib.import_module("benchmarks.scale_paired")
     out = tmp_path / "paired.md"
     assert paired.main(["--batch-size", "64", "--rounds", "2", "--corpus", str(CORPUS), "--out", str(out)]) == 0
     table = out.read_text()

@@ -4,7 +4,8 @@
   sentence-transformers Trainer);
 - :mod:`~st_hardneg.training.registry`: :data:`LOSSES`, :func:`build_loss`, :func:`parse_loss_args`;
 - :mod:`~st_hardneg.training.experiment`: train → evaluate → one result record, for the CLI and every benchmark;
-- :mod:`~st_hardneg.training.retrieval`: the retrieval recipe (mined triplets, settings, scores);
+- :mod:`~st_hardneg.training.retrieval`: the retrieval recipe (:func:`retrieval_recipe`, mined triplets, pair sampling,
+  known-relevance batches, settings, scores);
 - :mod:`~st_hardneg.training.callbacks`: every ``TrainerCallback`` of the package.
 
 >>> from st_hardneg.training import TrainConfig, build_loss, train
@@ -22,18 +23,19 @@ _LAZY = {
     "TrainConfig": "loop", "TrainResult": "loop", "train": "loop", "training_arguments": "loop",
     "LOSSES": "registry", "build_loss": "registry", "parse_loss_args": "registry",
     "ExperimentResult": "experiment", "run_experiment": "experiment", "run_training": "experiment",
-    "run_pending": "experiment", "benchmark_jobs": "experiment", "parse_variant": "experiment",
     "planned_steps": "experiment",
+    "retrieval_recipe": "retrieval", "RETRIEVAL_RECIPE": "retrieval", "KnownRelevanceBatchSampler": "retrieval",
+    "sample_training_pairs": "retrieval",
     "EvaluateAtEnd": "callbacks", "FalseNegativeLog": "callbacks", "LossDiagnosticsCallback": "callbacks",
     "StatefulLossCallback": "callbacks", "StepTimer": "callbacks", "StopAfterSteps": "callbacks",
     "add_stateful_loss_callback": "callbacks", "LossModelCheck": "callbacks", "check_loss_model": "callbacks",
 }
 
 __all__ = [
-    "LOSSES", "EvaluateAtEnd", "ExperimentResult", "FalseNegativeLog", "LossDiagnosticsCallback", "LossModelCheck",
-    "StatefulLossCallback", "StepTimer", "StopAfterSteps", "TrainConfig", "TrainResult", "add_stateful_loss_callback",
-    "benchmark_jobs", "build_loss", "check_loss_model", "parse_loss_args", "parse_variant", "planned_steps",
-    "run_experiment", "run_pending", "run_training", "train", "training_arguments",
+    "LOSSES", "RETRIEVAL_RECIPE", "EvaluateAtEnd", "ExperimentResult", "FalseNegativeLog", "KnownRelevanceBatchSampler",
+    "LossDiagnosticsCallback", "LossModelCheck", "StatefulLossCallback", "StepTimer", "StopAfterSteps", "TrainConfig",
+    "TrainResult", "add_stateful_loss_callback", "build_loss", "check_loss_model", "parse_loss_args", "planned_steps",
+    "retrieval_recipe", "run_experiment", "run_training", "sample_training_pairs", "train", "training_arguments",
 ]
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -48,17 +50,15 @@ if TYPE_CHECKING:  # pragma: no cover
         add_stateful_loss_callback,
         check_loss_model,
     )
-    from st_hardneg.training.experiment import (
-        ExperimentResult,
-        benchmark_jobs,
-        parse_variant,
-        planned_steps,
-        run_experiment,
-        run_pending,
-        run_training,
-    )
+    from st_hardneg.training.experiment import ExperimentResult, planned_steps, run_experiment, run_training
     from st_hardneg.training.loop import TrainConfig, TrainResult, train, training_arguments
     from st_hardneg.training.registry import LOSSES, build_loss, parse_loss_args
+    from st_hardneg.training.retrieval import (
+        RETRIEVAL_RECIPE,
+        KnownRelevanceBatchSampler,
+        retrieval_recipe,
+        sample_training_pairs,
+    )
 
 
 def __getattr__(name: str) -> Any:

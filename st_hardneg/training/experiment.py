@@ -2,8 +2,8 @@
 
 The command line (``st-hardneg train``) and every benchmark script run their experiments through
 :func:`run_experiment` (unsupervised sentences, STS) or the step under it, :func:`run_training` (any dataset, any
-scoring, e.g. the retrieval benchmark), so a train-then-evaluate run is defined once. :func:`run_pending` is the
-benchmarks' resumable loop over (method, seed) and :func:`parse_variant` their ``--variant`` syntax.
+scoring, e.g. the retrieval benchmark), so a train-then-evaluate run is defined once (the benchmarks' resumable
+loop over methods and seeds is in ``benchmarks/harness.py``).
 
 >>> from st_hardneg.training.experiment import run_experiment
 """
@@ -185,70 +185,3 @@ def run_training(
     if not keep_checkpoints:
         shutil.rmtree(config.output_dir, ignore_errors=True)
     return ExperimentResult(model=model, loss=loss, train=result, sts=None, scores=scores)
-
-
-def parse_variant(spec: str) -> tuple[str, str, dict[str, Any]]:
-    """A benchmark's ``--variant`` ``label=loss:key=value,key=value`` → ``(label, loss, kwargs)``.
-
-    Raises:
-        ValueError: no label or no loss, or a malformed ``key=value``.
-    """
-    from st_hardneg.training.registry import parse_loss_args
-
-    label, _, rest = spec.partition("=")
-    loss, _, args = rest.partition(":")
-    if not label or not loss:
-        raise ValueError(f"--variant expects LABEL=LOSS[:k=v,k=v], got {spec!r}")
-    return label, loss, parse_loss_args([a for a in args.split(",") if a])
-
-
-def run_pending(
-    data: dict[str, Any],
-    jobs: Sequence[tuple],
-    seeds: Sequence[int],
-    run: Callable[[tuple, int], dict[str, Any]],
-    save: Callable[[dict[str, Any]], None],
-    where: str = "the results",
-    untrained: Callable[[], dict[str, Any]] | None = None,
-) -> None:
-    """The benchmarks' resumable loop: for every seed, every job (``(label, ...)``) whose ``(label, seed)`` has no
-    run in ``data["runs"]`` yet is run with ``run(job, seed)``, appended and saved with ``save(data)`` at once, so an
-    interrupted benchmark resumes where it stopped; finished ones are reported as skipped. A run whose loss refuses a
-    batch with no usable row (``ValueError``, e.g. a margin that masks every negative) is recorded as
-    ``{"method", "seed", "failed": message}`` and the loop goes on; other errors propagate. ``untrained()`` (if given)
-    makes the reference row of method ``"untrained"``, put first, when there is none yet."""
-    if untrained is not None and not any(r["method"] == "untrained" for r in data["runs"]):
-        data["runs"].insert(0, untrained())
-        save(data)
-    for seed in seeds:
-        for job in jobs:
-            label = job[0]
-            if any(r["method"] == label and r["seed"] == seed for r in data["runs"]):
-                print(f"skip {label} seed {seed}: already in {where}", flush=True)
-                continue
-            print(f"=== {label} seed {seed}", flush=True)
-            try:
-                data["runs"].append(run(job, seed))
-            except ValueError as error:
-                if "no usable row in this batch" not in str(error):
-                    raise
-                # a configuration that leaves no usable row (every negative masked) is a result, not a crash: it is
-                # recorded as failed, reported under the tables and never selected; the other runs go on
-                print(f"    failed: {error}", flush=True)
-                data["runs"].append({"method": label, "seed": seed, "failed": str(error)})
-            save(data)
-
-
-def benchmark_jobs(methods: Sequence[str], table: dict[str, tuple[str, dict[str, Any]]],
-                   variants: Sequence[str] = ()) -> list[tuple[str, str, dict[str, Any]]]:
-    """``(label, loss name, hyperparameters)`` of each method in ``table`` and each ``--variant`` spec.
-
-    Raises:
-        ValueError: a method not in ``table`` or a malformed variant.
-    """
-    jobs = []
-    for method in methods:
-        if method not in table:
-            raise ValueError(f"unknown method {method!r}; choose from {', '.join(table)}")
-        jobs.append((method, *table[method]))
-    return jobs + [parse_variant(spec) for spec in variants]

@@ -213,6 +213,17 @@ def test_report_is_rendered_from_the_json(tmp_path):
     text = rb.markdown(data)
     assert "| recipe | 42.50 ± 1.00 |" in text and "| gist | not run |" in text
     assert "| recipe − mnrl | scifact | +1.50 | [+1.50, +1.50] | 3 | yes |" in text
+    assert "recipe vs mnrl on scifact: not run" in text  # no per-query file yet
     out = tmp_path / "r.json"
+    rng = random.Random(0)
+    queries = {f"q{i}": 100 * rng.random() for i in range(30)}
+    per_query = [{"run": k, "dataset": name, "method": method, "seed": seed, "stage": "main",
+                  "ndcg@10": {"test": {q: v + (2.0 if method == "recipe" else 0.0) for q, v in queries.items()}}}
+                 for k, (name, method, seed) in enumerate((n, m, s) for n in rb.DATASETS for m in ("mnrl", "recipe")
+                                                          for s in range(2))]
+    out.with_name("r_per_query.jsonl").write_text("".join(json.dumps(r) + "\n" for r in per_query))
     rb.write_report(data, out)
-    assert out.with_suffix(".md").read_text() == rb.markdown(json.loads(out.read_text()))
+    text = out.with_suffix(".md").read_text()
+    assert text == rb.markdown(json.loads(out.read_text()), rb.per_query_runs(out.with_name("r_per_query.jsonl")))
+    assert "recipe vs mnrl on scifact, nfcorpus, seeds 0, 1:" in text and "Holm over the 2 comparisons" in text
+    assert "| scifact | recipe | mnrl | 30 |" in text and "+2.00" in text and "30 / 0 / 0" in text
