@@ -66,6 +66,7 @@ class Method:
     pairs_only: bool = False  # train on (query, positive) without the mined negative
     batch_factor: int = 1  # CachedMNRL: batch x factor in mini-batches of the protocol's batch
     known_relevance: bool = False  # KnownRelevanceBatchSampler instead of NoDuplicatesBatchSampler
+    known_positives: bool = False  # the loss masks every candidate the training qrels mark relevant to the anchor
 
 
 #: sentence-transformers' built-in losses: the bar
@@ -76,13 +77,14 @@ BUILTIN: dict[str, Method] = {
     "gist": Method("gist", dict(REL), builtin=True),
     "cached_mnrl_4x": Method("cached_mnrl", builtin=True, batch_factor=4),
 }
-#: the st-hardneg recipe's candidates (screened on pooled dev, seed 0): each with the relative false-negative margin
-#: and known-relevance batches
+#: the st-hardneg recipe's candidates (screened on pooled dev, seed 0), each with known-relevance masking (the loss's
+#: ``known_positives``: every in-batch candidate the training qrels mark relevant to a row's query leaves its
+#: denominator; the batches are the built-in rows' own, so a seed's data order is the same in every row)
 CANDIDATES: dict[str, Method] = {
     # FocalInfoNCE with its duplicate masking: the best of our rows on SciFact's dev task (scifact.md, 3 seeds)
-    "focal": Method("focal", {}, known_relevance=True),
-    "focal_margin": Method("focal", dict(REL), known_relevance=True),
-    "hncse_hnm": Method("hncse_hnm", {"hnm_pool": "hard_negatives"}, known_relevance=True),
+    "focal": Method("focal", {}, known_positives=True),
+    "focal_margin": Method("focal", dict(REL), known_positives=True),
+    "hncse_hnm": Method("hncse_hnm", {"hnm_pool": "hard_negatives"}, known_positives=True),
 }
 #: rows of the earlier SciFact benchmark (results/scifact.json: this protocol, all judgements, the same mining) ->
 #: their label here; they are imported (``--import-scifact``) with no per-query scores
@@ -100,7 +102,7 @@ PROTOCOL: dict[str, Any] = {
     "warmup_ratio": 0.1,
     "epochs": 1,
     "scheduler": "linear",
-    "batch_sampler": "no_duplicates (known_relevance rows: KnownRelevanceBatchSampler, same shuffle)",
+    "batch_sampler": "no_duplicates, seeded by the run's seed (the same batches in every row of a seed)",
     "pairs": "per training query at most 5 judgements, then at most 768 pairs, both by seed-0 hash order (SciFact: "
              "every judgement, 722 pairs)",
     "dev": "scifact: 20% of the training queries (seed 0); nfcorpus: the official dev split",
@@ -274,8 +276,11 @@ def load_model(args: argparse.Namespace, max_seq_length: int) -> Any:
     return resolve_model(args.model, pooling="mean", max_seq_length=max_seq_length)
 
 
-def build_loss(method: Method, model: Any, args: argparse.Namespace) -> Any:
+def build_loss(method: Method, model: Any, args: argparse.Namespace, known: dict[str, set[str]] | None = None) -> Any:
     from st_hardneg.training import build_loss as build
+
+    if method.known_positives:
+        return build(method.loss, model, **method.kwargs, known_positives=known)
 
     if method.loss == "gist":
         from sentence_transformers.sentence_transformer.losses import GISTEmbedLoss
@@ -305,7 +310,7 @@ def run_one(label: str, method: Method, seed: int, prep: Prepared, negatives: An
     shutil.rmtree(work, ignore_errors=True)
     set_seed(seed)
     model = load_model(args, PROTOCOL["train_max_seq_length"])
-    loss = build_loss(method, model, args)
+    loss = build_loss(method, model, args, prep.split.known_paraphrases)
     dataset = negatives.select_columns(["anchor", "positive"]) if method.pairs_only else negatives
     extra = {"batch_sampler": known_relevance_sampler(prep.split.known_paraphrases)} if method.known_relevance else {}
     config = train_config(work, seed=seed, batch_size=PROTOCOL["batch_size"] * method.batch_factor,
@@ -318,6 +323,7 @@ def run_one(label: str, method: Method, seed: int, prep: Prepared, negatives: An
     shutil.rmtree(work, ignore_errors=True)
     record = {"dataset": prep.name, "method": label, "seed": seed, "loss": method.loss, "options": method.kwargs,
               "builtin": method.builtin, "pairs_only": method.pairs_only, "known_relevance": method.known_relevance,
+              "known_positives": method.known_positives,
               "batch_size": PROTOCOL["batch_size"] * method.batch_factor, **means,
               "train_seconds": round(result.train_seconds, 1),
               "median_step_seconds": round(result.median_step_seconds, 4) if result.median_step_seconds else None,
@@ -429,17 +435,19 @@ def choose(data: dict[str, Any], stage: str, labels: list[str], seeds: tuple[int
 
 
 def recipe_methods(recipe: str) -> dict[str, Method]:
-    """The recipe row and its ablations: without known-relevance batches, without the loss's own term
-    (st-hardneg's MNRL: AdCSE without adversaries and with tied keys, exactly MNRL, with the recipe's options and
-    known relevance), and with the relative margin toggled."""
+    """The recipe row and its ablations: without known-relevance masking, without the loss's own term (st-hardneg's
+    MNRL: AdCSE without adversaries and with tied keys, exactly MNRL, with the recipe's options and known relevance),
+    with the relative margin toggled, and with known relevance done by the batches instead of the loss
+    (:class:`~st_hardneg.training.retrieval.KnownRelevanceBatchSampler`)."""
     base = CANDIDATES[recipe]
     margin = {k: v for k, v in base.kwargs.items() if k in REL}
     toggled = ({k: v for k, v in base.kwargs.items() if k not in REL} if margin else {**base.kwargs, **REL})
     return {
         "recipe": base,
-        "recipe_no_known_relevance": Method(base.loss, base.kwargs, known_relevance=False),
-        "recipe_no_loss_term": Method("mnrl_queue", {**margin, "mask_duplicates": True}, known_relevance=True),
-        "recipe_without_margin" if margin else "recipe_with_margin": Method(base.loss, toggled, known_relevance=True),
+        "recipe_no_known_relevance": Method(base.loss, base.kwargs),
+        "recipe_no_loss_term": Method("mnrl_queue", {**margin, "mask_duplicates": True}, known_positives=True),
+        "recipe_without_margin" if margin else "recipe_with_margin": Method(base.loss, toggled, known_positives=True),
+        "recipe_known_relevance_batches": Method(base.loss, base.kwargs, known_relevance=True),
     }
 
 

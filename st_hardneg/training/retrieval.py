@@ -560,9 +560,10 @@ def known_relevance_sampler(known_relevant: dict[str, set[str]]) -> Callable[...
     return functools.partial(KnownRelevanceBatchSampler, known_relevant=known_relevant)
 
 
-#: the st-hardneg retrieval recipe of ``benchmarks.retrieval_beir``: Focal-InfoNCE (its duplicate masking on) trained
-#: on (query, positive, mined negative) rows in batches with no document known to be relevant to another row's query
-RETRIEVAL_RECIPE: dict[str, Any] = {"loss": "focal", "loss_kwargs": {}, "known_relevance": True, "batch_size": 32,
+#: the st-hardneg retrieval recipe of ``benchmarks.retrieval_beir``: Focal-InfoNCE (its duplicate masking on) with
+#: known-relevance masking (``known_positives``: an in-batch candidate the training qrels mark relevant to a row's
+#: query leaves that row's denominator), trained on (query, positive, mined negative) rows
+RETRIEVAL_RECIPE: dict[str, Any] = {"loss": "focal", "loss_kwargs": {}, "known_positives": True, "batch_size": 32,
                                     "learning_rate": 2e-5, "warmup_ratio": 0.1, "epochs": 1}
 
 
@@ -575,8 +576,9 @@ def retrieval_recipe(model: SentenceTransformer, known_relevant: dict[str, set[s
     Args:
         model: the SentenceTransformer to fine-tune (e.g. :func:`load_recipe_model`).
         known_relevant: query text → texts of its known relevant documents (e.g. a BEIR split's
-            ``known_paraphrases``): no batch holds a document known to be relevant to another row's query
-            (:class:`KnownRelevanceBatchSampler`). ``None`` keeps sentence-transformers' no-duplicates batches.
+            ``known_paraphrases``, or :func:`st_hardneg.data.relevance.known_positives_from_qrels`): the loss's
+            ``known_positives``, so no such document is ever a negative of that query. ``None``: no masking beyond
+            the loss's duplicate masking.
         output_dir: the Trainer's output folder.
         seed: the training seed (also the data order).
         config_overrides: any :class:`~st_hardneg.training.loop.TrainConfig` field.
@@ -597,10 +599,10 @@ def retrieval_recipe(model: SentenceTransformer, known_relevant: dict[str, set[s
     """
     from st_hardneg.training.registry import build_loss
 
-    loss = build_loss(RETRIEVAL_RECIPE["loss"], model, **RETRIEVAL_RECIPE["loss_kwargs"])
-    extra = dict(config_overrides.pop("extra_args", {}))
-    if known_relevant is not None and RETRIEVAL_RECIPE["known_relevance"]:
-        extra.setdefault("batch_sampler", known_relevance_sampler(known_relevant))
+    kwargs = dict(RETRIEVAL_RECIPE["loss_kwargs"])
+    if known_relevant is not None and RETRIEVAL_RECIPE["known_positives"]:
+        kwargs["known_positives"] = known_relevant
+    loss = build_loss(RETRIEVAL_RECIPE["loss"], model, **kwargs)
     values = {key: RETRIEVAL_RECIPE[key] for key in ("batch_size", "learning_rate", "warmup_ratio", "epochs")}
-    config = train_config(output_dir, seed=seed, **{**values, **config_overrides, "extra_args": extra})
+    config = train_config(output_dir, seed=seed, **{**values, **config_overrides})
     return loss, config

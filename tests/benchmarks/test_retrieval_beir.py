@@ -227,3 +227,19 @@ def test_report_is_rendered_from_the_json(tmp_path):
     assert text == rb.markdown(json.loads(out.read_text()), rb.per_query_runs(out.with_name("r_per_query.jsonl")))
     assert "recipe vs mnrl on scifact, nfcorpus, seeds 0, 1:" in text and "Holm over the 2 comparisons" in text
     assert "| scifact | recipe | mnrl | 30 |" in text and "+2.00" in text and "30 / 0 / 0" in text
+
+
+def test_recipe_rows_differ_only_in_their_ingredient(tiny_model):
+    import argparse
+
+    rows = rb.recipe_methods("focal")
+    assert rows["recipe"] == rb.CANDIDATES["focal"] and rows["recipe"].known_positives
+    assert rows["recipe_no_known_relevance"] == rb.Method("focal", {})  # the same loss, nothing else changed
+    assert rows["recipe_with_margin"].kwargs == rb.REL and rows["recipe_with_margin"].known_positives
+    assert rows["recipe_known_relevance_batches"].known_relevance and not rows["recipe_known_relevance_batches"].known_positives
+    known = {"a query": {"a document"}}
+    args = argparse.Namespace(model=None)
+    with_known = rb.build_loss(rows["recipe"], tiny_model, args, known)
+    without = rb.build_loss(rows["recipe_no_known_relevance"], tiny_model, args, known)
+    assert with_known.known_positives is not None and without.known_positives is None
+    assert type(with_known) is type(without)

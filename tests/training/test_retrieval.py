@@ -8,19 +8,26 @@ import pytest
 
 def test_recipe_configuration(tiny_model, tmp_path):
     from st_hardneg.losses.focal import FocalInfoNCELoss
-    from st_hardneg.training.retrieval import RETRIEVAL_RECIPE, KnownRelevanceBatchSampler, retrieval_recipe
+    from st_hardneg.training.retrieval import (
+        RETRIEVAL_RECIPE,
+        KnownRelevanceBatchSampler,
+        known_relevance_sampler,
+        retrieval_recipe,
+    )
 
-    known = {"q": {"d"}}
+    known = {"a query": {"a document", "another document"}}
     loss, config = retrieval_recipe(tiny_model, known, tmp_path / "out", seed=3)
     assert type(loss) is FocalInfoNCELoss and loss.model is tiny_model
-    assert loss.mask_duplicates
+    assert loss.mask_duplicates and loss.known_positives is not None  # known-relevance masking in the loss
     assert (config.batch_size, config.learning_rate, config.warmup_ratio, config.epochs, config.seed) == (
         32, 2e-5, 0.1, 1, 3)
-    assert RETRIEVAL_RECIPE["loss"] == "focal" and RETRIEVAL_RECIPE["known_relevance"]
-    sampler = config.extra_args["batch_sampler"]
+    assert RETRIEVAL_RECIPE["loss"] == "focal" and RETRIEVAL_RECIPE["known_positives"]
+    assert "batch_sampler" not in config.extra_args  # sentence-transformers' no-duplicates batches
+    plain, small = retrieval_recipe(tiny_model, None, tmp_path / "out", batch_size=8)
+    assert plain.known_positives is None and small.batch_size == 8
+    # the batch-side alternative stays available for any loss (e.g. sentence-transformers' own)
+    sampler = known_relevance_sampler(known)
     assert sampler.func is KnownRelevanceBatchSampler and sampler.keywords == {"known_relevant": known}
-    _, plain = retrieval_recipe(tiny_model, None, tmp_path / "out", batch_size=8)
-    assert "batch_sampler" not in plain.extra_args and plain.batch_size == 8
 
 
 def test_recipe_trains_one_step_on_a_tiny_beir_folder(tiny_model, tmp_path):
