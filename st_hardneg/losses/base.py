@@ -12,7 +12,7 @@ import functools
 import logging
 import warnings
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any, Literal, NamedTuple, TypedDict, TypeVar, cast
+from typing import Any, Literal, TypedDict, TypeVar, cast
 
 import torch
 from sentence_transformers import SentenceTransformer
@@ -22,13 +22,14 @@ from torch import Tensor, nn
 from st_hardneg import functional as fn
 from st_hardneg import validation
 from st_hardneg.functional import ranking as fr
+from st_hardneg.losses import columns, false_negatives, unusable
 from st_hardneg.losses import distributed as dist
-from st_hardneg.losses import false_negatives
-from st_hardneg.losses.batch import Batch, SideInputs, column_name
+from st_hardneg.losses.batch import Batch, SideInputs
 from st_hardneg.losses.gradcache import GradCacheMixin, check_cacheable_model
 from st_hardneg.losses.model_guard import ModelGuard
-from st_hardneg.losses.queue import CandidateQueue
+from st_hardneg.losses.queue import CandidateQueue, queue_columns
 from st_hardneg.losses.relevance import KnownPositives
+from st_hardneg.losses.unusable import UnusableTally
 
 __all__ = ["HardNegativeLoss", "LossOptions", "float32_loss"]
 
@@ -89,46 +90,6 @@ def float32_loss(method: _Method) -> _Method:
 
 def _embed_column(module: nn.Module, features: dict[str, Tensor]) -> Tensor:
     return module(features)["sentence_embedding"]  # type: ignore[no-any-return]
-
-
-def _combine_chunk_stats(pieces: list[tuple[int, dict[str, Tensor]]]) -> dict[str, Tensor]:
-    """The diagnostics of a batch from those of its chunks of rows: totals (``*_total``) add up, the queue's row
-    count is the same for every chunk, every other entry is a mean over rows (weighted by the chunk's rows)."""
-    if not pieces:
-        return {}
-    rows = sum(n for n, _ in pieces)
-    out: dict[str, Tensor] = {}
-    for key in dict.fromkeys(k for _, stats in pieces for k in stats):
-        values = [(n, stats[key]) for n, stats in pieces if key in stats]
-        if key.endswith("_total"):
-            out[key] = sum((v.double().cpu() for _, v in values), torch.zeros((), dtype=torch.float64))
-        elif key in ("queue_rows_read", "anchor_queue_rows_read"):
-            out[key] = values[-1][1]
-        else:
-            # a chunk without the masked counts had nothing masked (they are reported from the first masked entry
-            # on): it counts as 0 over its rows
-            weight = rows if key in ("masked_false_negatives", "masked_known_positives") else (
-                sum(n for n, _ in values) or rows)
-            out[key] = sum((v.double().cpu() * n for n, v in values), torch.zeros((), dtype=torch.float64)) / weight
-    return out
-
-
-class UnusableTally(NamedTuple):
-    """The unusable rows of a batch (or of a chunk of its rows), for :meth:`HardNegativeLoss.note_unusable_rows`."""
-
-    rows: int
-    empty: int  # rows without a negative left
-    zero: int  # rows with a zero-norm anchor or positive
-    unusable: int  # either
-    masked: float  # masked candidate entries
-    entries: int  # candidate entries (rows x candidates)
-    counted: bool  # whether the negatives left were counted (something was masked, or a batch of one)
-
-    def __add__(self, other: tuple[Any, ...]) -> UnusableTally:  # type: ignore[override]
-        o = cast(UnusableTally, other)
-        return UnusableTally(self.rows + o.rows, self.empty + o.empty, self.zero + o.zero,
-                             self.unusable + o.unusable, self.masked + o.masked, self.entries + o.entries,
-                             self.counted or o.counted)
 
 
 class HardNegativeLoss(ModelGuard, GradCacheMixin, nn.Module):
@@ -692,60 +653,12 @@ class HardNegativeLoss(ModelGuard, GradCacheMixin, nn.Module):
         column). Large but finite vectors (entries of 1e20, whose squares overflow) are normalised exactly.
         """
         self.check_labels(labels)
-        embeddings = list(embeddings)
         name = type(self).__name__
-        if (len(embeddings) > 1 and isinstance(embeddings[0], Tensor) and embeddings[0].dim() == 2
-                and any(isinstance(e, Tensor) and e.dim() == 2 and e.size(1) > embeddings[0].size(1)
-                        for e in embeddings[1:]) and self._in_matryoshka()):
-            # columns embedded by another module (AdCSE's key encoder) are not truncated by MatryoshkaLoss's
-            # decorator: cut them to the anchors' width as it does (its normalisation follows below)
-            width = embeddings[0].size(1)
-            embeddings = [embeddings[0], *(e[:, :width] if e.size(1) > width else e for e in embeddings[1:])]
-        if len(embeddings) < 2:
-            raise ValueError(
-                f"{name} needs at least 2 input columns, (anchor, positive[, negative_1, ...]), got {len(embeddings)}. "
-                "For unsupervised SimCSE-style training pass every sentence twice: (sentence, sentence)."
-            )
-        for i, column in enumerate(embeddings):
-            if not isinstance(column, Tensor):
-                raise TypeError(f"{name}: compute_loss_from_embeddings takes torch tensors, one per column; column {i} "
-                                f"({column_name(i)}) is a {type(column).__name__}" + (
-                                    " (convert it with torch.from_numpy)" if hasattr(column, "__array__") else ""))
-        n = embeddings[0].size(0) if embeddings[0].dim() else 0
-        for i, column in enumerate(embeddings):
-            if not isinstance(column, Tensor) or column.dim() != 2 or column.size(0) != n:
-                shape = tuple(column.shape) if isinstance(column, Tensor) else type(column).__name__
-                raise ValueError(
-                    f"{name}: every column must be a (batch, dim) tensor with the same batch size; "
-                    f"column 0 (anchor) has shape {tuple(embeddings[0].shape)}, column {i} ({column_name(i)}) has {shape}"
-                )
-            if column.size(1) != embeddings[0].size(1):
-                raise ValueError(
-                    f"{name}: all columns must have the same embedding size; the anchor column has "
-                    f"{embeddings[0].size(1)} dimensions, column {i} ({column_name(i)}) has {column.size(1)}"
-                )
-            if not column.is_floating_point():
-                raise ValueError(f"{name}: column {i} ({column_name(i)}) must be a floating-point tensor, "
-                                 f"got {column.dtype}")
-        width = embeddings[0].size(1)
-        if self.embedding_dimension is not None and width != self.embedding_dimension and not self._in_matryoshka():
-            raise ValueError(
-                f"{name} was built for a model with {self.embedding_dimension}-dimensional embeddings but received "
-                f"{width}-dimensional ones: the model's output size changed after the loss was created. Create the "
-                "loss after the final model architecture is in place."
-            )
-        if n < self.min_batch_size:
-            raise ValueError(
-                f"{name} needs a batch of at least {self.min_batch_size} pairs (it uses other in-batch pairs as "
-                f"negatives), got {n}. Increase the batch size or drop the last incomplete batch."
-            )
-        # the loss math in float32 (float16 / bfloat16 inputs are upcast), or float64 when a column is float64
-        dtype = torch.float64 if any(column.dtype == torch.float64 for column in embeddings) else torch.float32
-        raw = [column.to(dtype) for column in embeddings]
-        units = []
-        for i, column in enumerate(raw):
-            self._check_finite(column, i)
-            units.append(fn.normalize(column))
+        raw = columns.checked_columns(list(embeddings), name=name, min_batch_size=self.min_batch_size,
+                                      embedding_dimension=self.embedding_dimension,
+                                      in_matryoshka=self._in_matryoshka)
+        embeddings, n = raw, raw[0].size(0)
+        units = [fn.normalize(column) for column in raw]
         self._local_rows = None
         if self.gather_across_devices and dist.is_distributed():
             # Every column of every process, in rank order (with gradient), normalised again row by row (the same
@@ -773,24 +686,6 @@ class HardNegativeLoss(ModelGuard, GradCacheMixin, nn.Module):
             batch.known = self.known_positives
             self.known_positives.note_batch(batch.text_keys[0], name)
         return batch
-
-    def _check_finite(self, column: Tensor, index: int) -> None:
-        if column.device.type == "meta":
-            return
-        if not bool(torch.isfinite(column).all()):
-            bad = (~torch.isfinite(column)).any(dim=1).nonzero().flatten().tolist()
-            raise ValueError(
-                f"{type(self).__name__}: the {column_name(index)} embeddings (column {index}) contain NaN or inf "
-                f"values (rows {bad[:5]}{'...' if len(bad) > 5 else ''}). Check the model's output: an fp16 overflow "
-                "or a diverged training run produces them."
-            )
-        norms = fn.row_norms(column.detach())
-        if not bool(torch.isfinite(norms).all()):
-            bad = (~torch.isfinite(norms)).flatten().nonzero().flatten().tolist()
-            raise ValueError(
-                f"{type(self).__name__}: the norm of the {column_name(index)} embeddings (column {index}, rows "
-                f"{bad[:5]}) exceeds float32's range (3.4e38); the model's output has exploded."
-            )
 
     def _in_matryoshka(self) -> bool:
         """Whether ``MatryoshkaLoss`` / ``Matryoshka2dLoss`` is calling this loss with truncated embeddings: it
@@ -885,42 +780,16 @@ class HardNegativeLoss(ModelGuard, GradCacheMixin, nn.Module):
 
     def _queue_columns_for(self, queue: CandidateQueue, batch: Batch, rows: Tensor, unit_rows: Tensor
                            ) -> tuple[Tensor, Tensor | None, Tensor] | None:
-        """``(similarity (R, Q), exclude (R, Q) or None, the queued rows (Q, d))`` of the batch's rows (``rows``: as
-        the loss scores them, ``unit_rows``: unit length, for the margin) against ``queue``'s readable rows, or
-        ``None``. A queued row is excluded for pair ``i`` when its text key equals the anchor's or the positive's
-        (``mask_duplicates``), or when its cosine with the row exceeds pair ``i``'s false-negative threshold
-        (``margin``)."""
-        readable = queue.readable()
-        if readable is None:
+        """:func:`~st_hardneg.losses.queue.queue_columns` with this loss's false-negative options (its counts join
+        the queue's diagnostics)."""
+        read = queue_columns(queue, batch, rows, unit_rows, dot=self.similarity_fct_name == "dot_score",
+                             mask_duplicates=self.mask_duplicates, known_positives=self.known_positives,
+                             anchor_bank=queue is not self.queue, margin=self.margin,
+                             margin_strategy=self.margin_strategy)
+        if read is None:
             return None
-        dot = self.similarity_fct_name == "dot_score"
-        vectors, keys = readable
-        vectors = vectors.to(device=rows.device, dtype=rows.dtype)
-        similarity = rows @ vectors.T
-        exclude = None
-        if self.mask_duplicates and batch.text_keys is not None:
-            keys = keys.to(rows.device)
-            known = keys != -1  # -1: no key (Python's hash never returns -1)
-            start, stop = batch.row_range
-            own = batch.text_keys[:2, start:stop].to(rows.device)  # anchor and positive keys, (2, R)
-            exclude = ((own[0].unsqueeze(1) == keys.unsqueeze(0)) | (own[1].unsqueeze(1) == keys.unsqueeze(0)))
-            exclude &= known.unsqueeze(0)
-        if self.known_positives is not None and batch.text_keys is not None:
-            start, stop = batch.row_range
-            if queue is self.queue:  # queued documents known to be relevant to the row's anchor
-                known = self.known_positives.mask(batch.text_keys[0, start:stop].to(rows.device), keys.to(rows.device))
-            else:  # queued anchors to which the row's positive is known to be relevant (doc_to_query)
-                known = self.known_positives.mask(keys.to(rows.device), batch.text_keys[1, start:stop].to(rows.device)).T
-            exclude = known if exclude is None else exclude | known
-            key = "queue_known_positives_masked_total" if queue is self.queue else "anchor_queue_known_positives_masked_total"
-            self._queue_stats = {**self._queue_stats, key: known.sum().float()}
-        if self.margin is not None:
-            cosines = unit_rows.detach() @ (fn.normalize(vectors) if dot else vectors).T
-            positive = (batch.row_anchors.detach() * batch.row_positives.detach()).sum(dim=1, keepdim=True)
-            threshold = (positive - self.margin if self.margin_strategy == "absolute"
-                         else positive - positive.abs() * self.margin)
-            above = cosines > threshold
-            exclude = above if exclude is None else exclude | above
+        similarity, exclude, vectors, stats = read
+        self._queue_stats = {**self._queue_stats, **stats}
         return similarity, exclude, vectors
 
     def _key_encoder_rows(self, dot: bool) -> list[Tensor]:
@@ -975,38 +844,11 @@ class HardNegativeLoss(ModelGuard, GradCacheMixin, nn.Module):
             return None
         return zero[start:start + n]
 
-    def _usable_rows(self, available: Tensor | None, n: int, start: int = 0) -> Tensor | None:
-        """(n,) bool of the rows that count in the loss (a negative left, anchor and positive not near zero), or
-        ``None`` when every row does."""
-        zero = self._window_zero_rows(start, n)
-        usable = available > 0 if available is not None else None
-        if zero is not None and bool(zero.any()):
-            usable = ~zero if usable is None else usable & ~zero.to(usable.device)
-        return usable
-
     def _count_unusable_rows(self, blocks: dict[str, fr.Block], uncounted_columns: int = 0) -> None:
-        """Count the negatives left to each row of the ranking ``blocks`` (every entry but the positive, the masked
-        ones and ``uncounted_columns`` never-masked columns of ``query_to_doc``) and hand them to
-        :meth:`note_unusable_rows`."""
-        q2d = blocks["query_to_doc"]
-        n = q2d.similarity.size(0)
-        available: Tensor | None = None
-        total = 0
-        masked = torch.zeros((), dtype=torch.long, device=q2d.similarity.device)
-        if q2d.exclude is not None or n <= 1 or any(b.exclude is not None for b in blocks.values()):
-            # the positive entry of a block is never excluded: a row's negatives are its other entries that are not
-            available = torch.zeros(n, dtype=torch.long, device=q2d.similarity.device)
-            for block in blocks.values():
-                count = block.similarity.size(1) - int(block.has_positive)
-                excluded = block.exclude.sum(dim=1) if block.exclude is not None else None
-                available += count if excluded is None else count - excluded
-                if block is q2d:  # not candidates: neither a negative left nor a maskable entry
-                    available -= uncounted_columns
-                    count -= uncounted_columns
-                total += count
-                if excluded is not None:
-                    masked = masked + excluded.sum()
-        self.note_unusable_rows(available, n, masked, total, start=q2d.row_offset)
+        """Count the negatives left to each row of the ranking ``blocks``
+        (:func:`~st_hardneg.losses.unusable.count_negatives`) and hand them to :meth:`note_unusable_rows`."""
+        available, n, masked, total = unusable.count_negatives(blocks, uncounted_columns)
+        self.note_unusable_rows(available, n, masked, total, start=blocks["query_to_doc"].row_offset)
 
     def note_unusable_rows(self, available: Tensor | None, n: int, masked: Tensor | int = 0, total: int = 0,
                            start: int = 0) -> None:
@@ -1023,8 +865,8 @@ class HardNegativeLoss(ModelGuard, GradCacheMixin, nn.Module):
         device = available.device if available is not None else None
         if device is not None and device.type == "meta":
             return
-        usable = self._usable_rows(available, n, start)
         zero = self._window_zero_rows(start, n)
+        usable = unusable.usable_rows(available, zero)
         count_zero = int(zero.sum()) if zero is not None else 0
         count_empty = int((available == 0).sum()) if available is not None else 0
         count_unusable = n - int(usable.sum()) if usable is not None else 0
@@ -1042,41 +884,20 @@ class HardNegativeLoss(ModelGuard, GradCacheMixin, nn.Module):
         (one all-reduce), so that every process judges the same global batch."""
         if self._local_rows is None or tally.rows == self._local_rows[1]:
             return tally
-        values = torch.tensor([tally.rows, tally.empty, tally.zero, tally.unusable, tally.masked, tally.entries,
-                               float(tally.counted)], dtype=torch.float64, device=self._zero_rows.device
-                              if self._zero_rows is not None else "cpu")
-        total = dist.sum_across(values).tolist()
-        return UnusableTally(int(total[0]), int(total[1]), int(total[2]), int(total[3]), total[4], int(total[5]),
-                             total[6] > 0)
+        device = self._zero_rows.device if self._zero_rows is not None else "cpu"
+        return UnusableTally.from_values(dist.sum_across(tally.as_tensor(device)).tolist())
 
     def _judge_unusable(self, tally: UnusableTally) -> None:
         """Record the counts of a batch's unusable rows in the diagnostics, raise when none is usable, warn once."""
-        n, count_empty, count_zero, count_unusable = tally.rows, tally.empty, tally.zero, tally.unusable
-        if tally.counted and (self._reports_false_negatives or count_unusable):
-            coverage = {"rows_without_negatives": torch.tensor(float(count_empty)),
-                        "masked_fraction": torch.tensor(tally.masked / max(tally.entries, 1))}
-            self._false_negative_stats = {**self._false_negative_stats, **coverage}
-            self._last_stats = {**self._last_stats, **coverage}
-        if count_unusable:
-            extra = {"zero_norm_rows": torch.tensor(float(count_zero)),
-                     "unusable_fraction": torch.tensor(count_unusable / n)}
-            self._false_negative_stats = {**self._false_negative_stats, **extra}
-            self._last_stats = {**self._last_stats, **extra}
+        stats = unusable.unusable_stats(tally, self._reports_false_negatives)
+        self._false_negative_stats = {**self._false_negative_stats, **stats}
+        self._last_stats = {**self._last_stats, **stats}
         name = type(self).__name__
-        causes = []
-        if count_empty:
-            causes.append(f"{count_empty} of {n} rows of a batch have no negative left (every candidate was masked as a "
-                          "false negative, or the batch repeats one text; check margin / mask_duplicates"
-                          + (" / known_positives (the mapping marks every candidate of these rows relevant)"
-                             if self.known_positives is not None else "")
-                          + " and the data, e.g. BatchSamplers.NO_DUPLICATES)")
-        if count_zero:
-            causes.append(f"{count_zero} of {n} rows have an anchor or positive embedding of norm below "
-                          f"{fn.NORM_EPS:g} (no direction to rank; a collapsed or broken model?)")
-        if count_unusable == n:
+        causes = unusable.unusable_causes(tally, self.known_positives is not None)
+        if tally.unusable == tally.rows:
             raise ValueError(f"{name}: no usable row in this batch: " + "; ".join(causes) + ". There is nothing to "
                              "learn from it.")
-        if count_unusable and not self._warned_unusable:
+        if tally.unusable and not self._warned_unusable:
             self._warned_unusable = True
             message = (f"{name}: " + "; ".join(causes) + ". They teach nothing and are left out of the batch's mean "
                        "loss. The diagnostics report rows_without_negatives, zero_norm_rows, unusable_fraction and "
@@ -1168,7 +989,7 @@ class HardNegativeLoss(ModelGuard, GradCacheMixin, nn.Module):
             finally:
                 self._chunk_tallies = None
                 self.close_batch()
-            self._last_stats = _combine_chunk_stats(pieces)
+            self._last_stats = unusable.combine_chunk_stats(pieces)
             tally = self._global_tally(sum(tallies[1:], tallies[0])) if tallies else None
             if tally is not None:
                 self._judge_unusable(tally)  # raises on a batch without a usable row

@@ -39,15 +39,20 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from torch import Tensor, nn
 
+from st_hardneg import functional as fn
 from st_hardneg.losses.momentum import frozen_copy, update_momentum
 from st_hardneg.losses.stateful import OptimizerDrivenLoss
 
-__all__ = ["CandidateQueue"]
+if TYPE_CHECKING:
+    from st_hardneg.losses.batch import Batch
+    from st_hardneg.losses.relevance import KnownPositives
+
+__all__ = ["CandidateQueue", "queue_columns"]
 
 logger = logging.getLogger(__name__)
 
@@ -226,3 +231,46 @@ class CandidateQueue(OptimizerDrivenLoss, nn.Module):
         return (f"size={self.size}, filled={self.filled}, warmup_steps={self.warmup_steps}, "
                 f"max_age={self.max_age}, steps={self._steps}"
                 + (f", key encoder momentum={self.momentum}" if self.key_encoder is not None else ""))
+
+
+def queue_columns(queue: CandidateQueue, batch: Batch, rows: Tensor, unit_rows: Tensor, *, dot: bool,
+                  mask_duplicates: bool, known_positives: KnownPositives | None, anchor_bank: bool,
+                  margin: float | None, margin_strategy: str) -> tuple[Tensor, Tensor | None, Tensor,
+                                                                        dict[str, Tensor]] | None:
+    """``(similarity (R, Q), exclude (R, Q) or None, the queued rows (Q, d), stats)`` of the batch's rows (``rows``:
+    as the loss scores them, ``unit_rows``: unit length, for the margin) against ``queue``'s readable rows, or
+    ``None``. A queued row is excluded for pair ``i`` when its text key equals the anchor's or the positive's
+    (``mask_duplicates``), when ``known_positives`` marks it relevant to the anchor (``anchor_bank``: a queued anchor
+    to which the row's positive is relevant, for ``doc_to_query``; counted in ``stats``), or when its cosine with
+    the row exceeds pair ``i``'s false-negative threshold (``margin``)."""
+    readable = queue.readable()
+    if readable is None:
+        return None
+    vectors, keys = readable
+    vectors = vectors.to(device=rows.device, dtype=rows.dtype)
+    similarity = rows @ vectors.T
+    exclude = None
+    stats: dict[str, Tensor] = {}
+    start, stop = batch.row_range
+    if mask_duplicates and batch.text_keys is not None:
+        keys = keys.to(rows.device)
+        has_key = keys != -1  # -1: no key (Python's hash never returns -1)
+        own = batch.text_keys[:2, start:stop].to(rows.device)  # anchor and positive keys, (2, R)
+        exclude = ((own[0].unsqueeze(1) == keys.unsqueeze(0)) | (own[1].unsqueeze(1) == keys.unsqueeze(0)))
+        exclude &= has_key.unsqueeze(0)
+    if known_positives is not None and batch.text_keys is not None:
+        keys = keys.to(rows.device)
+        if not anchor_bank:  # queued documents known to be relevant to the row's anchor
+            known = known_positives.mask(batch.text_keys[0, start:stop].to(rows.device), keys)
+        else:  # queued anchors to which the row's positive is known to be relevant (doc_to_query)
+            known = known_positives.mask(keys, batch.text_keys[1, start:stop].to(rows.device)).T
+        exclude = known if exclude is None else exclude | known
+        name = "anchor_queue_known_positives_masked_total" if anchor_bank else "queue_known_positives_masked_total"
+        stats[name] = known.sum().float()
+    if margin is not None:
+        cosines = unit_rows.detach() @ (fn.normalize(vectors) if dot else vectors).T
+        positive = (batch.row_anchors.detach() * batch.row_positives.detach()).sum(dim=1, keepdim=True)
+        threshold = positive - margin if margin_strategy == "absolute" else positive - positive.abs() * margin
+        above = cosines > threshold
+        exclude = above if exclude is None else exclude | above
+    return similarity, exclude, vectors, stats
