@@ -1,0 +1,211 @@
+"""The keyword options every st-hardneg loss shares (:class:`LossOptions`), documented once; every loss's docstring
+refers here. :class:`~st_hardneg.losses.base.HardNegativeLoss` validates them (with :mod:`st_hardneg.validation`).
+
+This module imports nothing of :mod:`st_hardneg.losses.base`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, Literal, TypedDict
+
+from torch import Tensor
+
+from st_hardneg.functional import ranking as fr
+
+if TYPE_CHECKING:
+    from st_hardneg.losses.relevance import KnownPositives
+
+__all__ = ["LossOptions"]
+
+
+class LossOptions(TypedDict, total=False):
+    """The keyword options every st-hardneg loss takes besides its paper's hyperparameters and the ``guide``.
+
+    Args (the shared options on every loss; all but ``guide`` keyword-only). The names, defaults and meanings of
+    sentence-transformers 6.2's ``MultipleNegativesRankingLoss`` (and its Cached / Symmetric forms) and
+    ``GISTEmbedLoss``, so that swapping one of them for an st-hardneg loss changes the class name only:
+        model: SentenceTransformer model: the model that is trained (a Trainer of another model re-points the loss at
+            its first step, after making its optimizer from this one: that warns, see
+            :mod:`st_hardneg.losses.model_guard`).
+        guide: optional SentenceTransformer (the only argument that may also be given by position, as in
+            ``GISTEmbedLoss(model, guide)``) whose embeddings (no gradient; the texts re-tokenised if its tokenizer
+            differs or its ``max_seq_length`` is shorter) decide the false negatives instead of the trained model's.
+            A guide alone means ``margin=0`` and turns ``contrast_anchors`` / ``contrast_positives`` on, as in GIST.
+            Any other positional value after ``model`` is a ``TypeError`` (``Loss(model, 20.0)`` names ``scale``).
+        scale: sentence-transformers' inverse temperature (default 20): the logits are ``similarity · scale``.
+        temperature: τ = 1 / scale (default 0.05). Give ``scale`` or ``temperature``, not both; τ > 1 warns (it looks
+            like a scale).
+        similarity_fct: ``sentence_transformers.util.cos_sim`` (default) or ``dot_score`` (scored on the raw
+            embeddings). A loss whose equation needs cosines rejects ``dot_score`` and says why.
+        directions: sentence-transformers' interaction terms, a tuple of ``"query_to_doc"`` (required: query i
+            against every document: the positives, then every explicit negative), ``"query_to_query"`` (against the
+            other queries), ``"doc_to_query"`` (positive i against every query) and ``"doc_to_doc"`` (positive i
+            against every document of the other pairs). Default ``("query_to_doc",)``, every paper's equation. Each
+            paper's extra negatives (mixed, synthetic, adversarial) are columns of ``query_to_doc`` (MixCSE's
+            ``reverse_mix`` also of ``doc_to_query``).
+        partition_mode: ``"joint"`` (one softmax over every direction; default) or ``"per_direction"`` (one softmax
+            per direction, averaged; not with ``query_to_query`` / ``doc_to_doc``). ``directions=("query_to_doc",
+            "doc_to_query"), partition_mode="per_direction"`` is ``MultipleNegativesSymmetricRankingLoss``.
+        hardness_mode: sentence-transformers' hardness weighting (Lan et al. 2025): ``None`` (default),
+            ``"in_batch_negatives"``, ``"hard_negatives"`` or ``"all_negatives"``: ``hardness_strength · sg(s)`` is
+            added to those ``query_to_doc`` logits (after the scaling, and after a Focal-InfoNCE modulation). It
+            composes with the papers' extra negatives, which it leaves unpenalised.
+        hardness_strength: α >= 0 (default 0; a mode with α = 0 warns).
+        seed: seed of the loss's random draws (random mixing partners, HNCSE's negative pairs, AdCSE's adversary
+            initialisation), drawn from a generator of its own; ``None`` uses torch's global generator (seeded by the
+            Trainer's ``seed``). A loss without random draws (Focal-InfoNCE) records it and draws nothing.
+        mask_duplicates: false-negative control: a candidate (another pair's positive or an explicit negative) whose
+            embedding, or whose text when the loss is called through ``forward``, is identical to anchor ``i``'s
+            positive is not a negative of anchor ``i``: it leaves the denominator and every hard-negative selection
+            (mixing partners, top-k pools). The positive itself is never masked (unsupervised ``(sentence,
+            sentence)`` pairs are fine). Default on (sentence-transformers has no such mask: ``False`` for its exact
+            behaviour on data with duplicates).
+        known_positives: false-negative control from the relevance the data already has: a mapping from anchor text
+            to the texts known to be relevant to it (built from BEIR qrels with
+            :func:`st_hardneg.data.relevance.known_positives_from_qrels`, or from a group column with
+            ``known_positives_from_groups``; the same mapping mining excludes), or a prebuilt
+            :class:`~st_hardneg.losses.relevance.KnownPositives`. Every in-batch, gathered or queued candidate the
+            mapping marks relevant to anchor ``i`` (its own positive aside) leaves row ``i``'s denominator and every
+            hard-negative choice (mixing partners, top-k pools, HNCSE's pairs), before any of them is made; in
+            ``query_to_query`` / ``doc_to_doc`` (and the contrast blocks) likewise the anchors and documents marked
+            relevant to anchor ``i``. A candidate masked for several reasons (duplicate, margin, mapping) is masked
+            once. The texts are matched by the hash of their token ids (as ``mask_duplicates`` does): the mapping's
+            texts are tokenised once, here, with the model's ``preprocess`` (O(mapping) memory, no N × corpus
+            table), so the loss must be called through ``forward`` (or given ``text_keys`` with
+            :meth:`~st_hardneg.HardNegativeLoss.set_false_negative_inputs`), and a training prompt must be part of the
+            mapping's texts.
+            :attr:`~st_hardneg.HardNegativeLoss.diagnostics` reports ``masked_known_positives`` (per anchor, mean) and
+            ``masked_known_positives_total`` (with a queue also ``queue_known_positives_masked_total``), besides the
+            union of every reason in ``masked_false_negatives_total``. ``None`` (default): off; an empty mapping
+            warns and is the loss without it; a batch whose rows all lose every negative is refused (see ``margin``).
+        margin: GISTEmbedLoss's false-negative filter: ``None`` (off; ``0.0`` when a guide is given) or a margin >= 0:
+            mask every candidate whose similarity to the anchor exceeds the positive's similarity minus the margin
+            (``margin_strategy="absolute"``) or minus ``|positive similarity|·margin`` (``"relative"``), judged by
+            the guide when given, else by the trained model itself (detached). ``doc_to_query`` uses the transposed
+            mask, ``query_to_query`` / ``doc_to_doc`` the same threshold on their own similarities. A row whose
+            every negative is masked teaches nothing and is left out of the mean (GISTEmbedLoss counts it as 0: see
+            :meth:`~st_hardneg.HardNegativeLoss.note_unusable_rows`): the first such batch warns, a batch of only such
+            rows is a ``ValueError``,
+            and :attr:`~st_hardneg.HardNegativeLoss.diagnostics` reports ``masked_false_negatives`` (mean per anchor),
+            ``masked_false_negatives_total``, ``masked_fraction`` and ``rows_without_negatives``.
+        margin_strategy: ``"absolute"`` or ``"relative"``.
+        contrast_anchors: GISTEmbedLoss's anchor-anchor block: every anchor also against the other anchors of its
+            process (false negatives masked as above). ``None`` (default): on with a guide (GIST's default), off
+            without one (MNRL's). With a guide and ``gather_across_devices`` the anchors of other processes are not
+            contrasted, as in GIST; ``directions`` with ``"query_to_query"`` contrasts them all.
+        contrast_positives: GISTEmbedLoss's positive-positive block: every positive against the other positives (not
+            the explicit negatives; ``"doc_to_doc"`` in ``directions`` is sentence-transformers' block with them).
+            ``None``: as ``contrast_anchors``.
+        gather_across_devices: see **Scaling up** below.
+        mini_batch_size: see **Scaling up** below (``None``, the default, is uncached; CachedMNRL's default is 32).
+        mini_batch_num_tokens: alternatively to ``mini_batch_size``, a budget of non-padding tokens per mini-batch.
+        show_progress_bar: with ``mini_batch_size``, a progress bar over the mini-batches (as in the Cached losses).
+        queue_size: rows of the cross-batch queue (:mod:`st_hardneg.losses.queue`; default 0 = no queue, exactly
+            the loss without it): the detached candidates (positives and explicit negatives) of past optimizer steps
+            join every anchor's ``query_to_doc`` denominator, under the same similarity, scale and logit transform.
+            Filled once per completed optimizer step of ``model``, never in evaluation or GradCache's replay, never
+            cleared; a queued row whose text equals the anchor's or its positive's (``mask_duplicates``) or that
+            passes the ``margin`` is masked; the loss's own hard-negative choices (partners, top-k, adversaries) come
+            from the batch only. With ``gather_across_devices`` every process queues the gathered rows.
+        queue_warmup_steps: optimizer steps before the queue is read (default 0).
+        queue_max_age: rows older than this many optimizer steps are not read (``None``: no limit).
+        queue_checkpoint: save the queue with the optimizer checkpoint (restored on resume by
+            :class:`~st_hardneg.training.callbacks.StatefulLossCallback`); ``False`` leaves it out.
+        queue_source: what feeds the queue: ``"online"`` (default, XBM: the detached candidates the loss computed
+            anyway, no extra cost) or ``"ema"`` (MoCo / ESimCSE: a momentum key encoder, a copy of ``model`` as the
+            loss is built, dropout off, re-embeds the candidate columns without gradient; one extra forward of them
+            per batch). AdCSE with ``untied=True`` queues its own key encoder's candidates under either source.
+        queue_momentum: the key encoder's EMA momentum for ``queue_source="ema"`` (default 0.995, ESimCSE's):
+            ``θ_k ← m·θ_k + (1 - m)·θ`` after every optimizer step.
+        queue_anchors: also queue the anchors (a second bank of ``queue_size`` rows, same source, warm-up, age and
+            checkpoint): they join the ``doc_to_query`` denominator (each positive against past anchors), so the
+            symmetric direction gets the extra negatives too. Needs ``"doc_to_query"`` in ``directions``; without
+            it, queued rows join ``query_to_doc`` only.
+        queue_as_pool: let the loss's own hardest-negative choice also pick queued rows (default ``False``: the queue
+            is a denominator only). Off by default because a hardest-negative choice over old rows is where a
+            queue's failure modes concentrate: the "hardest" queued row is the most likely to be an unmasked
+            duplicate or paraphrase of the anchor (a false negative), and it was embedded by an older encoder. Only
+            MixCSE's ``partner="hardest"`` takes it (the partner is then the hardest of the batch's and the queue's
+            unmasked rows); the other losses refuse it.
+
+    :func:`~st_hardneg.losses.base.float32_loss` runs each ``compute_loss_from_embeddings`` with autocast disabled (the
+    loss math is float32
+    under bf16/fp16 mixed precision too) and warns once if it receives labels it does not use. This class also provides
+    the
+    sentence-transformers ``forward`` (one embedding per input column, merged forwards where ST can), the seeded
+    random generator of the losses' random draws (:meth:`~st_hardneg.HardNegativeLoss.generator`), and
+    :attr:`~st_hardneg.HardNegativeLoss.diagnostics`, the mean positive /
+    negative / synthetic cosines of the last training batch.
+
+    **Scaling up** (every loss takes both arguments):
+
+    ``gather_across_devices=True`` (same name and meaning as in sentence-transformers, built on its
+    ``all_gather_with_grad``): under ``torch.distributed``, :meth:`~st_hardneg.HardNegativeLoss.prepare_batch` gathers
+    every input column of every
+    process (with gradient), so everything that looks across the batch (in-batch negatives, mixing partners, hardest
+    negatives, top-k pools, keys, the adversaries' gradient, the diagnostics) looks across the global batch. Each
+    process computes the rows of its *own* ``n`` anchors only, against the ``W·n`` gathered candidates
+    (``O(n·W·n)`` per process, as sentence-transformers' losses), and :meth:`~st_hardneg.HardNegativeLoss.reduce`
+    weights their sum so that the
+    processes' mean is the global batch's mean; the gather's backward brings every process the gradient of its
+    embeddings from every process's rows, so distributed data parallel's average of the parameter gradients is
+    exactly the single-process gradient. AdCSE's adversary gradient is each process's rows' share, averaged across
+    processes (all-reduce) at the ascent step, so the bank stays identical everywhere. The one global pass is
+    HNCSE's positive mixing, whose mixed positives are candidates of every row: each process finds the hardest
+    negative of all ``W·n`` rows (no gradient, a chunk of rows at a time). Random draws come from a generator that
+    is identical on every process: the loss's own one when it has a ``seed`` (every process draws the same
+    sequence), else one seeded per draw from rank 0's global RNG (:func:`st_hardneg.losses.distributed.shared_seed`).
+    All processes must hold the same local batch size (use ``dataloader_drop_last=True``); a ragged batch raises.
+    Without a process group the option changes nothing but the random source of the draws.
+
+    **Counts that cannot be met** (every loss, one rule: :func:`st_hardneg.validation.clamp_count`): a count below its
+    minimum is a ``ValueError``; a count above what the other arguments or the batch allow (HNCSE's ``num_mixed``
+    above the ``k (k - 1)`` pairs of ``k``, ``k`` above a small batch's negatives) is clamped to that limit with a
+    warning, never met by repeating or dropping work silently. **Rows that cannot teach** (one rule:
+    :meth:`~st_hardneg.HardNegativeLoss.note_unusable_rows`): a row with no unmasked negative candidate, or a zero-norm
+    anchor or positive, is left
+    out of the mean, counted and warned once; a batch of only such rows is a ``ValueError``.
+
+    ``mini_batch_size`` / ``mini_batch_num_tokens``: GradCache (Gao et al., 2021) through sentence-transformers'
+    ``CachedLossMixin`` (:class:`st_hardneg.losses.gradcache.GradCacheMixin`): the encoder sees only mini-batches of
+    that
+    size (or token budget), in two passes, and the loss and gradients are those of the whole batch (the second pass
+    replays the first pass's random state, so dropout masks match). The loss side is chunked too, as in
+    ``CachedMultipleNegativesRankingLoss``: :meth:`~st_hardneg.HardNegativeLoss.chunked_loss` builds the rows of
+    :attr:`~st_hardneg.HardNegativeLoss.loss_chunk_size` anchors
+    at a time against every candidate (logits, masks, mixed and synthetic negatives, adversaries), back-propagates
+    them and frees them before the next chunk, so the loss holds O(chunk × candidates) memory, never the (N, N)
+    matrices; whatever a row chooses (partners, hardest negatives, top-k, random pairs) is chosen per row or drawn
+    once per batch, so chunking changes nothing (tested at chunk sizes that do not divide the batch). MixCSE's
+    ``layout="official"`` (the released code's N×3N cross-entropy) is computed whole. Every side effect (random
+    draws, statistics, AdCSE's adversary gradient) happens once per batch, as
+    without the cache. Composes with ``gather_across_devices``.
+    """
+
+    scale: float | None
+    temperature: float | None
+    similarity_fct: Callable[[Tensor, Tensor], Tensor] | str
+    directions: tuple[fr.Direction, ...]
+    partition_mode: fr.PartitionMode
+    hardness_mode: fr.HardnessMode | None
+    hardness_strength: float
+    seed: int | None
+    mask_duplicates: bool
+    known_positives: Mapping[str, Any] | KnownPositives | None
+    margin: float | None
+    margin_strategy: Literal["absolute", "relative"]
+    contrast_anchors: bool | None
+    contrast_positives: bool | None
+    gather_across_devices: bool
+    mini_batch_size: int | None
+    mini_batch_num_tokens: int | None
+    show_progress_bar: bool
+    queue_size: int
+    queue_warmup_steps: int
+    queue_max_age: int | None
+    queue_checkpoint: bool
+    queue_source: Literal["online", "ema"]
+    queue_momentum: float
+    queue_anchors: bool
+    queue_as_pool: bool
