@@ -108,7 +108,8 @@ PROTOCOL: dict[str, Any] = {
     "dev": "scifact: 20% of the training queries (seed 0); nfcorpus: the official dev split",
     "mining": "mine_hard_negatives, untrained model at 256 tokens, whole corpus, 1 negative per pair; setting "
               "chosen on pooled dev (MNRL, seed 0) among MINING_CHOICES",
-    "metrics": "graded nDCG@10 (main), MRR@10, Recall@100 x 100, cosine, whole corpus",
+    "metrics": "graded nDCG@10 (main), MRR@10, Recall@100 x 100 as mteb.evaluate computes them (retrieve: cosine, "
+               "whole corpus, top 1000, pytrec_eval)",
     "selection": "final model of each run; mining setting and recipe chosen on pooled dev (seed 0)",
 }
 
@@ -223,49 +224,21 @@ def shared_negatives(prep: Prepared, label: str, model: Any, cache_dir: Path) ->
 
 
 # --------------------------------------------------------------------------- scoring
-def encode(model: Any, texts: list[str], batch_size: int) -> Any:
-    from st_hardneg.evaluation.retrieval import at_length
-
-    with at_length(model, PROTOCOL["eval_max_seq_length"]):
-        return model.encode(texts, batch_size=batch_size, convert_to_tensor=True, normalize_embeddings=True,
-                            show_progress_bar=False)
-
-
-def score_queries(query_emb: Any, doc_emb: Any, doc_ids: list[str], query_ids: list[str],
-                  qrels: dict[str, dict[str, int]]) -> dict[str, dict[str, float]]:
-    """Per query: graded nDCG@10 (linear gain, pytrec_eval's and so MTEB's), MRR@10 and Recall@100 (x 100) of the
-    cosine ranking of the whole corpus."""
-    import math
-
-    import torch
-
-    top = torch.topk(query_emb @ doc_emb.T, min(100, len(doc_ids)), dim=1).indices.cpu().tolist()
-    out = {}
-    for qid, ranked in zip(query_ids, top, strict=True):
-        grades = {d: g for d, g in qrels[qid].items() if g > 0}
-        ids = [doc_ids[i] for i in ranked]
-        dcg = sum(grades.get(d, 0) / math.log2(r + 2) for r, d in enumerate(ids[:10]))
-        ideal = sum(g / math.log2(r + 2) for r, g in enumerate(sorted(grades.values(), reverse=True)[:10]))
-        first = next((r for r, d in enumerate(ids[:10]) if d in grades), None)
-        out[qid] = {"ndcg@10": 100 * dcg / ideal, "mrr@10": 100 / (first + 1) if first is not None else 0.0,
-                    "recall@100": 100 * len(grades.keys() & set(ids)) / len(grades)}
-    return out
-
-
 def evaluate(model: Any, prep: Prepared, roles: tuple[str, ...], batch_size: int) -> tuple[dict, dict]:
-    """``({role: mean metrics}, {role: {query id: nDCG@10}})`` of ``model`` on the dev and / or test task."""
-    doc_ids = list(prep.data.corpus)
-    doc_emb = encode(model, [prep.data.corpus[d] for d in doc_ids], batch_size)
+    """``({role: mean metrics}, {role: {query id: nDCG@10}})`` of ``model`` on the dev and / or test task, scored as
+    ``mteb.evaluate`` scores them (:func:`st_hardneg.evaluation.retrieval.retrieve`: top 1000, graded metrics by
+    pytrec_eval), the tasks sharing one corpus encoding."""
+    from st_hardneg.evaluation.retrieval import retrieve
+
+    tasks = {role: prep.split.dev_task if role == "dev" else prep.split.task for role in roles}
+    results = retrieve(model, list(tasks.values()), max_seq_length=PROTOCOL["eval_max_seq_length"],
+                       batch_size=batch_size)
     means, per_query = {}, {}
-    for role in roles:
-        task = prep.split.dev_task if role == "dev" else prep.split.task
-        qids = list(task.queries)
-        qrels = prep.data.qrels[prep.dev_split if role == "dev" else "test"]
-        scores = score_queries(encode(model, [task.queries[q] for q in qids], batch_size), doc_emb, doc_ids, qids,
-                               qrels)
-        means[role] = {m: statistics.fmean(s[m] for s in scores.values()) for m in ("ndcg@10", "mrr@10", "recall@100")}
-        means[role]["queries"] = len(qids)
-        per_query[role] = {q: round(s["ndcg@10"], 4) for q, s in scores.items()}
+    for role, task in tasks.items():
+        result = results[task.name]
+        means[role] = {m: result.scores[m] for m in ("ndcg@10", "mrr@10", "recall@100")}
+        means[role]["queries"] = result.scores["queries"]
+        per_query[role] = {q: round(v["ndcg@10"], 4) for q, v in result.per_query.items()}
     return means, per_query
 
 
@@ -357,7 +330,8 @@ class Runner:
         if name not in self.prepared:
             spec = DATASETS[name]
             root = Path(self.args.data_dir) / spec["folder"]
-            self.prepared[name] = prepare(name, root, spec["dev_fraction"], sampling())
+            fraction = self.args.dev_fraction if self.args.dev_fraction is not None else spec["dev_fraction"]
+            self.prepared[name] = prepare(name, root, fraction, sampling())
             self.data.setdefault("datasets", {})[name] = self.prepared[name].stats
         return self.prepared[name]
 
@@ -483,8 +457,9 @@ def run_all(args: argparse.Namespace) -> dict[str, Any]:
     names = list(args.datasets)
     for name in names:
         runner.prep(name)
-    for name in names:
-        runner.untrained(name)
+    if not args.plan:
+        for name in names:
+            runner.untrained(name)
     if args.mining:
         runner.data["chosen_mining"] = args.mining
         runner.data["mining_choice"] = "fixed by --mining (not screened: no compute for it)"
@@ -515,6 +490,9 @@ def run_all(args: argparse.Namespace) -> dict[str, Any]:
             label, _, seed = item.partition(":")
             for name in names:
                 runner.run("main", name, label, every[label], int(seed or 0), mining)
+        for name in names:  # the untrained reference last: the trained rows first
+            if runner.time_left():
+                runner.untrained(name)
         runner.save()
         return runner.data
     rows = {**BUILTIN, **recipe_methods(recipe)}
@@ -746,6 +724,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data-dir", default=str(DATA_DIR))
     parser.add_argument("--datasets", nargs="+", default=list(DATASETS), choices=list(DATASETS))
+    parser.add_argument("--dev-fraction", type=float, default=None,
+                        help="share of the training queries held out as the dev task of a folder without "
+                             "qrels/dev.tsv (default: DATASETS' own)")
     parser.add_argument("--model", default=None, help="default: the embedded all-MiniLM-L6-v2")
     parser.add_argument("--out", default=str(DEFAULT_OUT))
     parser.add_argument("--cache-dir", default=str(Path.home() / ".cache" / "st_hardneg" / "negatives"))

@@ -159,7 +159,7 @@ def test_steps_text_names_the_variant_only_where_a_batch_s_variants_differ():
     data = _data(*runs)
     for key, run in data["runs"].items():
         run["steps"] = 9 if key == "focal/cached/b1024" else 2 if run["batch_size"] == 65536 else 3
-    assert sys.modules["scale_report"]._steps_text(data) == "3 steps (cached batch 1024: 9; batch 65536: 2)"
+    assert sys.modules["benchmarks.scale_report"]._steps_text(data) == "3 steps (cached batch 1024: 9; batch 65536: 2)"
 
 
 def test_plan_and_bad_inputs(tmp_path):

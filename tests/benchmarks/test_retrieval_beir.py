@@ -4,8 +4,8 @@ order, the graded scores and the resume check, on tiny BEIR folders (no real mod
 from __future__ import annotations
 
 import json
-import math
 import random
+import statistics
 from pathlib import Path
 
 import pytest
@@ -23,7 +23,7 @@ def write_beir(root: Path, *, dev: bool, seed: int = 0, docs: int = 60, train: i
     doc_ids = [f"D{i}" for i in range(docs)]
     with (root / "corpus.jsonl").open("w") as handle:
         for d in doc_ids:
-            handle.write(json.dumps({"_id": d, "title": "", "text": f"document {d} words {rng.random():.6f}"}) + "\n")
+            handle.write(json.dumps({"_id": d, "title": "", "text": f"document {d} about topic{rng.randint(0, 999)}"}) + "\n")
     splits: dict[str, list[str]] = {"train": [], "test": [], "dev": []}
     with (root / "queries.jsonl").open("w") as handle:
         for i in range(train + 16):
@@ -183,16 +183,23 @@ def test_known_relevance_batches_hold_no_relevant_document_of_another_row():
 
 
 # --------------------------------------------------------------------------- scores, resume
-def test_graded_ndcg_mrr_recall_by_hand():
-    docs = torch.eye(4)
-    query = torch.tensor([[0.9, 0.5, 0.1, 0.0]])  # ranking d0, d1, d2, d3
-    qrels = {"q": {"d1": 2, "d2": 1, "d3": 0}}
-    score = rb.score_queries(query, docs, ["d0", "d1", "d2", "d3"], ["q"], qrels)["q"]
-    dcg = 2 / math.log2(3) + 1 / math.log2(4)
-    ideal = 2 / math.log2(2) + 1 / math.log2(3)
-    assert score["ndcg@10"] == pytest.approx(100 * dcg / ideal)
-    assert score["mrr@10"] == pytest.approx(50.0)
-    assert score["recall@100"] == pytest.approx(100.0)
+def test_evaluation_is_graded_per_query_and_shares_the_corpus(tmp_path):
+    from st_hardneg.models import load_model
+    from st_hardneg.testing.fixtures import make_text_model_dir
+
+    root = write_beir(tmp_path / "nf", dev=True)
+    (root / "qrels" / "test.tsv").write_text((root / "qrels" / "test.tsv").read_text() + "Q31\tD1\t2\r\n")
+    prep = rb.prepare("nf", root, None, rb.sampling())
+    texts = [*prep.data.corpus.values(), *prep.data.queries.values()]
+    model = load_model(make_text_model_dir(tmp_path / "model", texts), pooling="mean", max_seq_length=32,
+                       device="cpu")
+    means, per_query = rb.evaluate(model, prep, ("dev", "test"), batch_size=16)
+    for role in ("dev", "test"):
+        task = prep.split.dev_task if role == "dev" else prep.split.task
+        assert set(per_query[role]) == set(task.queries) and means[role]["queries"] == len(task.queries)
+        assert means[role]["ndcg@10"] == pytest.approx(statistics.fmean(per_query[role].values()), abs=1e-3)
+        assert all(0.0 <= v <= 100.0 for v in per_query[role].values())
+    assert prep.split.task.qrels["Q31"]["D1"] == 2  # the grade reaches the scorer
 
 
 def test_resuming_under_another_protocol_is_refused(tmp_path):
@@ -243,3 +250,15 @@ def test_recipe_rows_differ_only_in_their_ingredient(tiny_model):
     without = rb.build_loss(rows["recipe_no_known_relevance"], tiny_model, args, known)
     assert with_known.known_positives is not None and without.known_positives is None
     assert type(with_known) is type(without)
+
+
+def test_command_refuses_a_folder_without_dev_split_before_any_model(tmp_path, monkeypatch):
+    write_beir(tmp_path / "data" / "retrieval" / "nfcorpus", dev=False)
+    monkeypatch.setattr(rb, "load_model", lambda *a, **k: pytest.fail("a model was loaded before the data check"))
+    argv = ["--data-dir", str(tmp_path / "data"), "--datasets", "nfcorpus", "--out", str(tmp_path / "r.json"),
+            "--cache-dir", str(tmp_path / "cache"), "--mining", "top5_rel0.05", "--recipe", "focal", "--plan", "mnrl:0"]
+    with pytest.raises(ValueError, match="no dev split.*--dev-fraction"):
+        rb.main(argv)
+    monkeypatch.setattr(rb, "prepare", lambda name, root, fraction, sampling: pytest.skip(f"fraction {fraction}"))
+    with pytest.raises(pytest.skip.Exception, match="fraction 0.25"):  # --dev-fraction reaches the split rule
+        rb.main([*argv, "--dev-fraction", "0.25"])
