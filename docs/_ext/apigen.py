@@ -1,7 +1,8 @@
 """Write the API reference pages from the package's module tree (one page per subpackage, one section per module).
 
 Nothing here copies a docstring: every page is a list of ``automodule`` directives, rendered by autodoc at build
-time. The four paper losses are documented on their own pages (``docs/losses/``) and linked from the losses page.
+time. The four paper losses and their shared options are documented on their own pages (``docs/losses/``) and
+linked from the losses page.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ LOSS_PAGES = {
     "st_hardneg.losses.focal": "focal",
     "st_hardneg.losses.hncse": "hncse",
     "st_hardneg.losses.adcse": "adcse",
+    "st_hardneg.losses.options": "options",
 }
 #: modules that hold no API (the ``python -m`` entry point)
 SKIP = {"st_hardneg.cli.__main__"}

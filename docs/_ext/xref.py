@@ -11,6 +11,7 @@ so with ``nitpicky`` and ``-W`` a truly broken reference still fails the build.
 from __future__ import annotations
 
 import importlib
+from types import ModuleType
 from typing import Any
 
 
@@ -41,6 +42,26 @@ def _candidates(target: str, module: str | None, cls: str | None) -> list[str]:
     return names
 
 
+def _via_parent(name: str, objects: Any) -> str | None:
+    """``pkg.Class.attr`` through the class's defining module and its bases (an attribute or property has no
+    ``__qualname__`` of its own), and ``alias.Name`` where ``alias`` is a module imported under another name
+    (``fr.Direction`` for ``st_hardneg.functional.ranking.Direction``)."""
+    parent_name, _, attr = name.rpartition(".")
+    parent = _import(parent_name) if parent_name else None
+    if isinstance(parent, type):
+        for base in parent.__mro__:
+            candidate = f"{base.__module__}.{base.__qualname__}.{attr}"
+            if candidate in objects:
+                return candidate
+    if isinstance(parent, ModuleType) and parent.__name__.startswith("st_hardneg"):
+        if f"{parent.__name__}.{attr}" in objects:
+            return f"{parent.__name__}.{attr}"
+        if hasattr(parent, attr) and parent.__name__ in objects:
+            # a type alias (``Direction = Literal[...]``) has no entry of its own: link its module
+            return parent.__name__
+    return None
+
+
 def _missing_reference(app: Any, env: Any, node: Any, contnode: Any) -> Any:
     if node.get("refdomain") != "py":
         return None
@@ -59,6 +80,9 @@ def _missing_reference(app: Any, env: Any, node: Any, contnode: Any) -> Any:
         mod = getattr(obj, "__module__", None)
         if obj is not None and qual and mod and f"{mod}.{qual}" in objects:
             found = f"{mod}.{qual}"
+            break
+        found = _via_parent(name, objects) if name.startswith("st_hardneg") else None
+        if found:
             break
     if found is None and node.get("py:module") and node.get("py:class"):
         # an inherited member, referred to from a subclass (``:attr:`diagnostics``` in a loss's docstring)
