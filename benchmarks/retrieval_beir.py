@@ -88,6 +88,7 @@ CANDIDATES: dict[str, Method] = {
 }
 #: rows of the earlier SciFact benchmark (results/scifact.json: this protocol, all judgements, the same mining) ->
 #: their label here; they are imported (``--import-scifact``) with no per-query scores
+SCIFACT_IMPORT_FILE = "results/scifact.json"
 SCIFACT_IMPORT = {"untrained": "untrained", "mnrl": "mnrl", "mnrl_hardness": "mnrl_hardness",
                   "cached_mnrl_4x": "cached_mnrl_4x", "gist": "gist_nomargin", "focal": "recipe_no_known_relevance",
                   "focal_margin_rel0.05": "recipe_no_known_relevance_margin", "hncse_hnm_hard_negatives": "hncse_hnm",
@@ -655,13 +656,22 @@ def significance(data: dict[str, Any], per_query: list[dict[str, Any]]) -> str:
 
 def markdown(data: dict[str, Any], per_query: list[dict[str, Any]] | None = None) -> str:
     lines = ["# Two-dataset retrieval benchmark: SciFact + NFCorpus (all-MiniLM-L6-v2, x 100)", ""]
-    lines += [f"Mining setting chosen on pooled dev: `{data.get('chosen_mining', 'not chosen')}`; recipe chosen on "
-              f"pooled dev: `{data.get('chosen_recipe', 'not chosen')}`; best built-in (pooled dev, seed 0): "
-              f"`{data.get('best_builtin', 'not chosen')}`.", ""]
+    lines += [f"Mining setting: `{data.get('chosen_mining', 'not chosen')}` "
+              f"({data.get('mining_choice', 'chosen on pooled dev, MNRL, seed 0')}); recipe: "
+              f"`{data.get('chosen_recipe', 'not chosen')}` ({data.get('recipe_choice', 'chosen on pooled dev, seed 0')})"
+              f"; best built-in (pooled dev, seed 0): `{data.get('best_builtin', 'not chosen')}`.", ""]
     for name, spec in DATASETS.items():
         lines += [f"## {name} (published MTEB nDCG@10 of the untrained model: {spec['published']})", "",
                   table(data, name), ""]
-    lines += ["## Dev screening (seed 0)", "", screen_table(data), ""]
+        imported = sorted({r["method"] for r in data["runs"] if r["dataset"] == name and "source" in r})
+        if imported:
+            lines += [f"Rows from an earlier run of this protocol (`{SCIFACT_IMPORT_FILE}`, no per-query scores; "
+                      f"seeds 0-2): {', '.join(f'`{m}`' for m in imported)}; their train seconds and steps are that "
+                      "run's (2 threads of a shared CPU).", ""]
+    screen = screen_table(data)
+    lines += ["## Dev screening (seed 0)", "",
+              screen if screen.count("\n") > 1 else "Not run: the mining setting and the recipe were fixed (above).",
+              ""]
     best = data.get("best_builtin")
     lines += ["## Recipe against the built-ins (test nDCG@10, paired seeds; 95 % t interval of the mean difference)",
               ""]
