@@ -27,6 +27,7 @@ from st_hardneg.functional import ranking as fr
 from st_hardneg.losses import columns, false_negatives, unusable
 from st_hardneg.losses import distributed as dist
 from st_hardneg.losses.batch import Batch, SideInputs
+from st_hardneg.losses.blocks import ranking_blocks as build_blocks
 from st_hardneg.losses.gradcache import GradCacheMixin, check_cacheable_model
 from st_hardneg.losses.model_guard import ModelGuard
 from st_hardneg.losses.options import LossOptions
@@ -524,48 +525,15 @@ class HardNegativeLoss(ModelGuard, GradCacheMixin, nn.Module):
 
     # ------------------------------------------------------------------ ranking (sentence-transformers' directions)
     def ranking_blocks(self, batch: Batch) -> dict[str, fr.Block]:
-        """The blocks of :attr:`blocks` for ``batch`` as sentence-transformers' ``MultipleNegativesRankingLoss``
-        (and ``GISTEmbedLoss`` for the contrast blocks) builds them: similarities (cosines of the unit rows, or dot
-        products of the raw rows), the excluded entries (a row itself, the documents of its own pair in
-        ``doc_to_doc``, other processes' anchors in ``anchor_to_anchor``, and the masked false negatives) and the
-        hardness penalty of ``query_to_doc``. A loss appends its own columns with :meth:`Block.with_columns`."""
+        """The blocks of :attr:`blocks` for the rows of ``batch`` (:func:`st_hardneg.losses.blocks.ranking_blocks`
+        with this loss's similarity and hardness options); then the queue's columns for these rows are read and this
+        batch's candidates staged. A loss appends its own columns with :meth:`Block.with_columns`."""
         dot = self.similarity_fct_name == "dot_score"
-        queries, positives = cast(tuple[Tensor, Tensor], (batch.raw_anchors, batch.raw_positives) if dot
-                                  else (batch.anchors, batch.positives))
-        row_queries, row_positives = batch.raw_rows() if dot else (batch.row_anchors, batch.row_positives)
-        documents = batch.raw_candidates if dot else batch.candidates
-        n, device = batch.size, batch.device
-        start, stop = batch.row_range
-        masks = batch.block_masks or {}
-        local = torch.arange(stop - start, device=device)
-        self_mask = torch.zeros(stop - start, n, dtype=torch.bool, device=device)
-        self_mask[local, local + start] = True  # row r is the batch's row start + r
-        out: dict[str, fr.Block] = {}
-        q2d = row_queries @ documents.T
-        out["query_to_doc"] = fr.Block(
-            q2d, has_positive=True, exclude=batch.false_negatives, row_offset=start,
-            penalty=fr.hardness_penalty(q2d, n, self.hardness_mode, self.hardness_strength, row_offset=start))
-        for name in self.blocks:
-            if name == "query_to_doc":
-                continue
-            if name in ("query_to_query", "anchor_to_anchor"):
-                exclude = self_mask.clone()
-                if name == "anchor_to_anchor" and self._local_rows is not None:
-                    # GISTEmbedLoss does not gather the anchors: only this process's anchors are contrasted
-                    local_rows = self._local_rows[0]
-                    process = torch.arange(n, device=device) // (local_rows.stop - local_rows.start)
-                    exclude |= process[start:stop].unsqueeze(1) != process.unsqueeze(0)
-                block = fr.Block(row_queries @ queries.T, exclude=exclude, row_offset=start)
-            elif name == "doc_to_query":
-                block = fr.Block(row_positives @ queries.T, has_positive=True, row_offset=start)
-            elif name == "doc_to_doc":
-                block = fr.Block(row_positives @ documents.T, row_offset=start,
-                                 exclude=fr.own_pair_mask(n, documents.size(0), device, rows=(start, stop)))
-            elif name == "positive_to_positive":
-                block = fr.Block(row_positives @ positives.T, exclude=self_mask.clone(), row_offset=start)
-            else:  # pragma: no cover - the constructor validated the names
-                raise ValueError(f"unknown block {name!r}")
-            out[name] = block.excluding(masks.get(name))
+        local = self._local_rows
+        out = build_blocks(batch, self.blocks, dot=dot, hardness_mode=self.hardness_mode,
+                           hardness_strength=self.hardness_strength,
+                           rows_per_process=local[0].stop - local[0].start if local is not None else None)
+        row_queries = batch.raw_rows()[0] if dot else batch.row_anchors
         self._queue_columns = self._read_and_stage_queue(batch, row_queries)
         return out
 
