@@ -137,7 +137,8 @@ def _keys_of(texts: Sequence[str], preprocess: Callable[[list[str]], dict[str, T
 
     keys = []
     starts = range(0, len(texts), TOKENIZE_BATCH)
-    for start in tqdm(starts, desc="known_positives: tokenising", disable=len(starts) < 2 or (len(starts) < 10 and not show_progress_bar)):
+    quiet = len(starts) < 2 or (len(starts) < 10 and not show_progress_bar)  # a bar from 10,000 texts on
+    for start in tqdm(starts, desc="known_positives: tokenising", disable=quiet):
         features = preprocess(list(texts[start:start + TOKENIZE_BATCH]))
         block = text_keys([features])
         if block is None:
