@@ -537,6 +537,18 @@ class HardNegativeLoss(ModelGuard, GradCacheMixin, nn.Module):
         self._queue_columns = self._read_and_stage_queue(batch, row_queries)
         return out
 
+    def queue_pool(self) -> tuple[Tensor, Tensor | None, Tensor] | None:
+        """``queue_as_pool``: the main queue's readable rows for the rows being computed, as
+        ``(similarity (R, Q), exclude (R, Q) or None, rows (Q, d))`` (read by :meth:`ranking_blocks`), or ``None``."""
+        if self._queue_columns is None or self._queue_vectors is None:
+            return None
+        similarity, exclude = self._queue_columns
+        return similarity, exclude, self._queue_vectors
+
+    def note_queue_stats(self, **stats: Tensor) -> None:
+        """Add the loss's own queue statistics (e.g. MixCSE's ``queue_partner_fraction``) to :attr:`diagnostics`."""
+        self._queue_stats = {**self._queue_stats, **stats}
+
     #: whether the loss has a hardest-negative choice that can take queued rows (``queue_as_pool``)
     chooses_from_queue_pool: bool = False
     #: why a loss with such a choice still refuses ``queue_as_pool`` (None: it has no such choice)

@@ -285,7 +285,7 @@ class MixCSELoss(HardNegativeLoss):
         else:
             partners, has_partner = self._allowed_partners(batch, in_batch, in_batch_masked, self._proposed)
             partner_rows = positives[partners]
-            if self.queue_as_pool and self._queue_columns is not None and self._queue_vectors is not None:
+            if self.queue_as_pool and self.queue_pool() is not None:
                 partner_rows, has_partner = self._hardest_of_batch_and_queue(in_batch, partners, has_partner,
                                                                              partner_rows)
             mixed = self._mix(row_positives, partner_rows)
@@ -313,8 +313,7 @@ class MixCSELoss(HardNegativeLoss):
                                     partner_rows: Tensor) -> tuple[Tensor, Tensor]:
         """``queue_as_pool``: each row's partner becomes its hardest unmasked queued row where that one scores above
         the hardest in-batch partner (or the row has none); returns the partner rows and whether each row has one."""
-        similarity, exclude = cast(tuple[Tensor, Tensor | None], self._queue_columns)
-        vectors = cast(Tensor, self._queue_vectors)
+        similarity, exclude, vectors = cast(tuple[Tensor, Tensor | None, Tensor], self.queue_pool())
         if exclude is None:
             exclude = torch.zeros_like(similarity, dtype=torch.bool)
         best, valid = fn.top_candidates(similarity, 1, exclude)
@@ -322,7 +321,7 @@ class MixCSELoss(HardNegativeLoss):
         queue_score = similarity.detach().gather(1, best.unsqueeze(1)).squeeze(1)
         batch_score = in_batch.gather(1, partners.unsqueeze(1)).squeeze(1)
         use_queue = valid & (~has_partner | (queue_score > batch_score))
-        self._queue_stats = {**self._queue_stats, "queue_partner_fraction": use_queue.float().mean().detach()}
+        self.note_queue_stats(queue_partner_fraction=use_queue.float().mean().detach())
         rows = torch.where(use_queue.unsqueeze(1), vectors[best].to(partner_rows.dtype), partner_rows)
         return rows, has_partner | valid
 
