@@ -76,7 +76,7 @@ def _adcse(model: SentenceTransformer, **kwargs: Any) -> nn.Module:
 
 def _mnrl_queue(model: SentenceTransformer, **kwargs: Any) -> nn.Module:
     """sentence-transformers' ``MultipleNegativesRankingLoss`` with st-hardneg's cross-batch queue: AdCSE without
-    adversaries, with tied keys and without duplicate masking is exactly MNRL (tests/test_st_parity.py), and takes
+    adversaries, with tied keys and without duplicate masking is exactly MNRL (tests/losses/test_st_parity.py), and takes
     ``queue_size``; the baseline a queued loss is compared with."""
     from st_hardneg.losses.adcse import AdversarialNegativesLoss
 
