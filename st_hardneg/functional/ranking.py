@@ -166,8 +166,8 @@ def block_logits(block: Block, scale: float, focal_m: float | None = None) -> Te
     positive, ``s (s + m) · scale`` for every other column), plus the penalty, with excluded entries at ``-inf``.
 
     A new tensor, updated in place after its first operation: autograd keeps at most the similarity of it, so a
-    chunk of rows holds one (rows, columns) buffer here, not one per operation (the loss-side memory at batch 65,536,
-    issue 21)."""
+    chunk of rows holds one (rows, columns) buffer here, not one per operation (the loss-side memory at batch
+    65,536)."""
     sim = block.similarity
     if focal_m is None:
         logits = sim * scale

@@ -1,4 +1,4 @@
-"""Bad inputs to the data readers, the evaluations and the training helpers (issue 24, part 3), and a loss built on
+"""Bad inputs to the data readers, the evaluations and the training helpers, and a loss built on
 another model than the Trainer's (part 2): each case asserts the error (type and the words that name the problem),
 the warning, or the exact value computed independently here."""
 

@@ -125,7 +125,7 @@ def test_zero_and_tiny_rows_have_bounded_gradients(name, scale):
 @pytest.mark.parametrize("name", NAMES)
 def test_zero_row_is_orthogonal_to_everything(name):
     """A zero anchor has cosine 0 with every candidate: its row of the diagnostics' positive mean is 0. With every
-    anchor zero nothing can be ranked: the batch is refused (issue 24), the diagnostics still say why."""
+    anchor zero nothing can be ranked: the batch is refused (the unusable-row rule), the diagnostics still say why."""
     cols = columns()
     cols[0] = torch.zeros_like(cols[0])
     loss = make(name)

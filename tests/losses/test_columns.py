@@ -1,4 +1,4 @@
-"""Validate at the door (issue 24, part): a loss built on something that is not a model, and embeddings that are not
+"""Validate at the door: a loss built on something that is not a model, and embeddings that are not
 tensors, fail at once with a message that names the argument."""
 
 from __future__ import annotations

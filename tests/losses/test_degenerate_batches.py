@@ -1,4 +1,4 @@
-"""Degenerate batches (issue 24, part 1) for all four losses: every example of the issue ends in a clear error or a
+"""Degenerate batches for all four losses: every example of the issue ends in a clear error or a
 warning that names the problem and its counts (through ``warnings`` and ``logging``), and where a value is returned it
 equals an independent computation written here.
 

@@ -263,7 +263,7 @@ def test_adcse_adversary_gradient_and_step_are_those_of_the_global_batch(spawned
         window, pending = r[2]
         assert pending == 1
         torch.testing.assert_close(r[3], single_weight, rtol=1e-5, atol=1e-7)  # the same step everywhere
-    # each rank computes its own rows only (issue 21): its window holds its rows' gradient, and the all-reduce of the
+    # each rank computes its own rows only: its window holds its rows' gradient, and the all-reduce of the
     # step averages them into the global batch's gradient
     windows = [r[2][0] for r in ranks]
     assert not torch.allclose(windows[0], windows[1], rtol=1e-3)
@@ -312,7 +312,7 @@ def assert_equal_to_one_process(results, tiny_model_dir, name, kwargs):
 @pytest.mark.parametrize("case_id,name,kwargs", MODEL_CASES, ids=MODEL_IDS)
 def test_uneven_chunks_in_two_processes_equal_one_uncached(spawned, tiny_model_dir, case_id, name, kwargs):
     """As above with mini_batch_size=3 on 4 local rows: the encoder's mini-batches and the loss's chunks of anchor
-    rows are 3 + 1 on each process (issue 21: uneven chunks across 2 processes)."""
+    rows are 3 + 1 on each process (uneven chunks across 2 processes)."""
     assert_equal_to_one_process(spawned["model-uneven-" + case_id], tiny_model_dir, name, kwargs)
 
 

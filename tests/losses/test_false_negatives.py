@@ -306,7 +306,7 @@ def test_mixcse_shift_partner_moves_past_a_masked_one():
 ], ids=["mix-hardest", "mix-shift", "mix-explicit", "mix-official", "focal", "hncse-both", "hncse-single-all"])
 def test_every_negative_masked_is_an_error(loss_factory):
     """A margin of 3 masks every candidate (cosines are >= -1): each row keeps only its positive and rows without an
-    allowed partner get no mix, so no row has a negative: the batch is refused (issue 24's rule for a batch with no
+    allowed partner get no mix, so no row has a negative: the batch is refused (the rule for a batch with no
     usable row), after the masked counts were recorded."""
     cols = [c.float().requires_grad_(True) for c in columns(n=5, num=3, seed=8)]
     loss = loss_factory()

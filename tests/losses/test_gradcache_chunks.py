@@ -1,4 +1,4 @@
-"""The loss side in chunks of anchor rows (issue 21): with ``mini_batch_size`` every loss that implements
+"""The loss side in chunks of anchor rows: with ``mini_batch_size`` every loss that implements
 ``window_rows`` computes its rows a chunk of anchors at a time against all candidates (``HardNegativeLoss.chunked_loss``,
 what GradCache calls), and that changes nothing: loss, gradients, diagnostics, warnings and errors equal the whole
 batch's, for chunk sizes that do not divide the batch; and no tensor of the batch's N × N size is ever built.
@@ -127,7 +127,7 @@ def test_the_adversaries_get_the_whole_batch_gradient_once():
 
 
 def test_rows_without_negatives_are_judged_on_the_whole_batch():
-    """A chunk whose rows all lost their negatives does not raise by itself: the rule (issue 24) applies to the
+    """A chunk whose rows all lost their negatives does not raise by itself: the rule (the unusable-row rule) applies to the
     batch, with the same warning, counts and mean as the whole batch."""
     cols = columns(2)
     cols[1][0] = -cols[0][0]  # margin 0: row 0 keeps no negative (its positive is its farthest candidate)

@@ -1,4 +1,4 @@
-"""Loss-side memory (issue 21). The ranking rows' logits are built in one buffer per block: Focal-InfoNCE's
+"""Loss-side memory. The ranking rows' logits are built in one buffer per block: Focal-InfoNCE's
 transform keeps only the similarity for its backward, the later steps run in place, and none of it touches the
 caller's similarity. HNCSE's positive mixing builds the mixtures of the mixed rows only."""
 

@@ -321,7 +321,7 @@ def test_guided_reduction_equals_gist(tiny_pair, margin_strategy, margin, contra
 
 def in_gist_mean(result, loss, n: int = len(TEXTS)):
     """GISTEmbedLoss keeps a row whose every negative is masked in its mean as a 0; ours leaves it out (one rule for
-    unusable rows, issue 24). On a batch with ``e`` such rows ours × (n - e) / n is GIST's loss and gradient."""
+    unusable rows). On a batch with ``e`` such rows ours × (n - e) / n is GIST's loss and gradient."""
     value, grads = result
     factor = (n - loss.diagnostics.get("rows_without_negatives", 0.0)) / n
     return value * factor, [g * factor for g in grads]
