@@ -18,7 +18,8 @@ from torch import Tensor, nn
 
 from st_hardneg import functional as fn
 from st_hardneg.losses import distributed as dist
-from st_hardneg.losses.batch import Batch, SideInputs, text_keys
+from st_hardneg.losses.batch import Batch, SideInputs
+from st_hardneg.losses.keys import text_keys
 
 if TYPE_CHECKING:
     from sentence_transformers import SentenceTransformer

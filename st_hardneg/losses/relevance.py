@@ -1,7 +1,7 @@
 """Known-relevance masking: the ``known_positives`` of every loss as an index of hashed text pairs.
 
 The loss sees token ids, not texts. Duplicate masking already keys every row by a hash of its token ids
-(:func:`st_hardneg.losses.batch.text_keys`); :class:`KnownPositives` tokenises the mapping's texts once, at the loss's
+(:func:`st_hardneg.losses.keys.text_keys`); :class:`KnownPositives` tokenises the mapping's texts once, at the loss's
 construction, with the model's own ``preprocess`` (so a text gets the key ``forward`` will compute for it), and keeps
 three sorted int64 tables: the anchors' keys, the relevant texts' keys and the pairs, each pair as
 ``anchor position · documents + document position``. Its memory is O(mapping) (8 bytes a key, 8 a pair), never an
@@ -24,7 +24,7 @@ import torch
 from torch import Tensor
 
 from st_hardneg import validation
-from st_hardneg.losses.batch import text_keys
+from st_hardneg.losses.keys import text_keys
 
 __all__ = ["KnownPositives"]
 
@@ -38,7 +38,7 @@ class KnownPositives:
     """The pairs ``(anchor, text known to be relevant to it)`` of a ``known_positives`` mapping, by text key.
 
     Args:
-        anchor_keys: (P,) int64 keys of each pair's anchor (:func:`~st_hardneg.losses.batch.text_keys`).
+        anchor_keys: (P,) int64 keys of each pair's anchor (:func:`~st_hardneg.losses.keys.text_keys`).
         document_keys: (P,) int64 keys of each pair's relevant text.
 
     Build it from texts with :meth:`from_mapping`; every loss does so for its ``known_positives`` argument.

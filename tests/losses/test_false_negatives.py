@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from st_hardneg import AdversarialNegativesLoss, FocalInfoNCELoss, HNCSELoss, MixCSELoss
-from st_hardneg.losses.batch import text_keys
+from st_hardneg.losses.keys import text_keys
 from st_hardneg.testing import ce, cosf, two_way, unit
 
 TAU = 0.05
@@ -550,7 +550,7 @@ def test_a_repeated_text_still_masks(directions):
 
 def _key_by_hand(tokens: list[int]) -> int:
     """The documented id: two polynomial hashes sum_j (t_j + 1) * B**j mod P, packed as (h1 << 31) | h2."""
-    from st_hardneg.losses.batch import KEY_BASES, KEY_PRIMES
+    from st_hardneg.losses.keys import KEY_BASES, KEY_PRIMES
 
     h = [sum((t + 1) * pow(b, j, p) for j, t in enumerate(tokens)) % p for b, p in zip(KEY_BASES, KEY_PRIMES,
                                                                                          strict=True)]
@@ -583,13 +583,13 @@ def test_text_keys_are_the_documented_hash_whatever_the_padding_side_width_and_d
 def test_text_keys_in_blocks_equal_one_block_and_hold_no_python_integers(monkeypatch):
     import tracemalloc
 
-    from st_hardneg.losses import batch as batch_module
+    from st_hardneg.losses import keys as keys_module
 
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(1000, 30000, (4096, 32), generator=g)
     mask = (torch.arange(32) < torch.randint(3, 33, (4096, 1), generator=g)).long()
     whole = text_keys([{"input_ids": ids, "attention_mask": mask}])
-    monkeypatch.setattr(batch_module, "KEY_BLOCK_ROWS", 1000)  # 5 blocks, the last one short
+    monkeypatch.setattr(keys_module, "KEY_BLOCK_ROWS", 1000)  # 5 blocks, the last one short
     tracemalloc.start()
     blocked = text_keys([{"input_ids": ids, "attention_mask": mask}])
     _, peak = tracemalloc.get_traced_memory()

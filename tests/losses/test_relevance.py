@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from st_hardneg import AdversarialNegativesLoss, FocalInfoNCELoss, HNCSELoss, MixCSELoss
-from st_hardneg.losses.batch import text_keys
+from st_hardneg.losses.keys import text_keys
 from st_hardneg.losses.relevance import KnownPositives
 from st_hardneg.testing import ce, cosf, unit
 

@@ -556,7 +556,7 @@ def test_every_loss_trains_inside_matryoshka2d_and_adaptive_layer_loss(tiny_pair
 def test_packed_inputs_keep_the_duplicate_mask(tiny_pair):
     """Packed (flash-attention style) columns: one (1, total) row of token ids cut at ``cu_seq_lens_q``. Their text
     keys equal the padded columns' (so mask_duplicates still sees a repeated text)."""
-    from st_hardneg.losses.batch import text_keys
+    from st_hardneg.losses.keys import text_keys
 
     model, _ = tiny_pair
     texts = [TEXTS[:4], [POSITIVES[0], POSITIVES[1], POSITIVES[0], TEXTS[0]]]
