@@ -62,6 +62,51 @@ def _via_parent(name: str, objects: Any) -> str | None:
     return None
 
 
+#: the documented object types a role may point at
+_ROLE_TYPES = {
+    "attr": {"attribute", "property", "data"}, "data": {"data", "attribute"}, "meth": {"method", "function"},
+    "func": {"function", "method"}, "class": {"class", "exception"}, "exc": {"exception", "class"},
+    "obj": None, "mod": {"module"}, "const": {"data", "attribute"},
+}
+
+
+def _owner(name: str) -> Any:
+    return _import(name.rsplit(".", 1)[0])
+
+
+def _by_suffix(target: str, node: Any, objects: Any) -> str | None:
+    """The documented name ending in ``target`` (its last part for a full path, within its package), narrowed to
+    the object types the role can name, then to the classes related to the referring class (its bases or
+    subclasses: a mixin's docstring naming the loss's method), then to the referring module; ``None`` unless one
+    is left."""
+    short = target.lstrip(".~")
+    if short.startswith("st_hardneg."):
+        tail, package = "." + short.rsplit(".", 1)[-1], short.rsplit(".", 1)[0] + "."
+    else:
+        tail, package = "." + short, "st_hardneg."
+    matches = sorted(k for k in objects if k.startswith(package) and k.endswith(tail))
+    if not matches and "." in short and not short.startswith("st_hardneg."):
+        # ``Cls.member`` where ``member`` is inherited by the documented class ``Cls``
+        owner, member = short.rsplit(".", 1)
+        classes = [k for k in objects if k.endswith("." + owner) and objects[k].objtype == "class"]
+        if len(classes) == 1:
+            cls = _import(classes[0])
+            for base in getattr(cls, "__mro__", ()):
+                if f"{base.__module__}.{base.__qualname__}.{member}" in objects:
+                    return f"{base.__module__}.{base.__qualname__}.{member}"
+    types = _ROLE_TYPES.get(node.get("reftype", ""))
+    if types is not None and len(matches) > 1:
+        matches = [k for k in matches if objects[k].objtype in types] or matches
+    context = node.get("py:class") and _import(f"{node.get('py:module')}.{node.get('py:class')}")
+    if isinstance(context, type) and len(matches) > 1:
+        related = [k for k in matches if isinstance(owner := _owner(k), type)
+                   and (issubclass(owner, context) or issubclass(context, owner))]
+        matches = related or matches
+    if len(matches) > 1 and node.get("py:module"):
+        matches = [k for k in matches if k.startswith(node["py:module"] + ".")] or matches
+    return matches[0] if len(matches) == 1 else None
+
+
 def _missing_reference(app: Any, env: Any, node: Any, contnode: Any) -> Any:
     if node.get("refdomain") != "py":
         return None
@@ -93,15 +138,7 @@ def _missing_reference(app: Any, env: Any, node: Any, contnode: Any) -> Any:
                 found = name
                 break
     if found is None:
-        # the unique documented name ending in the target's last part (a full path: within its package)
-        short = target.lstrip(".~")
-        tail = "." + (short.rsplit(".", 1)[-1] if short.startswith("st_hardneg.") else short)
-        matches = sorted(k for k in objects if k.startswith("st_hardneg.") and k.endswith(tail))
-        if target.startswith("st_hardneg."):
-            package = target.rsplit(".", 1)[0]
-            matches = [k for k in matches if k.startswith(package + ".")]
-        if len(matches) == 1:
-            found = matches[0]
+        found = _by_suffix(target, node, objects)
     if found is None:
         return None
     refdoc = node.get("refdoc", "")
