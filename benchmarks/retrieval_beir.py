@@ -43,7 +43,12 @@ DATA_DIR = REPO.parent / "shared" / "data"
 #: dataset -> its folder under the shared data, how its dev task is made, MTEB's published nDCG@10 of the model
 DATASETS: dict[str, dict[str, Any]] = {
     "scifact": {"folder": "retrieval/scifact", "dev_fraction": 0.2, "published": 64.51},
-    "nfcorpus": {"folder": "retrieval/nfcorpus", "dev_fraction": None, "published": 31.59},
+    # NFCorpus: its ~43 relevant documents a query fill the top 5 candidates (each is never a negative of its query),
+    # and most positives rank below 100 (untrained R@100 31 %), so a margin relative to the positive's score leaves
+    # no candidate: with the top 5 and the margin, 84 of 768 pairs kept a negative. It takes the best candidate of
+    # the top 50 that is not a known relevant document; SciFact (1-5 relevant a query) keeps the earlier
+    # scifact.json runs' setting
+    "nfcorpus": {"folder": "retrieval/nfcorpus", "dev_fraction": None, "published": 31.59, "mining": "top50_nomargin"},
 }
 #: mining settings screened (the ones sentence-transformers' ``mine_hard_negatives`` documentation recommends): the
 #: top candidates below 95 % of the positive's score (NV-Retriever TopK-PercPos), the same after skipping the 10 most
@@ -52,7 +57,11 @@ MINING_CHOICES: dict[str, dict[str, Any]] = {
     "top5_rel0.05": {"num_candidates": 5, "relative_margin": 0.05, "range_min": 0, "range_max": None},
     "skip10_rel0.05": {"num_candidates": 5, "relative_margin": 0.05, "range_min": 10, "range_max": 50},
     "top5_nomargin": {"num_candidates": 5, "relative_margin": None, "range_min": 0, "range_max": None},
+    "top50_nomargin": {"num_candidates": 50, "relative_margin": None, "range_min": 0, "range_max": None},
 }
+#: a mining setting that keeps fewer triplets than this share of the pairs is refused (its rows would be a few
+#: steps of training: NFCorpus with the top 5 kept 84 of 768)
+MIN_MINED_SHARE = 0.5
 REL = {"margin": 0.05, "margin_strategy": "relative"}
 
 
@@ -107,8 +116,10 @@ PROTOCOL: dict[str, Any] = {
     "pairs": "per training query at most 5 judgements, then at most 768 pairs, both by seed-0 hash order (SciFact: "
              "every judgement, 722 pairs)",
     "dev": "scifact: 20% of the training queries (seed 0); nfcorpus: the official dev split",
-    "mining": "mine_hard_negatives, untrained model at 256 tokens, whole corpus, 1 negative per pair; setting "
-              "chosen on pooled dev (MNRL, seed 0) among MINING_CHOICES",
+    "mining": "mine_hard_negatives, untrained model at 256 tokens, whole corpus, 1 negative per pair: the best "
+              "candidate that is not a known relevant document of the query; SciFact: of the top 5 below 95 % of the "
+              "positive's score (top5_rel0.05, the scifact.json runs'), NFCorpus: of the top 50, no margin "
+              "(top50_nomargin; the margin left 84 of 768 pairs a negative)",
     "metrics": "graded nDCG@10 (main), MRR@10, Recall@100 x 100 as mteb.evaluate computes them (retrieve: cosine, "
                "whole corpus, top 1000, pytrec_eval)",
     "selection": "final model of each run; mining setting and recipe chosen on pooled dev (seed 0)",
@@ -218,8 +229,11 @@ def shared_negatives(prep: Prepared, label: str, model: Any, cache_dir: Path) ->
         tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
         tmp.replace(path)
         meta.write_text(json.dumps({**key, "mining_seconds": seconds, "rows": len(rows)}, indent=1))
-    if len(rows) < PROTOCOL["batch_size"]:
-        raise ValueError(f"mining {prep.name} with {label} kept {len(rows)} triplets, fewer than one batch")
+    if len(rows) < max(PROTOCOL["batch_size"], MIN_MINED_SHARE * len(prep.split.train_pairs)):
+        raise ValueError(f"mining {prep.name} with {label} kept {len(rows)} triplets of {len(prep.split.train_pairs)} "
+                         f"pairs (fewer than {MIN_MINED_SHARE:.0%} or one batch): the query's known relevant "
+                         f"documents fill its candidates or the margin leaves none; mine from more candidates "
+                         f"without the margin (e.g. top50_nomargin). Cached in {path}")
     dataset = Dataset.from_dict({c: [r[c] for r in rows] for c in ("anchor", "positive", "negative")})
     return dataset, {"file": path.name, "rows": len(rows), "mining_seconds": seconds, "key": key}
 
@@ -374,6 +388,7 @@ class Runner:
             return
         if not self.time_left():
             return
+        mining = DATASETS[name].get("mining", mining)  # a dataset's own candidate depth
         print(f"=== {stage} {name} {label} seed {seed} (mining {mining})", flush=True)
         try:
             record, per_query = run_one(label, method, seed, self.prep(name), self.shared(name, mining), roles,

@@ -262,3 +262,20 @@ def test_command_refuses_a_folder_without_dev_split_before_any_model(tmp_path, m
     monkeypatch.setattr(rb, "prepare", lambda name, root, fraction, sampling: pytest.skip(f"fraction {fraction}"))
     with pytest.raises(pytest.skip.Exception, match="fraction 0.25"):  # --dev-fraction reaches the split rule
         rb.main([*argv, "--dev-fraction", "0.25"])
+
+
+def test_a_mining_setting_that_drops_most_pairs_is_refused(tmp_path, tiny_model):
+    from st_hardneg.models import weights_digest
+
+    prep = rb.prepare("nf", write_beir(tmp_path / "a", dev=True), None, rb.sampling())
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    label = "top5_rel0.05"
+    kept = prep.split.train_pairs[: int(len(prep.split.train_pairs) * 0.4)]  # 40 % of the pairs kept a negative
+    (cache / f"negatives-nf-{label}.jsonl").write_text(
+        "".join(json.dumps({"anchor": a, "positive": p, "negative": "n"}) + "\n" for a, p in kept))
+    key = rb.negatives_key(prep, weights_digest(tiny_model), rb.MINING_CHOICES[label])
+    (cache / f"negatives-nf-{label}.key.json").write_text(json.dumps(key))
+    with pytest.raises(ValueError, match=rf"kept {len(kept)} triplets of {len(prep.split.train_pairs)} pairs"):
+        rb.shared_negatives(prep, label, tiny_model, cache)
+    assert rb.DATASETS["nfcorpus"]["mining"] == "top50_nomargin" and "mining" not in rb.DATASETS["scifact"]
