@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from st_hardneg import cli
-from st_hardneg.cli.train import resolve_train_args
+from st_hardneg.cli.checks import resolve_train_args
 from st_hardneg.data.mrpc import MRPC_HEADER
 from st_hardneg.training.retrieval import DEFAULT_CACHE_DIR, TRAINING
 
@@ -91,7 +91,7 @@ def test_defaults_resolve_per_task_and_explicit_options_win():
 
 
 def test_resolving_the_retrieval_task_imports_no_heavy_module():
-    code = ("import sys, st_hardneg.cli as c, st_hardneg.cli.train as t; "
+    code = ("import sys, st_hardneg.cli as c, st_hardneg.cli.checks as t; "
             "t.resolve_train_args(c.build_parser().parse_args(['train', '--task', "
             "'retrieval'])); print(','.join(m for m in ('torch', 'transformers', 'sentence_transformers', 'datasets') "
             "if m in sys.modules))")

@@ -11,7 +11,7 @@ from sentence_transformers import SentenceTransformer
 from sentence_transformers.base.evaluation.evaluator import BaseEvaluator
 
 from st_hardneg import cli, models
-from st_hardneg.cli.app import load_for_eval
+from st_hardneg.cli.evaluate import load_for_eval
 from st_hardneg.models import TrainOnlyDense, load_checkpoint, load_model, save_inference_model
 
 SENTENCES = ["a man plays the guitar.", "the dog runs in the park.", "the sky is blue.", "she writes a letter."]

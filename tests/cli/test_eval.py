@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 
-from st_hardneg.cli import app
+from st_hardneg.cli import app, evaluate
 from st_hardneg.testing.beir import make_tiny_beir
 
 
@@ -66,7 +66,7 @@ def test_pooling_flag_builds_a_fresh_pooling_and_says_so(saved_model, tmp_path, 
 
 
 def test_an_output_folder_that_cannot_be_written_fails_before_the_model_loads(tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(app, "load_for_eval", lambda *a: pytest.fail("model loaded"))
+    monkeypatch.setattr(evaluate, "load_for_eval", lambda *a: pytest.fail("model loaded"))
     (tmp_path / "file").write_text("x")
     assert app.main(["eval", "--output-folder", str(tmp_path / "file" / "results")]) == 2
     assert "--output-folder" in capsys.readouterr().err

@@ -27,7 +27,7 @@ def no_model(monkeypatch):
         raise _ModelLoaded
 
     monkeypatch.setattr("st_hardneg.models.resolve_model", refuse)
-    monkeypatch.setattr("st_hardneg.cli.app.load_for_eval", refuse)
+    monkeypatch.setattr("st_hardneg.cli.evaluate.load_for_eval", refuse)
     return refuse
 
 

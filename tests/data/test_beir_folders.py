@@ -307,10 +307,10 @@ def test_cli_refuses_before_loading_a_model(argv, message, capsys, monkeypatch):
 
 
 def test_cli_eval_beir_prints_and_writes_the_scores(beir_dir, beir_model, tmp_path, capsys, monkeypatch):
-    from st_hardneg.cli import app
+    from st_hardneg.cli import app, evaluate
     from st_hardneg.evaluation.retrieval import evaluate_beir
 
-    monkeypatch.setattr(app, "load_for_eval", lambda name, pooling: beir_model)
+    monkeypatch.setattr(evaluate, "load_for_eval", lambda name, pooling: beir_model)
     out = tmp_path / "scores.json"
     assert app.main(["eval", "--task", "beir", "--data", str(beir_dir), "--split", "test", "--max-seq-length", "16",
                      "--output", str(out), "--quiet"]) == 0

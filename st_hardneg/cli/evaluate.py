@@ -1,0 +1,228 @@
+"""``st-hardneg eval`` and ``st-hardneg compare`` (see :mod:`st_hardneg.cli.app`): evaluate a model and print
+markdown tables (:func:`cmd_eval`), compare retrieval runs query by query (:func:`cmd_compare`). Only the standard
+library is imported at module level (``--help`` loads no deep-learning library).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from sentence_transformers import SentenceTransformer
+
+EVAL_TASK_GROUPS = ("sts", "transfer", "mteb", "align", "beir")
+
+
+def load_for_eval(name: str | None, pooling: str | None) -> SentenceTransformer:
+    """The model as published: a saved SentenceTransformer (a folder or a cached Hub snapshot with ``modules.json``,
+    or the embedded all-MiniLM-L6-v2) with all its own modules; with ``pooling`` given, the encoder with a fresh
+    pooling of that mode. An encoder without a saved pooling gets ``pooling`` (default: cls). See
+    :func:`st_hardneg.models.resolve_model`."""
+    from st_hardneg.models import resolve_model
+
+    if pooling is not None:
+        return resolve_model(name, pooling=pooling, max_seq_length=None, saved="rebuild")
+    return resolve_model(name, pooling="cls", max_seq_length=None, saved="as_is")
+
+
+def check_output_file(output: str) -> Path:
+    """``eval --output FILE.json``: a file path whose folder can be written (proven by a probe file, see
+    :func:`st_hardneg.cli.paths.ensure_writable_file`).
+
+    Raises:
+        ValueError: an empty path, a folder, or a place that cannot be written.
+    """
+    from st_hardneg.cli.paths import ensure_writable_file
+
+    return ensure_writable_file(output, "--output")
+
+
+def eval_model_name(args: argparse.Namespace) -> str:
+    """The name results are filed under: ``--model-name``, else the embedded model's Hub name, a Hub name as given,
+    or ``local/<folder name>`` for a path."""
+    from st_hardneg.models import DEFAULT_MODEL_NAME
+
+    if args.model_name:
+        return args.model_name if "/" in args.model_name else f"local/{args.model_name}"
+    if args.model in (None, "", "default"):
+        return f"sentence-transformers/{DEFAULT_MODEL_NAME}"
+    path = Path(args.model).expanduser()
+    if path.exists():
+        return f"local/{path.resolve().name}"
+    return args.model if "/" in args.model else f"local/{args.model}"
+
+
+def _eval_files(args: argparse.Namespace, model_name: str, revision: str) -> dict[str, Path]:
+    """Where ``eval`` writes: ``--output-dir X.json`` → that file, side files ``X.per_query.tsv`` / ``X.<task>.trec``
+    beside it; a folder → ``<folder>/st-hardneg/<org>__<name>/<revision>/eval.json`` (+ ``per_query.tsv``,
+    ``<task>.trec``), mteb's own files under ``<folder>/results/`` (its ``ResultCache``)."""
+    target = Path(args.output_dir).expanduser()
+    if str(args.output_dir).endswith(".json"):
+        stem = target.name[: -len(".json")]
+        return {"results": target, "folder": target.parent, "per_query": target.parent / f"{stem}.per_query.tsv",
+                "runs": target.parent / f"{stem}.{{task}}.trec", "mteb": target.parent}
+    folder = target / "st-hardneg" / model_name.replace("/", "__") / revision
+    return {"results": folder / "eval.json", "folder": folder, "per_query": folder / "per_query.tsv",
+            "runs": folder / "{task}.trec", "mteb": target}
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    from st_hardneg.cli.paths import ensure_writable_dir, ensure_writable_file
+    from st_hardneg.evaluation import evaluate_sts, format_sts_table
+    from st_hardneg.reporting import write_json
+
+    groups = [g.strip() for g in args.tasks.split(",") if g.strip()]
+    unknown = [g for g in groups if g not in EVAL_TASK_GROUPS]
+    if unknown or not groups:
+        raise ValueError(f"--tasks: unknown {unknown}; choose from {', '.join(EVAL_TASK_GROUPS)}")
+    if len(set(groups)) != len(groups):
+        raise ValueError(f"--tasks names a group twice: {args.tasks!r}")
+    if args.batch_size < 1:
+        raise ValueError(f"--batch-size must be >= 1, got {args.batch_size}")
+    option = getattr(args, "output_option", "--output-dir")
+    if str(args.output_dir).endswith(".json"):
+        ensure_writable_file(args.output_dir, option)
+    else:
+        ensure_writable_dir(args.output_dir, option)
+    folders = args.data or []
+    beir_tasks: list[Any] = []
+    loaded: list[Any] = []
+    if folders and not {"beir", "mteb"} & set(groups):
+        raise ValueError("--data is the BEIR folder of --task beir (or of --tasks mteb); SentEval data is --data-dir")
+    if "beir" in groups and not folders:
+        raise ValueError("--task beir needs --data PATH: a BEIR folder (corpus.jsonl, queries.jsonl, qrels/*.tsv)")
+    if folders:  # before the model loads: a bad folder or split fails first
+        from st_hardneg.data.beir import load_beir
+        from st_hardneg.validation import check_count
+
+        check_count(args.max_seq_length, "--max-seq-length", minimum=1)
+        loaded = [load_beir(folder) for folder in folders]
+        names = [data.name for data in loaded]
+        if len(set(names)) != len(names):
+            raise ValueError(f"--data: two folders share a name ({', '.join(names)}); their results would collide")
+        beir_tasks = [data.task(args.split) for data in loaded]
+    if "sts" in groups:  # a damaged STS file fails before the model loads
+        from st_hardneg.cli.checks import check_sts_files
+
+        check_sts_files(args.data_dir)
+    if args.pooling is None and groups == ["beir"] and args.model not in (None, "", "default"):
+        from st_hardneg.models import saved_model_dir
+
+        pooling = None if saved_model_dir(args.model) is not None else "mean"  # a bare encoder: mean for retrieval
+    else:
+        pooling = args.pooling
+    model = load_for_eval(args.model, pooling)
+    from st_hardneg.models import module_stack, weights_digest
+
+    model_name = eval_model_name(args)
+    revision = args.revision or f"weights-{weights_digest(model)}"
+    files = _eval_files(args, model_name, revision)
+    if files["results"].exists() and not args.overwrite:
+        raise ValueError(f"{files['results']} exists (an evaluation of {model_name} {revision}); pass --overwrite "
+                         "to replace it")
+    print(f"model: {model_name} ({revision}): {module_stack(model)}"
+          + (f" [fresh {args.pooling} pooling, --pooling]" if args.pooling else ""))
+    name = args.model or "default (all-MiniLM-L6-v2, embedded)"
+    results: dict[str, Any] = {"model": name, "model_name": model_name, "revision": revision,
+                               "modules": module_stack(model), "files": {}}
+    tables: list[str] = []
+    start = time.perf_counter()
+    if "sts" in groups:
+        results["sts"] = evaluate_sts(model, args.data_dir, batch_size=args.batch_size,
+                                      show_progress_bar=not args.quiet)
+        tables.append("### STS (Spearman x 100)\n\n" + format_sts_table({name: results["sts"]}))
+    if "transfer" in groups:
+        from st_hardneg.evaluation import evaluate_transfer, format_transfer_table
+
+        results["transfer"] = evaluate_transfer(model, args.data_dir, fast=args.fast)
+        tables.append("### Transfer (accuracy)\n\n" + format_transfer_table({name: results["transfer"]}))
+    if "mteb" in groups:
+        from st_hardneg.evaluation import format_mteb_table, run_mteb
+        from st_hardneg.evaluation.mteb_tasks import beir_mteb_task
+
+        default = "" if folders else "STSBenchmark-local"
+        mteb_tasks: list[Any] = [t.strip() for t in (args.mteb_tasks or default).split(",") if t.strip()]
+        mteb_tasks += [beir_mteb_task(data, args.split, max_seq_length=args.max_seq_length) for data in loaded]
+        results["mteb"] = run_mteb(model, mteb_tasks, data_dir=args.data_dir, output_dir=files["mteb"],
+                                   model_name=model_name, revision=revision, batch_size=args.batch_size,
+                                   use_cache=not args.overwrite, show_progress_bar=not args.quiet)
+        results["files"]["mteb"] = str(files["mteb"])
+        tables.append("### MTEB (main score x 100)\n\n" + format_mteb_table({name: results["mteb"]}))
+    if "align" in groups:
+        from st_hardneg.evaluation import alignment_uniformity, format_alignment_table
+
+        results["align"] = alignment_uniformity(model, args.data_dir)
+        tables.append("### Alignment / uniformity (lower is better)\n\n" +
+                      format_alignment_table({name: results["align"]}))
+    retrieved: dict[str, Any] = {}
+    if "beir" in groups:
+        from st_hardneg.evaluation.retrieval import BEIR_METRICS, retrieve
+        from st_hardneg.reporting import markdown_table
+
+        retrieved = retrieve(model, beir_tasks, max_seq_length=args.max_seq_length, batch_size=args.batch_size,
+                             show_progress_bar=not args.quiet, cache_dir=args.cache_dir,
+                             query_prompt_name=args.query_prompt_name,
+                             document_prompt_name=args.document_prompt_name)
+        results["beir"] = {}
+        for data, task in zip(loaded, beir_tasks, strict=True):
+            scores = retrieved[task.name].scores
+            results["beir"][task.name] = {"data": str(data.root), "split": args.split,
+                                          "max_seq_length": args.max_seq_length,
+                                          "prompts": retrieved[task.name].prompts,
+                                          **{m: scores[m] for m in BEIR_METRICS},
+                                          "queries": scores["queries"], "corpus": scores["corpus"]}
+            table = markdown_table(["model", "nDCG@10", "MRR@10", "R@100"],
+                                   [[name, *(f"{scores[m]:.2f}" for m in ("ndcg@10", "mrr@10", "recall@100"))]])
+            tables.append(f"### {task.name} (x 100, {scores['queries']} queries, {scores['corpus']} documents)\n\n"
+                          + table.rstrip("\n"))
+    results["seconds"] = time.perf_counter() - start
+    print("\n\n".join(tables))
+    files["folder"].mkdir(parents=True, exist_ok=True)
+    if retrieved:
+        from st_hardneg.evaluation.runs import write_per_query, write_trec_run
+
+        per_query = write_per_query(files["per_query"], {task: result.per_query for task, result in retrieved.items()})
+        results["files"]["per_query"] = per_query.name
+        results["files"]["runs"] = {}
+        for task, result in retrieved.items():
+            run = write_trec_run(str(files["runs"]).replace("{task}", task), result.run, tag=model_name.replace(" ", "_"))
+            results["files"]["runs"][task] = run.name
+    write_json(files["results"], results)
+    print(f"\nresults: {files['results']}")
+    return 0
+
+
+class OutputOption(argparse.Action):
+    """Stores the value and the spelling used (``--output-dir``, ``--output-folder`` or ``--output``), so that an
+    error names the option as the user typed it."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        setattr(namespace, self.dest, values)
+        namespace.output_option = option_string or "--output-dir"
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from st_hardneg.evaluation.compare import compare_runs, parse_run_specs
+
+    runs = parse_run_specs(args.runs)
+    if len(runs) < 2:
+        raise ValueError(f"compare needs the runs of at least two methods (NAME=PATH[,PATH...] each), got "
+                         f"{len(runs)}")
+    if args.output is not None:
+        from st_hardneg.cli.paths import ensure_writable_file
+
+        target = ensure_writable_file(args.output, "--output")
+        if target.exists() and not args.overwrite:
+            raise ValueError(f"--output {target} exists; pass --overwrite to replace it")
+    result = compare_runs(runs, metric=args.metric, baseline=args.baseline, permutations=args.permutations,
+                          seed=args.seed)
+    print(result.to_markdown())
+    if args.output is not None:
+        text = result.to_json() if str(args.output).endswith(".json") else result.to_markdown()
+        Path(args.output).expanduser().write_text(text)
+        print(f"comparison: {args.output}")
+    return 0
