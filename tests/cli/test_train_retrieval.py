@@ -342,7 +342,7 @@ def test_real_mrpc_with_sts_shares_the_benchmark_cache(monkeypatch, shared_data,
 
     # benchmarks/retrieval.py with the same model, data and settings reads this very file: nothing is mined again
     spec = importlib.util.spec_from_file_location("benchmarks_retrieval",
-                                                  Path(__file__).resolve().parents[1] / "benchmarks" / "retrieval.py")
+                                                  Path(__file__).resolve().parents[2] / "benchmarks" / "retrieval.py")
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
 

@@ -344,7 +344,7 @@ def test_mining_refuses_test_sentences_and_bad_arguments(tmp_path, text_model):
 def _load_benchmark():
     import importlib.util
 
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "retrieval.py"
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "retrieval.py"
     spec = importlib.util.spec_from_file_location("benchmarks_retrieval", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -396,7 +396,7 @@ def test_retrieval_benchmark_selection_on_the_dev_split(shared_data, text_model_
     assert [(r["method"], r["seed"]) for r in data["runs"]] == [("mnrl", 0), ("focal", 0),
                                                                 ("focal_margin_rel0.05", 0)]
     # the tiny random model's cosines lie within a few thousandths of each other: a relative margin of 0.05 masks
-    # every negative of the first batch, which the loss refuses (issue 24); the run is recorded as failed, the
+    # every negative of the first batch, which the loss refuses; the run is recorded as failed, the
     # others go on, and the failure is listed under the table
     failed = data["runs"][2]
     assert "no usable row in this batch" in failed["failed"] and "check margin" in failed["failed"]
@@ -562,7 +562,7 @@ def test_mean_std_text_is_the_sample_std_cell():
 
 def test_untrained_report_regenerates_byte_identical_from_the_committed_json():
     bench = _load_benchmark()
-    results = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
+    results = Path(__file__).resolve().parents[2] / "benchmarks" / "results"
     data = json.loads((results / "retrieval_untrained.json").read_text())
     assert bench.untrained_markdown(data["untrained"], data["data"]) == (results / "retrieval_untrained.md").read_text()
 
