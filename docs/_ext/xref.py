@@ -70,6 +70,17 @@ _ROLE_TYPES = {
 }
 
 
+def _related(owner: Any, context: type) -> bool:
+    """Whether ``owner`` is a class that ``context`` derives from or that derives from it (``TypedDict`` classes
+    refuse ``issubclass``: unrelated)."""
+    if not isinstance(owner, type):
+        return False
+    try:
+        return issubclass(owner, context) or issubclass(context, owner)
+    except TypeError:
+        return False
+
+
 def _owner(name: str) -> Any:
     return _import(name.rsplit(".", 1)[0])
 
@@ -99,8 +110,7 @@ def _by_suffix(target: str, node: Any, objects: Any) -> str | None:
         matches = [k for k in matches if objects[k].objtype in types] or matches
     context = node.get("py:class") and _import(f"{node.get('py:module')}.{node.get('py:class')}")
     if isinstance(context, type) and len(matches) > 1:
-        related = [k for k in matches if isinstance(owner := _owner(k), type)
-                   and (issubclass(owner, context) or issubclass(context, owner))]
+        related = [k for k in matches if _related(_owner(k), context)]
         matches = related or matches
     if len(matches) > 1 and node.get("py:module"):
         matches = [k for k in matches if k.startswith(node["py:module"] + ".")] or matches
