@@ -15,8 +15,11 @@ from torch import Tensor
 
 from st_hardneg.functional import ranking as fr
 from st_hardneg.losses.batch import Batch
+from st_hardneg.losses.prepare import PrepareMixin
+from st_hardneg.losses.queue import QueueMixin
+from st_hardneg.losses.unusable import UnusableMixin
 
-__all__ = ["ranking_blocks"]
+__all__ = ["RankingMixin", "ranking_blocks"]
 
 
 def ranking_blocks(batch: Batch, names: Iterable[str], *, dot: bool, hardness_mode: fr.HardnessMode | None,
@@ -63,3 +66,43 @@ def ranking_blocks(batch: Batch, names: Iterable[str], *, dot: bool, hardness_mo
             raise ValueError(f"unknown block {name!r}")
         out[name] = block.excluding(masks.get(name))
     return out
+
+
+class RankingMixin(PrepareMixin, QueueMixin, UnusableMixin):
+    """Sentence-transformers' ranking of :class:`~st_hardneg.losses.base.HardNegativeLoss`: a paper's
+    ``window_rows`` builds the blocks of its rows (:meth:`ranking_blocks`), appends its own columns and turns them
+    into per-row losses (:meth:`ranking_rows`), the queue's columns and the unusable-row count included."""
+
+    temperature: float
+    partition_mode: fr.PartitionMode
+    hardness_mode: fr.HardnessMode | None
+    hardness_strength: float
+
+    @property
+    def scale(self) -> float:
+        """sentence-transformers' name of the inverse temperature: the logits are ``similarity · scale``."""
+        return 1.0 / self.temperature
+
+    def ranking_blocks(self, batch: Batch) -> dict[str, fr.Block]:
+        """The blocks of :attr:`blocks` for the rows of ``batch`` (:func:`st_hardneg.losses.blocks.ranking_blocks`
+        with this loss's similarity and hardness options); then the queue's columns for these rows are read and this
+        batch's candidates staged. A loss appends its own columns with :meth:`Block.with_columns`."""
+        dot = self.similarity_fct_name == "dot_score"
+        local = self._local_rows
+        out = ranking_blocks(batch, self.blocks, dot=dot, hardness_mode=self.hardness_mode,
+                             hardness_strength=self.hardness_strength,
+                             rows_per_process=local[0].stop - local[0].start if local is not None else None)
+        row_queries = batch.raw_rows()[0] if dot else batch.row_anchors
+        self._queue_columns = self._read_and_stage_queue(batch, row_queries)
+        return out
+
+    def ranking_rows(self, blocks: dict[str, fr.Block], focal_m: float | None = None,
+                     uncounted_columns: int = 0) -> Tensor:
+        """The (N,) per-row losses of the blocks (:func:`st_hardneg.functional.ranking.ranking_rows` with this
+        loss's scale and partition mode); warns once when rows have no negative left (every candidate masked).
+        With a queue its readable rows join ``query_to_doc`` here, after the loss chose its own negatives from the
+        batch. ``uncounted_columns``: columns of ``query_to_doc`` that are negatives in the loss but do not make a
+        row usable (AdCSE's adversaries: learned vectors, not data; they are never masked)."""
+        blocks = self.join_queue_columns(blocks)
+        self._count_unusable_rows(blocks, uncounted_columns)
+        return fr.ranking_rows(blocks, self.scale, self.partition_mode, focal_m)

@@ -38,9 +38,14 @@ from sentence_transformers.base.losses.gradcache import (
 )
 from torch import Tensor, nn
 
+from st_hardneg import functional as fn
 from st_hardneg import validation
+from st_hardneg.losses import distributed as dist
+from st_hardneg.losses.batch import Batch
+from st_hardneg.losses.prepare import PrepareMixin
+from st_hardneg.losses.unusable import UnusableMixin, combine_chunk_stats
 
-__all__ = ["GradCacheMixin", "GradCached", "check_cacheable_model"]
+__all__ = ["ChunkedLossMixin", "GradCacheMixin", "GradCached", "check_cacheable_model"]
 
 
 def check_cacheable_model(model: Any, loss_name: str) -> None:
@@ -196,3 +201,111 @@ class GradCached(GradCacheMixin, nn.Module):
         config = dict(cast(Any, self.loss).get_config_dict()) if hasattr(self.loss, "get_config_dict") else {}
         config.update(mini_batch_size=self.mini_batch_size, mini_batch_num_tokens=self.mini_batch_num_tokens)
         return config
+
+
+class ChunkedLossMixin(PrepareMixin, UnusableMixin, GradCacheMixin):
+    """The per-batch hooks of :class:`~st_hardneg.losses.base.HardNegativeLoss` (:meth:`window_rows`,
+    :meth:`begin_batch`, :meth:`end_batch`, :meth:`close_batch`) and GradCache's loss side a chunk of anchor rows at
+    a time (:meth:`chunked_loss`)."""
+
+    def window_rows(self, batch: Batch) -> Tensor:
+        """The (R,) per-row losses of the anchor rows of ``batch`` (:attr:`Batch.rows`) against all its candidates.
+        A loss that implements it computes its rows a chunk of anchors at a time under GradCache
+        (:meth:`chunked_loss`); whatever it chooses per row (partners, hardest negatives, top-k, random draws) must
+        not depend on which other rows share the chunk."""
+        raise NotImplementedError
+
+    def begin_batch(self, batch: Batch) -> Batch:
+        """Called once per batch before its rows (all windows) are computed; returns the batch the rows are
+        computed on. A loss with per-batch state prepares it here (random partners drawn once, AdCSE's adversary
+        gradient) and a loss that replaces rows of the batch (HNCSE's mixed positives) does so here."""
+        return batch
+
+    def end_batch(self, batch: Batch) -> None:
+        """Called once per batch after its rows were computed without error (see :meth:`begin_batch`): a loss that
+        commits per-batch work (AdCSE's adversary gradient) does it here."""
+
+    def close_batch(self) -> None:
+        """Called after every batch, also one that raised: drop what :meth:`begin_batch` prepared."""
+
+    @property
+    def supports_row_chunks(self) -> bool:
+        """Whether the loss implements :meth:`window_rows` (then GradCache computes it in chunks of anchors)."""
+        return type(self).window_rows is not ChunkedLossMixin.window_rows
+
+    @property
+    def loss_chunk_size(self) -> int:
+        """Anchor rows per chunk of :meth:`chunked_loss`: ``mini_batch_size`` (as in CachedMNRL), or 32 with only
+        ``mini_batch_num_tokens``."""
+        return self.mini_batch_size or 32
+
+    def chunked_loss(self, embeddings: list[Tensor], labels: Tensor | None, with_backward: bool = False) -> Tensor:
+        """The batch's loss computed a chunk of :attr:`loss_chunk_size` anchor rows at a time, as
+        ``CachedMultipleNegativesRankingLoss`` does: each chunk's rows (against every candidate of the global batch)
+        are built, back-propagated to the normalised embeddings and freed before the next chunk, so the loss side
+        holds O(chunk × candidates) at a time, never the (N, C) matrices. With ``with_backward`` the gradient then
+        flows once through the normalisation (and the gathering) into ``embeddings``; the returned loss is detached.
+        Equal to :meth:`compute_loss_from_embeddings` (loss, gradients, diagnostics, warnings and errors), up to
+        float summation order."""
+        from dataclasses import replace
+
+        self.check_labels(labels)
+        with fn.autocast_disabled(embeddings):
+            try:
+                batch = self.prepare_columns(embeddings, labels)
+            finally:
+                self._side_inputs = None
+            try:
+                batch = self.begin_batch(batch)
+            except BaseException:
+                self.close_batch()
+                raise
+            fields = ("anchors", "positives", "negatives", "raw_anchors", "raw_positives", "raw_negatives")
+            graph: list[tuple[Tensor, Tensor]] = []  # (tensor with a graph, its leaf copy)
+            leaves: dict[str, Tensor] = {}
+            for name in fields:
+                value = getattr(batch, name)
+                if value is not None and with_backward and value.requires_grad:
+                    leaf = value.detach().requires_grad_(True)
+                    graph.append((value, leaf))
+                    leaves[name] = leaf
+                elif value is not None:
+                    leaves[name] = value.detach() if with_backward else value
+            leaf_batch = replace(batch, **cast(dict[str, Any], leaves))
+            start, stop = self.own_row_range(batch)
+            total = torch.zeros((), dtype=batch.anchors.dtype, device=batch.device)
+            pieces: list[tuple[int, dict[str, Tensor]]] = []
+            self._chunk_tallies = []
+            try:
+                for begin in range(start, stop, self.loss_chunk_size):
+                    end = min(begin + self.loss_chunk_size, stop)
+                    rows = self.window_rows(self.window(leaf_batch, begin, end))
+                    usable, self._usable = self._usable, None
+                    chunk = (rows * usable).sum() if usable is not None else rows.sum()
+                    if with_backward and chunk.requires_grad:
+                        chunk.backward()
+                    total = total + chunk.detach()
+                    pieces.append((end - begin, dict(self._last_stats)))
+                tallies = self._chunk_tallies
+                self.end_batch(leaf_batch)
+            finally:
+                self._chunk_tallies = None
+                self.close_batch()
+            self._last_stats = combine_chunk_stats(pieces)
+            tally = self._global_tally(sum(tallies[1:], tallies[0])) if tallies else None
+            if tally is not None:
+                self._judge_unusable(tally)  # raises on a batch without a usable row
+            local_usable = (stop - start) - (sum(t.unusable for t in tallies) if tallies else 0)
+            if self._local_rows is not None:
+                world = self._local_rows[1] // (stop - start)
+                count = dist.sum_across(torch.tensor(float(local_usable), dtype=total.dtype, device=batch.device))
+                factor = world / count.clamp_min(1)
+            else:
+                factor = torch.tensor(1.0 / max(local_usable, 1), dtype=total.dtype, device=batch.device)
+            loss = total * factor
+            if with_backward and graph:
+                pairs = [(tensor, leaf.grad.mul_(factor)) for tensor, leaf in graph if leaf.grad is not None]
+                if pairs:
+                    torch.autograd.backward([t for t, _ in pairs], [g for _, g in pairs])
+            return loss.detach() if with_backward else loss
+

@@ -45,6 +45,9 @@ import torch
 from torch import Tensor, nn
 
 from st_hardneg import functional as fn
+from st_hardneg import validation
+from st_hardneg.functional import ranking as fr
+from st_hardneg.losses import distributed as dist
 from st_hardneg.losses.momentum import frozen_copy, update_momentum
 from st_hardneg.losses.stateful import OptimizerDrivenLoss
 
@@ -52,7 +55,7 @@ if TYPE_CHECKING:
     from st_hardneg.losses.batch import Batch
     from st_hardneg.losses.relevance import KnownPositives
 
-__all__ = ["CandidateQueue", "queue_columns"]
+__all__ = ["CandidateQueue", "QueueMixin", "queue_columns"]
 
 logger = logging.getLogger(__name__)
 
@@ -274,3 +277,197 @@ def queue_columns(queue: CandidateQueue, batch: Batch, rows: Tensor, unit_rows: 
         above = cosines > threshold
         exclude = above if exclude is None else exclude | above
     return similarity, exclude, vectors, stats
+
+
+class QueueMixin:
+    """The cross-batch queue of :class:`~st_hardneg.losses.base.HardNegativeLoss`: its options checked and its banks
+    built (:meth:`init_queue`), read for the rows being computed and fed with this batch's candidates."""
+
+    #: whether the loss has a hardest-negative choice that can take queued rows (``queue_as_pool``)
+    chooses_from_queue_pool: bool = False
+    #: why a loss with such a choice still refuses ``queue_as_pool`` (None: it has no such choice)
+    queue_pool_refusal: str | None = None
+    directions: tuple[str, ...]
+    similarity_fct_name: str
+    mask_duplicates: bool
+    margin: float | None
+    margin_strategy: str
+    known_positives: KnownPositives | None
+    _local_rows: tuple[slice, int] | None
+    _last_stats: dict[str, Tensor]
+
+    def init_queue(self, name: str, model: Any, guide: Any, *, queue_size: int, queue_warmup_steps: int,
+                   queue_max_age: int | None, queue_checkpoint: bool, queue_source: str, queue_momentum: float,
+                   queue_anchors: bool, queue_as_pool: bool) -> None:
+        """Check the ``queue_*`` options (:class:`~st_hardneg.losses.options.LossOptions`) and build the banks."""
+        self.queue_size = validation.check_count(queue_size, "queue_size", minimum=0)
+        self.queue_warmup_steps = validation.check_count(queue_warmup_steps, "queue_warmup_steps", minimum=0)
+        self.queue_max_age = validation.check_optional_count(queue_max_age, "queue_max_age")
+        self.queue_checkpoint = validation.check_bool(queue_checkpoint, "queue_checkpoint")
+        self.queue_source = validation.check_choice(queue_source, "queue_source", ("online", "ema"))
+        self.queue_momentum = validation.check_momentum(queue_momentum, "queue_momentum")
+        if not self.queue_size and (self.queue_source != "online" or self.queue_momentum != 0.995):
+            raise ValueError(f"{name}: queue_source / queue_momentum set without a queue; set queue_size > 0")
+        self.queue_anchors = validation.check_bool(queue_anchors, "queue_anchors")
+        if self.queue_anchors and not self.queue_size:
+            raise ValueError(f"{name}: queue_anchors=True without a queue; set queue_size > 0")
+        if self.queue_anchors and "doc_to_query" not in self.directions:
+            raise ValueError(f"{name}: queue_anchors=True queues anchors for the doc_to_query direction, which "
+                             f"directions={self.directions} does not have; add 'doc_to_query' or leave "
+                             "queue_anchors off")
+        self.queue_as_pool = validation.check_bool(queue_as_pool, "queue_as_pool")
+        if self.queue_as_pool and not self.queue_size:
+            raise ValueError(f"{name}: queue_as_pool=True without a queue; set queue_size > 0")
+        if self.queue_as_pool and not self.chooses_from_queue_pool:
+            reason = self.queue_pool_refusal or (f"{name} makes no such choice from the candidates, so the queue is its "
+                                                 "denominator only")
+            raise ValueError(f"{name}: queue_as_pool=True lets a hardest-negative choice pick queued rows; {reason}. "
+                             "Only MixCSELoss(partner='hardest') takes it.")
+        #: the main queue's readable rows for the batch being computed (for queue_as_pool), as the loss scores them
+        self._queue_vectors: Tensor | None = None
+        #: with queue_source="ema": the key encoder's rows of the next batch's columns (one per column; the anchors'
+        #: only with queue_anchors, else None in their place)
+        self._queue_key_columns: list[Tensor | None] | None = None
+        self.queue: CandidateQueue | None = None
+        self.anchor_queue: CandidateQueue | None = None
+        self._anchor_queue_columns: tuple[Tensor, Tensor | None] | None = None
+        self._queue_columns: tuple[Tensor, Tensor | None] | None = None
+        self._queue_stats: dict[str, Tensor] = {}
+        if self.queue_size:
+            if model is None:
+                raise ValueError(f"{name}: queue_size needs the model whose optimizer steps fill the queue, got "
+                                 "model=None")
+            if guide is not None:
+                raise ValueError(f"{name}: queue_size with a guide is not supported (the queued rows have no guide "
+                                 "embeddings to apply its margin to); use margin without a guide")
+            # a loss whose candidates already come from its own key encoder (AdCSE untied) queues those
+            own_encoder = self.queue_source == "ema" and not vars(self).get("_candidates_from_key_encoder", False)
+            self.queue = CandidateQueue(model, self.queue_size, warmup_steps=self.queue_warmup_steps,
+                                        max_age=self.queue_max_age, checkpoint=self.queue_checkpoint,
+                                        momentum=self.queue_momentum if own_encoder else None)
+            if self.queue_anchors:  # the second bank: fed with the first's rows' source, by the same key encoder
+                self.anchor_queue = CandidateQueue(model, self.queue_size, warmup_steps=self.queue_warmup_steps,
+                                                   max_age=self.queue_max_age, checkpoint=self.queue_checkpoint)
+            elif "doc_to_query" in self.directions:
+                logger.info("%s: the queued rows join query_to_doc only; queue_anchors=True also queues the anchors "
+                            "for doc_to_query", name)
+
+    def queue_pool(self) -> tuple[Tensor, Tensor | None, Tensor] | None:
+        """``queue_as_pool``: the main queue's readable rows for the rows being computed, as
+        ``(similarity (R, Q), exclude (R, Q) or None, rows (Q, d))`` (read by :meth:`ranking_blocks`), or ``None``."""
+        if self._queue_columns is None or self._queue_vectors is None:
+            return None
+        similarity, exclude = self._queue_columns
+        return similarity, exclude, self._queue_vectors
+
+    def note_queue_stats(self, **stats: Tensor) -> None:
+        """Add the loss's own queue statistics (e.g. MixCSE's ``queue_partner_fraction``) to :attr:`diagnostics`."""
+        self._queue_stats = {**self._queue_stats, **stats}
+
+    def _read_and_stage_queue(self, batch: Batch, queries: Tensor) -> tuple[Tensor, Tensor | None] | None:
+        """The queue's columns for the rows of this batch, ``(similarity (R, Q), exclude (R, Q) or None)``, or
+        ``None``; then (once per batch: at its first window) this batch's candidates are staged (they enter the
+        queue after the optimizer step, so a batch never reads itself). With ``queue_anchors`` the same for the
+        anchors' bank, whose columns for ``doc_to_query`` are kept in ``_anchor_queue_columns``."""
+        if self.queue is None:
+            return None
+        dot = self.similarity_fct_name == "dot_score"
+        self._queue_stats = {}
+        read = self._queue_columns_for(self.queue, batch, queries, batch.row_anchors)
+        columns, self._queue_vectors = (read[:2], read[2]) if read is not None else (None, None)
+        self._anchor_queue_columns = None
+        if self.anchor_queue is not None:
+            row_positives = batch.raw_rows()[1] if dot else batch.row_positives
+            anchors_read = self._queue_columns_for(self.anchor_queue, batch, row_positives, batch.row_positives)
+            self._anchor_queue_columns = anchors_read[:2] if anchors_read is not None else None
+        own_start = self._local_rows[0].start if self._local_rows is not None else 0
+        if batch.rows is None or batch.rows[0] == own_start:  # once per batch: its first window
+            ema = self.queue.key_encoder is not None and torch.is_grad_enabled()
+            key_rows = self._key_encoder_rows(dot) if ema else None
+            candidates = batch.raw_candidates if dot else batch.candidates
+            if key_rows is not None:
+                candidates = torch.cat(key_rows[1:])
+            keys_now = batch.text_keys[1:].reshape(-1) if batch.text_keys is not None else None
+            self.queue.stage(candidates, keys_now)
+            if self.anchor_queue is not None:
+                anchors = key_rows[0] if key_rows is not None else (batch.raw_anchors if dot else batch.anchors)
+                self.anchor_queue.stage(cast(Tensor, anchors),
+                                        batch.text_keys[0] if batch.text_keys is not None else None)
+        return columns
+
+    def _queue_columns_for(self, queue: CandidateQueue, batch: Batch, rows: Tensor, unit_rows: Tensor
+                           ) -> tuple[Tensor, Tensor | None, Tensor] | None:
+        """:func:`~st_hardneg.losses.queue.queue_columns` with this loss's false-negative options (its counts join
+        the queue's diagnostics)."""
+        read = queue_columns(queue, batch, rows, unit_rows, dot=self.similarity_fct_name == "dot_score",
+                             mask_duplicates=self.mask_duplicates, known_positives=self.known_positives,
+                             anchor_bank=queue is not self.queue, margin=self.margin,
+                             margin_strategy=self.margin_strategy)
+        if read is None:
+            return None
+        similarity, exclude, vectors, stats = read
+        self._queue_stats = {**self._queue_stats, **stats}
+        return similarity, exclude, vectors
+
+    def _key_encoder_rows(self, dot: bool) -> list[Tensor]:
+        """``queue_source="ema"``: the key encoder's rows of this batch, one tensor per column (the anchors' only
+        with ``queue_anchors``, else an empty tensor), gathered from every process like the batch, normalised
+        unless ``dot_score``."""
+        columns, self._queue_key_columns = self._queue_key_columns, None
+        if columns is None:
+            raise ValueError(
+                f"{type(self).__name__}: queue_source='ema' queues the key encoder's embeddings of the input texts, "
+                "so it needs forward(sentence_features, labels) in training; compute_loss_from_embeddings alone "
+                "cannot feed it (use queue_source='online', or call the loss on the features)")
+        out = []
+        for column in columns:
+            if column is None:
+                out.append(torch.empty(0))
+                continue
+            column = column.float()
+            if self._local_rows is not None:  # the batch was gathered: so are the keys, in rank order
+                column = dist.gather(column)
+            out.append(column if dot else fn.normalize(column))
+        return out
+
+    def join_queue_columns(self, blocks: dict[str, fr.Block]) -> dict[str, fr.Block]:
+        """``blocks`` with the queue's readable rows for the rows being computed appended to ``query_to_doc`` (and
+        the anchors' bank to ``doc_to_query``), after the loss chose its own negatives from the batch."""
+        if self._queue_columns is not None:
+            similarity, exclude = self._queue_columns
+            self._queue_columns = None
+            blocks = {**blocks, "query_to_doc": blocks["query_to_doc"].with_columns(similarity, exclude)}
+            self._queue_stats = {**self._queue_stats, "queue_rows_read": torch.tensor(float(similarity.size(1))),
+                                 **({"queue_rows_masked": exclude.sum(dim=1).float().mean().detach()}
+                                    if exclude is not None else {})}
+            self._last_stats = {**self._last_stats, **self._queue_stats}  # whether stats come before or after
+        if self._anchor_queue_columns is not None and "doc_to_query" in blocks:
+            similarity, exclude = self._anchor_queue_columns
+            self._anchor_queue_columns = None
+            blocks = {**blocks, "doc_to_query": blocks["doc_to_query"].with_columns(similarity, exclude)}
+            self._queue_stats = {**self._queue_stats, "anchor_queue_rows_read": torch.tensor(float(similarity.size(1)))}
+            self._last_stats = {**self._last_stats, **self._queue_stats}
+        return blocks
+
+    def queue_diagnostics(self) -> dict[str, float]:
+        """The queue's fill and memory for :attr:`diagnostics`."""
+        out: dict[str, float] = {}
+        if self.queue is not None:
+            out["queue_filled"] = float(self.queue.filled)
+            out["queue_memory_bytes"] = float(self.queue.memory_bytes)
+            if self.queue.key_encoder is not None:
+                out["queue_key_encoder_bytes"] = float(self.queue.key_encoder_bytes)
+        if self.anchor_queue is not None:
+            out["anchor_queue_filled"] = float(self.anchor_queue.filled)
+            out["queue_memory_bytes"] += float(self.anchor_queue.memory_bytes)
+        return out
+
+    def queue_config(self) -> dict[str, Any]:
+        """The ``queue_*`` options for ``get_config_dict`` (none without a queue)."""
+        if not self.queue_size:
+            return {}
+        return {"queue_size": self.queue_size, "queue_warmup_steps": self.queue_warmup_steps,
+                "queue_max_age": self.queue_max_age, "queue_checkpoint": self.queue_checkpoint,
+                "queue_source": self.queue_source, "queue_anchors": self.queue_anchors,
+                "queue_as_pool": self.queue_as_pool,
+                **({"queue_momentum": self.queue_momentum} if self.queue_source == "ema" else {})}

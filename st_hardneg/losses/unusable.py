@@ -7,6 +7,8 @@ This module imports nothing of :mod:`st_hardneg.losses.base`.
 
 from __future__ import annotations
 
+import logging
+import warnings
 from typing import Any, NamedTuple, cast
 
 import torch
@@ -14,9 +16,12 @@ from torch import Tensor
 
 from st_hardneg import functional as fn
 from st_hardneg.functional import ranking as fr
+from st_hardneg.losses import distributed as dist
 
-__all__ = ["UnusableTally", "combine_chunk_stats", "count_negatives", "unusable_causes", "unusable_stats",
+__all__ = ["UnusableMixin", "UnusableTally", "combine_chunk_stats", "count_negatives", "unusable_causes", "unusable_stats",
            "usable_rows"]
+
+logger = logging.getLogger(__name__)
 
 
 class UnusableTally(NamedTuple):
@@ -133,3 +138,117 @@ def combine_chunk_stats(pieces: list[tuple[int, dict[str, Tensor]]]) -> dict[str
                 sum(n for n, _ in values) or rows)
             out[key] = sum((v.double().cpu() * n for n, v in values), torch.zeros((), dtype=torch.float64)) / weight
     return out
+
+
+class UnusableMixin:
+    """The one rule for unusable rows of :class:`~st_hardneg.losses.base.HardNegativeLoss`: counted per window
+    (:meth:`note_unusable_rows`), judged per batch, left out of the mean by :meth:`reduce`."""
+
+    known_positives: Any
+    _local_rows: tuple[slice, int] | None
+    _usable: Tensor | None
+    _zero_rows: Tensor | None
+    _chunk_tallies: list[UnusableTally] | None
+    _reports_false_negatives: bool
+    _false_negative_stats: dict[str, Tensor]
+    _last_stats: dict[str, Tensor]
+    _warned_unusable: bool
+
+    def _window_zero_rows(self, start: int, n: int) -> Tensor | None:
+        """(n,) bool: the rows ``start .. start + n`` whose anchor or positive has a (near-)zero norm, or ``None``."""
+        zero = getattr(self, "_zero_rows", None)
+        if zero is None or zero.device.type == "meta" or zero.size(0) < start + n:
+            return None
+        return zero[start:start + n]
+
+    def _count_unusable_rows(self, blocks: dict[str, fr.Block], uncounted_columns: int = 0) -> None:
+        """Count the negatives left to each row of the ranking ``blocks``
+        (:func:`~st_hardneg.losses.count_negatives`) and hand them to :meth:`note_unusable_rows`."""
+        available, n, masked, total = count_negatives(blocks, uncounted_columns)
+        self.note_unusable_rows(available, n, masked, total, start=blocks["query_to_doc"].row_offset)
+
+    def note_unusable_rows(self, available: Tensor | None, n: int, masked: Tensor | int = 0, total: int = 0,
+                           start: int = 0) -> None:
+        """The one rule for rows that cannot teach anything, for every loss and layout. A row is unusable when it
+        has no unmasked negative (``available``, the (n,) count of negatives left to each row, is 0: every candidate
+        was masked as a false negative; columns that are not data, AdCSE's adversaries, do not count) or when its anchor or positive has a norm below ``NORM_EPS`` (no direction:
+        cosine 0 with everything). :meth:`reduce` averages the usable rows only; a batch with no usable row raises
+        ``ValueError``; the first batch with some unusable rows warns once per loss (``warnings`` and ``logging``),
+        with the counts, which :attr:`diagnostics` reports as ``rows_without_negatives``, ``zero_norm_rows``,
+        ``unusable_fraction`` and ``masked_fraction`` (``masked`` of ``total`` × n candidates). ``available`` is
+        ``None`` when nothing was masked and every row has negatives. The rows are ``start .. start + n`` of the
+        batch (a chunk of anchors, or this process's rows)."""
+        self._usable = None
+        device = available.device if available is not None else None
+        if device is not None and device.type == "meta":
+            return
+        zero = self._window_zero_rows(start, n)
+        usable = usable_rows(available, zero)
+        count_zero = int(zero.sum()) if zero is not None else 0
+        count_empty = int((available == 0).sum()) if available is not None else 0
+        count_unusable = n - int(usable.sum()) if usable is not None else 0
+        if count_unusable:
+            self._usable = usable
+        tally = UnusableTally(n, count_empty, count_zero, count_unusable, float(masked), total * n,
+                              available is not None)
+        if self._chunk_tallies is not None:  # chunked rows: judged once for the whole batch (chunked_loss)
+            self._chunk_tallies.append(tally)
+            return
+        self._judge_unusable(self._global_tally(tally))
+
+    def _global_tally(self, tally: UnusableTally) -> UnusableTally:
+        """With a gathered batch of which this process computed its own rows only: the counts of every process
+        (one all-reduce), so that every process judges the same global batch."""
+        if self._local_rows is None or tally.rows == self._local_rows[1]:
+            return tally
+        device = self._zero_rows.device if self._zero_rows is not None else "cpu"
+        return UnusableTally.from_values(dist.sum_across(tally.as_tensor(device)).tolist())
+
+    def _judge_unusable(self, tally: UnusableTally) -> None:
+        """Record the counts of a batch's unusable rows in the diagnostics, raise when none is usable, warn once."""
+        stats = unusable_stats(tally, self._reports_false_negatives)
+        self._false_negative_stats = {**self._false_negative_stats, **stats}
+        self._last_stats = {**self._last_stats, **stats}
+        name = type(self).__name__
+        causes = unusable_causes(tally, self.known_positives is not None)
+        if tally.unusable == tally.rows:
+            raise ValueError(f"{name}: no usable row in this batch: " + "; ".join(causes) + ". There is nothing to "
+                             "learn from it.")
+        if tally.unusable and not self._warned_unusable:
+            self._warned_unusable = True
+            message = (f"{name}: " + "; ".join(causes) + ". They teach nothing and are left out of the batch's mean "
+                       "loss. The diagnostics report rows_without_negatives, zero_norm_rows, unusable_fraction and "
+                       "masked_fraction. This warning is shown once.")
+            logger.warning(message)
+            warnings.warn(message, UserWarning, stacklevel=5)
+
+    def reduce(self, rows: Tensor) -> Tensor:
+        """The loss of the batch from the (N,) per-anchor losses: the mean of the usable rows (all of them unless
+        :meth:`note_unusable_rows` found some without a negative or with a zero-norm embedding). After a gathering
+        :meth:`prepare_batch`, ``rows`` covers the global batch and the mean is over this process's own rows."""
+        usable = getattr(self, "_usable", None)
+        self._usable = None
+        if usable is not None and usable.size(0) != rows.size(0):
+            usable = None
+        if self._local_rows is not None:
+            own, total = self._local_rows
+            world = total // (own.stop - own.start)
+            if rows.size(0) == own.stop - own.start and rows.size(0) != total:
+                # this process's own rows only: the mean over every process's usable rows, weighted so that the
+                # processes' mean (what DDP averages) is that global mean (one all-reduce of the count)
+                count = usable.sum() if usable is not None else torch.tensor(rows.size(0), device=rows.device)
+                global_count = dist.sum_across(count.to(rows.dtype))
+                mine = (rows * usable).sum() if usable is not None else rows.sum()
+                return mine * world / global_count.clamp_min(1)
+            if rows.size(0) != total:
+                raise ValueError(f"{type(self).__name__}.reduce: expected one loss per row of the gathered batch "
+                                 f"({total}) or of this process ({own.stop - own.start}), got {rows.size(0)}")
+            if usable is not None:
+                # the mean over every process's usable rows: this process's sum, weighted so that the processes'
+                # mean (what DDP averages) is that global mean
+                return (rows[own] * usable[own]).sum() * world / usable.sum().clamp_min(1)
+            rows = rows[own]
+        if usable is not None:
+            return rows[usable].mean()
+        return rows.mean()
+

@@ -1,0 +1,77 @@
+"""The loss package's house rules, read from its source: ``base.py`` stays small (the rest of a loss comes from mixins
+in their own modules), no module is over 500 lines, the mixin modules never import ``base.py``, ``text_keys`` lives
+outside ``batch.py`` (no batch <-> relevance circle), and a paper's loss reads only the private attributes it sets
+itself (never the base class's per-batch state)."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+
+LOSSES = Path(__file__).resolve().parents[2] / "st_hardneg" / "losses"
+MIXIN_MODULES = ("prepare.py", "blocks.py", "queue.py", "unusable.py", "gradcache.py", "keys.py", "batch.py",
+                 "columns.py", "false_negatives.py", "relevance.py")
+PAPERS = ("mixcse.py", "focal.py", "hncse.py", "adcse.py")
+
+
+def _imported_modules(path: Path) -> set[str]:
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            out.add(node.module)
+            out.update(f"{node.module}.{alias.name}" for alias in node.names)
+        elif isinstance(node, ast.Import):
+            out.update(alias.name for alias in node.names)
+    return out
+
+
+def test_base_is_at_most_400_lines_and_no_loss_module_over_500() -> None:
+    lengths = {p.name: len(p.read_text().splitlines()) for p in LOSSES.glob("*.py")}
+    assert lengths["base.py"] <= 400, lengths["base.py"]
+    assert {name: n for name, n in lengths.items() if n > 500} == {}
+
+
+@pytest.mark.parametrize("module", MIXIN_MODULES)
+def test_mixin_and_helper_modules_do_not_import_base(module: str) -> None:
+    assert "st_hardneg.losses.base" not in _imported_modules(LOSSES / module)
+
+
+def test_relevance_does_not_import_batch() -> None:
+    # batch.py names KnownPositives (for a type only); relevance.py takes text_keys from keys.py, not from batch.py
+    assert "st_hardneg.losses.batch" not in _imported_modules(LOSSES / "relevance.py")
+    assert "st_hardneg.losses.batch" not in _imported_modules(LOSSES / "keys.py")
+    assert "st_hardneg.losses.keys.text_keys" in _imported_modules(LOSSES / "relevance.py")
+
+
+def test_the_mixins_make_up_the_base_class() -> None:
+    from st_hardneg.losses.base import HardNegativeLoss
+    from st_hardneg.losses.blocks import RankingMixin
+    from st_hardneg.losses.gradcache import ChunkedLossMixin, GradCacheMixin
+    from st_hardneg.losses.prepare import PrepareMixin
+    from st_hardneg.losses.queue import QueueMixin
+    from st_hardneg.losses.unusable import UnusableMixin
+
+    for mixin in (RankingMixin, ChunkedLossMixin, GradCacheMixin, PrepareMixin, QueueMixin, UnusableMixin):
+        assert issubclass(HardNegativeLoss, mixin), mixin.__name__
+    owner = {name: cls for cls in reversed(HardNegativeLoss.__mro__) for name in vars(cls)}
+    expected = {"prepare_batch": PrepareMixin, "window": PrepareMixin, "ranking_blocks": RankingMixin,
+                "ranking_rows": RankingMixin, "reduce": UnusableMixin, "note_unusable_rows": UnusableMixin,
+                "chunked_loss": ChunkedLossMixin, "queue_pool": QueueMixin,
+                "compute_loss_from_embeddings": HardNegativeLoss, "forward": HardNegativeLoss}
+    assert {name: owner[name] for name in expected} == expected
+
+
+@pytest.mark.parametrize("module", PAPERS)
+def test_a_paper_reads_only_the_private_attributes_it_sets(module: str) -> None:
+    source = (LOSSES / module).read_text()
+    read = set(re.findall(r"self\.(_[a-z][a-z_0-9]*)\b(?!\s*\()", source))
+    assigned = set(re.findall(r"self\.(_[a-z][a-z_0-9]*)(?:\s*:[^=\n]+)?\s*[+]?=(?!=)", source))
+    assigned |= set(re.findall(r"self\.(_[a-z][a-z_0-9]*), self\.(?:_[a-z][a-z_0-9]*)\s*=", source))
+    assigned |= {m for pair in re.findall(r"self\.(_[a-z][a-z_0-9]*), self\.(_[a-z][a-z_0-9]*)\s*=", source)
+                 for m in pair}
+    methods = set(re.findall(r"def (_[a-z][a-z_0-9]*)\(", source))
+    assigned |= set(re.findall(r"^    (_[a-z][a-z_0-9]*):", source, re.MULTILINE))  # declared on the class
+    assert read - assigned - methods == set()
