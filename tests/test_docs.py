@@ -125,3 +125,36 @@ def test_no_page_copies_a_docstring():
             sentence = " ".join(paragraph.split())
             if len(sentence) > 120:
                 assert sentence[:120] not in " ".join(pages.split()), (name, sentence[:120])
+
+
+@pytest.fixture(scope="module")
+def xref():
+    sys.path.insert(0, str(DOCS))
+    try:
+        yield importlib.import_module("_ext.xref")
+    finally:
+        sys.path.remove(str(DOCS))
+
+
+class _Obj:
+    def __init__(self, objtype):
+        self.objtype = objtype
+
+
+def test_xref_narrows_a_short_name_by_role_and_class(xref):
+    """A mixin's ``:attr:`diagnostics``` links the loss's property, not the module of the same name; a name two
+    unrelated classes share stays unresolved (a build error under -W)."""
+    objects = {"st_hardneg.evaluation.diagnostics": _Obj("module"),
+               "st_hardneg.losses.base.HardNegativeLoss.diagnostics": _Obj("property"),
+               "st_hardneg.losses.options.LossOptions.seed": _Obj("attribute"),
+               "st_hardneg.training.loop.TrainConfig.seed": _Obj("attribute")}
+    node = {"reftype": "attr", "py:module": "st_hardneg.losses.queue", "py:class": "QueueMixin"}
+    assert xref._by_suffix("diagnostics", node, objects) == "st_hardneg.losses.base.HardNegativeLoss.diagnostics"
+    node = {"reftype": "attr", "py:module": "st_hardneg.losses.base", "py:class": "HardNegativeLoss"}
+    assert xref._by_suffix("seed", node, objects) is None
+    # a TypedDict refuses issubclass: treated as unrelated, no exception
+    from st_hardneg.losses.base import HardNegativeLoss
+    from st_hardneg.losses.options import LossOptions
+
+    assert xref._related(LossOptions, HardNegativeLoss) is False
+    assert xref._related(HardNegativeLoss, HardNegativeLoss) is True
