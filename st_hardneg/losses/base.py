@@ -306,7 +306,7 @@ class HardNegativeLoss(ModelGuard, ChunkedLossMixin, RankingMixin, nn.Module):
 
     # ------------------------------------------------------------------ shared machinery
     def generator(self, device: torch.device | str) -> torch.Generator | None:
-        """The random source of the loss's random draws on ``device``: a generator seeded with :attr:`seed`, created
+        """The random source of the loss's random draws on ``device``: a generator seeded with ``seed``, created
         at the first draw and kept (so it advances from batch to batch), or ``None`` (torch's global generator, seeded
         by the Trainer's ``seed``) if the loss has no seed. Every random draw of a loss goes through here.
         With ``gather_across_devices`` and no seed: a fresh generator per draw, seeded from rank 0's global RNG, so

@@ -22,9 +22,11 @@ __all__ = ["LossOptions"]
 class LossOptions(TypedDict, total=False):
     """The keyword options every st-hardneg loss takes besides its paper's hyperparameters and the ``guide``.
 
-    Args (the shared options on every loss; all but ``guide`` keyword-only). The names, defaults and meanings of
+    The shared options on every loss (all but ``guide`` keyword-only) have the names, defaults and meanings of
     sentence-transformers 6.2's ``MultipleNegativesRankingLoss`` (and its Cached / Symmetric forms) and
-    ``GISTEmbedLoss``, so that swapping one of them for an st-hardneg loss changes the class name only:
+    ``GISTEmbedLoss``, so that swapping one of them for an st-hardneg loss changes the class name only.
+
+    Args:
         model: SentenceTransformer model: the model that is trained (a Trainer of another model re-points the loss at
             its first step, after making its optimizer from this one: that warns, see
             :mod:`st_hardneg.losses.model_guard`).
