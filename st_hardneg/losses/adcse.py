@@ -344,7 +344,7 @@ class AdversarialNegativesLoss(stateful.OptimizerDrivenLoss, HardNegativeLoss):
         blocks["query_to_doc"] = q2d
         # adversaries alone do not make a row usable: a row whose every in-batch negative is masked is left out (and
         # a batch of only such rows refused), as in every loss; with in_batch_keys=False they are its only negatives
-        rows = self.ranking_rows(blocks, uncounted_columns=self.num_adversaries if self.in_batch_keys else 0)
+        rows = self.ranking_rows(batch, blocks, uncounted_columns=self.num_adversaries if self.in_batch_keys else 0)
         self.record_stats(q2d.similarity, num_in_batch=batch.size, num_synthetic=self.num_adversaries,
                           row_offset=start)
         if self._adversary_rows is not None:

@@ -33,7 +33,6 @@ from st_hardneg.losses.gradcache import ChunkedLossMixin, check_cacheable_model
 from st_hardneg.losses.model_guard import ModelGuard
 from st_hardneg.losses.options import LossOptions
 from st_hardneg.losses.relevance import KnownPositives
-from st_hardneg.losses.unusable import UnusableTally
 
 __all__ = ["HardNegativeLoss", "LossOptions", "float32_loss"]
 
@@ -78,7 +77,7 @@ class HardNegativeLoss(ModelGuard, ChunkedLossMixin, RankingMixin, nn.Module):
         def window_rows(self, batch):                        # checked float32 unit rows, false-negative masks
             blocks = self.ranking_blocks(batch)              # sentence-transformers' blocks, masks applied
             ...                                              # the paper's own columns (Block.with_columns)
-            return self.ranking_rows(blocks)                 # (R,) loss of each anchor row; reduce() averages
+            return self.ranking_rows(batch, blocks)          # (R,) loss of each anchor row; reduce() averages
 
         def paper_config(self):
             return {"lam": self.lam}                         # get_config_dict() adds the shared options
@@ -172,14 +171,8 @@ class HardNegativeLoss(ModelGuard, ChunkedLossMixin, RankingMixin, nn.Module):
         self._reports_false_negatives = False
         self._false_negative_stats: dict[str, Tensor] = {}
         self._warned_unusable = False
-        #: set by ranking_rows for reduce: the rows that count in the mean (None: all)
-        self._usable: Tensor | None = None
-        self._zero_rows: Tensor | None = None
-        #: while chunked_loss runs: the unusable-row counts of each chunk, judged together at the end
-        self._chunk_tallies: list[UnusableTally] | None = None
         #: what forward saw for the next compute_loss_from_embeddings call (text keys, guide embeddings)
         self._side_inputs: SideInputs | None = None
-        self._local_rows = None
         self._generator: torch.Generator | None = None
         self._last_stats: dict[str, Tensor] = {}
         self._warned_labels = False
@@ -288,12 +281,13 @@ class HardNegativeLoss(ModelGuard, ChunkedLossMixin, RankingMixin, nn.Module):
         GradCache's :meth:`chunked_loss` runs the same hooks a chunk of rows at a time."""
         if not self.supports_row_chunks:
             try:
-                return self.reduce(self.whole_batch_rows(self.prepare_batch(embeddings, labels)))
+                whole = self.prepare_batch(embeddings, labels)
+                return self.reduce(self.whole_batch_rows(whole), whole)
             finally:
                 self.close_batch()
         try:
             batch = self.begin_batch(self.prepare_batch(embeddings, labels, own_rows=True))
-            loss = self.reduce(self.window_rows(batch))
+            loss = self.reduce(self.window_rows(batch), batch)
             self.end_batch(batch)
             return loss
         finally:

@@ -6,7 +6,7 @@ This module imports nothing else from :mod:`st_hardneg.losses`: every other loss
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import torch
@@ -14,8 +14,30 @@ from torch import Tensor
 
 if TYPE_CHECKING:
     from st_hardneg.losses.relevance import KnownPositives
+    from st_hardneg.losses.unusable import UnusableTally
 
-__all__ = ["Batch", "SideInputs", "column_name"]
+__all__ = ["Batch", "BatchState", "SideInputs", "column_name"]
+
+
+@dataclass
+class BatchState:
+    """What a loss learns about one batch while computing it, kept with the batch (every window of it shares one):
+    made by ``prepare_batch``, read by the ranking, the queue, the unusable-row rule and ``reduce``."""
+
+    #: (this process's rows, global rows) after a gathering ``prepare_batch``, else ``None``
+    local_rows: tuple[slice, int] | None = None
+    #: (N,) bool: the rows whose anchor or positive has a (near-)zero norm (unusable), or ``None``
+    zero_rows: Tensor | None = None
+    #: the usable rows of the window just ranked, for ``reduce`` (``None``: every row)
+    usable: Tensor | None = None
+    #: while ``chunked_loss`` runs: the unusable-row counts of each chunk, judged together at the end
+    chunk_tallies: list[UnusableTally] | None = None
+    #: the queue's columns for the rows being computed (read by ``ranking_blocks``, joined by ``ranking_rows``)
+    queue_columns: tuple[Tensor, Tensor | None] | None = None
+    #: the same for the anchors' bank (``queue_anchors``, joined to ``doc_to_query``)
+    anchor_queue_columns: tuple[Tensor, Tensor | None] | None = None
+    #: the main queue's readable rows for the rows being computed (``queue_as_pool``), as the loss scores them
+    queue_vectors: Tensor | None = None
 
 
 @dataclass
@@ -57,6 +79,8 @@ class Batch:
     #: the loss's ``known_positives`` index: a candidate whose text key it pairs with anchor ``i``'s is masked
     #: (needs :attr:`text_keys`)
     known: KnownPositives | None = None
+    #: what the loss learned about the batch while computing it (shared by every window cut from it)
+    state: BatchState = field(default_factory=BatchState)
 
     @property
     def judged(self) -> Batch:

@@ -88,21 +88,21 @@ class RankingMixin(PrepareMixin, QueueMixin, UnusableMixin):
         with this loss's similarity and hardness options); then the queue's columns for these rows are read and this
         batch's candidates staged. A loss appends its own columns with :meth:`Block.with_columns`."""
         dot = self.similarity_fct_name == "dot_score"
-        local = self._local_rows
+        local = batch.state.local_rows
         out = ranking_blocks(batch, self.blocks, dot=dot, hardness_mode=self.hardness_mode,
                              hardness_strength=self.hardness_strength,
                              rows_per_process=local[0].stop - local[0].start if local is not None else None)
         row_queries = batch.raw_rows()[0] if dot else batch.row_anchors
-        self._queue_columns = self._read_and_stage_queue(batch, row_queries)
+        batch.state.queue_columns = self._read_and_stage_queue(batch, row_queries)
         return out
 
-    def ranking_rows(self, blocks: dict[str, fr.Block], focal_m: float | None = None,
+    def ranking_rows(self, batch: Batch, blocks: dict[str, fr.Block], focal_m: float | None = None,
                      uncounted_columns: int = 0) -> Tensor:
-        """The (N,) per-row losses of the blocks (:func:`st_hardneg.functional.ranking.ranking_rows` with this
+        """The (N,) per-row losses of the blocks of ``batch``'s rows (:func:`st_hardneg.functional.ranking.ranking_rows` with this
         loss's scale and partition mode); warns once when rows have no negative left (every candidate masked).
         With a queue its readable rows join ``query_to_doc`` here, after the loss chose its own negatives from the
         batch. ``uncounted_columns``: columns of ``query_to_doc`` that are negatives in the loss but do not make a
         row usable (AdCSE's adversaries: learned vectors, not data; they are never masked)."""
-        blocks = self.join_queue_columns(blocks)
-        self._count_unusable_rows(blocks, uncounted_columns)
+        blocks = self.join_queue_columns(batch, blocks)
+        self._count_unusable_rows(batch, blocks, uncounted_columns)
         return fr.ranking_rows(blocks, self.scale, self.partition_mode, focal_m)

@@ -275,29 +275,30 @@ class ChunkedLossMixin(PrepareMixin, UnusableMixin, GradCacheMixin):
             start, stop = self.own_row_range(batch)
             total = torch.zeros((), dtype=batch.anchors.dtype, device=batch.device)
             pieces: list[tuple[int, dict[str, Tensor]]] = []
-            self._chunk_tallies = []
+            state = batch.state  # shared by leaf_batch and every window cut from it
+            state.chunk_tallies = []
             try:
                 for begin in range(start, stop, self.loss_chunk_size):
                     end = min(begin + self.loss_chunk_size, stop)
                     rows = self.window_rows(self.window(leaf_batch, begin, end))
-                    usable, self._usable = self._usable, None
+                    usable, state.usable = state.usable, None
                     chunk = (rows * usable).sum() if usable is not None else rows.sum()
                     if with_backward and chunk.requires_grad:
                         chunk.backward()
                     total = total + chunk.detach()
                     pieces.append((end - begin, dict(self._last_stats)))
-                tallies = self._chunk_tallies
+                tallies = state.chunk_tallies
                 self.end_batch(leaf_batch)
             finally:
-                self._chunk_tallies = None
+                state.chunk_tallies = None
                 self.close_batch()
             self._last_stats = combine_chunk_stats(pieces)
-            tally = self._global_tally(sum(tallies[1:], tallies[0])) if tallies else None
+            tally = self._global_tally(state, sum(tallies[1:], tallies[0])) if tallies else None
             if tally is not None:
                 self._judge_unusable(tally)  # raises on a batch without a usable row
             local_usable = (stop - start) - (sum(t.unusable for t in tallies) if tallies else 0)
-            if self._local_rows is not None:
-                world = self._local_rows[1] // (stop - start)
+            if state.local_rows is not None:
+                world = state.local_rows[1] // (stop - start)
                 count = dist.sum_across(torch.tensor(float(local_usable), dtype=total.dtype, device=batch.device))
                 factor = world / count.clamp_min(1)
             else:

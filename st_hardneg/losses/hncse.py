@@ -373,7 +373,7 @@ class HNCSELoss(HardNegativeLoss):
         blocks["query_to_doc"] = q2d
         self.record_stats(q2d.similarity, num_in_batch=batch.size, num_synthetic=num_synthetic,
                           extra=self._pm_extra, row_offset=batch.row_range[0])
-        return self.ranking_rows(blocks, focal_m=self.focal_m)
+        return self.ranking_rows(batch, blocks, focal_m=self.focal_m)
 
     def cosine_only_reason(self) -> str | None:
         return ("positive mixing compares the ratio (d1 - d2) / d1 of cosines and both mixes weight unit "

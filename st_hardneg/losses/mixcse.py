@@ -285,8 +285,8 @@ class MixCSELoss(HardNegativeLoss):
         else:
             partners, has_partner = self._allowed_partners(batch, in_batch, in_batch_masked, self._proposed)
             partner_rows = positives[partners]
-            if self.queue_as_pool and self.queue_pool() is not None:
-                partner_rows, has_partner = self._hardest_of_batch_and_queue(in_batch, partners, has_partner,
+            if self.queue_as_pool and self.queue_pool(batch) is not None:
+                partner_rows, has_partner = self._hardest_of_batch_and_queue(batch, in_batch, partners, has_partner,
                                                                              partner_rows)
             mixed = self._mix(row_positives, partner_rows)
         no_mix = (~has_partner).unsqueeze(1) if masked is not None else None
@@ -307,13 +307,13 @@ class MixCSELoss(HardNegativeLoss):
             reverse_no_mix = (~reverse_has_partner).unsqueeze(1) if masked is not None else None
             blocks["doc_to_query"] = d2q.with_columns((row_positives * reverse_mixed).sum(-1, keepdim=True),
                                                       reverse_no_mix)
-        return self.ranking_rows(blocks, focal_m=self.focal_m)
+        return self.ranking_rows(batch, blocks, focal_m=self.focal_m)
 
-    def _hardest_of_batch_and_queue(self, in_batch: Tensor, partners: Tensor, has_partner: Tensor,
+    def _hardest_of_batch_and_queue(self, batch: Batch, in_batch: Tensor, partners: Tensor, has_partner: Tensor,
                                     partner_rows: Tensor) -> tuple[Tensor, Tensor]:
         """``queue_as_pool``: each row's partner becomes its hardest unmasked queued row where that one scores above
         the hardest in-batch partner (or the row has none); returns the partner rows and whether each row has one."""
-        similarity, exclude, vectors = cast(tuple[Tensor, Tensor | None, Tensor], self.queue_pool())
+        similarity, exclude, vectors = cast(tuple[Tensor, Tensor | None, Tensor], self.queue_pool(batch))
         if exclude is None:
             exclude = torch.zeros_like(similarity, dtype=torch.bool)
         best, valid = fn.top_candidates(similarity, 1, exclude)
@@ -376,7 +376,7 @@ class MixCSELoss(HardNegativeLoss):
         # the negatives left to each row: every entry but its positive, the zeroed ones and the masked ones (the
         # zeroed entries stay in the denominator as exp(0), as in the released code, but teach nothing)
         keep[rows, rows] = False
-        self.note_unusable_rows(keep.sum(dim=1) if excluded is not None or n <= 1 else None, n,
+        self.note_unusable_rows(batch, keep.sum(dim=1) if excluded is not None or n <= 1 else None, n,
                                 excluded.sum() if excluded is not None else 0, keep.size(1) - 1)
         return fn.info_nce_rows(logits)
 

@@ -16,7 +16,7 @@ from torch import Tensor
 from st_hardneg import functional as fn
 from st_hardneg.losses import columns, false_negatives
 from st_hardneg.losses import distributed as dist
-from st_hardneg.losses.batch import Batch, SideInputs
+from st_hardneg.losses.batch import Batch, BatchState, SideInputs
 from st_hardneg.losses.relevance import KnownPositives
 
 __all__ = ["PrepareMixin"]
@@ -30,8 +30,6 @@ class PrepareMixin:
     min_batch_size: int = 2
     #: whether the loss reads labels (the st-hardneg losses do not; a labelled dataset triggers a warning)
     uses_labels: bool = False
-    #: (this process's rows, global rows) after a gathering prepare_batch, else None
-    _local_rows: tuple[slice, int] | None = None
     model: Any
     guide: Any
     directions: tuple[str, ...]
@@ -46,7 +44,6 @@ class PrepareMixin:
     _warned_labels: bool
     _reports_false_negatives: bool
     _false_negative_stats: dict[str, Tensor]
-    _zero_rows: Tensor | None
     _side_inputs: SideInputs | None
 
     @property
@@ -87,15 +84,15 @@ class PrepareMixin:
         false-negative masks of its rows: every row of the (gathered) batch, or with ``own_rows`` this process's
         own rows (:meth:`prepare_columns`, then :meth:`window`)."""
         batch = self.prepare_columns(embeddings, labels)
-        if own_rows and self._local_rows is not None:
-            own = self._local_rows[0]
+        if own_rows and batch.state.local_rows is not None:
+            own = batch.state.local_rows[0]
             return self.window(batch, own.start, own.stop)
         return self.window(batch, None)
 
     def own_row_range(self, batch: Batch) -> tuple[int, int]:
         """``[start, stop)`` of this process's rows in ``batch`` (all of them without a gathering)."""
-        if self._local_rows is not None:
-            own = self._local_rows[0]
+        if batch.state.local_rows is not None:
+            own = batch.state.local_rows[0]
             return own.start, own.stop
         return 0, batch.size
 
@@ -172,25 +169,26 @@ class PrepareMixin:
                                       in_matryoshka=self._in_matryoshka)
         embeddings, n = raw, raw[0].size(0)
         units = [fn.normalize(column) for column in raw]
-        self._local_rows = None
+        local_rows = None
         if self.gather_across_devices and dist.is_distributed():
             # Every column of every process, in rank order (with gradient), normalised again row by row (the same
             # float operations on the same rows); reduce() then averages this process's own rows.
             dist.check_equal_local_batches(n, raw[0].device)
             raw = [dist.gather_with_grad(column) for column in raw]
             units = [fn.normalize(column) for column in raw]
-            self._local_rows = (dist.local_rows(n), raw[0].size(0))
+            local_rows = (dist.local_rows(n), raw[0].size(0))
         # a pair with a (near-)zero anchor or positive has no direction: it cannot be ranked (unusable)
-        self._zero_rows = (fn.row_norms(raw[0].detach()).squeeze(-1) < fn.NORM_EPS) | (
+        zero_rows = (fn.row_norms(raw[0].detach()).squeeze(-1) < fn.NORM_EPS) | (
             fn.row_norms(raw[1].detach()).squeeze(-1) < fn.NORM_EPS)
         batch = Batch.from_units(units, raw=raw)
+        batch.state = BatchState(local_rows=local_rows, zero_rows=zero_rows)
         inputs, self._side_inputs = self._side_inputs, None
         self._false_negative_stats = {}
         if not self.controls_false_negatives:
             return batch
         batch = false_negatives.attach_side_inputs(
             batch, inputs, len(embeddings), needs_guide=self.guide is not None,
-            gathered=self._local_rows is not None, loss_name=type(self).__name__)
+            gathered=local_rows is not None, loss_name=type(self).__name__)
         if self.known_positives is not None and batch.device.type != "meta":
             if batch.text_keys is None:
                 raise ValueError(f"{name}: known_positives needs the rows' texts (their token ids), which only forward() "

@@ -293,7 +293,6 @@ class QueueMixin:
     margin: float | None
     margin_strategy: str
     known_positives: KnownPositives | None
-    _local_rows: tuple[slice, int] | None
     _last_stats: dict[str, Tensor]
 
     def init_queue(self, name: str, model: Any, guide: Any, *, queue_size: int, queue_warmup_steps: int,
@@ -323,15 +322,11 @@ class QueueMixin:
                                                  "denominator only")
             raise ValueError(f"{name}: queue_as_pool=True lets a hardest-negative choice pick queued rows; {reason}. "
                              "Only MixCSELoss(partner='hardest') takes it.")
-        #: the main queue's readable rows for the batch being computed (for queue_as_pool), as the loss scores them
-        self._queue_vectors: Tensor | None = None
         #: with queue_source="ema": the key encoder's rows of the next batch's columns (one per column; the anchors'
         #: only with queue_anchors, else None in their place)
         self._queue_key_columns: list[Tensor | None] | None = None
         self.queue: CandidateQueue | None = None
         self.anchor_queue: CandidateQueue | None = None
-        self._anchor_queue_columns: tuple[Tensor, Tensor | None] | None = None
-        self._queue_columns: tuple[Tensor, Tensor | None] | None = None
         self._queue_stats: dict[str, Tensor] = {}
         if self.queue_size:
             if model is None:
@@ -352,13 +347,14 @@ class QueueMixin:
                 logger.info("%s: the queued rows join query_to_doc only; queue_anchors=True also queues the anchors "
                             "for doc_to_query", name)
 
-    def queue_pool(self) -> tuple[Tensor, Tensor | None, Tensor] | None:
-        """``queue_as_pool``: the main queue's readable rows for the rows being computed, as
+    def queue_pool(self, batch: Batch) -> tuple[Tensor, Tensor | None, Tensor] | None:
+        """``queue_as_pool``: the main queue's readable rows for the rows of ``batch`` being computed, as
         ``(similarity (R, Q), exclude (R, Q) or None, rows (Q, d))`` (read by :meth:`ranking_blocks`), or ``None``."""
-        if self._queue_columns is None or self._queue_vectors is None:
+        state = batch.state
+        if state.queue_columns is None or state.queue_vectors is None:
             return None
-        similarity, exclude = self._queue_columns
-        return similarity, exclude, self._queue_vectors
+        similarity, exclude = state.queue_columns
+        return similarity, exclude, state.queue_vectors
 
     def note_queue_stats(self, **stats: Tensor) -> None:
         """Add the loss's own queue statistics (e.g. MixCSE's ``queue_partner_fraction``) to :attr:`diagnostics`."""
@@ -368,22 +364,23 @@ class QueueMixin:
         """The queue's columns for the rows of this batch, ``(similarity (R, Q), exclude (R, Q) or None)``, or
         ``None``; then (once per batch: at its first window) this batch's candidates are staged (they enter the
         queue after the optimizer step, so a batch never reads itself). With ``queue_anchors`` the same for the
-        anchors' bank, whose columns for ``doc_to_query`` are kept in ``_anchor_queue_columns``."""
+        anchors' bank, whose columns for ``doc_to_query`` are kept in ``batch.state``."""
         if self.queue is None:
             return None
         dot = self.similarity_fct_name == "dot_score"
         self._queue_stats = {}
         read = self._queue_columns_for(self.queue, batch, queries, batch.row_anchors)
-        columns, self._queue_vectors = (read[:2], read[2]) if read is not None else (None, None)
-        self._anchor_queue_columns = None
+        state = batch.state
+        columns, state.queue_vectors = (read[:2], read[2]) if read is not None else (None, None)
+        state.anchor_queue_columns = None
         if self.anchor_queue is not None:
             row_positives = batch.raw_rows()[1] if dot else batch.row_positives
             anchors_read = self._queue_columns_for(self.anchor_queue, batch, row_positives, batch.row_positives)
-            self._anchor_queue_columns = anchors_read[:2] if anchors_read is not None else None
-        own_start = self._local_rows[0].start if self._local_rows is not None else 0
+            state.anchor_queue_columns = anchors_read[:2] if anchors_read is not None else None
+        own_start = state.local_rows[0].start if state.local_rows is not None else 0
         if batch.rows is None or batch.rows[0] == own_start:  # once per batch: its first window
             ema = self.queue.key_encoder is not None and torch.is_grad_enabled()
-            key_rows = self._key_encoder_rows(dot) if ema else None
+            key_rows = self._key_encoder_rows(dot, state.local_rows is not None) if ema else None
             candidates = batch.raw_candidates if dot else batch.candidates
             if key_rows is not None:
                 candidates = torch.cat(key_rows[1:])
@@ -409,7 +406,7 @@ class QueueMixin:
         self._queue_stats = {**self._queue_stats, **stats}
         return similarity, exclude, vectors
 
-    def _key_encoder_rows(self, dot: bool) -> list[Tensor]:
+    def _key_encoder_rows(self, dot: bool, gathered: bool) -> list[Tensor]:
         """``queue_source="ema"``: the key encoder's rows of this batch, one tensor per column (the anchors' only
         with ``queue_anchors``, else an empty tensor), gathered from every process like the batch, normalised
         unless ``dot_score``."""
@@ -425,25 +422,26 @@ class QueueMixin:
                 out.append(torch.empty(0))
                 continue
             column = column.float()
-            if self._local_rows is not None:  # the batch was gathered: so are the keys, in rank order
+            if gathered:  # the batch was gathered: so are the keys, in rank order
                 column = dist.gather(column)
             out.append(column if dot else fn.normalize(column))
         return out
 
-    def join_queue_columns(self, blocks: dict[str, fr.Block]) -> dict[str, fr.Block]:
+    def join_queue_columns(self, batch: Batch, blocks: dict[str, fr.Block]) -> dict[str, fr.Block]:
         """``blocks`` with the queue's readable rows for the rows being computed appended to ``query_to_doc`` (and
         the anchors' bank to ``doc_to_query``), after the loss chose its own negatives from the batch."""
-        if self._queue_columns is not None:
-            similarity, exclude = self._queue_columns
-            self._queue_columns = None
+        state = batch.state
+        if state.queue_columns is not None:
+            similarity, exclude = state.queue_columns
+            state.queue_columns = None
             blocks = {**blocks, "query_to_doc": blocks["query_to_doc"].with_columns(similarity, exclude)}
             self._queue_stats = {**self._queue_stats, "queue_rows_read": torch.tensor(float(similarity.size(1))),
                                  **({"queue_rows_masked": exclude.sum(dim=1).float().mean().detach()}
                                     if exclude is not None else {})}
             self._last_stats = {**self._last_stats, **self._queue_stats}  # whether stats come before or after
-        if self._anchor_queue_columns is not None and "doc_to_query" in blocks:
-            similarity, exclude = self._anchor_queue_columns
-            self._anchor_queue_columns = None
+        if state.anchor_queue_columns is not None and "doc_to_query" in blocks:
+            similarity, exclude = state.anchor_queue_columns
+            state.anchor_queue_columns = None
             blocks = {**blocks, "doc_to_query": blocks["doc_to_query"].with_columns(similarity, exclude)}
             self._queue_stats = {**self._queue_stats, "anchor_queue_rows_read": torch.tensor(float(similarity.size(1)))}
             self._last_stats = {**self._last_stats, **self._queue_stats}

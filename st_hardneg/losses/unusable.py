@@ -17,6 +17,7 @@ from torch import Tensor
 from st_hardneg import functional as fn
 from st_hardneg.functional import ranking as fr
 from st_hardneg.losses import distributed as dist
+from st_hardneg.losses.batch import Batch, BatchState
 
 __all__ = ["UnusableMixin", "UnusableTally", "combine_chunk_stats", "count_negatives", "unusable_causes", "unusable_stats",
            "usable_rows"]
@@ -145,29 +146,25 @@ class UnusableMixin:
     (:meth:`note_unusable_rows`), judged per batch, left out of the mean by :meth:`reduce`."""
 
     known_positives: Any
-    _local_rows: tuple[slice, int] | None
-    _usable: Tensor | None
-    _zero_rows: Tensor | None
-    _chunk_tallies: list[UnusableTally] | None
     _reports_false_negatives: bool
     _false_negative_stats: dict[str, Tensor]
     _last_stats: dict[str, Tensor]
     _warned_unusable: bool
 
-    def _window_zero_rows(self, start: int, n: int) -> Tensor | None:
+    def _window_zero_rows(self, state: BatchState, start: int, n: int) -> Tensor | None:
         """(n,) bool: the rows ``start .. start + n`` whose anchor or positive has a (near-)zero norm, or ``None``."""
-        zero = getattr(self, "_zero_rows", None)
+        zero = state.zero_rows
         if zero is None or zero.device.type == "meta" or zero.size(0) < start + n:
             return None
         return zero[start:start + n]
 
-    def _count_unusable_rows(self, blocks: dict[str, fr.Block], uncounted_columns: int = 0) -> None:
+    def _count_unusable_rows(self, batch: Batch, blocks: dict[str, fr.Block], uncounted_columns: int = 0) -> None:
         """Count the negatives left to each row of the ranking ``blocks``
         (:func:`~st_hardneg.losses.count_negatives`) and hand them to :meth:`note_unusable_rows`."""
         available, n, masked, total = count_negatives(blocks, uncounted_columns)
-        self.note_unusable_rows(available, n, masked, total, start=blocks["query_to_doc"].row_offset)
+        self.note_unusable_rows(batch, available, n, masked, total, start=blocks["query_to_doc"].row_offset)
 
-    def note_unusable_rows(self, available: Tensor | None, n: int, masked: Tensor | int = 0, total: int = 0,
+    def note_unusable_rows(self, batch: Batch, available: Tensor | None, n: int, masked: Tensor | int = 0, total: int = 0,
                            start: int = 0) -> None:
         """The one rule for rows that cannot teach anything, for every loss and layout. A row is unusable when it
         has no unmasked negative (``available``, the (n,) count of negatives left to each row, is 0: every candidate
@@ -177,31 +174,33 @@ class UnusableMixin:
         with the counts, which :attr:`diagnostics` reports as ``rows_without_negatives``, ``zero_norm_rows``,
         ``unusable_fraction`` and ``masked_fraction`` (``masked`` of ``total`` × n candidates). ``available`` is
         ``None`` when nothing was masked and every row has negatives. The rows are ``start .. start + n`` of the
-        batch (a chunk of anchors, or this process's rows)."""
-        self._usable = None
+        batch (a chunk of anchors, or this process's rows); the usable rows are kept in ``batch.state`` for
+        :meth:`reduce`."""
+        state = batch.state
+        state.usable = None
         device = available.device if available is not None else None
         if device is not None and device.type == "meta":
             return
-        zero = self._window_zero_rows(start, n)
+        zero = self._window_zero_rows(state, start, n)
         usable = usable_rows(available, zero)
         count_zero = int(zero.sum()) if zero is not None else 0
         count_empty = int((available == 0).sum()) if available is not None else 0
         count_unusable = n - int(usable.sum()) if usable is not None else 0
         if count_unusable:
-            self._usable = usable
+            state.usable = usable
         tally = UnusableTally(n, count_empty, count_zero, count_unusable, float(masked), total * n,
                               available is not None)
-        if self._chunk_tallies is not None:  # chunked rows: judged once for the whole batch (chunked_loss)
-            self._chunk_tallies.append(tally)
+        if state.chunk_tallies is not None:  # chunked rows: judged once for the whole batch (chunked_loss)
+            state.chunk_tallies.append(tally)
             return
-        self._judge_unusable(self._global_tally(tally))
+        self._judge_unusable(self._global_tally(state, tally))
 
-    def _global_tally(self, tally: UnusableTally) -> UnusableTally:
+    def _global_tally(self, state: BatchState, tally: UnusableTally) -> UnusableTally:
         """With a gathered batch of which this process computed its own rows only: the counts of every process
         (one all-reduce), so that every process judges the same global batch."""
-        if self._local_rows is None or tally.rows == self._local_rows[1]:
+        if state.local_rows is None or tally.rows == state.local_rows[1]:
             return tally
-        device = self._zero_rows.device if self._zero_rows is not None else "cpu"
+        device = state.zero_rows.device if state.zero_rows is not None else "cpu"
         return UnusableTally.from_values(dist.sum_across(tally.as_tensor(device)).tolist())
 
     def _judge_unusable(self, tally: UnusableTally) -> None:
@@ -222,16 +221,17 @@ class UnusableMixin:
             logger.warning(message)
             warnings.warn(message, UserWarning, stacklevel=5)
 
-    def reduce(self, rows: Tensor) -> Tensor:
+    def reduce(self, rows: Tensor, batch: Batch | None = None) -> Tensor:
         """The loss of the batch from the (N,) per-anchor losses: the mean of the usable rows (all of them unless
         :meth:`note_unusable_rows` found some without a negative or with a zero-norm embedding). After a gathering
-        :meth:`prepare_batch`, ``rows`` covers the global batch and the mean is over this process's own rows."""
-        usable = getattr(self, "_usable", None)
-        self._usable = None
+        :meth:`prepare_batch`, ``rows`` covers the global batch and the mean is over this process's own rows. ``batch``:
+        the batch the rows were computed on (its usable rows and gathering; ``None``: every row, one process)."""
+        state = batch.state if batch is not None else BatchState()
+        usable, state.usable = state.usable, None
         if usable is not None and usable.size(0) != rows.size(0):
             usable = None
-        if self._local_rows is not None:
-            own, total = self._local_rows
+        if state.local_rows is not None:
+            own, total = state.local_rows
             world = total // (own.stop - own.start)
             if rows.size(0) == own.stop - own.start and rows.size(0) != total:
                 # this process's own rows only: the mean over every process's usable rows, weighted so that the

@@ -146,7 +146,7 @@ def test_zero_norm_rows_are_left_out_of_the_mean_with_a_warning(name, scale):
     loss = make(name)
     rows_seen = []
     original = loss.reduce
-    loss.reduce = lambda rows: rows_seen.append(rows.detach().clone()) or original(rows)
+    loss.reduce = lambda rows, batch=None: rows_seen.append(rows.detach().clone()) or original(rows, batch)
     with pytest.warns(UserWarning, match=r"2 of 6 rows have an anchor or positive embedding of norm below 1e-06"):
         value = loss.compute_loss_from_embeddings(cols, None)
     rows = rows_seen[-1]
@@ -326,7 +326,7 @@ def test_loss_is_the_reduction_of_per_row_losses(name):
     mean = make(name).compute_loss_from_embeddings(cols, None)
     rows = []
     summing = make(name)  # a fresh loss: the same seed gives the same random draws (HNM pairs)
-    summing.reduce = lambda r: rows.append(r) or r.sum()
+    summing.reduce = lambda r, batch=None: rows.append(r) or r.sum()
     total = summing.compute_loss_from_embeddings(cols, None)
     assert rows[0].shape == (6,)
     assert total.item() == pytest.approx(6 * mean.item(), rel=1e-5)

@@ -468,12 +468,17 @@ def test_bad_scaling_arguments(tiny_model):
 
 
 def test_reduce_refuses_rows_of_another_batch():
+    from st_hardneg.losses.batch import Batch, BatchState
+
     loss = MixCSELoss(None, gather_across_devices=True)
-    loss._local_rows = (slice(4, 8), 8)  # what a gathering prepare_batch on rank 1 of 2 leaves
+    units = torch.nn.functional.normalize(torch.randn(8, 4), dim=-1)
+    batch = Batch(units, units, units[:0])
+    batch.state = BatchState(local_rows=(slice(4, 8), 8))  # what a gathering prepare_batch on rank 1 of 2 leaves
     rows = torch.arange(8, dtype=torch.float64)
-    assert loss.reduce(rows).item() == pytest.approx((4 + 5 + 6 + 7) / 4)
+    assert loss.reduce(rows, batch).item() == pytest.approx((4 + 5 + 6 + 7) / 4)
+    assert loss.reduce(rows).item() == pytest.approx(3.5)  # without the batch: one process, every row
     with pytest.raises(ValueError, match="gathered batch"):
-        loss.reduce(rows[:6])
+        loss.reduce(rows[:6], batch)
 
 
 def test_duplicate_text_across_processes_is_masked_like_in_one_process(spawned, tiny_model_dir):

@@ -75,3 +75,23 @@ def test_a_paper_reads_only_the_private_attributes_it_sets(module: str) -> None:
     methods = set(re.findall(r"def (_[a-z][a-z_0-9]*)\(", source))
     assigned |= set(re.findall(r"^    (_[a-z][a-z_0-9]*):", source, re.MULTILINE))  # declared on the class
     assert read - assigned - methods == set()
+
+
+def test_per_batch_state_lives_on_the_batch_not_on_the_loss() -> None:
+    import torch
+
+    from st_hardneg import MixCSELoss
+
+    loss = MixCSELoss(None, seed=0)
+    batch = loss.prepare_batch([torch.randn(6, 8), torch.randn(6, 8)], own_rows=True)
+    window = loss.window(batch, 2, 4)
+    assert window.state is batch.state and window.rows == (2, 4)  # every window of a batch shares its state
+    assert batch.state.local_rows is None and batch.state.zero_rows is not None
+    assert batch.state.zero_rows.tolist() == [False] * 6
+    anchors, positives = torch.randn(6, 8), torch.randn(6, 8)
+    anchors[1] = 0.0  # an unusable row: left out of the mean through batch.state.usable
+    value = loss.compute_loss_from_embeddings([anchors, positives], None)
+    assert torch.isfinite(value)
+    moved = ("_usable", "_zero_rows", "_local_rows", "_chunk_tallies", "_queue_columns", "_anchor_queue_columns",
+             "_queue_vectors")
+    assert [name for name in moved if hasattr(loss, name)] == []
