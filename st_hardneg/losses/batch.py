@@ -7,14 +7,13 @@ This module imports nothing else from :mod:`st_hardneg.losses`: every other loss
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
 
 if TYPE_CHECKING:
     from st_hardneg.losses.relevance import KnownPositives
-    from st_hardneg.losses.unusable import UnusableTally
 
 __all__ = ["Batch", "BatchState", "SideInputs", "column_name"]
 
@@ -30,8 +29,9 @@ class BatchState:
     zero_rows: Tensor | None = None
     #: the usable rows of the window just ranked, for ``reduce`` (``None``: every row)
     usable: Tensor | None = None
-    #: while ``chunked_loss`` runs: the unusable-row counts of each chunk, judged together at the end
-    chunk_tallies: list[UnusableTally] | None = None
+    #: while ``chunked_loss`` runs: the unusable-row counts of each chunk (``unusable.UnusableTally``; not imported
+    #: here, as unusable.py imports this module), judged together at the end
+    chunk_tallies: list[Any] | None = None
     #: the queue's columns for the rows being computed (read by ``ranking_blocks``, joined by ``ranking_rows``)
     queue_columns: tuple[Tensor, Tensor | None] | None = None
     #: the same for the anchors' bank (``queue_anchors``, joined to ``doc_to_query``)

@@ -43,6 +43,9 @@ def test_relevance_does_not_import_batch() -> None:
     # batch.py names KnownPositives (for a type only); relevance.py takes text_keys from keys.py, not from batch.py
     assert "st_hardneg.losses.batch" not in _imported_modules(LOSSES / "relevance.py")
     assert "st_hardneg.losses.batch" not in _imported_modules(LOSSES / "keys.py")
+    # batch.py is the bottom of the loss package: it names one other loss module, for a type
+    assert {m for m in _imported_modules(LOSSES / "batch.py") if m.startswith("st_hardneg.losses.")} == {
+        "st_hardneg.losses.relevance", "st_hardneg.losses.relevance.KnownPositives"}
     assert "st_hardneg.losses.keys.text_keys" in _imported_modules(LOSSES / "relevance.py")
 
 
