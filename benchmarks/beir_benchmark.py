@@ -63,7 +63,7 @@ ABLATIONS: dict[str, tuple[str, dict[str, Any]]] = {
     "focal_margin_rel0.05": ("focal", {"margin": 0.05, "margin_strategy": "relative"}),
     "mixcse_hardest": ("mixcse", {"partner": "hardest"}),  # an in-batch partner instead of the mined one
 }
-#: issue 23's queue at equal memory (3 seeds, same protocol): Focal-InfoNCE at the protocol's batch of 32 with the
+#: the queue at equal memory (3 seeds, same protocol): Focal-InfoNCE at the protocol's batch of 32 with the
 #: detached candidates (positives and mined negatives, 64 per step) of the last 3 steps queued, so every anchor has
 #: 64 in-batch + 192 queued = 256 candidates, as many as ``cached_mnrl_4x`` (batch 128 in mini-batches of 32: the same
 #: 32 rows of activations at a time). The source is "online" (XBM), the one that adds no memory (an "ema" key encoder

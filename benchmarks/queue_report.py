@@ -1,4 +1,4 @@
-"""The queue's evidence (issue 23) in one table, from the results the other benchmarks wrote: the screen on STS-B dev
+"""The queue's evidence in one table, from the results the other benchmarks wrote: the screen on STS-B dev
 (``tuning.py --screen queue`` → ``tuning_queue.json``), the selected settings with 3 seeds on the CPU STS protocol
 (``cpu_protocol.py --variant`` rows ``mnrl_queue`` / ``focal_queue`` in ``cpu_protocol.json``) and SciFact at equal
 memory (``retrieval.py --task scifact --methods focal_queue`` in ``scifact.json``).
@@ -108,7 +108,7 @@ def scifact_table(scifact: dict[str, Any]) -> tuple[str, str]:
 
 def report(results: Path = RESULTS) -> str:
     """The whole markdown: the screen, the CPU protocol rows and the SciFact rows, each with its target."""
-    parts = ["# The queue (issue 23)", ""]
+    parts = ["# The queue", ""]
     screen, cpu, scifact = (_load(results / name) for name in ("tuning_queue.json", "cpu_protocol.json",
                                                                "scifact.json"))
     if screen:

@@ -14,7 +14,7 @@ For every method and batch size (default 64, 1024 and 8192) one configuration tr
 Variants: ``uncached`` builds the loss as registered; ``cached`` passes ``mini_batch_size`` (``--mini-batch-size``,
 default 32, GradCache and loss rows in chunks). A loss that rejects the argument is reported as "not supported", not
 run. sentence-transformers' ``CachedMultipleNegativesRankingLoss`` (``cached_mnrl``, scale 20 as our ``mnrl``) is the
-reference. Targets (issue 21, ratios in one run; ``scale_report.py``): the cached peak at the largest batch within
+reference. Targets (ratios in one run; ``scale_report.py``): the cached peak at the largest batch within
 1.3x of batch 64's; the cached peak within 1.2x of ``cached_mnrl``'s at the same batch; the cached step time within
 1.15x of ``cached_mnrl``'s from batch 1024 on; 2 processes at the same global batch within 0.6x of 1 process.
 

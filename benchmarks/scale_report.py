@@ -12,7 +12,7 @@ REFERENCE = "cached_mnrl"
 #: two-way; listed beside the others, not judged against the targets
 REFERENCE_TWO_WAY = "cached_mnrl_two_way"
 REFERENCES = (REFERENCE, REFERENCE_TWO_WAY)
-#: targets (issue 21), as ratios in one run: the cached peak at the largest batch / at batch 64; the cached peak and
+#: targets, as ratios in one run: the cached peak at the largest batch / at batch 64; the cached peak and
 #: step time / cached_mnrl's at the same batch (the step time from batch TIME_FROM_BATCH on); 2 processes / 1 process
 #: at the same global batch
 MEMORY_TARGET = 1.3

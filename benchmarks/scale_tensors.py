@@ -1,5 +1,5 @@
 """Which tensors a cached loss holds at its peak, next to sentence-transformers' CachedMNRL: the term behind the
-cached-peak ratio of the scale benchmark (issue 21).
+cached-peak ratio of the scale benchmark.
 
 No model: the columns are random (N, d) embeddings, split into the per-mini-batch leaves GradCache hands to the loss
 (c rows each), and each loss runs its GradCache step (2) with backward (``calculate_loss``; ours chunk the loss side

@@ -14,7 +14,7 @@ control). The STS test sets are not computed here.
     python -m benchmarks.tuning --seed 1                     # the screen below
     python -m benchmarks.tuning --seed 1 --config focal_m0.4=focal:m=0.4   # an extra configuration
     python -m benchmarks.tuning --report                     # only rewrite tuning.md
-    python -m benchmarks.tuning --screen queue --seed 1      # issue 23's queue screen -> tuning_queue.json
+    python -m benchmarks.tuning --screen queue --seed 1      # the queue screen -> tuning_queue.json
 
 Every configuration tried is kept in benchmarks/results/tuning.json, whether it helped or not.
 """
@@ -47,7 +47,7 @@ SCREEN: dict[str, tuple[str, dict[str, Any], str]] = {
                    "AdCSE below mnrl at seed 0: keys from the online encoder (SimCSE + adversaries) isolates the EMA"),
 }
 
-#: issue 23's queue screen (``--screen queue``, written to tuning_queue.json): mnrl (through the queued MNRL) and
+#: the queue screen (``--screen queue``, written to tuning_queue.json): mnrl (through the queued MNRL) and
 #: the best loss (Focal-InfoNCE) with a queue of 1x, 2.5x and 8x the batch of 64, fed online (XBM) or by a momentum
 #: key encoder (ESimCSE's 0.995); the first 8 steps (5 % of the 156) read no queue row
 QUEUE_SCREEN: dict[str, tuple[str, dict[str, Any], str]] = {

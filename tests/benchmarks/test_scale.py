@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 CORPUS = Path(os.environ.get("ST_HARDNEG_SHARED_DATA", REPO.parent / "shared" / "data")) / "corpus" / "wiki10k.txt"
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from st_hardneg.testing.beir import make_tiny_beir
 
-BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 
 
 def _load(name: str):

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 #: the losses run under torchrun here: ST's MNRL (wrapped in GradCached) and every st-hardneg loss (its own mini_batch_size)
 DDP_LOSSES = ["mnrl", "mixcse", "focal", "hncse", "adcse"]

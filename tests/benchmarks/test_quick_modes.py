@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 
 
 def _load(name: str):
@@ -149,7 +149,7 @@ def test_cpu_protocol_and_tuning_smoke(tiny_model_dir, shared_data, tmp_path):
         tuning.main(["--only", "no_such_config", "--out", str(tmp_path / "x.json"), *common])
     with pytest.raises(SystemExit):  # a different seed would mix two screens in one file
         tuning.main(["--seed", "1", "--only", "--config", "mnrl=mnrl:", "--out", str(tout), *common])
-    # issue 23's queue screen: its own labels (12: mnrl / focal x 3 sizes x 2 sources) and its own file
+    # the queue screen: its own labels (12: mnrl / focal x 3 sizes x 2 sources) and its own file
     assert len(tuning.QUEUE_SCREEN) == 12 and tuning.SCREENS["queue"][1].name == "tuning_queue.json"
     qout = tmp_path / "tuning_queue.json"
     assert tuning.main(["--screen", "queue", "--seed", "0", "--stop-after", "2", "--only", "mnrl_queue64_ema",

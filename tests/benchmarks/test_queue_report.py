@@ -85,4 +85,4 @@ def test_the_report_no_longer_takes_a_readme(tmp_path):
 
 
 def test_missing_results_files_give_an_empty_report(tmp_path):
-    assert _load().report(tmp_path) == "# The queue (issue 23)\n"
+    assert _load().report(tmp_path) == "# The queue\n"
