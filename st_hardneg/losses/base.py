@@ -30,7 +30,7 @@ from st_hardneg.losses import false_negatives
 from st_hardneg.losses.batch import Batch, SideInputs
 from st_hardneg.losses.blocks import RankingMixin
 from st_hardneg.losses.gradcache import ChunkedLossMixin, check_cacheable_model
-from st_hardneg.losses.model_guard import ModelGuard
+from st_hardneg.losses.model_guard import ModelGuard, tag_model_card
 from st_hardneg.losses.options import LossOptions
 from st_hardneg.losses.relevance import KnownPositives
 
@@ -177,6 +177,7 @@ class HardNegativeLoss(ModelGuard, ChunkedLossMixin, RankingMixin, nn.Module):
         self._last_stats: dict[str, Tensor] = {}
         self._warned_labels = False
         self.embedding_dimension = self._model_embedding_dimension(model)
+        tag_model_card(model)
         self.init_queue(name, model, guide, queue_size=queue_size, queue_warmup_steps=queue_warmup_steps,
                         queue_max_age=queue_max_age, queue_checkpoint=queue_checkpoint, queue_source=queue_source,
                         queue_momentum=queue_momentum, queue_anchors=queue_anchors, queue_as_pool=queue_as_pool)

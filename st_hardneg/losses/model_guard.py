@@ -24,6 +24,7 @@ share their parameters (:func:`same_model`).
 from __future__ import annotations
 
 import logging
+import sys
 import warnings
 from collections.abc import Iterator
 from typing import Any
@@ -113,3 +114,22 @@ class ModelGuard(nn.Module):
                 logger.warning(message)
                 warnings.warn(message, UserWarning, stacklevel=2)
         super().__setattr__(name, value)
+
+
+def tag_model_card(model: Any) -> None:
+    """Name st-hardneg on the model card of ``model`` when a loss is built on it: the ``st-hardneg`` tag and the
+    package version (``model_card_data.version["st_hardneg"]``), as sentence-transformers adds its own tag and
+    version. The card data survives the Trainer's ``set_losses`` (which adds ``loss:<class>`` tags and each loss's
+    ``citation``), so a plain ``SentenceTransformerTrainer`` run saves a card that names st-hardneg;
+    :class:`~st_hardneg.training.callbacks.ModelCardCallback` adds the documentation links on top. A model without
+    card data (a bare ``nn.Module``) is left alone."""
+    card = getattr(model, "model_card_data", None)
+    add_tags = getattr(card, "add_tags", None)
+    if not callable(add_tags):
+        return
+    add_tags(["st-hardneg"])
+    version = getattr(card, "version", None)
+    # the package face, always loaded before its modules (no upward import for the version)
+    package_version = getattr(sys.modules.get("st_hardneg"), "__version__", None)
+    if isinstance(version, dict) and package_version:
+        version["st_hardneg"] = str(package_version)
