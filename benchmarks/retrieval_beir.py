@@ -5,8 +5,8 @@ Protocol (:data:`PROTOCOL`, one for both datasets and every row): the embedded a
 own mean pooling + normalize), training at 128 tokens, batch 32 (CachedMNRL: 128 in mini-batches of 32), lr 2e-5,
 linear schedule with 10 % warm-up, 1 epoch, sentence-transformers' Trainer; evaluation at 256 tokens (MTEB's length),
 graded nDCG@10 (main, pytrec_eval's linear gain, as MTEB), MRR@10, Recall@100, cosine over the whole corpus.
-Training pairs: :data:`~st_hardneg.training.retrieval.PAIR_SAMPLING` (per training query at most 2 judgements, then at
-most 1,280 pairs, both drawn by seed 0) from the training queries that are neither dev nor test queries; SciFact's dev
+Training pairs: :data:`~st_hardneg.training.sampling.PAIR_SAMPLING` (per training query at most 5 judgements, then at
+most 768 pairs, both drawn by seed 0; SciFact keeps every judgement, 722 pairs) from the training queries that are neither dev nor test queries; SciFact's dev
 task is 20 % of its training queries (seed 0), NFCorpus's its official dev split. One negative per pair mined by the
 untrained model from the whole corpus (``mine_hard_negatives``, a query's known relevant documents never its
 negative) into one negatives file per dataset, shared by every row, cached under a content hash of corpus, pairs,
@@ -146,7 +146,7 @@ def prepare(name: str, root: Path, dev_fraction: float | None, sampling: dict[st
             any model is loaded).
     """
     from st_hardneg.data.beir import BEIRRetrieval, beir_retrieval, load_beir
-    from st_hardneg.training.retrieval import sample_training_pairs
+    from st_hardneg.training.sampling import sample_training_pairs
 
     data = load_beir(root, name=name)
     if "dev" in data.qrels:
@@ -292,7 +292,8 @@ def run_one(label: str, method: Method, seed: int, prep: Prepared, negatives: An
     from transformers import set_seed
 
     from st_hardneg.training.loop import train
-    from st_hardneg.training.retrieval import known_relevance_sampler, train_config
+    from st_hardneg.training.retrieval import train_config
+    from st_hardneg.training.sampling import known_relevance_sampler
 
     work = Path(args.work_dir) / f"{prep.name}-{label}-seed{seed}"
     shutil.rmtree(work, ignore_errors=True)
@@ -428,7 +429,7 @@ def recipe_methods(recipe: str) -> dict[str, Method]:
     """The recipe row and its ablations: without known-relevance masking, without the loss's own term (st-hardneg's
     MNRL: AdCSE without adversaries and with tied keys, exactly MNRL, with the recipe's options and known relevance),
     with the relative margin toggled, and with known relevance done by the batches instead of the loss
-    (:class:`~st_hardneg.training.retrieval.KnownRelevanceBatchSampler`)."""
+    (:class:`~st_hardneg.training.sampling.KnownRelevanceBatchSampler`)."""
     base = CANDIDATES[recipe]
     margin = {k: v for k, v in base.kwargs.items() if k in REL}
     toggled = ({k: v for k, v in base.kwargs.items() if k not in REL} if margin else {**base.kwargs, **REL})
@@ -544,7 +545,7 @@ def protocol() -> dict[str, Any]:
 
 
 def sampling() -> dict[str, Any]:
-    from st_hardneg.training.retrieval import PAIR_SAMPLING
+    from st_hardneg.training.sampling import PAIR_SAMPLING
 
     return dict(PAIR_SAMPLING)
 

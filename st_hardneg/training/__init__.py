@@ -24,8 +24,8 @@ _LAZY = {
     "LOSSES": "registry", "build_loss": "registry", "parse_loss_args": "registry",
     "ExperimentResult": "experiment", "run_experiment": "experiment", "run_training": "experiment",
     "planned_steps": "experiment",
-    "retrieval_recipe": "retrieval", "RETRIEVAL_RECIPE": "retrieval", "KnownRelevanceBatchSampler": "retrieval",
-    "sample_training_pairs": "retrieval",
+    "retrieval_recipe": "retrieval", "RETRIEVAL_RECIPE": "retrieval", "KnownRelevanceBatchSampler": "sampling",
+    "sample_training_pairs": "sampling",
     "EvaluateAtEnd": "callbacks", "FalseNegativeLog": "callbacks", "LossDiagnosticsCallback": "callbacks",
     "StatefulLossCallback": "callbacks", "StepTimer": "callbacks", "StopAfterSteps": "callbacks",
     "add_stateful_loss_callback": "callbacks", "LossModelCheck": "callbacks", "check_loss_model": "callbacks",
@@ -53,12 +53,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from st_hardneg.training.experiment import ExperimentResult, planned_steps, run_experiment, run_training
     from st_hardneg.training.loop import TrainConfig, TrainResult, train, training_arguments
     from st_hardneg.training.registry import LOSSES, build_loss, parse_loss_args
-    from st_hardneg.training.retrieval import (
-        RETRIEVAL_RECIPE,
-        KnownRelevanceBatchSampler,
-        retrieval_recipe,
-        sample_training_pairs,
-    )
+    from st_hardneg.training.retrieval import RETRIEVAL_RECIPE, retrieval_recipe
+    from st_hardneg.training.sampling import KnownRelevanceBatchSampler, sample_training_pairs
 
 
 def __getattr__(name: str) -> Any:

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from benchmarks import retrieval_beir as rb
-from st_hardneg.training.retrieval import KnownRelevanceBatchSampler, sample_training_pairs
+from st_hardneg.training.sampling import KnownRelevanceBatchSampler, sample_training_pairs
 
 
 def write_beir(root: Path, *, dev: bool, seed: int = 0, docs: int = 60, train: int = 30) -> Path:

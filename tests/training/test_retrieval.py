@@ -8,12 +8,8 @@ import pytest
 
 def test_recipe_configuration(tiny_model, tmp_path):
     from st_hardneg.losses.focal import FocalInfoNCELoss
-    from st_hardneg.training.retrieval import (
-        RETRIEVAL_RECIPE,
-        KnownRelevanceBatchSampler,
-        known_relevance_sampler,
-        retrieval_recipe,
-    )
+    from st_hardneg.training.retrieval import RETRIEVAL_RECIPE, retrieval_recipe
+    from st_hardneg.training.sampling import KnownRelevanceBatchSampler, known_relevance_sampler
 
     known = {"a query": {"a document", "another document"}}
     loss, config = retrieval_recipe(tiny_model, known, tmp_path / "out", seed=3)
