@@ -240,12 +240,16 @@ def verbosity_only() -> argparse.ArgumentParser:
     return parent
 
 
+#: the loggers whose level a command-line run sets
+LOGGERS = ("st_hardneg", "sentence_transformers")
+
+
 def configure_logging(verbose: int, quiet: bool) -> int:
     """The log level of a command-line run: ``ERROR`` with ``-q``, else ``WARNING``, ``INFO`` (``-v``) or ``DEBUG``
     (``-vv``); returns it."""
     level = logging.ERROR if quiet else (logging.WARNING, logging.INFO, logging.DEBUG)[min(verbose, 2)]
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    for name in ("st_hardneg", "sentence_transformers"):
+    for name in LOGGERS:
         logging.getLogger(name).setLevel(level)
     return level
 
@@ -310,6 +314,9 @@ class _WarningPrinter:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)  # a usage error exits with status 2 here (argparse)
+    # the levels a run sets are put back when it returns: main() called in-process (a notebook, a test) leaves the
+    # caller's logging as it found it
+    levels = {name: logging.getLogger(name).level for name in LOGGERS}
     configure_logging(args.verbose, args.quiet)
     try:
         with _WarningPrinter(args.command, args.verbose, args.quiet):
@@ -323,4 +330,7 @@ def main(argv: list[str] | None = None) -> int:
             message = message.splitlines()[0]
         print(f"st-hardneg {args.command}: error: {message}", file=sys.stderr)
         return exit_status(exc)
+    finally:
+        for name, level in levels.items():
+            logging.getLogger(name).setLevel(level)
 

@@ -87,3 +87,15 @@ def test_a_tiny_run_logs_nothing_below_warning(tmp_path, tiny_model_dir):
     assert quiet.stderr.splitlines()[-1].startswith("st-hardneg train: error:") and " INFO " not in quiet.stderr
     loud = subprocess.run([*argv, "-v"], capture_output=True, text=True, timeout=300)
     assert loud.returncode == 2 and " INFO st_hardneg" in loud.stderr
+
+
+def test_main_puts_the_logger_levels_back_when_it_returns(tmp_path, capsys):
+    """A run in-process (a notebook, a test) leaves the caller's logging as it found it, after success or failure."""
+    from st_hardneg.cli import main
+
+    for name in ("st_hardneg", "sentence_transformers"):
+        logging.getLogger(name).setLevel(logging.NOTSET)
+    assert main(["-q", "compare", f"only={tmp_path / 'run.tsv'}"]) == 2  # one run: a usage error
+    assert "error" in capsys.readouterr().err
+    assert logging.getLogger("st_hardneg").level == logging.NOTSET
+    assert logging.getLogger("sentence_transformers").level == logging.NOTSET
