@@ -6,40 +6,20 @@ from __future__ import annotations
 
 import copy
 import json
-import subprocess
-import sys
 
 import pytest
 import torch
 
 from st_hardneg.models import load_checkpoint, load_model, save_inference_model
-
-BLOCKED_LOAD = """
-import json, sys
-class Block:
-    def find_spec(self, name, path=None, target=None):
-        if name == "st_hardneg" or name.startswith("st_hardneg."):
-            raise ImportError("st_hardneg is blocked in this process")
-sys.meta_path.insert(0, Block())
-from sentence_transformers import SentenceTransformer
-model = SentenceTransformer(sys.argv[1], device="cpu")
-print(json.dumps(model.encode(["the cat eats food."], convert_to_tensor=True)[0].tolist()))
-try:
-    import st_hardneg  # noqa: F401
-    blocked = False
-except ImportError:
-    blocked = True
-print(json.dumps([type(m).__name__ for m in model]), "st_hardneg" in sys.modules, blocked)
-"""
+from st_hardneg.testing.blocked import BlockedLoad, load_without_st_hardneg
 
 
 def _types(path) -> list[str]:
     return [m["type"].rsplit(".", 1)[-1] for m in json.loads((path / "modules.json").read_text())]
 
 
-def _blocked(path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", BLOCKED_LOAD, str(path)], capture_output=True, text=True,
-                          timeout=300)
+def _blocked(path) -> BlockedLoad:
+    return load_without_st_hardneg(path, "the cat eats food.")
 
 
 def test_every_save_writes_the_inference_model_unless_asked(tiny_model_dir, tmp_path):
@@ -58,9 +38,9 @@ def test_every_save_writes_the_inference_model_unless_asked(tiny_model_dir, tmp_
     expected = model.encode(["the cat eats food."], convert_to_tensor=True)[0]
     blocked = _blocked(tmp_path / "save")
     assert blocked.returncode == 0, blocked.stderr
-    vector, rest = blocked.stdout.strip().splitlines()
-    assert rest == '["Transformer", "Pooling"] False True'  # st_hardneg was never loaded, and could not be
-    assert torch.allclose(torch.tensor(json.loads(vector)), expected, atol=1e-5)
+    vector, facts = blocked.read()
+    assert facts == {"modules": ["Transformer", "Pooling"], "loaded": False, "blocked": True}  # never loaded, and could not be
+    assert torch.allclose(torch.tensor(vector), expected, atol=1e-5)
     # the folder with the head does not load with plain sentence-transformers
     refused = _blocked(tmp_path / "kept")
     assert refused.returncode != 0 and "st_hardneg.models.TrainOnlyDense" in refused.stderr

@@ -191,9 +191,6 @@ class AdversarialNegativesLoss(stateful.OptimizerDrivenLoss, HardNegativeLoss):
                 add_stateful_loss_callback(trainer)  # restores the loss state on resume
                 trainer.train()  # later: trainer.train(resume_from_checkpoint=True)
         """
-        if untied and options.get("queue_source") == "ema" and options.get("queue_momentum", 0.995) != 0.995:
-            raise ValueError("AdversarialNegativesLoss: with queue_source='ema' the queue is fed by the loss's own key "
-                             "encoder, which moves with `momentum`; queue_momentum does not apply, leave it unset")
         # read by the base class: untied, the candidates (and so the queued rows) already come from the key encoder;
         # tied with queue_source="ema", the queue keeps its own key encoder (dropout off) as for the other losses
         vars(self)["_candidates_from_key_encoder"] = bool(untied)

@@ -5,8 +5,8 @@ One batch's path: ``forward`` (here; the paper may give an ``embed`` hook) → `
 compute template (here, :func:`float32_loss`) → ``prepare_batch`` (:mod:`~st_hardneg.losses.prepare`: the columns
 checked by :mod:`~st_hardneg.losses.columns`, the mask of :mod:`~st_hardneg.losses.false_negatives`) → the paper's
 ``window_rows`` (its own module: its equation), which calls ``ranking_blocks`` / ``ranking_rows``
-(:mod:`~st_hardneg.losses.blocks`, with the queue of :mod:`~st_hardneg.losses.queue`) → ``reduce``
-(:mod:`~st_hardneg.losses.unusable`: the unusable rows left out). GradCache's loss side a chunk of rows at a time:
+(:mod:`~st_hardneg.losses.blocks`, with the queue of :mod:`~st_hardneg.losses.queue`) → ``reduce`` (beside them in
+:mod:`~st_hardneg.losses.blocks`: the unusable rows left out). GradCache's loss side a chunk of rows at a time:
 ``chunked_loss`` (:mod:`~st_hardneg.losses.gradcache`).
 """
 
@@ -31,10 +31,10 @@ from st_hardneg.losses.batch import Batch, SideInputs
 from st_hardneg.losses.blocks import RankingMixin
 from st_hardneg.losses.gradcache import ChunkedLossMixin, check_cacheable_model
 from st_hardneg.losses.model_guard import ModelGuard, tag_model_card
-from st_hardneg.losses.options import LossOptions
+from st_hardneg.losses.options import LossOptions, QueueOptions, not_given
 from st_hardneg.losses.relevance import KnownPositives
 
-__all__ = ["HardNegativeLoss", "LossOptions", "float32_loss"]
+__all__ = ["HardNegativeLoss", "LossOptions", "QueueOptions", "float32_loss"]
 
 logger = logging.getLogger(__name__)
 
@@ -101,10 +101,11 @@ class HardNegativeLoss(ModelGuard, ChunkedLossMixin, RankingMixin, nn.Module):
                  contrast_anchors: bool | None = None, contrast_positives: bool | None = None,
                  gather_across_devices: bool = False, mini_batch_size: int | None = None,
                  mini_batch_num_tokens: int | None = None, show_progress_bar: bool = False,
-                 queue_size: int = 0, queue_warmup_steps: int = 0, queue_max_age: int | None = None,
-                 queue_checkpoint: bool = True, queue_source: Literal["online", "ema"] = "online",
-                 queue_momentum: float = 0.995, queue_anchors: bool = False, queue_as_pool: bool = False,
-                 **unknown: Any) -> None:
+                 queue: QueueOptions | int | None = None, queue_size: int = not_given(0),
+                 queue_warmup_steps: int = not_given(0), queue_max_age: int | None = not_given(None),
+                 queue_checkpoint: bool = not_given(True), queue_source: Literal["online", "ema"] = not_given("online"),
+                 queue_momentum: float = not_given(0.995), queue_anchors: bool = not_given(False),
+                 queue_as_pool: bool = not_given(False), **unknown: Any) -> None:
         name = type(self).__name__
         if unknown:
             key = next(iter(unknown))
@@ -178,9 +179,10 @@ class HardNegativeLoss(ModelGuard, ChunkedLossMixin, RankingMixin, nn.Module):
         self._warned_labels = False
         self.embedding_dimension = self._model_embedding_dimension(model)
         tag_model_card(model)
-        self.init_queue(name, model, guide, queue_size=queue_size, queue_warmup_steps=queue_warmup_steps,
-                        queue_max_age=queue_max_age, queue_checkpoint=queue_checkpoint, queue_source=queue_source,
-                        queue_momentum=queue_momentum, queue_anchors=queue_anchors, queue_as_pool=queue_as_pool)
+        self.init_queue(name, model, guide, QueueOptions.from_keywords(
+            name, queue, queue_size=queue_size, queue_warmup_steps=queue_warmup_steps, queue_max_age=queue_max_age,
+            queue_checkpoint=queue_checkpoint, queue_source=queue_source, queue_momentum=queue_momentum,
+            queue_anchors=queue_anchors, queue_as_pool=queue_as_pool))
 
     def _known_positives_index(self, known_positives: Any, model: Any) -> KnownPositives | None:
         """The index of ``known_positives`` (``None``: off, also for an empty mapping, which warns)."""

@@ -29,8 +29,8 @@ class BatchState:
     zero_rows: Tensor | None = None
     #: the usable rows of the window just ranked, for ``reduce`` (``None``: every row)
     usable: Tensor | None = None
-    #: while ``chunked_loss`` runs: the unusable-row counts of each chunk (``unusable.UnusableTally``; not imported
-    #: here, as unusable.py imports this module), judged together at the end
+    #: while ``chunked_loss`` runs: the unusable-row counts of each chunk (``blocks.UnusableTally``; not imported
+    #: here, as blocks.py imports this module), judged together at the end
     chunk_tallies: list[Any] | None = None
     #: the queue's columns for the rows being computed (read by ``ranking_blocks``, joined by ``ranking_rows``)
     queue_columns: tuple[Tensor, Tensor | None] | None = None

@@ -1,25 +1,264 @@
-"""Sentence-transformers' ranking blocks of a batch, as a function (:func:`ranking_blocks`): the similarities of
-``MultipleNegativesRankingLoss``'s directions and ``GISTEmbedLoss``'s contrast blocks, with their exclusions and the
-hardness penalty, for the anchor rows a loss computes.
+"""Sentence-transformers' ranking of a batch and the one rule for the rows it cannot rank: the blocks
+(:func:`ranking_blocks`: the similarities of ``MultipleNegativesRankingLoss``'s directions and ``GISTEmbedLoss``'s
+contrast blocks, with their exclusions and the hardness penalty, for the anchor rows a loss computes), the per-row
+losses (:meth:`RankingMixin.ranking_rows`), the rows left without a negative or with a zero-norm embedding (counted,
+warned, a batch of none refused: :meth:`UnusableMixin.note_unusable_rows`) and the batch's loss, the mean of the usable
+rows (:meth:`UnusableMixin.reduce`); and the diagnostics of a batch computed a chunk of rows at a time.
 
 This module imports nothing of :mod:`st_hardneg.losses.base`.
 """
 
 from __future__ import annotations
 
+import logging
+import warnings
 from collections.abc import Iterable
-from typing import cast
+from typing import Any, NamedTuple, cast
 
 import torch
 from torch import Tensor
 
+from st_hardneg import functional as fn
 from st_hardneg.functional import ranking as fr
-from st_hardneg.losses.batch import Batch
+from st_hardneg.losses import distributed as dist
+from st_hardneg.losses.batch import Batch, BatchState
 from st_hardneg.losses.prepare import PrepareMixin
 from st_hardneg.losses.queue import QueueMixin
-from st_hardneg.losses.unusable import UnusableMixin
 
-__all__ = ["RankingMixin", "ranking_blocks"]
+__all__ = ["RankingMixin", "UnusableMixin", "UnusableTally", "combine_chunk_stats", "count_negatives",
+           "ranking_blocks", "unusable_causes", "unusable_stats", "usable_rows"]
+
+logger = logging.getLogger(__name__)
+
+
+class UnusableTally(NamedTuple):
+    """The unusable rows of a batch (or of a chunk of its rows)."""
+
+    rows: int
+    empty: int  # rows without a negative left
+    zero: int  # rows with a zero-norm anchor or positive
+    unusable: int  # either
+    masked: float  # masked candidate entries
+    entries: int  # candidate entries (rows x candidates)
+    counted: bool  # whether the negatives left were counted (something was masked, or a batch of one)
+
+    def __add__(self, other: tuple[Any, ...]) -> UnusableTally:  # type: ignore[override]
+        o = cast(UnusableTally, other)
+        return UnusableTally(self.rows + o.rows, self.empty + o.empty, self.zero + o.zero,
+                             self.unusable + o.unusable, self.masked + o.masked, self.entries + o.entries,
+                             self.counted or o.counted)
+
+    def as_tensor(self, device: torch.device | str) -> Tensor:
+        """The counts as one float64 tensor (for one all-reduce across processes)."""
+        return torch.tensor([self.rows, self.empty, self.zero, self.unusable, self.masked, self.entries,
+                             float(self.counted)], dtype=torch.float64, device=device)
+
+    @classmethod
+    def from_values(cls, values: list[float]) -> UnusableTally:
+        return cls(int(values[0]), int(values[1]), int(values[2]), int(values[3]), values[4], int(values[5]),
+                   values[6] > 0)
+
+
+def count_negatives(blocks: dict[str, fr.Block], uncounted_columns: int = 0
+                    ) -> tuple[Tensor | None, int, Tensor, int]:
+    """``(available, rows, masked, candidates)`` of the ranking ``blocks``: the (R,) negatives left to each row
+    (every entry but the positive, the masked ones and ``uncounted_columns`` never-masked columns of
+    ``query_to_doc``, AdCSE's adversaries; ``None`` when nothing was masked and R > 1: every row has negatives), the
+    number of rows, the masked entries and the candidates per row."""
+    q2d = blocks["query_to_doc"]
+    n = q2d.similarity.size(0)
+    available: Tensor | None = None
+    total = 0
+    masked = torch.zeros((), dtype=torch.long, device=q2d.similarity.device)
+    if q2d.exclude is not None or n <= 1 or any(b.exclude is not None for b in blocks.values()):
+        # the positive entry of a block is never excluded: a row's negatives are its other entries that are not
+        available = torch.zeros(n, dtype=torch.long, device=q2d.similarity.device)
+        for block in blocks.values():
+            count = block.similarity.size(1) - int(block.has_positive)
+            excluded = block.exclude.sum(dim=1) if block.exclude is not None else None
+            available += count if excluded is None else count - excluded
+            if block is q2d:  # not candidates: neither a negative left nor a maskable entry
+                available -= uncounted_columns
+                count -= uncounted_columns
+            total += count
+            if excluded is not None:
+                masked = masked + excluded.sum()
+    return available, n, masked, total
+
+
+def usable_rows(available: Tensor | None, zero: Tensor | None) -> Tensor | None:
+    """(n,) bool of the rows that count in the loss (a negative left, anchor and positive not near zero), or
+    ``None`` when every row does. ``zero``: the rows with a (near-)zero anchor or positive, or ``None``."""
+    usable = available > 0 if available is not None else None
+    if zero is not None and bool(zero.any()):
+        usable = ~zero if usable is None else usable & ~zero.to(usable.device)
+    return usable
+
+
+def unusable_stats(tally: UnusableTally, reporting: bool) -> dict[str, Tensor]:
+    """The diagnostics of a batch's tally: ``rows_without_negatives`` and ``masked_fraction`` (when the negatives
+    were counted and false negatives are reported, or some row is unusable), ``zero_norm_rows`` and
+    ``unusable_fraction`` (when some row is unusable)."""
+    out: dict[str, Tensor] = {}
+    if tally.counted and (reporting or tally.unusable):
+        out.update(rows_without_negatives=torch.tensor(float(tally.empty)),
+                   masked_fraction=torch.tensor(tally.masked / max(tally.entries, 1)))
+    if tally.unusable:
+        out.update(zero_norm_rows=torch.tensor(float(tally.zero)),
+                   unusable_fraction=torch.tensor(tally.unusable / tally.rows))
+    return out
+
+
+def unusable_causes(tally: UnusableTally, known_positives: bool = False) -> list[str]:
+    """Why rows of the batch are unusable, one clause per cause (for the warning and the error)."""
+    n = tally.rows
+    causes = []
+    if tally.empty:
+        causes.append(f"{tally.empty} of {n} rows of a batch have no negative left (every candidate was masked as a "
+                      "false negative, or the batch repeats one text; check margin / mask_duplicates"
+                      + (" / known_positives (the mapping marks every candidate of these rows relevant)"
+                         if known_positives else "")
+                      + " and the data, e.g. BatchSamplers.NO_DUPLICATES)")
+    if tally.zero:
+        causes.append(f"{tally.zero} of {n} rows have an anchor or positive embedding of norm below "
+                      f"{fn.NORM_EPS:g} (no direction to rank; a collapsed or broken model?)")
+    return causes
+
+
+def combine_chunk_stats(pieces: list[tuple[int, dict[str, Tensor]]]) -> dict[str, Tensor]:
+    """The diagnostics of a batch from those of its chunks of rows: totals (``*_total``) add up, the queue's row
+    count is the same for every chunk, every other entry is a mean over rows (weighted by the chunk's rows)."""
+    if not pieces:
+        return {}
+    rows = sum(n for n, _ in pieces)
+    out: dict[str, Tensor] = {}
+    for key in dict.fromkeys(k for _, stats in pieces for k in stats):
+        values = [(n, stats[key]) for n, stats in pieces if key in stats]
+        if key.endswith("_total"):
+            out[key] = sum((v.double().cpu() for _, v in values), torch.zeros((), dtype=torch.float64))
+        elif key in ("queue_rows_read", "anchor_queue_rows_read"):
+            out[key] = values[-1][1]
+        else:
+            # a chunk without the masked counts had nothing masked (they are reported from the first masked entry
+            # on): it counts as 0 over its rows
+            weight = rows if key in ("masked_false_negatives", "masked_known_positives") else (
+                sum(n for n, _ in values) or rows)
+            out[key] = sum((v.double().cpu() * n for n, v in values), torch.zeros((), dtype=torch.float64)) / weight
+    return out
+
+
+class UnusableMixin:
+    """The one rule for unusable rows of :class:`~st_hardneg.losses.base.HardNegativeLoss`: counted per window
+    (:meth:`note_unusable_rows`), judged per batch, left out of the mean by :meth:`reduce`."""
+
+    known_positives: Any
+    _reports_false_negatives: bool
+    _false_negative_stats: dict[str, Tensor]
+    _last_stats: dict[str, Tensor]
+    _warned_unusable: bool
+
+    def _window_zero_rows(self, state: BatchState, start: int, n: int) -> Tensor | None:
+        """(n,) bool: the rows ``start .. start + n`` whose anchor or positive has a (near-)zero norm, or ``None``."""
+        zero = state.zero_rows
+        if zero is None or zero.device.type == "meta" or zero.size(0) < start + n:
+            return None
+        return zero[start:start + n]
+
+    def _count_unusable_rows(self, batch: Batch, blocks: dict[str, fr.Block], uncounted_columns: int = 0) -> None:
+        """Count the negatives left to each row of the ranking ``blocks``
+        (:func:`count_negatives`) and hand them to :meth:`note_unusable_rows`."""
+        available, n, masked, total = count_negatives(blocks, uncounted_columns)
+        self.note_unusable_rows(batch, available, n, masked, total, start=blocks["query_to_doc"].row_offset)
+
+    def note_unusable_rows(self, batch: Batch, available: Tensor | None, n: int, masked: Tensor | int = 0, total: int = 0,
+                           start: int = 0) -> None:
+        """The one rule for rows that cannot teach anything, for every loss and layout. A row is unusable when it
+        has no unmasked negative (``available``, the (n,) count of negatives left to each row, is 0: every candidate
+        was masked as a false negative; columns that are not data, AdCSE's adversaries, do not count) or when its anchor or positive has a norm below ``NORM_EPS`` (no direction:
+        cosine 0 with everything). :meth:`reduce` averages the usable rows only; a batch with no usable row raises
+        ``ValueError``; the first batch with some unusable rows warns once per loss (``warnings`` and ``logging``),
+        with the counts, which :attr:`diagnostics` reports as ``rows_without_negatives``, ``zero_norm_rows``,
+        ``unusable_fraction`` and ``masked_fraction`` (``masked`` of ``total`` × n candidates). ``available`` is
+        ``None`` when nothing was masked and every row has negatives. The rows are ``start .. start + n`` of the
+        batch (a chunk of anchors, or this process's rows); the usable rows are kept in ``batch.state`` for
+        :meth:`reduce`."""
+        state = batch.state
+        state.usable = None
+        device = available.device if available is not None else None
+        if device is not None and device.type == "meta":
+            return
+        zero = self._window_zero_rows(state, start, n)
+        usable = usable_rows(available, zero)
+        count_zero = int(zero.sum()) if zero is not None else 0
+        count_empty = int((available == 0).sum()) if available is not None else 0
+        count_unusable = n - int(usable.sum()) if usable is not None else 0
+        if count_unusable:
+            state.usable = usable
+        tally = UnusableTally(n, count_empty, count_zero, count_unusable, float(masked), total * n,
+                              available is not None)
+        if state.chunk_tallies is not None:  # chunked rows: judged once for the whole batch (chunked_loss)
+            state.chunk_tallies.append(tally)
+            return
+        self._judge_unusable(self._global_tally(state, tally))
+
+    def _global_tally(self, state: BatchState, tally: UnusableTally) -> UnusableTally:
+        """With a gathered batch of which this process computed its own rows only: the counts of every process
+        (one all-reduce), so that every process judges the same global batch."""
+        if state.local_rows is None or tally.rows == state.local_rows[1]:
+            return tally
+        device = state.zero_rows.device if state.zero_rows is not None else "cpu"
+        return UnusableTally.from_values(dist.sum_across(tally.as_tensor(device)).tolist())
+
+    def _judge_unusable(self, tally: UnusableTally) -> None:
+        """Record the counts of a batch's unusable rows in the diagnostics, raise when none is usable, warn once."""
+        stats = unusable_stats(tally, self._reports_false_negatives)
+        self._false_negative_stats = {**self._false_negative_stats, **stats}
+        self._last_stats = {**self._last_stats, **stats}
+        name = type(self).__name__
+        causes = unusable_causes(tally, self.known_positives is not None)
+        if tally.unusable == tally.rows:
+            raise ValueError(f"{name}: no usable row in this batch: " + "; ".join(causes) + ". There is nothing to "
+                             "learn from it.")
+        if tally.unusable and not self._warned_unusable:
+            self._warned_unusable = True
+            message = (f"{name}: " + "; ".join(causes) + ". They teach nothing and are left out of the batch's mean "
+                       "loss. The diagnostics report rows_without_negatives, zero_norm_rows, unusable_fraction and "
+                       "masked_fraction. This warning is shown once.")
+            logger.warning(message)
+            warnings.warn(message, UserWarning, stacklevel=5)
+
+    def reduce(self, rows: Tensor, batch: Batch | None = None) -> Tensor:
+        """The loss of the batch from the (N,) per-anchor losses: the mean of the usable rows (all of them unless
+        :meth:`note_unusable_rows` found some without a negative or with a zero-norm embedding). After a gathering
+        :meth:`prepare_batch`, ``rows`` covers the global batch and the mean is over this process's own rows. ``batch``:
+        the batch the rows were computed on (its usable rows and gathering; ``None``: every row, one process)."""
+        state = batch.state if batch is not None else BatchState()
+        usable, state.usable = state.usable, None
+        if usable is not None and usable.size(0) != rows.size(0):
+            usable = None
+        if state.local_rows is not None:
+            own, total = state.local_rows
+            world = total // (own.stop - own.start)
+            if rows.size(0) == own.stop - own.start and rows.size(0) != total:
+                # this process's own rows only: the mean over every process's usable rows, weighted so that the
+                # processes' mean (what DDP averages) is that global mean (one all-reduce of the count)
+                count = usable.sum() if usable is not None else torch.tensor(rows.size(0), device=rows.device)
+                global_count = dist.sum_across(count.to(rows.dtype))
+                mine = (rows * usable).sum() if usable is not None else rows.sum()
+                return mine * world / global_count.clamp_min(1)
+            if rows.size(0) != total:
+                raise ValueError(f"{type(self).__name__}.reduce: expected one loss per row of the gathered batch "
+                                 f"({total}) or of this process ({own.stop - own.start}), got {rows.size(0)}")
+            if usable is not None:
+                # the mean over every process's usable rows: this process's sum, weighted so that the processes'
+                # mean (what DDP averages) is that global mean
+                return (rows[own] * usable[own]).sum() * world / usable.sum().clamp_min(1)
+            rows = rows[own]
+        if usable is not None:
+            return rows[usable].mean()
+        return rows.mean()
+
+
 
 
 def ranking_blocks(batch: Batch, names: Iterable[str], *, dot: bool, hardness_mode: fr.HardnessMode | None,

@@ -42,8 +42,8 @@ from st_hardneg import functional as fn
 from st_hardneg import validation
 from st_hardneg.losses import distributed as dist
 from st_hardneg.losses.batch import Batch
+from st_hardneg.losses.blocks import UnusableMixin, combine_chunk_stats
 from st_hardneg.losses.prepare import PrepareMixin
-from st_hardneg.losses.unusable import UnusableMixin, combine_chunk_stats
 
 __all__ = ["ChunkedLossMixin", "GradCacheMixin", "GradCached", "check_cacheable_model"]
 
@@ -204,9 +204,9 @@ class GradCached(GradCacheMixin, nn.Module):
 
 
 class ChunkedLossMixin(PrepareMixin, UnusableMixin, GradCacheMixin):
-    """The per-batch hooks of :class:`~st_hardneg.losses.base.HardNegativeLoss` (:meth:`window_rows`,
-    :meth:`begin_batch`, :meth:`end_batch`, :meth:`close_batch`) and GradCache's loss side a chunk of anchor rows at
-    a time (:meth:`chunked_loss`)."""
+    """The rows hook of :class:`~st_hardneg.losses.base.HardNegativeLoss` (:meth:`window_rows`; the batch's other
+    hooks are :class:`~st_hardneg.losses.prepare.PrepareMixin`'s) and GradCache's loss side a chunk of anchor rows
+    at a time (:meth:`chunked_loss`)."""
 
     def window_rows(self, batch: Batch) -> Tensor:
         """The (R,) per-row losses of the anchor rows of ``batch`` (:attr:`Batch.rows`) against all its candidates.
@@ -214,19 +214,6 @@ class ChunkedLossMixin(PrepareMixin, UnusableMixin, GradCacheMixin):
         (:meth:`chunked_loss`); whatever it chooses per row (partners, hardest negatives, top-k, random draws) must
         not depend on which other rows share the chunk."""
         raise NotImplementedError
-
-    def begin_batch(self, batch: Batch) -> Batch:
-        """Called once per batch before its rows (all windows) are computed; returns the batch the rows are
-        computed on. A loss with per-batch state prepares it here (random partners drawn once, AdCSE's adversary
-        gradient) and a loss that replaces rows of the batch (HNCSE's mixed positives) does so here."""
-        return batch
-
-    def end_batch(self, batch: Batch) -> None:
-        """Called once per batch after its rows were computed without error (see :meth:`begin_batch`): a loss that
-        commits per-batch work (AdCSE's adversary gradient) does it here."""
-
-    def close_batch(self) -> None:
-        """Called after every batch, also one that raised: drop what :meth:`begin_batch` prepared."""
 
     @property
     def supports_row_chunks(self) -> bool:

@@ -1,5 +1,7 @@
 """The keyword options every st-hardneg loss shares (:class:`LossOptions`), documented once; every loss's docstring
-refers here. :class:`~st_hardneg.losses.base.HardNegativeLoss` validates them (with :mod:`st_hardneg.validation`).
+refers here. :class:`~st_hardneg.losses.base.HardNegativeLoss` validates them (with :mod:`st_hardneg.validation`);
+the queue's options are one checked value, :class:`QueueOptions` (``queue=``), whose fields every loss also takes as
+flat ``queue_*`` keywords.
 
 This module imports nothing of :mod:`st_hardneg.losses.base`.
 """
@@ -7,16 +9,21 @@ This module imports nothing of :mod:`st_hardneg.losses.base`.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, Literal, TypedDict
+from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING, Any, Literal, TypedDict, TypeVar, cast
 
 from torch import Tensor
 
+from st_hardneg import validation
 from st_hardneg.functional import ranking as fr
 
 if TYPE_CHECKING:
     from st_hardneg.losses.relevance import KnownPositives
 
-__all__ = ["LossOptions"]
+__all__ = ["LossOptions", "QueueOptions", "not_given"]
+
+_T = TypeVar("_T")
+_OWNER = "QueueOptions"  # the owner a rule between the options names, unless a loss's constructor made them
 
 
 class LossOptions(TypedDict, total=False):
@@ -103,33 +110,21 @@ class LossOptions(TypedDict, total=False):
         mini_batch_size: see **Scaling up** below (``None``, the default, is uncached; CachedMNRL's default is 32).
         mini_batch_num_tokens: alternatively to ``mini_batch_size``, a budget of non-padding tokens per mini-batch.
         show_progress_bar: with ``mini_batch_size``, a progress bar over the mini-batches (as in the Cached losses).
-        queue_size: rows of the cross-batch queue (:mod:`st_hardneg.losses.queue`; default 0 = no queue, exactly
-            the loss without it): the detached candidates (positives and explicit negatives) of past optimizer steps
-            join every anchor's ``query_to_doc`` denominator, under the same similarity, scale and logit transform.
-            Filled once per completed optimizer step of ``model``, never in evaluation or GradCache's replay, never
-            cleared; a queued row whose text equals the anchor's or its positive's (``mask_duplicates``) or that
-            passes the ``margin`` is masked; the loss's own hard-negative choices (partners, top-k, adversaries) come
-            from the batch only. With ``gather_across_devices`` every process queues the gathered rows.
-        queue_warmup_steps: optimizer steps before the queue is read (default 0).
-        queue_max_age: rows older than this many optimizer steps are not read (``None``: no limit).
-        queue_checkpoint: save the queue with the optimizer checkpoint (restored on resume by
-            :class:`~st_hardneg.training.callbacks.StatefulLossCallback`); ``False`` leaves it out.
-        queue_source: what feeds the queue: ``"online"`` (default, XBM: the detached candidates the loss computed
-            anyway, no extra cost) or ``"ema"`` (MoCo / ESimCSE: a momentum key encoder, a copy of ``model`` as the
-            loss is built, dropout off, re-embeds the candidate columns without gradient; one extra forward of them
-            per batch). AdCSE with ``untied=True`` queues its own key encoder's candidates under either source.
-        queue_momentum: the key encoder's EMA momentum for ``queue_source="ema"`` (default 0.995, ESimCSE's):
-            ``θ_k ← m·θ_k + (1 - m)·θ`` after every optimizer step.
-        queue_anchors: also queue the anchors (a second bank of ``queue_size`` rows, same source, warm-up, age and
-            checkpoint): they join the ``doc_to_query`` denominator (each positive against past anchors), so the
-            symmetric direction gets the extra negatives too. Needs ``"doc_to_query"`` in ``directions``; without
-            it, queued rows join ``query_to_doc`` only.
-        queue_as_pool: let the loss's own hardest-negative choice also pick queued rows (default ``False``: the queue
-            is a denominator only). Off by default because a hardest-negative choice over old rows is where a
-            queue's failure modes concentrate: the "hardest" queued row is the most likely to be an unmasked
-            duplicate or paraphrase of the anchor (a false negative), and it was embedded by an older encoder. Only
-            MixCSE's ``partner="hardest"`` takes it (the partner is then the hardest of the batch's and the queue's
-            unmasked rows); the other losses refuse it.
+        queue: the cross-batch queue (:mod:`st_hardneg.losses.queue`): a :class:`QueueOptions` (its options,
+            documented there), or an ``int``, its ``size`` alone (``queue=4096`` is ``QueueOptions(size=4096)``);
+            ``None`` (default): no queue, exactly the loss without it.
+        queue_size: ``QueueOptions.size`` as a flat keyword, and so on for every field of :class:`QueueOptions`
+            (aliases: ``queue_size=4096, queue_warmup_steps=100`` is ``queue=QueueOptions(size=4096,
+            warmup_steps=100)``; the names of the messages and of
+            :meth:`~st_hardneg.HardNegativeLoss.get_config_dict`). Give either ``queue`` or these, not both (a
+            ``TypeError`` names both).
+        queue_warmup_steps: ``QueueOptions.warmup_steps``.
+        queue_max_age: ``QueueOptions.max_age``.
+        queue_checkpoint: ``QueueOptions.checkpoint``.
+        queue_source: ``QueueOptions.source``.
+        queue_momentum: ``QueueOptions.momentum``.
+        queue_anchors: ``QueueOptions.anchors``.
+        queue_as_pool: ``QueueOptions.as_pool``.
 
     :func:`~st_hardneg.losses.base.float32_loss` runs each ``compute_loss_from_embeddings`` with autocast disabled (the
     loss math is float32
@@ -203,6 +198,7 @@ class LossOptions(TypedDict, total=False):
     mini_batch_size: int | None
     mini_batch_num_tokens: int | None
     show_progress_bar: bool
+    queue: QueueOptions | int | None
     queue_size: int
     queue_warmup_steps: int
     queue_max_age: int | None
@@ -211,3 +207,136 @@ class LossOptions(TypedDict, total=False):
     queue_momentum: float
     queue_anchors: bool
     queue_as_pool: bool
+
+
+class _NotGiven:
+    """The default of a flat ``queue_*`` keyword: shown as the value it stands for (signatures, help), and telling
+    :meth:`QueueOptions.from_keywords` that the keyword was not given."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    def __repr__(self) -> str:
+        return repr(self.value)
+
+
+def not_given(value: _T) -> _T:
+    """The default of a flat ``queue_*`` keyword of a loss's constructor: ``value`` when the keyword is left out,
+    told apart from the same value given (which :meth:`QueueOptions.from_keywords` refuses beside ``queue=``)."""
+    return cast(_T, _NotGiven(value))
+
+
+@dataclass(frozen=True)
+class QueueOptions:
+    """The options of a loss's cross-batch queue (:mod:`st_hardneg.losses.queue`), checked as they are made: every
+    loss takes them as ``queue=QueueOptions(...)`` (or ``queue=<size>``), or as the flat keywords ``queue_size``,
+    ``queue_warmup_steps``, ... (the same fields with a ``queue_`` prefix, the names of the messages and of
+    :meth:`~st_hardneg.HardNegativeLoss.get_config_dict`).
+
+    Args:
+        size: rows of the cross-batch queue (default 0 = no queue, exactly the loss without it): the detached
+            candidates (positives and explicit negatives) of past optimizer steps join every anchor's
+            ``query_to_doc`` denominator, under the same similarity, scale and logit transform. Filled once per
+            completed optimizer step of ``model``, never in evaluation or GradCache's replay, never cleared; a
+            queued row whose text equals the anchor's or its positive's (``mask_duplicates``) or that passes the
+            ``margin`` is masked; the loss's own hard-negative choices (partners, top-k, adversaries) come from the
+            batch only. With ``gather_across_devices`` every process queues the gathered rows. Needs the model
+            (not ``None``) and no guide.
+        warmup_steps: optimizer steps before the queue is read (default 0).
+        max_age: rows older than this many optimizer steps are not read (``None``: no limit).
+        checkpoint: save the queue with the optimizer checkpoint (restored on resume by
+            :class:`~st_hardneg.training.callbacks.StatefulLossCallback`); ``False`` leaves it out.
+        source: what feeds the queue: ``"online"`` (default, XBM: the detached candidates the loss computed
+            anyway, no extra cost) or ``"ema"`` (MoCo / ESimCSE: a momentum key encoder, a copy of ``model`` as the
+            loss is built, dropout off, re-embeds the candidate columns without gradient; one extra forward of them
+            per batch). AdCSE with ``untied=True`` queues its own key encoder's candidates under either source.
+        momentum: the key encoder's EMA momentum for ``source="ema"`` (default 0.995, ESimCSE's):
+            ``θ_k ← m·θ_k + (1 - m)·θ`` after every optimizer step.
+        anchors: also queue the anchors (a second bank of ``size`` rows, same source, warm-up, age and
+            checkpoint): they join the ``doc_to_query`` denominator (each positive against past anchors), so the
+            symmetric direction gets the extra negatives too. Needs ``"doc_to_query"`` in the loss's
+            ``directions``; without it, queued rows join ``query_to_doc`` only.
+        as_pool: let the loss's own hardest-negative choice also pick queued rows (default ``False``: the queue
+            is a denominator only). Off by default because a hardest-negative choice over old rows is where a
+            queue's failure modes concentrate: the "hardest" queued row is the most likely to be an unmasked
+            duplicate or paraphrase of the anchor (a false negative), and it was embedded by an older encoder. Only
+            MixCSE's ``partner="hardest"`` takes it (the partner is then the hardest of the batch's and the queue's
+            unmasked rows); the other losses refuse it.
+
+    Raises:
+        ValueError: a value out of its range (with :mod:`st_hardneg.validation`'s wording, under the flat name:
+            ``queue_size must be a non-negative integer, got -1``), or ``source``, ``momentum``, ``anchors`` or
+            ``as_pool`` set without a queue (``size=0``). What depends on the loss (``anchors`` without
+            ``doc_to_query``, ``as_pool`` without a hardest-negative choice, a queue without a model or with a
+            guide) is checked when the loss is built.
+
+    Example:
+        ::
+
+            from st_hardneg import MixCSELoss
+            from st_hardneg.losses.options import QueueOptions
+
+            loss = MixCSELoss(model, queue=QueueOptions(size=4096, warmup_steps=100, source="ema"))
+            # the same loss: MixCSELoss(model, queue_size=4096, queue_warmup_steps=100, queue_source="ema")
+    """
+
+    size: int = 0
+    warmup_steps: int = 0
+    max_age: int | None = None
+    checkpoint: bool = True
+    source: Literal["online", "ema"] = "online"
+    momentum: float = 0.995
+    anchors: bool = False
+    as_pool: bool = False
+
+    def __post_init__(self) -> None:
+        checked = {"size": validation.check_count(self.size, "queue_size", minimum=0),
+                   "warmup_steps": validation.check_count(self.warmup_steps, "queue_warmup_steps", minimum=0),
+                   "max_age": validation.check_optional_count(self.max_age, "queue_max_age"),
+                   "checkpoint": validation.check_bool(self.checkpoint, "queue_checkpoint"),
+                   "source": validation.check_choice(self.source, "queue_source", ("online", "ema")),
+                   "momentum": validation.check_momentum(self.momentum, "queue_momentum")}
+        for name, value in checked.items():
+            object.__setattr__(self, name, value)
+        if not self.size and (self.source != "online" or self.momentum != 0.995):
+            raise ValueError(f"{_OWNER}: queue_source / queue_momentum set without a queue; set queue_size > 0")
+        object.__setattr__(self, "anchors", validation.check_bool(self.anchors, "queue_anchors"))
+        if self.anchors and not self.size:
+            raise ValueError(f"{_OWNER}: queue_anchors=True without a queue; set queue_size > 0")
+        object.__setattr__(self, "as_pool", validation.check_bool(self.as_pool, "queue_as_pool"))
+        if self.as_pool and not self.size:
+            raise ValueError(f"{_OWNER}: queue_as_pool=True without a queue; set queue_size > 0")
+
+    @classmethod
+    def from_keywords(cls, owner: str, queue: QueueOptions | int | None = None, **flat: Any) -> QueueOptions:
+        """The queue options of the loss ``owner``'s constructor: ``queue`` (a :class:`QueueOptions`, or an ``int``:
+        its ``size``) or the flat ``queue_*`` keywords ``flat`` (left out: :func:`not_given`).
+
+        Raises:
+            TypeError: ``queue`` together with a flat ``queue_*`` keyword (naming both), ``queue`` of another type,
+                or an unknown ``queue_*`` name.
+            ValueError: a value :class:`QueueOptions` refuses; a rule between the options names ``owner``.
+        """
+        names = {f"queue_{field.name}": field.name for field in fields(cls)}
+        unknown = sorted(set(flat) - set(names))
+        if unknown:
+            raise TypeError(f"{owner}.__init__() got an unexpected keyword argument {unknown[0]!r}")
+        given = {names[key]: value for key, value in flat.items() if not isinstance(value, _NotGiven)}
+        if queue is not None and given:
+            key = next(key for key in flat if not isinstance(flat[key], _NotGiven))
+            raise TypeError(f"{owner}: give the queue either as queue=... or as the flat queue_* keywords, not both; "
+                            f"got queue={queue!r} and {key}={flat[key]!r}")
+        if isinstance(queue, QueueOptions):
+            return queue
+        if queue is not None and not isinstance(queue, int):
+            raise TypeError(f"{owner}: queue must be a QueueOptions or an int (its size), got "
+                            f"{type(queue).__name__} {queue!r:.80}")
+        try:
+            return cls(size=queue) if queue is not None else cls(**given)
+        except ValueError as error:  # a rule between the options: named after the loss, as its other messages
+            message = str(error)
+            if message.startswith(f"{_OWNER}: "):
+                raise ValueError(f"{owner}: {message.removeprefix(f'{_OWNER}: ')}") from None
+            raise

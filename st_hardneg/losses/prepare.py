@@ -24,7 +24,8 @@ __all__ = ["PrepareMixin"]
 
 class PrepareMixin:
     """:meth:`prepare_batch` and its parts for :class:`~st_hardneg.losses.base.HardNegativeLoss` (the options it
-    reads are set by the loss's constructor)."""
+    reads are set by the loss's constructor), and the hooks of the batch's life after it (:meth:`begin_batch`,
+    :meth:`end_batch`, :meth:`close_batch`: a loss with per-batch state overrides them)."""
 
     #: smallest batch the loss accepts (in-batch mixing needs a partner)
     min_batch_size: int = 2
@@ -206,3 +207,17 @@ class PrepareMixin:
 
         return (isinstance(getattr(self.model, "forward", None), ForwardDecorator)
                 or isinstance(self.__dict__.get("calculate_loss"), CachedLossDecorator))
+
+    # ------------------------------------------------------------------ a batch's hooks, after prepare_batch
+    def begin_batch(self, batch: Batch) -> Batch:
+        """Called once per batch before its rows (all windows) are computed; returns the batch the rows are
+        computed on. A loss with per-batch state prepares it here (random partners drawn once, AdCSE's adversary
+        gradient) and a loss that replaces rows of the batch (HNCSE's mixed positives) does so here."""
+        return batch
+
+    def end_batch(self, batch: Batch) -> None:
+        """Called once per batch after its rows were computed without error (see :meth:`begin_batch`): a loss that
+        commits per-batch work (AdCSE's adversary gradient) does it here."""
+
+    def close_batch(self) -> None:
+        """Called after every batch, also one that raised: drop what :meth:`begin_batch` prepared."""

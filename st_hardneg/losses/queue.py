@@ -45,10 +45,10 @@ import torch
 from torch import Tensor, nn
 
 from st_hardneg import functional as fn
-from st_hardneg import validation
 from st_hardneg.functional import ranking as fr
 from st_hardneg.losses import distributed as dist
 from st_hardneg.losses.momentum import frozen_copy, update_momentum
+from st_hardneg.losses.options import QueueOptions
 from st_hardneg.losses.stateful import OptimizerDrivenLoss
 
 if TYPE_CHECKING:
@@ -280,8 +280,10 @@ def queue_columns(queue: CandidateQueue, batch: Batch, rows: Tensor, unit_rows: 
 
 
 class QueueMixin:
-    """The cross-batch queue of :class:`~st_hardneg.losses.base.HardNegativeLoss`: its options checked and its banks
-    built (:meth:`init_queue`), read for the rows being computed and fed with this batch's candidates."""
+    """The cross-batch queue of :class:`~st_hardneg.losses.base.HardNegativeLoss`: its options
+    (:class:`~st_hardneg.losses.options.QueueOptions`, checked as they were made; what depends on the loss checked
+    here) and its banks (:meth:`init_queue`), read for the rows being computed and fed with this batch's
+    candidates."""
 
     #: whether the loss has a hardest-negative choice that can take queued rows (``queue_as_pool``)
     chooses_from_queue_pool: bool = False
@@ -295,28 +297,22 @@ class QueueMixin:
     known_positives: KnownPositives | None
     _last_stats: dict[str, Tensor]
 
-    def init_queue(self, name: str, model: Any, guide: Any, *, queue_size: int, queue_warmup_steps: int,
-                   queue_max_age: int | None, queue_checkpoint: bool, queue_source: str, queue_momentum: float,
-                   queue_anchors: bool, queue_as_pool: bool) -> None:
-        """Check the ``queue_*`` options (:class:`~st_hardneg.losses.options.LossOptions`) and build the banks."""
-        self.queue_size = validation.check_count(queue_size, "queue_size", minimum=0)
-        self.queue_warmup_steps = validation.check_count(queue_warmup_steps, "queue_warmup_steps", minimum=0)
-        self.queue_max_age = validation.check_optional_count(queue_max_age, "queue_max_age")
-        self.queue_checkpoint = validation.check_bool(queue_checkpoint, "queue_checkpoint")
-        self.queue_source = validation.check_choice(queue_source, "queue_source", ("online", "ema"))
-        self.queue_momentum = validation.check_momentum(queue_momentum, "queue_momentum")
-        if not self.queue_size and (self.queue_source != "online" or self.queue_momentum != 0.995):
-            raise ValueError(f"{name}: queue_source / queue_momentum set without a queue; set queue_size > 0")
-        self.queue_anchors = validation.check_bool(queue_anchors, "queue_anchors")
-        if self.queue_anchors and not self.queue_size:
-            raise ValueError(f"{name}: queue_anchors=True without a queue; set queue_size > 0")
+    def init_queue(self, name: str, model: Any, guide: Any, options: QueueOptions) -> None:
+        """Take the queue's checked ``options`` (:class:`~st_hardneg.losses.options.QueueOptions`), check what
+        depends on the loss ``name`` and build the banks."""
+        self.queue_options = options
+        self.queue_size, self.queue_warmup_steps, self.queue_max_age = options.size, options.warmup_steps, options.max_age
+        self.queue_checkpoint, self.queue_source, self.queue_momentum = options.checkpoint, options.source, options.momentum
+        self.queue_anchors, self.queue_as_pool = options.anchors, options.as_pool
+        # a loss whose candidates already come from its own key encoder (AdCSE untied) queues those
+        own_candidates = bool(vars(self).get("_candidates_from_key_encoder", False))
+        if own_candidates and self.queue_source == "ema" and self.queue_momentum != 0.995:
+            raise ValueError(f"{name}: with queue_source='ema' the queue is fed by the loss's own key encoder, which "
+                             "moves with `momentum`; queue_momentum does not apply, leave it unset")
         if self.queue_anchors and "doc_to_query" not in self.directions:
             raise ValueError(f"{name}: queue_anchors=True queues anchors for the doc_to_query direction, which "
                              f"directions={self.directions} does not have; add 'doc_to_query' or leave "
                              "queue_anchors off")
-        self.queue_as_pool = validation.check_bool(queue_as_pool, "queue_as_pool")
-        if self.queue_as_pool and not self.queue_size:
-            raise ValueError(f"{name}: queue_as_pool=True without a queue; set queue_size > 0")
         if self.queue_as_pool and not self.chooses_from_queue_pool:
             reason = self.queue_pool_refusal or (f"{name} makes no such choice from the candidates, so the queue is its "
                                                  "denominator only")
@@ -335,8 +331,7 @@ class QueueMixin:
             if guide is not None:
                 raise ValueError(f"{name}: queue_size with a guide is not supported (the queued rows have no guide "
                                  "embeddings to apply its margin to); use margin without a guide")
-            # a loss whose candidates already come from its own key encoder (AdCSE untied) queues those
-            own_encoder = self.queue_source == "ema" and not vars(self).get("_candidates_from_key_encoder", False)
+            own_encoder = self.queue_source == "ema" and not own_candidates
             self.queue = CandidateQueue(model, self.queue_size, warmup_steps=self.queue_warmup_steps,
                                         max_age=self.queue_max_age, checkpoint=self.queue_checkpoint,
                                         momentum=self.queue_momentum if own_encoder else None)

@@ -2,7 +2,9 @@
 
 - :mod:`~st_hardneg.testing.fixtures`: a tiny random BERT that builds offline, a mini SentEval folder, plain-Python
   reference math (re-exported here; torch-free to import);
-- :mod:`~st_hardneg.testing.distributed`: the multi-process harness (gloo, ``torch.multiprocessing.spawn``).
+- :mod:`~st_hardneg.testing.distributed`: the multi-process harness (gloo, ``torch.multiprocessing.spawn``);
+- :mod:`~st_hardneg.testing.blocked`: a saved model loaded by plain sentence-transformers in a Python that cannot
+  import st_hardneg.
 
 >>> from st_hardneg.testing import make_tiny_model_dir
 """

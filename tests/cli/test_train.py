@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import itertools
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from st_hardneg import __version__, cli
 from st_hardneg.data.mrpc import MRPC_HEADER
+from st_hardneg.testing.blocked import load_without_st_hardneg
 
 COMBOS = list(itertools.product(("red", "blue", "green", "old", "new", "big"),
                                 ("cat", "dog", "car", "house", "tree", "boat", "bird", "lamp"),
@@ -116,42 +115,26 @@ def test_resume_from_a_folder_without_a_checkpoint_is_refused(data, tmp_path, ca
 
 
 # --------------------------------------------------------------------------- saved models, the loss shown
-BLOCKER = """
-import sys
-class Block:
-    def find_spec(self, name, path=None, target=None):
-        if name == "st_hardneg" or name.startswith("st_hardneg."):
-            raise ImportError("st_hardneg is blocked in this process")
-sys.meta_path.insert(0, Block())
-from sentence_transformers import SentenceTransformer
-model = SentenceTransformer(sys.argv[1], device="cpu")
-print(model.encode(["my red cat sleeps ."], convert_to_tensor=True)[0, :4].tolist())
-print(type(model[-1]).__name__, "st_hardneg" in sys.modules)
-"""
-
-
 def test_the_saved_model_loads_without_st_hardneg_and_the_head_only_on_request(data, tmp_path, capsys):
     out = tmp_path / "run"
     assert cli.main(_argv(data, out, "--loss", "mixcse", "--mlp-head", "--max-steps", "2")) == 0
     assert "loss mixcse:" not in capsys.readouterr().out  # -q: the loss is not announced
     modules = json.loads((out / "final" / "modules.json").read_text())
     assert [m["type"].rsplit(".", 1)[-1] for m in modules] == ["Transformer", "Pooling"]
-    blocked = subprocess.run([sys.executable, "-c", BLOCKER, str(out / "final")], capture_output=True, text=True,
-                             timeout=300)
+    blocked = load_without_st_hardneg(out / "final", "my red cat sleeps .")
     assert blocked.returncode == 0, blocked.stderr
-    vector, last = blocked.stdout.strip().splitlines()
-    assert last == "Pooling False"
+    vector, facts = blocked.read()
+    assert (facts["modules"][-1], facts["loaded"]) == ("Pooling", False)
     from st_hardneg.models import load_checkpoint
 
     expected = load_checkpoint(out / "final").encode(["my red cat sleeps ."], convert_to_tensor=True)[0, :4]
-    assert json.loads(vector) == pytest.approx(expected.tolist(), abs=1e-5)
+    assert vector[:4] == pytest.approx(expected.tolist(), abs=1e-5)
     # the same process blocks st_hardneg for real: a folder with the head cannot load there
     kept = tmp_path / "kept"
     assert cli.main(_argv(data, kept, "--loss", "mixcse", "--mlp-head", "--save-train-head", "--max-steps", "2")) == 0
     modules = json.loads((kept / "final" / "modules.json").read_text())
     assert modules[-1]["type"] == "st_hardneg.models.TrainOnlyDense"
-    refused = subprocess.run([sys.executable, "-c", BLOCKER, str(kept / "final")], capture_output=True, text=True,
-                             timeout=300)
+    refused = load_without_st_hardneg(kept / "final", "my red cat sleeps .")
     assert refused.returncode != 0 and "st_hardneg" in refused.stderr
     assert type(load_checkpoint(kept / "final")[-1]).__name__ == "TrainOnlyDense"
 

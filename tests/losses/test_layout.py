@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 LOSSES = Path(__file__).resolve().parents[2] / "st_hardneg" / "losses"
-MIXIN_MODULES = ("prepare.py", "blocks.py", "queue.py", "unusable.py", "gradcache.py", "keys.py", "batch.py",
-                 "columns.py", "false_negatives.py", "relevance.py")
+MIXIN_MODULES = ("prepare.py", "blocks.py", "queue.py", "gradcache.py", "keys.py", "batch.py", "columns.py",
+                 "false_negatives.py", "relevance.py", "options.py")
 PAPERS = ("mixcse.py", "focal.py", "hncse.py", "adcse.py")
 
 
@@ -51,11 +51,10 @@ def test_relevance_does_not_import_batch() -> None:
 
 def test_the_mixins_make_up_the_base_class() -> None:
     from st_hardneg.losses.base import HardNegativeLoss
-    from st_hardneg.losses.blocks import RankingMixin
+    from st_hardneg.losses.blocks import RankingMixin, UnusableMixin
     from st_hardneg.losses.gradcache import ChunkedLossMixin, GradCacheMixin
     from st_hardneg.losses.prepare import PrepareMixin
     from st_hardneg.losses.queue import QueueMixin
-    from st_hardneg.losses.unusable import UnusableMixin
 
     for mixin in (RankingMixin, ChunkedLossMixin, GradCacheMixin, PrepareMixin, QueueMixin, UnusableMixin):
         assert issubclass(HardNegativeLoss, mixin), mixin.__name__
@@ -98,3 +97,18 @@ def test_per_batch_state_lives_on_the_batch_not_on_the_loss() -> None:
     moved = ("_usable", "_zero_rows", "_local_rows", "_chunk_tallies", "_queue_columns", "_anchor_queue_columns",
              "_queue_vectors")
     assert [name for name in moved if hasattr(loss, name)] == []
+
+
+def test_one_mixcse_batch_crosses_four_files_and_enters_base_once() -> None:
+    """The loss's own methods one MixCSE batch runs (ARCHITECTURE.md, "One MixCSE batch, file by file") live in four
+    modules, in order: base.py (forward and the template only), prepare.py, mixcse.py, blocks.py."""
+    from st_hardneg import MixCSELoss
+
+    path = ("forward", "compute_loss_from_embeddings", "prepare_batch", "window", "begin_batch", "window_rows",
+            "ranking_blocks", "ranking_rows", "note_unusable_rows", "reduce", "end_batch", "close_batch")
+    owner = {name: next(cls.__module__ for cls in MixCSELoss.__mro__ if name in vars(cls)) for name in path}
+    modules = list(dict.fromkeys(owner.values()))
+    assert modules == ["st_hardneg.losses.base", "st_hardneg.losses.prepare", "st_hardneg.losses.mixcse",
+                       "st_hardneg.losses.blocks"]
+    assert [name for name, module in owner.items() if module == "st_hardneg.losses.base"] == [
+        "forward", "compute_loss_from_embeddings"]
