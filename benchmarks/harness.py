@@ -2,8 +2,9 @@
 
 - :func:`run_pending`: the resumable loop: every (method, seed) not yet in ``data["runs"]`` is run, appended and saved
   at once, so an interrupted benchmark resumes where it stopped;
-- :func:`benchmark_jobs` and :func:`parse_variant`: the methods of a table (one per script, e.g.
-  ``benchmarks.retrieval.METHODS``) and the ``--variant LABEL=LOSS:k=v,...`` syntax;
+- :func:`benchmark_jobs` and :func:`parse_variant`: the methods of a script's table (its rows of the one table of
+  methods, :mod:`benchmarks.methods`, e.g. ``benchmarks.retrieval.METHODS``) and the ``--variant LABEL=LOSS:k=v,...``
+  syntax;
 - :func:`resume`: the results file to resume from, refused when it was made under another protocol;
 - :func:`plot_seed_bars`: one bar per method, mean ± std over seeds with every seed as a dot.
 

@@ -10,6 +10,7 @@ relevant to the row's query (``st_hardneg.data.relevance.known_positives_from_qr
 ``known_positives`` take). No model is run: the counts depend only on the data, the rule and the seed.
 
     python -m benchmarks.known_relevance_share --data-dir ../shared/data/retrieval   # -> results/known_relevance_share.*
+    python -m benchmarks.known_relevance_share --report                               # the markdown from the JSON
 """
 
 from __future__ import annotations
@@ -88,10 +89,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--datasets", nargs="+", default=["scifact", "nfcorpus"])
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     parser.add_argument("--out", default=str(RESULTS / "known_relevance_share.json"))
+    parser.add_argument("--report", action="store_true", help="only rewrite the markdown from the JSON")
     args = parser.parse_args(argv)
-    rows = [share(Path(args.data_dir) / name, seed) for name in args.datasets for seed in args.seeds]
     out = Path(args.out)
-    out.write_text(json.dumps({"batch_size": BATCH_SIZE, "rows": rows}, indent=1) + "\n")
+    if args.report:
+        rows = json.loads(out.read_text())["rows"]
+    else:
+        rows = [share(Path(args.data_dir) / name, seed) for name in args.datasets for seed in args.seeds]
+        out.write_text(json.dumps({"batch_size": BATCH_SIZE, "rows": rows}, indent=1) + "\n")
     out.with_suffix(".md").write_text(markdown(rows))
     print(markdown(rows))
     return 0

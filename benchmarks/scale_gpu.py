@@ -1,6 +1,6 @@
 """Scaling on a GPU: every loss on a BERT-base-shaped encoder in bf16, peak CUDA memory and step time.
 
-The CPU scale benchmark (``benchmarks/scale.py``) measures resident memory on a tiny model, where the loss side
+The CPU scale benchmark (``benchmarks.scale``) measures resident memory on a tiny model, where the loss side
 weighs most. This one measures what a GPU user reads: ``torch.cuda.max_memory_allocated`` and the median wall time
 of a full training step (zero_grad, forward of both columns, loss, backward, gradient clipping at 1.0, AdamW step,
 ``torch.cuda.synchronize`` before reading the clock) under ``torch.autocast("cuda", dtype=torch.bfloat16)``, which
@@ -37,7 +37,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-METHODS = ("mnrl", "cached_mnrl", "mixcse", "focal", "hncse_pm", "hncse_hnm", "adcse")
+from benchmarks.methods import OURS
+
+METHODS = ("mnrl", "cached_mnrl", *OURS)
 GRID = ((64, "uncached"), (1024, "uncached"), (8192, "cached"), (32768, "cached"))
 BERT_BASE = {"hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12, "intermediate_size": 3072,
              "vocab_size": 30522, "max_position_embeddings": 512}

@@ -1,8 +1,9 @@
-"""benchmarks/scale.py: the report arithmetic on hand-made results, and smoke runs of the real subprocess grid."""
+"""benchmarks.scale: the report arithmetic on hand-made results, smoke runs of the real subprocess grid, the paired
+timing (``paired``) and the live-tensor count (``tensors``); the committed tables."""
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import json
 import os
 import sys
@@ -14,14 +15,8 @@ REPO = Path(__file__).resolve().parents[2]
 CORPUS = Path(os.environ.get("ST_HARDNEG_SHARED_DATA", REPO.parent / "shared" / "data")) / "corpus" / "wiki10k.txt"
 
 
-def _load_scale():
-    spec = importlib.util.spec_from_file_location("benchmarks_scale", REPO / "benchmarks" / "scale.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-scale = _load_scale()
+scale = importlib.import_module("benchmarks.scale")
+RESULTS = REPO / "benchmarks" / "results"
 
 
 def _run(method, variant, batch, processes=1, status="ok", step_ms=None, peak_mb=None, state_mb=10.0):
@@ -159,7 +154,7 @@ def test_steps_text_names_the_variant_only_where_a_batch_s_variants_differ():
     data = _data(*runs)
     for key, run in data["runs"].items():
         run["steps"] = 9 if key == "focal/cached/b1024" else 2 if run["batch_size"] == 65536 else 3
-    assert sys.modules["benchmarks.scale_report"]._steps_text(data) == "3 steps (cached batch 1024: 9; batch 65536: 2)"
+    assert sys.modules["benchmarks.scale.report"]._steps_text(data) == "3 steps (cached batch 1024: 9; batch 65536: 2)"
 
 
 def test_plan_and_bad_inputs(tmp_path):
@@ -300,9 +295,7 @@ def test_smoke_two_processes_tiny_model(tmp_path):
 
 def test_paired_timing_smoke(tmp_path):
     """Every loss and both CachedMNRL references timed round-robin in one process; ratios against the references."""
-    import importlib
-
-    paired = importlib.import_module("benchmarks.scale_paired")
+    paired = importlib.import_module("benchmarks.scale.paired")
     out = tmp_path / "paired.md"
     assert paired.main(["--batch-size", "64", "--rounds", "2", "--corpus", str(CORPUS), "--out", str(out)]) == 0
     table = out.read_text()
@@ -314,12 +307,10 @@ def test_paired_timing_smoke(tmp_path):
 
 
 def test_live_tensors_of_a_cached_step_against_cached_mnrl():
-    """benchmarks/scale_tensors.py at N 512, d 8, chunks of 8: Focal holds what CachedMNRL holds (within half an
+    """benchmarks.scale tensors at N 512, d 8, chunks of 8: Focal holds what CachedMNRL holds (within half an
     N × d matrix), MixCSE's two-way form one more chunk block per direction; composing the normalisation from
     autograd's ops instead (row_norms' scaled copy kept per column) would add 2 matrices to every loss."""
-    spec = importlib.util.spec_from_file_location("benchmarks_scale_tensors", REPO / "benchmarks" / "scale_tensors.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = importlib.import_module("benchmarks.scale.tensors")
     results = module.measure(512, 8, 8)
     reference = results["cached_mnrl"][0]
     assert reference >= 5  # the tracker sees CachedMNRL's own concatenations and normalised copies
@@ -334,9 +325,7 @@ def test_live_tensors_at_the_scale_benchmark_width_stay_near_cached_mnrl():
     keep only the similarity for the backward) and so does HNCSE PM (only the mixed rows are mixed; mixing every row and
     selecting was 1.2 above), MixCSE's two-way form within half a matrix, and HNM within 6 (its per-row draws are kept
     in 8 bits, drawn so; as int64 it was 9.3 above, in 16 bits 5.5, in 8 bits 4.9)."""
-    spec = importlib.util.spec_from_file_location("benchmarks_scale_tensors", REPO / "benchmarks" / "scale_tensors.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = importlib.import_module("benchmarks.scale.tensors")
     results = module.measure(1024, 32, 32)
     reference = results["cached_mnrl"][0]
     assert reference >= 10
@@ -350,9 +339,33 @@ def test_live_tensors_at_the_scale_benchmark_width_stay_near_cached_mnrl():
 
 @pytest.mark.parametrize("argv", [["--n", "1"], ["--d", "0"], ["--c", "0"], ["--n", "-5"]])
 def test_live_tensors_script_refuses_bad_sizes(argv, capsys):
-    spec = importlib.util.spec_from_file_location("benchmarks_scale_tensors", REPO / "benchmarks" / "scale_tensors.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = importlib.import_module("benchmarks.scale.tensors")
     with pytest.raises(SystemExit):
         module.main([*argv, "--out", "/dev/null"])
     assert f"{argv[0]} must be at least" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name", ["scale", "scale_minilm"])
+def test_committed_tables_are_rendered_from_their_json(name):
+    data = json.loads((RESULTS / f"{name}.json").read_text())
+    assert scale.markdown(data) == (RESULTS / f"{name}.md").read_text()
+
+
+def test_subcommands_dispatch(tmp_path, monkeypatch, capsys):
+    """``python -m benchmarks.scale [run|report|paired|tensors|worker]``: ``report`` is ``--report``, ``run`` and no
+    subcommand are the grid, the worker measures one configuration given as JSON."""
+    out = tmp_path / "scale.json"
+    out.write_text((RESULTS / "scale.json").read_text())
+    assert scale.main(["report", "--out", str(out)]) == 0
+    assert out.with_suffix(".md").read_text() == (RESULTS / "scale.md").read_text()
+    assert scale.main(["run", "--report", "--out", str(out)]) == 0
+    calls = []
+    monkeypatch.setattr(scale, "run_config", lambda cfg: calls.append(cfg) or {"status": "ok"})
+    capsys.readouterr()
+    assert scale.main(["worker", json.dumps({"method": "mnrl"})]) == 0
+    assert calls == [{"method": "mnrl"}]
+    assert capsys.readouterr().out == scale.RESULT_PREFIX + json.dumps({"status": "ok"}) + "\n"
+    with pytest.raises(SystemExit):
+        scale.main(["tensors", "--n", "1", "--out", "/dev/null"])
+    with pytest.raises(SystemExit):
+        scale.main(["paired", "--rounds", "1", "--out", str(tmp_path / "p.md")])

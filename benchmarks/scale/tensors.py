@@ -9,8 +9,8 @@ storages still alive (weak references; PyTorch keeps a tensor's Python object wh
 peak of that sum and the tensors alive at it are reported, in units of one N × d float32 matrix; at c = d a
 (c, N) chunk block is one unit too. The inputs themselves (2 columns) are held by every loss alike and not counted.
 
-    python -m benchmarks.scale_tensors                   # N 8192, d 32, c 32 -> results/scale_tensors.md
-    python -m benchmarks.scale_tensors --n 65536
+    python -m benchmarks.scale tensors                   # N 8192, d 32, c 32 -> results/scale_tensors.md
+    python -m benchmarks.scale tensors --n 65536
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 OUT = REPO / "benchmarks" / "results" / "scale_tensors.md"
 
 
@@ -154,11 +154,12 @@ def markdown(results: dict[str, tuple[float, Alive]], n: int, d: int, c: int) ->
                              align=["l", "r", "r", "l"])
             + f"\nOne N×d float32 matrix = {n * d * 4 / 2**20:.1f} MB. Outputs of at least c·d elements; the "
               "2 input columns (held by every loss) and their aliases are not counted. "
-              "`python benchmarks/scale_tensors.py`\n")
+              "`python -m benchmarks.scale tensors`\n")
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.scale tensors", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--n", type=int, default=8192)
     parser.add_argument("--d", type=int, default=32)
     parser.add_argument("--c", type=int, default=32)
@@ -172,7 +173,3 @@ def main(argv: list[str] | None = None) -> int:
     Path(args.out).write_text(text)
     print(text)
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

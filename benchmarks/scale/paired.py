@@ -1,33 +1,35 @@
 """Cached step time at one large batch, every loss next to CachedMNRL, with the steps interleaved.
 
-``scale.py`` runs each configuration in its own process, one after the other. On a shared machine whose speed drifts
+``benchmarks.scale`` runs each configuration in its own process, one after the other. On a shared machine whose speed drifts
 (here by up to 27 % between runs an hour apart), a ratio of two configurations run minutes apart carries that drift.
 This script builds every loss on the same tiny model and batch in one process and times their steps round-robin
 (A B C ... A B C ...), so that a drift hits all of them alike. Each ratio is the median of the steps after one
 warm-up round. It also adds sentence-transformers' ``CachedMultipleNegativesRankingLoss`` with both directions
 (``per_direction``), the like-for-like reference for MixCSE's benchmark form, which is two-way.
 
-    python -m benchmarks.scale_paired                      # batch 8192, 4 rounds -> results/scale_paired.md
-    python -m benchmarks.scale_paired --batch-size 512 --rounds 2 --out /tmp/p.md     # smoke
+    python -m benchmarks.scale paired                      # batch 8192, 4 rounds -> results/scale_paired.md
+    python -m benchmarks.scale paired --batch-size 512 --rounds 2 --out /tmp/p.md     # smoke
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+from benchmarks.methods import OURS
+
+REPO = Path(__file__).resolve().parents[2]
 DEFAULT_OUT = REPO / "benchmarks" / "results" / "scale_paired.md"
 DEFAULT_CORPUS = REPO.parent / "shared" / "data" / "corpus" / "wiki10k.txt"
-LOSSES = ("mixcse", "focal", "hncse_pm", "hncse_hnm", "adcse")
+LOSSES = OURS
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.scale paired", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--batch-size", type=int, default=8192)
     parser.add_argument("--mini-batch-size", type=int, default=32)
     parser.add_argument("--rounds", type=int, default=4, help="rounds of steps, the first a warm-up")
@@ -44,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     from sentence_transformers.sentence_transformer.losses import CachedMultipleNegativesRankingLoss
     from tqdm import tqdm
 
-    from benchmarks.scale_worker import _load_model
+    from benchmarks.scale.worker import _load_model
     from st_hardneg.data import read_corpus
     from st_hardneg.reporting import markdown_table
     from st_hardneg.training.registry import build_loss
@@ -85,7 +87,3 @@ def main(argv: list[str] | None = None) -> int:
     Path(args.out).write_text(text)
     print(text)
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

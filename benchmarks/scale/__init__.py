@@ -14,7 +14,7 @@ For every method and batch size (default 64, 1024 and 8192) one configuration tr
 Variants: ``uncached`` builds the loss as registered; ``cached`` passes ``mini_batch_size`` (``--mini-batch-size``,
 default 32, GradCache and loss rows in chunks). A loss that rejects the argument is reported as "not supported", not
 run. sentence-transformers' ``CachedMultipleNegativesRankingLoss`` (``cached_mnrl``, scale 20 as our ``mnrl``) is the
-reference. Targets (ratios in one run; ``scale_report.py``): the cached peak at the largest batch within
+reference. Targets (ratios in one run; :mod:`benchmarks.scale.report`): the cached peak at the largest batch within
 1.3x of batch 64's; the cached peak within 1.2x of ``cached_mnrl``'s at the same batch; the cached step time within
 1.15x of ``cached_mnrl``'s from batch 1024 on; 2 processes at the same global batch within 0.6x of 1 process.
 
@@ -33,7 +33,7 @@ the heap, and the heap keeps what they leave behind. Measured on the tiny model,
 16384: ``cached_mnrl`` 66 / 119 / 313 MB, our cached Focal-InfoNCE 118 / 269 / 1088 MB, while the largest set of
 tensors alive at once in Focal's step (every op's output tracked with a dispatch mode) was 10 MB at batch 4096. So
 each configuration is run a second time, in fresh processes, with ``MALLOC_MMAP_THRESHOLD_=131072`` in the
-environment (``scale_worker.MEMORY_ENV``), which fixes the threshold at 128 KiB and stops its dynamic raise: every
+environment (``benchmarks.scale.worker.MEMORY_ENV``), which fixes the threshold at 128 KiB and stops its dynamic raise: every
 buffer from 128 KiB up is then mapped on allocation and unmapped on free, and ``peak_mb`` follows the live buffers,
 the number a GPU user reads from ``max_memory_allocated``. (Fixing the threshold in the timed process instead, after
 its steps, was tried first: the heap those steps had spread kept the small buffers scattered, and the mark varied
@@ -80,8 +80,17 @@ the ratio of each round in the 2-process table::
     python -m benchmarks.scale --methods mnrl cached_mnrl --batch-sizes 8 16 --steps 2 --out /tmp/s.json  # smoke
     python -m benchmarks.scale --report                         # only rewrite scale.md and scale.png
 
-This file is the driver (plan, subprocess per configuration, resume); ``scale_worker.py`` measures one configuration
-and ``scale_report.py`` turns the results into the summary, table and plot.
+This package is the driver (plan, subprocess per configuration, resume); :mod:`benchmarks.scale.worker` measures one
+configuration (``python -m benchmarks.scale worker CONFIG``, started by the driver) and :mod:`benchmarks.scale.report`
+turns the results into the summary, table and plot. Two more measurements of the same question, each its own
+subcommand: ``paired`` (:mod:`benchmarks.scale.paired`: every loss's cached step at one large batch, interleaved with
+CachedMNRL in one process -> ``scale_paired.md``) and ``tensors`` (:mod:`benchmarks.scale.tensors`: which tensors a
+cached loss holds at its peak -> ``scale_tensors.md``)::
+
+    python -m benchmarks.scale [run] [options]       # the grid (the default subcommand)
+    python -m benchmarks.scale report [--out FILE]   # = --report
+    python -m benchmarks.scale paired [--batch-size 8192 --rounds 4]
+    python -m benchmarks.scale tensors [--n 8192]
 
 Writes ``benchmarks/results/scale.json`` after every configuration (``{"runs": {key: result}, "_meta": ...}``); a
 finished configuration already in the JSON is skipped, so an interrupted run resumes where it stopped (failed ones
@@ -101,7 +110,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.scale_report import (  # noqa: F401  (the report half of this benchmark; summarize, plot: its API here too)
+from benchmarks.methods import OURS
+from benchmarks.scale.report import (  # noqa: F401  (the report half of this benchmark; summarize, plot: its API here too)
     DDP_TARGET,
     MEMORY_TARGET,
     PEAK_TARGET,
@@ -115,13 +125,13 @@ from benchmarks.scale_report import (  # noqa: F401  (the report half of this be
     summarize,
     write_report,
 )
-from benchmarks.scale_worker import MEMORY_ENV, build_benchmark_loss, run_config  # noqa: F401  (one configuration)
+from benchmarks.scale.worker import MEMORY_ENV, build_benchmark_loss, run_config  # noqa: F401  (one configuration)
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 RESULTS = REPO / "benchmarks" / "results"
 DEFAULT_OUT = RESULTS / "scale.json"
 DEFAULT_CORPUS = REPO.parent / "shared" / "data" / "corpus" / "wiki10k.txt"
-DEFAULT_METHODS = ["mnrl", REFERENCE, "mixcse", "focal", "hncse_pm", "hncse_hnm", "adcse"]
+DEFAULT_METHODS = ["mnrl", REFERENCE, *OURS]
 VARIANTS = ("uncached", "cached")
 RESULT_PREFIX = "SCALE_RESULT "
 #: statuses of a finished configuration (skipped on resume); "error" is retried
@@ -153,7 +163,7 @@ def launch(cfg: dict[str, Any], timeout: float, extra_env: dict[str, str] | None
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])]),
            "OMP_NUM_THREADS": str(cfg["threads"]), "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1",
            "TRANSFORMERS_OFFLINE": "1", **(extra_env or {})}
-    worker = [str(Path(__file__).resolve()), "--worker", json.dumps(cfg)]
+    worker = ["-m", "benchmarks.scale", "worker", json.dumps(cfg)]
     if cfg["processes"] > 1:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
                str(cfg["processes"]), *worker]
@@ -250,8 +260,49 @@ def load(path: Path) -> dict[str, Any]:
 
 
 # ----------------------------------------------------------------------------------------------------- main
+def worker_main(argv: list[str]) -> int:
+    """``worker CONFIG``: measure one configuration (a JSON object) in this process and print its result line (rank 0
+    only under torchrun)."""
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.scale worker",
+                                     description="One configuration, measured in this process (started by the driver).")
+    parser.add_argument("config", help="the configuration as a JSON object")
+    args = parser.parse_args(argv)
+    result = run_config(json.loads(args.config))
+    if int(os.environ.get("RANK", 0)) == 0:
+        print(RESULT_PREFIX + json.dumps(result), flush=True)
+    return 0
+
+
+def _paired(argv: list[str]) -> int:
+    from benchmarks.scale import paired
+
+    return paired.main(argv)
+
+
+def _tensors(argv: list[str]) -> int:
+    from benchmarks.scale import tensors
+
+    return tensors.main(argv)
+
+
+#: the subcommands besides ``run`` (the default, also taken when the first argument is an option)
+COMMANDS = {"report": lambda argv: run_main(["--report", *argv]), "paired": _paired, "tensors": _tensors,
+            "worker": worker_main}
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    """``python -m benchmarks.scale [run|report|paired|tensors|worker] ...``: the subcommand's own options follow its
+    name; without one, the grid (``run``)."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv and argv[0] in COMMANDS:
+        return COMMANDS[argv[0]](argv[1:])
+    return run_main(argv[1:] if argv and argv[0] == "run" else argv)
+
+
+def run_main(argv: list[str]) -> int:
+    """``run``: the grid of configurations, each in fresh processes, resumed from ``--out``."""
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.scale [run]", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--methods", nargs="*", default=DEFAULT_METHODS,
                         help=f"names of st_hardneg.training.registry.LOSSES, {REFERENCE} and {REFERENCE_TWO_WAY} "
                              f"(default: {DEFAULT_METHODS})")
@@ -282,14 +333,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=3600, help="seconds per configuration")
     parser.add_argument("--out", default=str(DEFAULT_OUT))
     parser.add_argument("--report", action="store_true", help="only rewrite the markdown table and the plot")
-    parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-
-    if args.worker is not None:
-        result = run_config(json.loads(args.worker))
-        if int(os.environ.get("RANK", 0)) == 0:
-            print(RESULT_PREFIX + json.dumps(result), flush=True)
-        return 0
 
     out = Path(args.out)
     data = load(out)
@@ -382,7 +426,3 @@ def main(argv: list[str] | None = None) -> int:
         print(f"failed configurations (rerun to retry): {errors}", file=sys.stderr)
         return 1
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,4 +1,4 @@
-"""The report half of ``benchmarks/scale.py``: the configuration keys, the summary with its target ratios, the markdown
+"""The report half of ``benchmarks.scale``: the configuration keys, the summary with its target ratios, the markdown
 table and the plot of a scale results file (no torch import)."""
 
 from __future__ import annotations
@@ -122,7 +122,7 @@ def _steps_text(data: dict[str, Any]) -> str:
 
 
 def _rounds_text(data: dict[str, Any]) -> str:
-    """A sentence on the configurations timed in several interleaved rounds (``scale.py --rounds``), else ''."""
+    """A sentence on the configurations timed in several interleaved rounds (``benchmarks.scale --rounds``), else ''."""
     rounds = sorted({len(r["step_ms_rounds"]) for r in data["runs"].values() if len(r.get("step_ms_rounds") or []) > 1})
     if not rounds:
         return ""
@@ -227,8 +227,6 @@ def plot(data: dict[str, Any], path: Path) -> Path | None:
     plt.close(fig)
     return path
 
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 def write_report(data: dict[str, Any], out: Path) -> None:

@@ -1,4 +1,4 @@
-"""The worker half of ``benchmarks/scale.py``: one configuration (method, variant, batch, processes) measured in a
+"""The worker half of ``benchmarks.scale`` (``python -m benchmarks.scale worker CONFIG``): one configuration (method, variant, batch, processes) measured in a
 fresh process: peak memory from ``/proc/self/status`` and step times of a few training steps."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.scale_report import REFERENCE, REFERENCE_TWO_WAY
+from benchmarks.scale.report import REFERENCE, REFERENCE_TWO_WAY
 
 
 def _status_kb(field: str) -> int | None:
@@ -35,7 +35,7 @@ def _reset_peak() -> bool:
     return _status_kb("VmHWM") is not None
 
 
-#: the environment of a memory run (``scale.py`` launches each configuration twice: timed, and measured with this)
+#: the environment of a memory run (``benchmarks.scale`` launches each configuration twice: timed, and measured with this)
 MEMORY_ENV = {"MALLOC_MMAP_THRESHOLD_": "131072"}
 
 
@@ -81,7 +81,7 @@ def _load_model(spec: str, max_seq_length: int, work: Path):
 
 
 def run_config(cfg: dict[str, Any]) -> dict[str, Any]:
-    """Run one configuration in this process (the ``--worker`` mode; under torchrun, one rank of it)."""
+    """Run one configuration in this process (the ``worker`` subcommand; under torchrun, one rank of it)."""
     import torch
 
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))

@@ -1,0 +1,7 @@
+"""``python -m benchmarks.scale [run|report|paired|tensors|worker] ...`` (see :mod:`benchmarks.scale`)."""
+
+import sys
+
+from benchmarks.scale import main
+
+sys.exit(main())
