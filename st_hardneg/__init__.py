@@ -19,12 +19,21 @@ _LAZY = {
     "HardNegativeLoss": "st_hardneg.losses",
     "HNCSELoss": "st_hardneg.losses",
     "MixCSELoss": "st_hardneg.losses",
+    "QueueOptions": "st_hardneg.losses",
 }
 
-__all__ = ["AdversarialNegativesLoss", "FocalInfoNCELoss", "HNCSELoss", "HardNegativeLoss", "MixCSELoss", "__version__"]
+__all__ = ["AdversarialNegativesLoss", "FocalInfoNCELoss", "HNCSELoss", "HardNegativeLoss", "MixCSELoss", "QueueOptions",
+           "__version__"]
 
 if TYPE_CHECKING:  # pragma: no cover
-    from st_hardneg.losses import AdversarialNegativesLoss, FocalInfoNCELoss, HardNegativeLoss, HNCSELoss, MixCSELoss
+    from st_hardneg.losses import (
+        AdversarialNegativesLoss,
+        FocalInfoNCELoss,
+        HardNegativeLoss,
+        HNCSELoss,
+        MixCSELoss,
+        QueueOptions,
+    )
 
 
 def __getattr__(name: str) -> Any:
