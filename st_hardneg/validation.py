@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import math
 import operator
+import sys
 import warnings
 from collections.abc import Callable, Iterable, Mapping
+from types import FrameType
 from typing import Any
 
 from torch import Tensor, nn
@@ -19,6 +21,32 @@ from torch import Tensor, nn
 #: gradients finite too (they are the logit slope 1/τ times at most 1/eps of the normalisation, see
 #: :data:`st_hardneg.functional.NORM_EPS`).
 MAX_LOGIT = 1e30
+
+_PACKAGE = __name__.partition(".")[0]
+
+
+def user_stacklevel() -> int:
+    """The ``stacklevel`` that points a warning raised by the caller of this function at the user's line: the first
+    frame, counting outwards from that caller (level 1), whose module is not part of st-hardneg (a dataclass's
+    generated ``__init__`` counts as its class's module). Right whatever the depth of the library's own calls (a
+    loss's constructor, its options, a subclass's ``super().__init__``).
+
+    Example:
+        ::
+
+            warnings.warn(message, UserWarning, stacklevel=user_stacklevel())
+    """
+    frame = sys._getframe(1)
+    level = 1
+    while frame.f_back is not None and _in_package(frame):
+        frame = frame.f_back
+        level += 1
+    return level
+
+
+def _in_package(frame: FrameType) -> bool:
+    module = str(frame.f_globals.get("__name__", ""))
+    return module == _PACKAGE or module.startswith(f"{_PACKAGE}.")
 
 
 def check_number(value: Any, name: str, minimum: float | None = None, maximum: float | None = None,
@@ -135,7 +163,8 @@ def clamp_count(value: int, name: str, limit: int, reason: str, *, owner: str, r
     if value <= limit:
         return value
     if warn:
-        warnings.warn(clamped_count_message(owner, name, value, limit, reason, remedy), UserWarning, stacklevel=3)
+        warnings.warn(clamped_count_message(owner, name, value, limit, reason, remedy), UserWarning,
+                      stacklevel=user_stacklevel())
     return limit
 
 
@@ -201,7 +230,7 @@ def check_scale_or_temperature(scale: Any, temperature: Any, default_temperature
             f"{2.0 / tau:.3g} of every other and the loss barely trains. Did you mean "
             f"{'scale' if temperature is not None else 'temperature'}={tau if scale is not None else temperature!r}? "
             "(scale = 1/temperature; sentence-transformers' default scale=20 is temperature=0.05.)",
-            UserWarning, stacklevel=4)
+            UserWarning, stacklevel=user_stacklevel())
     return tau
 
 
@@ -254,7 +283,7 @@ def check_hardness(mode: Any, strength: Any) -> tuple[str | None, float]:
     if mode is not None and value == 0.0:
         warnings.warn(f"hardness_mode={mode!r} is set but hardness_strength=0.0, so hardness weighting has no "
                       "effect; set hardness_strength > 0 (ST's docs: 9 for in_batch_negatives, 5 for hard_negatives)",
-                      UserWarning, stacklevel=4)
+                      UserWarning, stacklevel=user_stacklevel())
     return mode, value
 
 
@@ -308,7 +337,7 @@ __all__ = [
     "MAX_LOGIT", "check_bool", "check_choice", "check_count", "check_focal_margin_range", "check_guide",
     "check_momentum", "check_non_negative",
     "check_number", "check_optional_count", "check_optional_non_negative", "check_seed", "check_temperature", "check_unit_interval", "check_weight_or_callable",
-    "check_weights_tensor", "check_known_positives", "clamp_count", "clamped_count_message",
+    "check_weights_tensor", "check_known_positives", "clamp_count", "clamped_count_message", "user_stacklevel",
 ]
 
 
@@ -370,5 +399,5 @@ def check_known_positives(mapping: Any, name: str = "known_positives") -> dict[s
             out[anchor] = out.get(anchor, frozenset()) | values
     if not out:
         warnings.warn(f"{name} is empty: no candidate can be masked as known-relevant, the loss is the loss without it",
-                      UserWarning, stacklevel=3)
+                      UserWarning, stacklevel=user_stacklevel())
     return out

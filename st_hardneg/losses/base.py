@@ -31,10 +31,10 @@ from st_hardneg.losses.batch import Batch, SideInputs
 from st_hardneg.losses.blocks import RankingMixin
 from st_hardneg.losses.gradcache import ChunkedLossMixin, check_cacheable_model
 from st_hardneg.losses.model_guard import ModelGuard, tag_model_card
-from st_hardneg.losses.options import LossOptions, QueueOptions, not_given
+from st_hardneg.losses.options import LossOptions, QueueOptions, SharedOptions, not_given
 from st_hardneg.losses.relevance import KnownPositives
 
-__all__ = ["HardNegativeLoss", "LossOptions", "QueueOptions", "float32_loss"]
+__all__ = ["HardNegativeLoss", "LossOptions", "QueueOptions", "SharedOptions", "float32_loss"]
 
 logger = logging.getLogger(__name__)
 
@@ -85,7 +85,9 @@ class HardNegativeLoss(ModelGuard, ChunkedLossMixin, RankingMixin, nn.Module):
     Args: the shared keyword options of every loss (sentence-transformers' names, defaults and meanings;
     false-negative control, ``known_positives``, the queue, gathering, GradCache), documented once:
     :class:`~st_hardneg.losses.options.LossOptions`. The rules shared by every loss (unusable rows, counts that
-    cannot be met) are stated there too.
+    cannot be met) are stated there too. They are checked as one value, kept as ``loss.options``
+    (:class:`~st_hardneg.losses.options.SharedOptions`; the attributes of the same names read it); what needs the
+    model or the guide is checked here.
     """
 
     #: set in __dict__ by __init__ (kept out of the module tree)
@@ -124,51 +126,47 @@ class HardNegativeLoss(ModelGuard, ChunkedLossMixin, RankingMixin, nn.Module):
             raise TypeError(f"{name}: model must be a SentenceTransformer (or a torch module; None for the functional "
                             f"path compute_loss_from_embeddings), got {type(model).__name__} {model!r:.80}. Load it "
                             "first: SentenceTransformer(name) or st_hardneg.models.load_model(path).")
+        options = SharedOptions.from_keywords(
+            name, scale=scale, temperature=temperature, similarity_fct=similarity_fct, directions=directions,
+            partition_mode=partition_mode, hardness_mode=hardness_mode, hardness_strength=hardness_strength,
+            seed=seed, mask_duplicates=mask_duplicates, known_positives=known_positives, margin=margin,
+            margin_strategy=margin_strategy, contrast_anchors=contrast_anchors,
+            contrast_positives=contrast_positives, gather_across_devices=gather_across_devices,
+            mini_batch_size=mini_batch_size, mini_batch_num_tokens=mini_batch_num_tokens,
+            show_progress_bar=show_progress_bar, queue=queue, queue_size=queue_size,
+            queue_warmup_steps=queue_warmup_steps, queue_max_age=queue_max_age, queue_checkpoint=queue_checkpoint,
+            queue_source=queue_source, queue_momentum=queue_momentum, queue_anchors=queue_anchors,
+            queue_as_pool=queue_as_pool, guided=guide is not None)
         super().__init__()
         self.model = model
-        self.similarity_fct_name = validation.check_similarity_fct(similarity_fct)
+        #: the checked shared options (the attributes below are their values)
+        self.options = options
+        self.similarity_fct_name = cast(str, options.similarity_fct)
         cosine_reason = self.cosine_only_reason()
         if self.similarity_fct_name != "cos_sim" and cosine_reason:
             raise ValueError(f"{name} needs similarity_fct=cos_sim: {cosine_reason}")
-        # the cosine bound 1; a loss with larger logits (Focal's 1 + m) checks its own with check_logit_range
-        self.temperature = validation.check_scale_or_temperature(scale, temperature)
-        self.directions, self.partition_mode = cast(
-            tuple[tuple[fr.Direction, ...], fr.PartitionMode], validation.check_directions(directions, partition_mode))
-        self.hardness_mode, self.hardness_strength = cast(
-            tuple[fr.HardnessMode | None, float], validation.check_hardness(hardness_mode, hardness_strength))
-        self.seed = validation.check_seed(seed)
-        self.gather_across_devices = validation.check_bool(gather_across_devices, "gather_across_devices")
-        self.mini_batch_size = validation.check_optional_count(mini_batch_size, "mini_batch_size")
-        self.mini_batch_num_tokens = validation.check_optional_count(mini_batch_num_tokens, "mini_batch_num_tokens")
-        self.show_progress_bar = validation.check_bool(show_progress_bar, "show_progress_bar")
+        # τ checked for the cosine bound 1; a loss with larger logits (Focal's 1 + m) checks its own with
+        # check_logit_range
+        self.temperature = options.temperature
+        self.directions, self.partition_mode = options.directions, options.partition_mode
+        self.hardness_mode, self.hardness_strength = options.hardness_mode, options.hardness_strength
+        self.seed, self.gather_across_devices = options.seed, options.gather_across_devices
+        self.mini_batch_size, self.mini_batch_num_tokens = options.mini_batch_size, options.mini_batch_num_tokens
+        self.show_progress_bar = options.show_progress_bar
         if self.uses_gradient_cache:
             if model is None:
                 raise ValueError(f"{name}: mini_batch_size / mini_batch_num_tokens need a model to embed "
                                  "the mini-batches, got model=None")
             check_cacheable_model(model, name)
         # false-negative control (the mask: st_hardneg.losses.false_negatives)
-        self.mask_duplicates = validation.check_bool(mask_duplicates, "mask_duplicates")
+        self.mask_duplicates = options.mask_duplicates
         self.known_positives = self._known_positives_index(known_positives, model)
-        if margin is None and guide is not None:
-            margin = 0.0  # GISTEmbedLoss: a guide alone masks every candidate it finds closer than the positive
-        self.margin = validation.check_optional_non_negative(margin, "margin")
-        self.margin_strategy = validation.check_choice(margin_strategy, "margin_strategy", ("absolute", "relative"))
+        self.margin, self.margin_strategy = options.margin, options.margin_strategy
         self._must_retokenize = validation.check_guide(guide, model) if guide is not None else False
         # kept out of the module tree (as AdCSE's key encoder): not trained, not in state_dict(), not in the optimizer
         vars(self)["guide"] = guide
-        # GISTEmbedLoss's anchor-anchor and positive-positive blocks: on by default with a guide (GIST's default),
-        # off without one (MultipleNegativesRankingLoss's)
-        self.contrast_anchors = validation.check_bool(
-            guide is not None if contrast_anchors is None else contrast_anchors, "contrast_anchors")
-        self.contrast_positives = validation.check_bool(
-            guide is not None if contrast_positives is None else contrast_positives, "contrast_positives")
-        if (self.contrast_anchors or self.contrast_positives) and self.partition_mode == "per_direction":
-            raise ValueError(f"{name}: contrast_anchors / contrast_positives add same-type blocks without the positive "
-                             "pair, which partition_mode='per_direction' cannot normalise; use partition_mode='joint' "
-                             "(or contrast_anchors=False, contrast_positives=False)")
-        if self.contrast_anchors and "query_to_query" in self.directions:
-            raise ValueError(f"{name}: contrast_anchors=True and directions with 'query_to_query' would contrast the "
-                             "anchors twice; use one of them")
+        self.contrast_anchors = cast(bool, options.contrast_anchors)
+        self.contrast_positives = cast(bool, options.contrast_positives)
         self._reports_false_negatives = False
         self._false_negative_stats: dict[str, Tensor] = {}
         self._warned_unusable = False
@@ -179,10 +177,7 @@ class HardNegativeLoss(ModelGuard, ChunkedLossMixin, RankingMixin, nn.Module):
         self._warned_labels = False
         self.embedding_dimension = self._model_embedding_dimension(model)
         tag_model_card(model)
-        self.init_queue(name, model, guide, QueueOptions.from_keywords(
-            name, queue, queue_size=queue_size, queue_warmup_steps=queue_warmup_steps, queue_max_age=queue_max_age,
-            queue_checkpoint=queue_checkpoint, queue_source=queue_source, queue_momentum=queue_momentum,
-            queue_anchors=queue_anchors, queue_as_pool=queue_as_pool))
+        self.init_queue(name, model, guide, options.queue)
 
     def _known_positives_index(self, known_positives: Any, model: Any) -> KnownPositives | None:
         """The index of ``known_positives`` (``None``: off, also for an empty mapping, which warns)."""

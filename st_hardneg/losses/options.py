@@ -1,7 +1,8 @@
 """The keyword options every st-hardneg loss shares (:class:`LossOptions`), documented once; every loss's docstring
-refers here. :class:`~st_hardneg.losses.base.HardNegativeLoss` validates them (with :mod:`st_hardneg.validation`);
-the queue's options are one checked value, :class:`QueueOptions` (``queue=``), whose fields every loss also takes as
-flat ``queue_*`` keywords.
+refers here. They are checked as one value, :class:`SharedOptions` (with :mod:`st_hardneg.validation`), which
+:class:`~st_hardneg.losses.base.HardNegativeLoss` builds from its keywords (what needs the model or the guide model is
+checked there); the queue's options are one checked value too, :class:`QueueOptions` (``queue=``), whose fields every
+loss also takes as flat ``queue_*`` keywords.
 
 This module imports nothing of :mod:`st_hardneg.losses.base`.
 """
@@ -9,7 +10,7 @@ This module imports nothing of :mod:`st_hardneg.losses.base`.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, Literal, TypedDict, TypeVar, cast
 
 from torch import Tensor
@@ -20,10 +21,20 @@ from st_hardneg.functional import ranking as fr
 if TYPE_CHECKING:
     from st_hardneg.losses.relevance import KnownPositives
 
-__all__ = ["LossOptions", "QueueOptions", "not_given"]
+__all__ = ["LossOptions", "QueueOptions", "SharedOptions", "not_given"]
 
 _T = TypeVar("_T")
 _OWNER = "QueueOptions"  # the owner a rule between the options names, unless a loss's constructor made them
+_SHARED = "SharedOptions"
+
+
+def _owned(error: ValueError, default: str, owner: str) -> ValueError:
+    """``error`` naming ``owner`` (the loss whose keywords made the options) where it named ``default`` (the options'
+    class, made by hand); any other message unchanged."""
+    message = str(error)
+    if message.startswith(f"{default}: "):
+        return ValueError(f"{owner}: {message.removeprefix(f'{default}: ')}")
+    return error
 
 
 class LossOptions(TypedDict, total=False):
@@ -336,7 +347,131 @@ class QueueOptions:
         try:
             return cls(size=queue) if queue is not None else cls(**given)
         except ValueError as error:  # a rule between the options: named after the loss, as its other messages
-            message = str(error)
-            if message.startswith(f"{_OWNER}: "):
-                raise ValueError(f"{owner}: {message.removeprefix(f'{_OWNER}: ')}") from None
-            raise
+            owned = _owned(error, _OWNER, owner)
+            if owned is error:
+                raise
+            raise owned from None
+
+
+
+@dataclass(frozen=True, kw_only=True)
+class SharedOptions:
+    """The shared options of a loss (:class:`LossOptions`: their meanings, defaults and rules are documented there
+    only, under the same names), checked as they are made, the values held in their canonical form: what
+    :class:`~st_hardneg.losses.base.HardNegativeLoss` keeps as ``loss.options`` (and as the attributes of the same
+    names). A loss builds it with :meth:`from_keywords` from its constructor's keywords; what needs the model, the
+    guide model or the loss itself (the guide's tokenizer, ``dot_score`` on a loss whose equation needs cosines,
+    the embedding dimension, ``known_positives``' tokenisation, the queue's model) is checked by the loss.
+
+    Besides :class:`LossOptions`' names: ``temperature`` holds τ, resolved from ``scale`` or ``temperature``
+    (:meth:`from_keywords` takes both; :attr:`scale` reads 1/τ); ``similarity_fct`` holds its name (``"cos_sim"`` or
+    ``"dot_score"``); ``known_positives`` is kept as given (the loss checks and tokenises it); ``queue`` is the
+    :class:`QueueOptions` (an ``int`` is its ``size``, ``None`` no queue); ``guided`` says whether a guide model is
+    given, which makes ``margin`` 0 and turns ``contrast_anchors`` / ``contrast_positives`` on when they are ``None``,
+    as in GISTEmbedLoss (so those three always hold their resolved values).
+
+    Raises:
+        ValueError: a value a loss's keyword refuses, with the same message (:mod:`st_hardneg.validation`'s wording,
+            under the keyword's name: ``margin must be a finite number >= 0, got -1``); a rule between the options
+            names its owner (``SharedOptions``, or the loss when its keywords made them).
+        TypeError: ``queue`` is neither a :class:`QueueOptions`, an ``int`` nor ``None``.
+
+    Example:
+        ::
+
+            from st_hardneg import MixCSELoss
+            from st_hardneg.losses.options import QueueOptions, SharedOptions
+
+            loss = MixCSELoss(model, scale=50.0, margin=0.1, queue=QueueOptions(size=4096))
+            assert loss.options == SharedOptions(temperature=0.02, margin=0.1, queue=QueueOptions(size=4096))
+    """
+
+    temperature: float = 0.05
+    similarity_fct: Callable[[Tensor, Tensor], Tensor] | str = "cos_sim"
+    directions: tuple[fr.Direction, ...] = ("query_to_doc",)
+    partition_mode: fr.PartitionMode = "joint"
+    hardness_mode: fr.HardnessMode | None = None
+    hardness_strength: float = 0.0
+    seed: int | None = None
+    mask_duplicates: bool = True
+    known_positives: Mapping[str, Any] | KnownPositives | None = field(default=None, repr=False, hash=False)
+    margin: float | None = None
+    margin_strategy: Literal["absolute", "relative"] = "absolute"
+    contrast_anchors: bool | None = None
+    contrast_positives: bool | None = None
+    gather_across_devices: bool = False
+    mini_batch_size: int | None = None
+    mini_batch_num_tokens: int | None = None
+    show_progress_bar: bool = False
+    queue: QueueOptions = QueueOptions()
+    guided: bool = False
+
+    def __post_init__(self) -> None:
+        guided = validation.check_bool(self.guided, "guided")
+        checked: dict[str, Any] = {"guided": guided,
+                                   "similarity_fct": validation.check_similarity_fct(self.similarity_fct),
+                                   "temperature": validation.check_temperature(self.temperature)}
+        checked["directions"], checked["partition_mode"] = validation.check_directions(self.directions,
+                                                                                       self.partition_mode)
+        checked["hardness_mode"], checked["hardness_strength"] = validation.check_hardness(self.hardness_mode,
+                                                                                           self.hardness_strength)
+        checked.update(
+            seed=validation.check_seed(self.seed),
+            gather_across_devices=validation.check_bool(self.gather_across_devices, "gather_across_devices"),
+            mini_batch_size=validation.check_optional_count(self.mini_batch_size, "mini_batch_size"),
+            mini_batch_num_tokens=validation.check_optional_count(self.mini_batch_num_tokens, "mini_batch_num_tokens"),
+            show_progress_bar=validation.check_bool(self.show_progress_bar, "show_progress_bar"),
+            mask_duplicates=validation.check_bool(self.mask_duplicates, "mask_duplicates"),
+            # GISTEmbedLoss: a guide alone masks every candidate it finds closer than the positive
+            margin=validation.check_optional_non_negative(
+                0.0 if self.margin is None and guided else self.margin, "margin"),
+            margin_strategy=validation.check_choice(self.margin_strategy, "margin_strategy", ("absolute", "relative")))
+        # GISTEmbedLoss's anchor-anchor and positive-positive blocks: on by default with a guide (GIST's default),
+        # off without one (MultipleNegativesRankingLoss's)
+        checked["contrast_anchors"] = validation.check_bool(
+            guided if self.contrast_anchors is None else self.contrast_anchors, "contrast_anchors")
+        checked["contrast_positives"] = validation.check_bool(
+            guided if self.contrast_positives is None else self.contrast_positives, "contrast_positives")
+        for name, value in checked.items():
+            object.__setattr__(self, name, value)
+        if (self.contrast_anchors or self.contrast_positives) and self.partition_mode == "per_direction":
+            raise ValueError(f"{_SHARED}: contrast_anchors / contrast_positives add same-type blocks without the "
+                             "positive pair, which partition_mode='per_direction' cannot normalise; use "
+                             "partition_mode='joint' (or contrast_anchors=False, contrast_positives=False)")
+        if self.contrast_anchors and "query_to_query" in self.directions:
+            raise ValueError(f"{_SHARED}: contrast_anchors=True and directions with 'query_to_query' would contrast "
+                             "the anchors twice; use one of them")
+        object.__setattr__(self, "queue", QueueOptions.from_keywords(_SHARED, self.queue))
+
+    @property
+    def scale(self) -> float:
+        """sentence-transformers' ``scale``, 1 / ``temperature``."""
+        return 1.0 / self.temperature
+
+    @classmethod
+    def from_keywords(cls, owner: str, *, scale: float | None = None, temperature: float | None = None,
+                      queue: QueueOptions | int | None = None, **keywords: Any) -> SharedOptions:
+        """The shared options of the loss ``owner``'s constructor, from its keywords (:class:`LossOptions`, the flat
+        ``queue_*`` aliases included, left out as :func:`not_given`) and ``guided`` (a guide model is given).
+
+        ``scale`` and ``temperature`` are resolved into one τ as the loss's keywords are
+        (:func:`st_hardneg.validation.check_scale_or_temperature`: at most one of them; τ > 1 warns, it looks like a
+        scale), the queue's options as :meth:`QueueOptions.from_keywords` resolves them.
+
+        Raises:
+            ValueError: as :class:`SharedOptions`, and :func:`~st_hardneg.validation.check_scale_or_temperature`;
+                a rule between the options names ``owner``.
+            TypeError: as :meth:`QueueOptions.from_keywords`.
+        """
+        flat = {key: keywords.pop(key) for key in [key for key in keywords if key.startswith("queue_")]}
+        # the loss's order: the similarity function, then the temperature, then the rest
+        validation.check_similarity_fct(keywords.get("similarity_fct", "cos_sim"))
+        tau = validation.check_scale_or_temperature(scale, temperature)
+        queue_options = QueueOptions.from_keywords(owner, queue, **flat)
+        try:
+            return cls(temperature=tau, queue=queue_options, **keywords)
+        except ValueError as error:
+            owned = _owned(error, _SHARED, owner)
+            if owned is error:
+                raise
+            raise owned from None

@@ -1,17 +1,20 @@
-"""The queue's options as one checked value (``queue=QueueOptions(...)``): the same messages as the flat
-``queue_*`` keywords, which stay as aliases (the same loss, the same config, the same numbers), and never both."""
+"""The shared options as one checked value (``loss.options``, a :class:`SharedOptions`): the same messages as the
+loss's keywords, and its warnings point at the user's line. The queue's options as one checked value
+(``queue=QueueOptions(...)``): the same messages as the flat ``queue_*`` keywords, which stay as aliases (the same
+loss, the same config, the same numbers), and never both."""
 
 from __future__ import annotations
 
 import dataclasses
 import inspect
+import warnings
 
 import pytest
 import torch
 from torch import nn
 
-from st_hardneg import FocalInfoNCELoss, HardNegativeLoss, MixCSELoss
-from st_hardneg.losses.options import QueueOptions
+from st_hardneg import AdversarialNegativesLoss, FocalInfoNCELoss, HardNegativeLoss, HNCSELoss, MixCSELoss
+from st_hardneg.losses.options import QueueOptions, SharedOptions
 
 
 def _message(make) -> tuple[type[BaseException], str]:
@@ -123,3 +126,162 @@ def test_the_flat_keywords_show_their_defaults():
     defaults = {f"queue_{field.name}": repr(field.default) for field in dataclasses.fields(QueueOptions)}
     assert shown == defaults
     assert parameters["queue"].default is None
+
+
+# ------------------------------------------------------------------------------------------------ shared options
+@pytest.mark.parametrize("fields, fragment", [
+    ({"similarity_fct": torch.nn.functional.cosine_similarity}, "similarity_fct must be"),
+    ({"temperature": 0.0}, "temperature must be a positive, finite number, got 0.0"),
+    ({"temperature": "warm"}, "temperature must be a positive, finite number, got 'warm'"),
+    ({"temperature": 1e-40}, "temperature=1e-40 is too small"),
+    ({"directions": "query_to_doc"}, "directions must be a tuple"),
+    ({"directions": ("doc_to_query",)}, "must include 'query_to_doc'"),
+    ({"directions": ("query_to_doc", "query_to_doc")}, "must not repeat"),
+    ({"directions": ("query_to_doc", "sideways")}, "directions must be a non-empty tuple"),
+    ({"partition_mode": "both"}, "partition_mode must be one of 'joint', 'per_direction'; got 'both'"),
+    ({"directions": ("query_to_doc", "doc_to_doc"), "partition_mode": "per_direction"},
+     "partition_mode='per_direction' needs every direction to contain the positive pair"),
+    ({"hardness_mode": "hardest"}, "hardness_mode must be one of"),
+    ({"hardness_strength": -1.0}, "hardness_strength must be a finite number >= 0, got -1.0"),
+    ({"seed": -1}, "seed must be a non-negative integer, got -1"),
+    ({"seed": 1.5}, "seed must be a non-negative integer, got 1.5"),
+    ({"mask_duplicates": "no"}, "mask_duplicates must be True or False, got 'no'"),
+    ({"margin": -0.1}, "margin must be a finite number >= 0, got -0.1"),
+    ({"margin_strategy": "both"}, "margin_strategy must be one of 'absolute', 'relative'; got 'both'"),
+    ({"contrast_anchors": 1}, "contrast_anchors must be True or False, got 1"),
+    ({"contrast_positives": "yes"}, "contrast_positives must be True or False, got 'yes'"),
+    ({"contrast_anchors": True, "partition_mode": "per_direction"},
+     "SharedOptions: contrast_anchors / contrast_positives add same-type blocks without the positive pair"),
+    ({"contrast_positives": True, "partition_mode": "per_direction"},
+     "SharedOptions: contrast_anchors / contrast_positives add same-type blocks without the positive pair"),
+    ({"contrast_anchors": True, "directions": ("query_to_doc", "query_to_query")},
+     "SharedOptions: contrast_anchors=True and directions with 'query_to_query' would contrast the anchors twice"),
+    ({"gather_across_devices": "yes"}, "gather_across_devices must be True or False, got 'yes'"),
+    ({"mini_batch_size": 0}, "mini_batch_size must be a positive integer or None, got 0"),
+    ({"mini_batch_num_tokens": 2.5}, "mini_batch_num_tokens must be a positive integer or None, got 2.5"),
+    ({"show_progress_bar": "yes"}, "show_progress_bar must be True or False, got 'yes'"),
+    ({"queue": -1}, "queue_size must be a non-negative integer, got -1"),
+    ({"queue": {"size": 8}}, "queue must be a QueueOptions or an int"),
+])
+def test_shared_options_are_checked_with_the_loss_keywords_messages(fields, fragment):
+    """SharedOptions refuses what a loss's keywords refuse, with the same message (a rule between the options names
+    its owner: SharedOptions made by hand, the loss when its keywords made them)."""
+    error, message = _message(lambda: SharedOptions(**fields))
+    assert fragment in message
+    for loss in (FocalInfoNCELoss, MixCSELoss):
+        loss_error, loss_message = _message(lambda loss=loss: loss(nn.Linear(4, 4), **fields))
+        shown = loss_message.replace(f"{loss.__name__}: ", "SharedOptions: ", 1)
+        assert (loss_error, shown) == (error, message)
+        built_error, built_message = _message(lambda loss=loss: SharedOptions.from_keywords(loss.__name__, **fields))
+        assert (built_error, built_message) == (loss_error, loss_message)
+
+
+@pytest.mark.parametrize("keywords, fragment", [
+    ({"scale": 20.0, "temperature": 0.05}, "give either scale (sentence-transformers' name, = 1/temperature) or "
+                                           "temperature, not both"),
+    ({"scale": 0.0}, "scale (= 1/temperature) must be a positive, finite number, got 0.0"),
+    ({"scale": "big"}, "scale (= 1/temperature) must be a finite number, got 'big'"),
+    ({"temperature": -1.0}, "temperature must be a positive, finite number, got -1.0"),
+    ({"queue": 8, "queue_size": 8}, "MixCSELoss: give the queue either as queue=... or as the flat queue_* "
+                                    "keywords, not both"),
+    ({"queue_source": "ema"}, "MixCSELoss: queue_source / queue_momentum set without a queue"),
+])
+def test_from_keywords_resolves_scale_temperature_and_the_queue_aliases_as_the_loss(keywords, fragment):
+    error, message = _message(lambda: SharedOptions.from_keywords("MixCSELoss", **keywords))
+    assert fragment in message
+    assert _message(lambda: MixCSELoss(nn.Linear(4, 4), **keywords)) == (error, message)
+
+
+def _build(loss, model, **keywords):
+    """The loss of ``model`` with ``keywords`` (AdCSE without adversaries, which need the embedding dimension)."""
+    return loss(model, **({"num_adversaries": 0} if loss is AdversarialNegativesLoss else {}), **keywords)
+
+
+@pytest.mark.parametrize("make, keywords", [
+    (MixCSELoss, {}),
+    (MixCSELoss, {"scale": 50.0, "margin": 0.1, "margin_strategy": "relative", "seed": 3, "queue": 16}),
+    (FocalInfoNCELoss, {"temperature": 0.1, "directions": ("query_to_doc", "doc_to_query"),
+                        "partition_mode": "per_direction", "hardness_mode": "hard_negatives",
+                        "hardness_strength": 5.0, "mask_duplicates": False}),
+    (FocalInfoNCELoss, {"contrast_anchors": True, "contrast_positives": True, "gather_across_devices": True,
+                        "queue_size": 8, "queue_warmup_steps": 2, "queue_max_age": 4, "queue_checkpoint": False}),
+    (HNCSELoss, {"mini_batch_size": 4, "show_progress_bar": True, "similarity_fct": "cos_sim"}),
+    (AdversarialNegativesLoss, {"mini_batch_num_tokens": 64, "seed": 0,
+                                "queue": QueueOptions(size=8, source="ema")}),
+])
+def test_the_loss_options_are_shared_options_from_the_same_keywords(make, keywords):
+    """loss.options is SharedOptions.from_keywords(...) of the same keywords, and the loss's attributes of the same
+    names (and its config) read its values."""
+    loss = _build(make, nn.Linear(4, 4), **keywords)
+    options = SharedOptions.from_keywords(make.__name__, **keywords)
+    assert loss.options == options and dataclasses.replace(options) == options
+    assert (loss.temperature, loss.scale) == (options.temperature, options.scale)
+    assert loss.similarity_fct_name == options.similarity_fct
+    for name in ("directions", "partition_mode", "hardness_mode", "hardness_strength", "seed", "mask_duplicates",
+                 "margin", "margin_strategy", "contrast_anchors", "contrast_positives", "gather_across_devices",
+                 "mini_batch_size", "mini_batch_num_tokens", "show_progress_bar"):
+        assert getattr(loss, name) == getattr(options, name), name
+    assert loss.queue_options == options.queue
+    config = loss.get_config_dict()
+    assert all(config[name] == getattr(options, name) for name in ("temperature", "margin", "directions", "seed"))
+
+
+def test_shared_options_hold_canonical_values_and_are_frozen():
+    from sentence_transformers import util
+
+    options = SharedOptions(similarity_fct=util.dot_score, directions=["query_to_doc", "doc_to_query"], queue=8)
+    assert options.similarity_fct == "dot_score" and options.directions == ("query_to_doc", "doc_to_query")
+    assert options.queue == QueueOptions(size=8) and options.scale == pytest.approx(20.0)
+    assert SharedOptions() == SharedOptions.from_keywords("MixCSELoss") == SharedOptions(queue=None)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        options.margin = 0.1  # type: ignore[misc]
+    # a guide (GISTEmbedLoss(model, guide)): margin 0 and both contrast blocks, unless given
+    guided = SharedOptions(guided=True)
+    assert (guided.margin, guided.contrast_anchors, guided.contrast_positives) == (0.0, True, True)
+    guided = SharedOptions(guided=True, margin=0.2, contrast_anchors=False)
+    assert (guided.margin, guided.contrast_anchors, guided.contrast_positives) == (0.2, False, True)
+    # known_positives is kept as given (the loss checks and tokenises it), out of the repr and the hash
+    relevant = SharedOptions(known_positives={"q": {"d"}})
+    assert relevant.known_positives == {"q": {"d"}} and "known_positives" not in repr(relevant)
+    assert hash(relevant) == hash(SharedOptions())
+
+
+class _SubclassedLoss(MixCSELoss):
+    """A user's loss one constructor deeper than the library's."""
+
+    def __init__(self, model, **options):
+        super().__init__(model, **options)
+
+
+def _warnings_of(make) -> list[warnings.WarningMessage]:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        make()
+    return [w for w in caught if issubclass(w.category, UserWarning)]
+
+
+@pytest.mark.parametrize("loss", [MixCSELoss, FocalInfoNCELoss, HNCSELoss, AdversarialNegativesLoss, _SubclassedLoss])
+@pytest.mark.parametrize("keywords, fragment", [
+    ({"temperature": 20.0}, "temperature=20.0 means a temperature of 20"),
+    ({"scale": 0.5}, "scale=0.5 means a temperature of 2"),
+    ({"hardness_mode": "in_batch_negatives"}, "hardness_strength=0.0"),
+    ({"known_positives": {}}, "known_positives is empty"),
+])
+def test_the_options_warnings_point_at_the_line_that_built_the_loss(loss, keywords, fragment):
+    """The checks run inside SharedOptions (a few calls below the loss's constructor): their warnings still name the
+    user's file and line, whatever the depth of the library's calls (a subclass's constructor is the user's)."""
+    extra = {"num_adversaries": 0} if loss is AdversarialNegativesLoss else {}
+    line = inspect.currentframe().f_lineno + 1
+    caught = _warnings_of(lambda: loss(nn.Linear(4, 4), **extra, **keywords))
+    assert len(caught) == 1 and fragment in str(caught[0].message)
+    assert (caught[0].filename, caught[0].lineno) == (__file__, line if loss is not _SubclassedLoss else
+                                                      inspect.getsourcelines(_SubclassedLoss.__init__)[1] + 1)
+
+
+def test_warnings_of_options_made_by_hand_and_of_a_clamped_count_point_at_the_caller():
+    caught = _warnings_of(lambda: SharedOptions(hardness_mode="hard_negatives"))
+    assert len(caught) == 1 and caught[0].filename == __file__
+    caught = _warnings_of(lambda: SharedOptions.from_keywords("MixCSELoss", temperature=2.0))
+    assert len(caught) == 1 and caught[0].filename == __file__
+    caught = _warnings_of(lambda: HNCSELoss(None, mode="hnm", k=2, num_mixed=40))
+    assert len(caught) == 1 and "num_mixed=40" in str(caught[0].message) and caught[0].filename == __file__
