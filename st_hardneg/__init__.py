@@ -20,10 +20,11 @@ _LAZY = {
     "HNCSELoss": "st_hardneg.losses",
     "MixCSELoss": "st_hardneg.losses",
     "QueueOptions": "st_hardneg.losses",
+    "SharedOptions": "st_hardneg.losses",
 }
 
 __all__ = ["AdversarialNegativesLoss", "FocalInfoNCELoss", "HNCSELoss", "HardNegativeLoss", "MixCSELoss", "QueueOptions",
-           "__version__"]
+           "SharedOptions", "__version__"]
 
 if TYPE_CHECKING:  # pragma: no cover
     from st_hardneg.losses import (
@@ -33,6 +34,7 @@ if TYPE_CHECKING:  # pragma: no cover
         HNCSELoss,
         MixCSELoss,
         QueueOptions,
+        SharedOptions,
     )
 
 

@@ -5,6 +5,7 @@ from st_hardneg.losses.base import HardNegativeLoss
 from st_hardneg.losses.focal import FocalInfoNCELoss
 from st_hardneg.losses.hncse import HNCSELoss
 from st_hardneg.losses.mixcse import MixCSELoss
-from st_hardneg.losses.options import QueueOptions
+from st_hardneg.losses.options import QueueOptions, SharedOptions
 
-__all__ = ["AdversarialNegativesLoss", "FocalInfoNCELoss", "HNCSELoss", "HardNegativeLoss", "MixCSELoss", "QueueOptions"]
+__all__ = ["AdversarialNegativesLoss", "FocalInfoNCELoss", "HNCSELoss", "HardNegativeLoss", "MixCSELoss", "QueueOptions",
+           "SharedOptions"]
