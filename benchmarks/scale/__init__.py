@@ -142,20 +142,10 @@ FINISHED = ("ok", "not supported")
 def plan(methods: list[str], batch_sizes: list[int], ddp_methods: list[str], ddp_batch_sizes: list[int],
          ddp_variants: list[str], variants: list[str] = VARIANTS) -> list[dict[str, Any]]:
     """Every configuration to run: 1 process (``variants``; ``cached_mnrl`` cached only), then 2 processes."""
-    configs = []
-    for batch in batch_sizes:
-        for method in methods:
-            for variant in variants:
-                if method in REFERENCES and variant == "uncached":
-                    continue
-                configs.append({"method": method, "variant": variant, "batch_size": batch, "processes": 1})
-    for batch in ddp_batch_sizes:
-        for method in ddp_methods:
-            for variant in ddp_variants:
-                if method in REFERENCES and variant == "uncached":
-                    continue
-                configs.append({"method": method, "variant": variant, "batch_size": batch, "processes": 2})
-    return configs
+    grids = ((1, batch_sizes, methods, variants), (2, ddp_batch_sizes, ddp_methods, ddp_variants))
+    return [{"method": method, "variant": variant, "batch_size": batch, "processes": processes}
+            for processes, batches, names, kinds in grids for batch in batches for method in names for variant in kinds
+            if not (method in REFERENCES and variant == "uncached")]
 
 
 def launch(cfg: dict[str, Any], timeout: float, extra_env: dict[str, str] | None = None) -> dict[str, Any]:

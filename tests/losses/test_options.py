@@ -15,6 +15,7 @@ from torch import nn
 
 from st_hardneg import AdversarialNegativesLoss, FocalInfoNCELoss, HardNegativeLoss, HNCSELoss, MixCSELoss
 from st_hardneg.losses.options import QueueOptions, SharedOptions
+from tests.losses.test_queue import _batch, _step
 
 
 def _message(make) -> tuple[type[BaseException], str]:
@@ -59,18 +60,6 @@ def test_queue_options_are_frozen_and_hold_the_checked_values():
     assert QueueOptions() == QueueOptions(size=0) and not QueueOptions().size
 
 
-def _step(model):
-    """One optimizer step of the loss's model (what commits the staged rows)."""
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
-    model.weight.grad = torch.zeros_like(model.weight)
-    optimizer.step()
-
-
-def _batch(seed, n=4, d=4):
-    g = torch.Generator().manual_seed(seed)
-    return [torch.randn(n, d, generator=g), torch.randn(n, d, generator=g)]
-
-
 @pytest.mark.parametrize("make, flat, grouped", [
     (lambda model, **kw: FocalInfoNCELoss(model, temperature=0.05, **kw),
      {"queue_size": 8, "queue_max_age": 3, "queue_checkpoint": False},
@@ -90,7 +79,7 @@ def test_queue_options_are_the_flat_keywords(make, flat, grouped):
     assert by_options.queue_options == by_keywords.queue_options
     assert by_keywords.get_config_dict()["queue_size"] == flat["queue_size"]
     for step in range(2):
-        embeddings = _batch(step)
+        embeddings = _batch(step, n=4)
         expected = by_keywords.compute_loss_from_embeddings(embeddings, None)
         got = by_options.compute_loss_from_embeddings(embeddings, None)
         torch.testing.assert_close(got, expected, atol=1e-6, rtol=0)
