@@ -342,3 +342,15 @@ def test_a_replaced_imported_row_leaves_the_tables(tmp_path):
     assert [r["stage"] for r in saved["runs"]] == ["replaced", "main"] and runner.done("main", "scifact", "mnrl", 0)
     assert "| mnrl | 4.00 |" in rb.table(saved, "scifact")
     assert saved["runs"][1]["per_query"] == "r_per_query.jsonl#1"
+
+
+def test_the_library_recipe_is_the_benchmark_choice():
+    from st_hardneg.training.retrieval import RETRIEVAL_RECIPE
+
+    committed = json.loads((rb.RESULTS / "retrieval_beir.json").read_text())
+    chosen = rb.CANDIDATES[committed["chosen_recipe"]]
+    assert committed["recipe_choice"].startswith("chosen on pooled dev")
+    assert (chosen.loss, chosen.kwargs, chosen.known_positives) == (
+        RETRIEVAL_RECIPE["loss"], RETRIEVAL_RECIPE["loss_kwargs"], RETRIEVAL_RECIPE["known_positives"])
+    assert {k: RETRIEVAL_RECIPE[k] for k in ("batch_size", "learning_rate", "warmup_ratio", "epochs")} == {
+        k: rb.PROTOCOL[k] for k in ("batch_size", "learning_rate", "warmup_ratio", "epochs")}

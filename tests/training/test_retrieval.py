@@ -7,17 +7,21 @@ import pytest
 
 
 def test_recipe_configuration(tiny_model, tmp_path):
-    from st_hardneg.losses.focal import FocalInfoNCELoss
+    from st_hardneg.losses.adcse import AdversarialNegativesLoss
     from st_hardneg.training.retrieval import RETRIEVAL_RECIPE, retrieval_recipe
     from st_hardneg.training.sampling import KnownRelevanceBatchSampler, known_relevance_sampler
 
     known = {"a query": {"a document", "another document"}}
     loss, config = retrieval_recipe(tiny_model, known, tmp_path / "out", seed=3)
-    assert type(loss) is FocalInfoNCELoss and loss.model is tiny_model
+    assert type(loss) is AdversarialNegativesLoss and loss.model is tiny_model
+    # InfoNCE (no adversaries, tied keys: sentence-transformers' MNRL) with the relative margin
+    config_dict = loss.get_config_dict()
+    assert (config_dict["num_adversaries"], config_dict["untied"]) == (0, False)
+    assert (loss.margin, loss.margin_strategy) == (0.05, "relative")
     assert loss.mask_duplicates and loss.known_positives is not None  # known-relevance masking in the loss
     assert (config.batch_size, config.learning_rate, config.warmup_ratio, config.epochs, config.seed) == (
         32, 2e-5, 0.1, 1, 3)
-    assert RETRIEVAL_RECIPE["loss"] == "focal" and RETRIEVAL_RECIPE["known_positives"]
+    assert RETRIEVAL_RECIPE["loss"] == "mnrl_queue" and RETRIEVAL_RECIPE["known_positives"]
     assert "batch_sampler" not in config.extra_args  # sentence-transformers' no-duplicates batches
     plain, small = retrieval_recipe(tiny_model, None, tmp_path / "out", batch_size=8)
     assert plain.known_positives is None and small.batch_size == 8
