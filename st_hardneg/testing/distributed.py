@@ -48,6 +48,9 @@ def _entry(rank: int, world_size: int, init_file: str, jobs: list, out_dir: str)
         results = [fn(rank, world_size, *args) for fn, args in jobs]
         with open(Path(out_dir) / f"rank{rank}.pkl", "wb") as handle:
             pickle.dump(results, handle)
+        # every rank is done with its collectives before any tears the group down (a rank that exits while its peer
+        # still talks to it can abort gloo's threads: "terminate called without an active exception", SIGABRT)
+        torch.distributed.barrier()
     finally:
         torch.distributed.destroy_process_group()
 
