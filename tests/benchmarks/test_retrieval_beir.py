@@ -291,7 +291,13 @@ def test_candidate_rows_are_stored_under_what_they_train_with():
     # one label, one configuration: a row shared by two candidates is the same Method under both
     for key in rb.CANDIDATES:
         for row, method in rb.recipe_methods(key).items():
-            assert rows[rb.run_label(key, row)] == method, (key, row)
+            if rb.run_label(key, row) not in rb.BUILTIN:
+                assert rows[rb.run_label(key, row)] == method, (key, row)
+    # GIST's candidate without known relevance is the built-in GISTEmbedLoss row itself (the same rows, proven in
+    # tests/losses/test_st_parity.py)
+    assert rb.run_label("gist", "recipe_no_known_relevance") == "gist" and rows["gist"] == rb.BUILTIN["gist"]
+    assert rows["gist+known"].guided and rows["gist+known"].kwargs == {"temperature": 0.01, **rb.REL}
+    assert rows["gist_nomargin+known"].guided and rows["gist+known_batches"].guided
     assert rows["infonce+known"] == rb.Method("mnrl_queue", {"mask_duplicates": True}, known_positives=True)
     assert rows["infonce_margin"].kwargs == {"mask_duplicates": True, **rb.REL} and not rows["infonce_margin"].known_positives
 
@@ -354,3 +360,18 @@ def test_the_library_recipe_is_the_benchmark_choice():
         RETRIEVAL_RECIPE["loss"], RETRIEVAL_RECIPE["loss_kwargs"], RETRIEVAL_RECIPE["known_positives"])
     assert {k: RETRIEVAL_RECIPE[k] for k in ("batch_size", "learning_rate", "warmup_ratio", "epochs")} == {
         k: rb.PROTOCOL[k] for k in ("batch_size", "learning_rate", "warmup_ratio", "epochs")}
+
+
+def test_the_gist_candidate_is_gist_with_the_untrained_guide_and_known_relevance(tiny_model, monkeypatch):
+    import argparse
+    import copy
+
+    guides = []
+    monkeypatch.setattr(rb, "load_model", lambda args, length: guides.append(length) or copy.deepcopy(tiny_model))
+    known = {"a query": {"a document"}}
+    loss = rb.build_loss(rb.all_rows()["gist+known"], tiny_model, argparse.Namespace(model=None), known)
+    assert guides == [rb.PROTOCOL["train_max_seq_length"]] and loss.guide is not None
+    assert not any(p.requires_grad for p in loss.guide.parameters()) and not loss.guide.training
+    assert (loss.temperature, loss.margin, loss.margin_strategy) == (0.01, 0.05, "relative")
+    assert loss.contrast_anchors and loss.contrast_positives and loss.known_positives is not None
+    assert all(p.requires_grad for p in tiny_model.parameters())  # the trained model is not the frozen guide
