@@ -401,8 +401,19 @@ def beir_table(rows: dict[str, dict[str, Any]], role: str = "test") -> str:
 RETRIEVAL_RECIPE: dict[str, Any] = {"loss": "mnrl_queue",
                                     "loss_kwargs": {"mask_duplicates": True, "margin": 0.05,
                                                     "margin_strategy": "relative"},
-                                    "known_positives": True, "batch_size": 32, "learning_rate": 2e-5,
+                                    "known_positives": True, "guide": None, "batch_size": 32, "learning_rate": 2e-5,
                                     "warmup_ratio": 0.1, "epochs": 1}
+
+
+def frozen_copy(model: SentenceTransformer) -> SentenceTransformer:
+    """A copy of ``model`` in eval mode with no parameter requiring a gradient (a guide that training leaves as is)."""
+    import copy
+
+    guide = copy.deepcopy(model)
+    guide.eval()
+    for parameter in guide.parameters():
+        parameter.requires_grad_(False)
+    return guide
 
 
 def retrieval_recipe(model: SentenceTransformer, known_relevant: dict[str, set[str]] | None,
@@ -440,6 +451,8 @@ def retrieval_recipe(model: SentenceTransformer, known_relevant: dict[str, set[s
     kwargs = dict(RETRIEVAL_RECIPE["loss_kwargs"])
     if known_relevant is not None and RETRIEVAL_RECIPE["known_positives"]:
         kwargs["known_positives"] = known_relevant
+    if RETRIEVAL_RECIPE["guide"] == "untrained":  # GIST's guide: the model as given, frozen, before any step
+        kwargs["guide"] = frozen_copy(model)
     loss = build_loss(RETRIEVAL_RECIPE["loss"], model, **kwargs)
     values = {key: RETRIEVAL_RECIPE[key] for key in ("batch_size", "learning_rate", "warmup_ratio", "epochs")}
     config = train_config(output_dir, seed=seed, **{**values, **config_overrides})

@@ -356,8 +356,9 @@ def test_the_library_recipe_is_the_benchmark_choice():
     committed = json.loads((rb.RESULTS / "retrieval_beir.json").read_text())
     chosen = rb.CANDIDATES[committed["chosen_recipe"]]
     assert committed["recipe_choice"].startswith("chosen on pooled dev")
-    assert (chosen.loss, chosen.kwargs, chosen.known_positives) == (
-        RETRIEVAL_RECIPE["loss"], RETRIEVAL_RECIPE["loss_kwargs"], RETRIEVAL_RECIPE["known_positives"])
+    assert (chosen.loss, chosen.kwargs, chosen.known_positives, chosen.guided) == (
+        RETRIEVAL_RECIPE["loss"], RETRIEVAL_RECIPE["loss_kwargs"], RETRIEVAL_RECIPE["known_positives"],
+        RETRIEVAL_RECIPE["guide"] == "untrained")
     assert {k: RETRIEVAL_RECIPE[k] for k in ("batch_size", "learning_rate", "warmup_ratio", "epochs")} == {
         k: rb.PROTOCOL[k] for k in ("batch_size", "learning_rate", "warmup_ratio", "epochs")}
 

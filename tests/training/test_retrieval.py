@@ -60,3 +60,17 @@ def test_recipe_refuses_a_bad_override(tiny_model, tmp_path):
 
     with pytest.raises(ValueError, match="batch_size"):
         retrieval_recipe(tiny_model, None, tmp_path / "out", batch_size=0)
+
+
+def test_a_guided_recipe_guides_with_a_frozen_copy_of_the_model_as_given(tiny_model, tmp_path, monkeypatch):
+    import torch
+
+    from st_hardneg.training import retrieval
+
+    monkeypatch.setitem(retrieval.RETRIEVAL_RECIPE, "guide", "untrained")
+    loss, _ = retrieval.retrieval_recipe(tiny_model, None, tmp_path / "out")
+    assert loss.guide is not None and loss.guide is not tiny_model and not loss.guide.training
+    assert not any(p.requires_grad for p in loss.guide.parameters())
+    assert all(p.requires_grad for p in tiny_model.parameters())
+    for mine, theirs in zip(tiny_model.parameters(), loss.guide.parameters(), strict=True):
+        assert torch.equal(mine, theirs) and mine.data_ptr() != theirs.data_ptr()
