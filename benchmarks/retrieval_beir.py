@@ -821,26 +821,54 @@ def markdown(data: dict[str, Any], per_query: list[dict[str, Any]] | None = None
     return "\n".join(lines)
 
 
-def plot(data: dict[str, Any], path: Path) -> None:
-    """Per dataset, the recipe's test nDCG@10 minus the best built-in's (paired seeds) with its 95 % interval."""
+def plot_points(data: dict[str, Any], per_query: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per dataset, the recipe's test nDCG@10 minus the best built-in's: the per-query paired difference with its BCa
+    interval (:func:`st_hardneg.evaluation.compare_runs`, per-query scores averaged over the common seeds) where both
+    rows have per-query scores, else the seeds' paired t interval."""
+    from st_hardneg.evaluation import compare_runs
+
+    best, recipe = data.get("best_builtin"), recipe_label(data)
+    by = per_query_by_row(per_query)
+    points: dict[str, dict[str, Any]] = {}
+    for name in DATASETS:
+        seeds = sorted(set(by.get((name, recipe), {})) & set(by.get((name, best), {}))) if best else []
+        if seeds:
+            runs = {label: [{name: {q: {"ndcg@10": v} for q, v in by[(name, label)][s].items()}} for s in seeds]
+                    for label in (best, recipe)}
+            row = compare_runs(runs, baseline=best).rows[0]
+            points[name] = {"mean": row.mean_difference, "low": row.ci_low, "high": row.ci_high, "seeds": seeds,
+                            "kind": "per-query BCa"}
+        elif best and (result := paired(data, name, recipe, best)) is not None:
+            points[name] = {**result, "kind": "seeds' t"}
+    return points
+
+
+def plot(data: dict[str, Any], path: Path, per_query: list[dict[str, Any]] | None = None) -> None:
+    """Per dataset, the recipe minus the best built-in (test nDCG@10) with its 95 % interval (:func:`plot_points`),
+    against 0 and the +1.0 target."""
+    import math
+
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    best = data.get("best_builtin")
-    results = {name: paired(data, name, recipe_label(data), best) if best else None for name in DATASETS}
-    fig, ax = plt.subplots(figsize=(5, 3))
-    names = [n for n, r in results.items() if r is not None]
+    points = plot_points(data, per_query or [])
+    fig, ax = plt.subplots(figsize=(6, 3.4))
+    names = list(points)
     for i, name in enumerate(names):
-        r = results[name]
-        assert r is not None
-        ax.errorbar([i], [r["mean"]], yerr=[[r["mean"] - r["low"]], [r["high"] - r["mean"]]], fmt="o", capsize=4)
+        r = points[name]
+        low, high = (r["low"], r["high"]) if not math.isnan(r["low"]) else (r["mean"], r["mean"])
+        ax.errorbar([i], [r["mean"]], yerr=[[r["mean"] - low], [high - r["mean"]]], fmt="o", capsize=4)
+        ax.annotate(f"{r['mean']:+.2f}\n({len(r['seeds'])} seeds, {r['kind']})", (i, r["mean"]),
+                    textcoords="offset points", xytext=(10, -4), fontsize=8)
     ax.axhline(0, color="grey", lw=0.8)
     ax.axhline(1.0, color="grey", lw=0.8, ls="--")
+    ax.text(-0.45, 1.0, "target +1.0", va="bottom", fontsize=8, color="grey")
     ax.set_xticks(range(len(names)), names)
-    ax.set_xlim(-0.5, max(len(names), 1) - 0.5)
-    ax.set_ylabel(f"recipe ({recipe_label(data)}) − {best}\ntest nDCG@10")
+    ax.set_xlim(-0.5, max(len(names), 1) - 0.5 + 0.4)
+    ax.set_ylabel("test nDCG@10 difference")
+    ax.set_title(f"recipe ({recipe_label(data)}) − best built-in ({data.get('best_builtin')})", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=100, metadata={"Software": None})
     plt.close(fig)
@@ -882,7 +910,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.report:
         data = json.loads(out.read_text())
         write_report(data, out)
-        plot(data, out.with_suffix(".png"))
+        plot(data, out.with_suffix(".png"), per_query_runs(out.with_name(out.stem + "_per_query.jsonl")))
         print(out.with_suffix(".md").read_text())
         return 0
     if os.environ.get("OMP_NUM_THREADS") is None:
@@ -890,7 +918,7 @@ def main(argv: list[str] | None = None) -> int:
 
         torch.set_num_threads(1)
     data = run_all(args)
-    plot(data, out.with_suffix(".png"))
+    plot(data, out.with_suffix(".png"), per_query_runs(out.with_name(out.stem + "_per_query.jsonl")))
     return 0
 
 
