@@ -726,12 +726,22 @@ def per_query_by_row(per_query: list[dict[str, Any]]) -> dict[tuple[str, str], d
     return by
 
 
+def compare_rows(by: dict[tuple[str, str], dict[int, dict[str, float]]], names: list[str], seeds: list[int],
+                 method: str, baseline: str) -> Any:
+    """:func:`st_hardneg.evaluation.compare_runs` of ``method`` against ``baseline`` on the per-query test nDCG@10 of
+    datasets ``names`` at ``seeds``."""
+    from st_hardneg.evaluation import compare_runs
+
+    runs = {label: [{name: {q: {"ndcg@10": v} for q, v in by[(name, label)][s].items()} for name in names}
+                    for s in seeds] for label in (baseline, method)}
+    return compare_runs(runs, baseline=baseline)
+
+
 def paired_section(by: dict[tuple[str, str], dict[int, dict[str, float]]], method: str, baseline: str,
                    title: str) -> list[str]:
     """``method`` against ``baseline`` with :func:`st_hardneg.evaluation.compare_runs` on the test queries of every
     dataset where both have per-query scores (per-query nDCG@10 averaged over their common seeds; one comparison with
     Holm over the datasets when the seeds are common to both datasets, else one per dataset)."""
-    from st_hardneg.evaluation import compare_runs
 
     common = {name: sorted(set(by.get((name, method), {})) & set(by.get((name, baseline), {}))) for name in DATASETS}
     joint = sorted(set.intersection(*(set(v) for v in common.values())))
@@ -741,9 +751,7 @@ def paired_section(by: dict[tuple[str, str], dict[int, dict[str, float]]], metho
         if not seeds:
             lines += [f"- {title} on {names[0]}: not run (no seed with per-query scores for both rows)", ""]
             continue
-        runs = {label: [{name: {q: {"ndcg@10": v} for q, v in by[(name, label)][s].items()} for name in names}
-                        for s in seeds] for label in (baseline, method)}
-        result = compare_runs(runs, baseline=baseline)
+        result = compare_rows(by, names, seeds, method, baseline)
         lines += [f"{title} on {', '.join(names)}, seeds {', '.join(map(str, seeds))}:", "",
                   result.to_markdown().rstrip("\n"), ""]
     return lines
@@ -825,7 +833,6 @@ def plot_points(data: dict[str, Any], per_query: list[dict[str, Any]]) -> dict[s
     """Per dataset, the recipe's test nDCG@10 minus the best built-in's: the per-query paired difference with its BCa
     interval (:func:`st_hardneg.evaluation.compare_runs`, per-query scores averaged over the common seeds) where both
     rows have per-query scores, else the seeds' paired t interval."""
-    from st_hardneg.evaluation import compare_runs
 
     best, recipe = data.get("best_builtin"), recipe_label(data)
     by = per_query_by_row(per_query)
@@ -833,9 +840,7 @@ def plot_points(data: dict[str, Any], per_query: list[dict[str, Any]]) -> dict[s
     for name in DATASETS:
         seeds = sorted(set(by.get((name, recipe), {})) & set(by.get((name, best), {}))) if best else []
         if seeds:
-            runs = {label: [{name: {q: {"ndcg@10": v} for q, v in by[(name, label)][s].items()}} for s in seeds]
-                    for label in (best, recipe)}
-            row = compare_runs(runs, baseline=best).rows[0]
+            row = compare_rows(by, [name], seeds, recipe, best).rows[0]
             points[name] = {"mean": row.mean_difference, "low": row.ci_low, "high": row.ci_high, "seeds": seeds,
                             "kind": "per-query BCa"}
         elif best and (result := paired(data, name, recipe, best)) is not None:

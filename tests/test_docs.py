@@ -22,13 +22,18 @@ DOCS = REPO / "docs"
 LOSSES = ["MixCSELoss", "FocalInfoNCELoss", "HNCSELoss", "AdversarialNegativesLoss"]
 
 
-@pytest.fixture(scope="module")
-def apigen():
+def _docs_extension(name: str):
+    """Import ``docs/_ext/<name>.py`` (the Sphinx extensions live outside the package) for the test's duration."""
     sys.path.insert(0, str(DOCS))
     try:
-        yield importlib.import_module("_ext.apigen")
+        yield importlib.import_module(f"_ext.{name}")
     finally:
         sys.path.remove(str(DOCS))
+
+
+@pytest.fixture(scope="module")
+def apigen():
+    yield from _docs_extension("apigen")
 
 
 def _pages() -> dict[str, str]:
@@ -129,11 +134,7 @@ def test_no_page_copies_a_docstring():
 
 @pytest.fixture(scope="module")
 def xref():
-    sys.path.insert(0, str(DOCS))
-    try:
-        yield importlib.import_module("_ext.xref")
-    finally:
-        sys.path.remove(str(DOCS))
+    yield from _docs_extension("xref")
 
 
 class _Obj:
