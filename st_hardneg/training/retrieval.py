@@ -451,6 +451,9 @@ def retrieval_recipe(model: SentenceTransformer, known_relevant: dict[str, set[s
     kwargs = dict(RETRIEVAL_RECIPE["loss_kwargs"])
     if known_relevant is not None and RETRIEVAL_RECIPE["known_positives"]:
         kwargs["known_positives"] = known_relevant
+    if RETRIEVAL_RECIPE["guide"] not in (None, "untrained"):
+        raise ValueError(f"RETRIEVAL_RECIPE['guide'] must be None or 'untrained' (a frozen copy of the model as given), "
+                         f"got {RETRIEVAL_RECIPE['guide']!r}")
     if RETRIEVAL_RECIPE["guide"] == "untrained":  # GIST's guide: the model as given, frozen, before any step
         kwargs["guide"] = frozen_copy(model)
     loss = build_loss(RETRIEVAL_RECIPE["loss"], model, **kwargs)

@@ -74,3 +74,11 @@ def test_a_guided_recipe_guides_with_a_frozen_copy_of_the_model_as_given(tiny_mo
     assert all(p.requires_grad for p in tiny_model.parameters())
     for mine, theirs in zip(tiny_model.parameters(), loss.guide.parameters(), strict=True):
         assert torch.equal(mine, theirs) and mine.data_ptr() != theirs.data_ptr()
+
+
+def test_an_unknown_recipe_guide_is_refused(tiny_model, tmp_path, monkeypatch):
+    from st_hardneg.training import retrieval
+
+    monkeypatch.setitem(retrieval.RETRIEVAL_RECIPE, "guide", "trained")
+    with pytest.raises(ValueError, match="RETRIEVAL_RECIPE\\['guide'\\] must be None or 'untrained'.*'trained'"):
+        retrieval.retrieval_recipe(tiny_model, None, tmp_path / "out")
