@@ -15,7 +15,8 @@ batches in the same order.
 
 Stages (each resumable, ``--stage``): ``screen`` (seed 0, dev only: the mining settings with MNRL, the recipe's
 candidates; both chosen on pooled dev), ``main`` (built-in rows and the recipe, seeds 0-2, then seeds 3-4 of the
-recipe, the best built-in and MNRL), ``ablations`` (recipe minus each ingredient, seeds 0-2).
+recipe, the best built-in and MNRL), ``ablations`` (each of the four losses with its SciFact-dev-chosen options, and
+the recipe minus each ingredient, seeds 0-2).
 
     python -m benchmarks.retrieval_beir                         # every stage -> results/retrieval_beir.*
     python -m benchmarks.retrieval_beir --budget-seconds 3000   # stop starting runs after 50 min
@@ -35,6 +36,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from benchmarks.methods import METHODS
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
@@ -105,6 +108,13 @@ CANDIDATES: dict[str, Method] = {
     # test_st_parity.py) plus known relevance; added after the first screen, where the built-in GIST had the best
     # NFCorpus dev score (30.80 against the margin candidate's 30.71). Without known relevance it is the built-in row
     "gist": Method("mnrl_queue", {"temperature": 0.01, **REL}, known_positives=True, guided=True),
+}
+#: each of st-hardneg's four losses with its configuration chosen on SciFact's dev task (results/scifact_selection.md:
+#: the best of each family), on the shared negatives and without known relevance, as the earlier SciFact rows
+OURS: dict[str, Method] = {
+    label: Method(METHODS[source].loss, dict(METHODS[source].options))
+    for label, source in {"focal": "focal", "mixcse_explicit": "mixcse_explicit",
+                          "hncse_hnm": "hncse_hnm_hard_negatives", "adcse": "adcse"}.items()
 }
 #: rows of the earlier SciFact benchmark (results/scifact.json: this protocol, all judgements, the same mining) ->
 #: their label here; they are imported (``--import-scifact``) with no per-query scores
@@ -481,8 +491,9 @@ def run_label(recipe: str, row: str) -> str:
 
 
 def all_rows() -> dict[str, Method]:
-    """Every row a run can be asked for by label (``--plan``): the built-ins, every candidate and its ablations."""
-    rows = dict(BUILTIN)
+    """Every row a run can be asked for by label (``--plan``): the built-ins, each loss's dev-chosen row, every
+    candidate and its ablations."""
+    rows = {**BUILTIN, **OURS}
     for recipe in CANDIDATES:
         for row, method in recipe_methods(recipe).items():
             rows.setdefault(run_label(recipe, row), method)
@@ -530,8 +541,8 @@ def import_scifact(data: dict[str, Any], path: Path) -> int:
 def run_all(args: argparse.Namespace) -> dict[str, Any]:
     """The matrix. Seed 0 of every built-in row and every recipe candidate (dev and test; the recipe and the best
     built-in are then chosen on pooled dev, seed 0, each side from as many configurations), seeds 1-4 of the recipe,
-    the best built-in and MNRL with mined negatives, seeds 1-2 of the other built-ins, then the recipe's ablations
-    (seeds 0-2). ``--plan ROW:SEED ...`` runs exactly those items instead, in order."""
+    the best built-in and MNRL with mined negatives, seeds 1-2 of the other built-ins, then each loss's dev-chosen row
+    (:data:`OURS`) and the recipe's ablations (seeds 0-2). ``--plan ROW:SEED ...`` runs exactly those items instead, in order."""
     runner = Runner(args)
     names = list(args.datasets)
     for name in names:
@@ -590,7 +601,7 @@ def run_all(args: argparse.Namespace) -> dict[str, Any]:
             for name in names:
                 runner.run("main", name, label, every[label], seed, mining)
     for seed in (0, 1, 2):
-        for label, method in rows.items():
+        for label, method in {**OURS, **rows}.items():
             for name in names:
                 runner.run("main", name, label, method, seed, mining)
     runner.save()
@@ -644,7 +655,7 @@ def load_results(path: Path, expected: dict[str, Any]) -> dict[str, Any]:
 
 
 #: rows every dataset's table lists ("not run" until they are)
-TABLE_ROWS = ("untrained", *BUILTIN, *(run_label(key, "recipe") for key in CANDIDATES))
+TABLE_ROWS = ("untrained", *BUILTIN, *(run_label(key, "recipe") for key in CANDIDATES), *OURS)
 
 
 def table(data: dict[str, Any], name: str) -> str:

@@ -376,3 +376,26 @@ def test_the_gist_candidate_is_gist_with_the_untrained_guide_and_known_relevance
     assert (loss.temperature, loss.margin, loss.margin_strategy) == (0.01, 0.05, "relative")
     assert loss.contrast_anchors and loss.contrast_positives and loss.known_positives is not None
     assert all(p.requires_grad for p in tiny_model.parameters())  # the trained model is not the frozen guide
+
+
+def test_each_loss_keeps_its_scifact_dev_chosen_row():
+    """Issue 34 item 3: each of the four losses keeps a row with its dev-chosen configuration, the best dev nDCG@10
+    of its family in scifact_selection.json, under the label its imported SciFact rows have."""
+    from benchmarks.methods import METHODS
+
+    runs = json.loads((rb.RESULTS / "scifact_selection.json").read_text())["runs"]
+    best: dict[str, tuple[float, str]] = {}
+    for run in runs:
+        family = METHODS[run["method"]].family
+        if not METHODS[run["method"]].builtin:
+            best[family] = max(best.get(family, (float("-inf"), "")), (run["dev"]["ndcg@10"], run["method"]))
+    assert sorted(best) == ["adcse", "focal", "hncse", "mixcse"]
+    imported = {label: source for source, label in rb.SCIFACT_IMPORT.items()}
+    assert {imported[label] for label in rb.OURS} == {source for _, source in best.values()}
+    every = rb.all_rows()
+    for label, method in rb.OURS.items():
+        source = METHODS[imported[label]]
+        assert (method.loss, method.kwargs) == (source.loss, dict(source.options))
+        assert not (method.builtin or method.known_positives or method.known_relevance or method.guided)
+        assert every[label] == method
+        assert label in rb.TABLE_ROWS
