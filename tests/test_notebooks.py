@@ -114,9 +114,13 @@ def test_beir_retrieval_smoke(smoke_env):
     text = _outputs(notebook)
     assert "smoke mode: True" in text and "dev or test queries among the training queries: 0" in text
     number = r"\d+\.\d\d"
-    for row in ("untrained", r"trained \(FocalInfoNCE\)"):
+    for row in ("untrained", r"trained \(recipe\)"):
         assert re.search(rf"\| {row} \| {number} \| {number} \| {number} \| {number} \|", text), row
     assert "steps: 2;" in text and re.search(r"test queries: 8; mean gain [+-]\d+\.\d\d", text)
+    # the retrieval recipe, with the training qrels of every training query as its known positives
+    assert re.search(r"loss: AdversarialNegativesLoss, the recipe's options \{'mask_duplicates': True, 'margin': 0\.05, "
+                     r"'margin_strategy': 'relative'\} with \{'margin': None\}; known positives for [1-9]\d* queries",
+                     text)
     assert _images(notebook) >= 1
     assert (smoke_env / "output" / "beir_retrieval" / "final" / "modules.json").is_file()
 

@@ -4,8 +4,8 @@
   sentence-transformers Trainer);
 - :mod:`~st_hardneg.training.registry`: :data:`LOSSES`, :func:`build_loss`, :func:`parse_loss_args`;
 - :mod:`~st_hardneg.training.experiment`: train → evaluate → one result record, for the CLI and every benchmark;
-- :mod:`~st_hardneg.training.retrieval`: the retrieval recipe (:func:`retrieval_recipe`, mined triplets, pair sampling,
-  known-relevance batches, settings, scores);
+- :mod:`~st_hardneg.training.retrieval`: the retrieval recipe (:func:`retrieval_recipe`, :func:`recipe_loss`, mined
+  triplets, pair sampling, known-relevance batches, settings, scores);
 - :mod:`~st_hardneg.training.callbacks`: every ``TrainerCallback`` of the package.
 
 >>> from st_hardneg.training import TrainConfig, build_loss, train
@@ -24,8 +24,8 @@ _LAZY = {
     "LOSSES": "registry", "build_loss": "registry", "parse_loss_args": "registry",
     "ExperimentResult": "experiment", "run_experiment": "experiment", "run_training": "experiment",
     "planned_steps": "experiment",
-    "retrieval_recipe": "retrieval", "RETRIEVAL_RECIPE": "retrieval", "KnownRelevanceBatchSampler": "sampling",
-    "sample_training_pairs": "sampling",
+    "retrieval_recipe": "retrieval", "recipe_loss": "retrieval", "RETRIEVAL_RECIPE": "retrieval",
+    "KnownRelevanceBatchSampler": "sampling", "sample_training_pairs": "sampling",
     "EvaluateAtEnd": "callbacks", "FalseNegativeLog": "callbacks", "LossDiagnosticsCallback": "callbacks",
     "StatefulLossCallback": "callbacks", "StepTimer": "callbacks", "StopAfterSteps": "callbacks",
     "add_stateful_loss_callback": "callbacks", "LossModelCheck": "callbacks", "check_loss_model": "callbacks",
@@ -35,7 +35,8 @@ __all__ = [
     "LOSSES", "RETRIEVAL_RECIPE", "EvaluateAtEnd", "ExperimentResult", "FalseNegativeLog", "KnownRelevanceBatchSampler",
     "LossDiagnosticsCallback", "LossModelCheck", "StatefulLossCallback", "StepTimer", "StopAfterSteps", "TrainConfig",
     "TrainResult", "add_stateful_loss_callback", "build_loss", "check_loss_model", "parse_loss_args", "planned_steps",
-    "retrieval_recipe", "run_experiment", "run_training", "sample_training_pairs", "train", "training_arguments",
+    "recipe_loss", "retrieval_recipe", "run_experiment", "run_training", "sample_training_pairs", "train",
+    "training_arguments",
 ]
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -53,7 +54,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from st_hardneg.training.experiment import ExperimentResult, planned_steps, run_experiment, run_training
     from st_hardneg.training.loop import TrainConfig, TrainResult, train, training_arguments
     from st_hardneg.training.registry import LOSSES, build_loss, parse_loss_args
-    from st_hardneg.training.retrieval import RETRIEVAL_RECIPE, retrieval_recipe
+    from st_hardneg.training.retrieval import RETRIEVAL_RECIPE, recipe_loss, retrieval_recipe
     from st_hardneg.training.sampling import KnownRelevanceBatchSampler, sample_training_pairs
 
 

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from sentence_transformers import SentenceTransformer
+    from torch import nn
 
     from st_hardneg.data.beir import BEIRData, BEIRRetrieval
     from st_hardneg.data.mrpc import MRPCRetrieval, RetrievalTask
@@ -416,8 +417,58 @@ def frozen_copy(model: SentenceTransformer) -> SentenceTransformer:
     return guide
 
 
+def recipe_loss(model: SentenceTransformer, known_relevant: dict[str, set[str]] | None = None,
+                **loss_overrides: Any) -> nn.Module:
+    """The loss of :data:`RETRIEVAL_RECIPE` for ``model`` (the loss half of :func:`retrieval_recipe`, for a
+    ``SentenceTransformerTrainer`` of your own).
+
+    Args:
+        model: the SentenceTransformer to fine-tune.
+        known_relevant: query text → texts of its known relevant documents (e.g. a BEIR split's
+            ``known_paraphrases``, or :func:`st_hardneg.data.relevance.known_positives_from_qrels`): the loss's
+            ``known_positives``, so no such document is ever a negative of that query. ``None``: no masking beyond
+            the loss's duplicate masking and margin.
+        loss_overrides: loss keyword arguments that replace the recipe's, e.g. ``margin=None`` for a model that does
+            not yet separate relevant from irrelevant documents (a random encoder scores every candidate within 5 %
+            of the positive, so the relative margin would mask them all).
+
+    Returns:
+        The loss (st-hardneg's InfoNCE, :class:`~st_hardneg.losses.adcse.AdversarialNegativesLoss` without
+        adversaries).
+
+    Raises:
+        ValueError: ``known_positives`` or ``guide`` among ``loss_overrides`` (give ``known_relevant``; the guide is
+            :data:`RETRIEVAL_RECIPE`'s), a keyword the loss does not take, or an unknown
+            ``RETRIEVAL_RECIPE['guide']``.
+
+    Example:
+        ::
+
+            from st_hardneg.training.retrieval import recipe_loss
+
+            loss = recipe_loss(model, split.known_paraphrases)
+            SentenceTransformerTrainer(model=model, args=args, train_dataset=triplets, loss=loss).train()
+    """
+    from st_hardneg.training.registry import build_loss
+
+    fixed = sorted(set(loss_overrides) & {"known_positives", "guide"})
+    if fixed:
+        raise ValueError(f"{', '.join(fixed)} cannot be overridden: pass the known relevant documents as "
+                         "known_relevant; the guide is RETRIEVAL_RECIPE['guide']")
+    kwargs = {**RETRIEVAL_RECIPE["loss_kwargs"], **loss_overrides}
+    if known_relevant is not None and RETRIEVAL_RECIPE["known_positives"]:
+        kwargs["known_positives"] = known_relevant
+    if RETRIEVAL_RECIPE["guide"] not in (None, "untrained"):
+        raise ValueError(f"RETRIEVAL_RECIPE['guide'] must be None or 'untrained' (a frozen copy of the model as given), "
+                         f"got {RETRIEVAL_RECIPE['guide']!r}")
+    if RETRIEVAL_RECIPE["guide"] == "untrained":  # GIST's guide: the model as given, frozen, before any step
+        kwargs["guide"] = frozen_copy(model)
+    return build_loss(RETRIEVAL_RECIPE["loss"], model, **kwargs)
+
+
 def retrieval_recipe(model: SentenceTransformer, known_relevant: dict[str, set[str]] | None,
                      output_dir: str | Path = "output/retrieval-recipe", *, seed: int = 0,
+                     loss_overrides: dict[str, Any] | None = None,
                      **config_overrides: Any) -> tuple[Any, TrainConfig]:
     """The st-hardneg retrieval recipe in one line: the loss and the training configuration of
     :data:`RETRIEVAL_RECIPE` for ``model``.
@@ -430,10 +481,14 @@ def retrieval_recipe(model: SentenceTransformer, known_relevant: dict[str, set[s
             the loss's duplicate masking.
         output_dir: the Trainer's output folder.
         seed: the training seed (also the data order).
+        loss_overrides: loss keyword arguments that replace the recipe's (see :func:`recipe_loss`).
         config_overrides: any :class:`~st_hardneg.training.loop.TrainConfig` field.
 
     Returns:
         ``(loss, config)`` for :func:`st_hardneg.training.loop.train`.
+
+    Raises:
+        ValueError: a bad loss override (:func:`recipe_loss`) or training value (:class:`TrainConfig`).
 
     Example:
         ::
@@ -446,17 +501,7 @@ def retrieval_recipe(model: SentenceTransformer, known_relevant: dict[str, set[s
             loss, config = retrieval_recipe(model, split.known_paraphrases, "out/scifact")
             train(model, triplets, loss, config)   # triplets: anchor, positive, negative (e.g. mined_beir_triplets)
     """
-    from st_hardneg.training.registry import build_loss
-
-    kwargs = dict(RETRIEVAL_RECIPE["loss_kwargs"])
-    if known_relevant is not None and RETRIEVAL_RECIPE["known_positives"]:
-        kwargs["known_positives"] = known_relevant
-    if RETRIEVAL_RECIPE["guide"] not in (None, "untrained"):
-        raise ValueError(f"RETRIEVAL_RECIPE['guide'] must be None or 'untrained' (a frozen copy of the model as given), "
-                         f"got {RETRIEVAL_RECIPE['guide']!r}")
-    if RETRIEVAL_RECIPE["guide"] == "untrained":  # GIST's guide: the model as given, frozen, before any step
-        kwargs["guide"] = frozen_copy(model)
-    loss = build_loss(RETRIEVAL_RECIPE["loss"], model, **kwargs)
+    loss = recipe_loss(model, known_relevant, **(loss_overrides or {}))
     values = {key: RETRIEVAL_RECIPE[key] for key in ("batch_size", "learning_rate", "warmup_ratio", "epochs")}
     config = train_config(output_dir, seed=seed, **{**values, **config_overrides})
     return loss, config

@@ -82,3 +82,33 @@ def test_an_unknown_recipe_guide_is_refused(tiny_model, tmp_path, monkeypatch):
     monkeypatch.setitem(retrieval.RETRIEVAL_RECIPE, "guide", "trained")
     with pytest.raises(ValueError, match="RETRIEVAL_RECIPE\\['guide'\\] must be None or 'untrained'.*'trained'"):
         retrieval.retrieval_recipe(tiny_model, None, tmp_path / "out")
+
+
+def test_recipe_loss_is_the_recipes_loss_and_takes_overrides(tiny_model, tmp_path):
+    from st_hardneg.training.retrieval import recipe_loss, retrieval_recipe
+
+    known = {"a query": {"a document"}}
+    loss = recipe_loss(tiny_model, known)
+    same, _ = retrieval_recipe(tiny_model, known, tmp_path / "out")
+    assert loss.get_config_dict() == same.get_config_dict()
+    assert loss.known_positives is not None and (loss.margin, loss.margin_strategy) == (0.05, "relative")
+    # an override replaces that option only, in both entry points
+    loose = recipe_loss(tiny_model, known, margin=None)
+    looser, _ = retrieval_recipe(tiny_model, known, tmp_path / "out", loss_overrides={"margin": None})
+    changed = {k for k in loss.get_config_dict() if loss.get_config_dict()[k] != loose.get_config_dict()[k]}
+    assert changed == {"margin"} and loose.margin is None and looser.margin is None
+    assert loose.known_positives is not None and loose.mask_duplicates
+
+
+@pytest.mark.parametrize(("overrides", "message"), [
+    ({"known_positives": {}}, "known_positives cannot be overridden: pass the known relevant documents as known_rel"),
+    ({"guide": None}, "guide cannot be overridden"),
+    ({"lam": 0.2}, "loss 'mnrl_queue' rejected its arguments .*'lam': 0.2"),
+])
+def test_recipe_loss_refuses_a_bad_override(tiny_model, tmp_path, overrides, message):
+    from st_hardneg.training.retrieval import recipe_loss, retrieval_recipe
+
+    with pytest.raises(ValueError, match=message):
+        recipe_loss(tiny_model, None, **overrides)
+    with pytest.raises(ValueError, match=message):
+        retrieval_recipe(tiny_model, None, tmp_path / "out", loss_overrides=overrides)
