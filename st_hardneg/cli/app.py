@@ -20,7 +20,7 @@ import logging
 import sys
 from typing import Any
 
-from st_hardneg.cli.checks import STS_DEFAULTS, TASK_ONLY_OPTIONS, TRAIN_TASKS
+from st_hardneg.cli.checks import RECIPE, STS_DEFAULTS, TASK_ONLY_OPTIONS, TRAIN_TASKS
 from st_hardneg.cli.evaluate import EVAL_TASK_GROUPS, OutputOption, cmd_compare, cmd_eval
 from st_hardneg.cli.train import RunFailed, cmd_train
 from st_hardneg.data.senteval import DataNotFoundError
@@ -84,8 +84,11 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--pooling", default=None,
                    help="pooling when building a model from an encoder (default: cls for --task sts, the papers' "
                         "choice; mean for --task retrieval)")
-    t.add_argument("--loss", default="mixcse", choices=sorted(LOSSES),
-                   help="training objective; mnrl = unsupervised SimCSE (ST's MultipleNegativesRankingLoss)")
+    t.add_argument("--loss", default="mixcse", choices=[*sorted(LOSSES), RECIPE],
+                   help="training objective; mnrl = unsupervised SimCSE (ST's MultipleNegativesRankingLoss); recipe "
+                        "(--task beir): the retrieval recipe (st_hardneg.training.retrieval.RETRIEVAL_RECIPE: InfoNCE "
+                        "with a relative false-negative margin) with the folder's training qrels as known positives, "
+                        "its options replaced by --loss-arg")
     t.add_argument("--loss-arg", action="append", metavar="KEY=VALUE",
                    help="a loss hyperparameter, repeatable, e.g. --loss-arg lam=0.3 --loss-arg partner=random")
     t.add_argument("--model", default=None,

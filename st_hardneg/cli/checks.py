@@ -14,6 +14,8 @@ from typing import Any
 from st_hardneg.training.registry import parse_loss_args
 
 TRAIN_TASKS = ("sts", "retrieval", "beir")
+#: ``--loss`` of the retrieval recipe (:func:`st_hardneg.training.retrieval.recipe_loss`), for ``--task beir``
+RECIPE = "recipe"
 #: ``train`` defaults of ``--task sts`` (the papers' unsupervised protocol) for the options whose default depends on
 #: the task; ``--task retrieval`` takes them from :data:`st_hardneg.training.retrieval.TRAINING` (see
 #: :func:`task_defaults`)
@@ -71,6 +73,9 @@ def resolve_train_args(args: argparse.Namespace) -> argparse.Namespace:
         if getattr(args, dest, None) not in (None, False) and args.task not in tasks:
             also = "".join(f", or --task {task}" for task in tasks[1:])
             raise ValueError(WRONG_TASK_HINTS.get(dest, f"{option} applies to --task {tasks[0]} only{also}"))
+    if getattr(args, "loss", None) == RECIPE and args.task != "beir":
+        raise ValueError("--loss recipe is the BEIR retrieval recipe, which masks a folder's training qrels as known "
+                         "positives: use it with --task beir --data FOLDER")
     if args.task == "beir" and not getattr(args, "data", None):
         raise ValueError("--task beir needs --data PATH: a BEIR folder (corpus.jsonl, queries.jsonl, qrels/*.tsv)")
     if args.train_file is not None and (args.mining_arg or args.cache_dir is not None):

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from st_hardneg.cli.checks import (
+    RECIPE,
     check_stop_after,
     check_sts_files,
     check_training_arguments,
@@ -74,7 +75,12 @@ def cmd_train(args: argparse.Namespace) -> int:
     resolve_train_args(args)  # the task's defaults; an option of the other task fails here, before torch loads
     from st_hardneg.training.registry import check_loss_args
 
-    check_loss_args(args.loss, parse_loss_args(args.loss_arg))  # names (and no model=), before any model loads
+    if args.loss == RECIPE:
+        from st_hardneg.training.retrieval import check_recipe_overrides
+
+        check_recipe_overrides(parse_loss_args(args.loss_arg), "--loss-arg")
+    else:
+        check_loss_args(args.loss, parse_loss_args(args.loss_arg))  # names (and no model=), before any model loads
     args.extra_training_args = resolve_training_args(args)
     if args.task == "retrieval":
         return cmd_train_retrieval(args)
@@ -177,9 +183,11 @@ def _recipe_config(args: argparse.Namespace) -> Any:
 
 
 def _train_and_save(args: argparse.Namespace, dataset: Any, config: Any, score: Any,
-                    head: dict[str, Any], info: dict[str, Any]) -> tuple[Any, Path, int]:
+                    head: dict[str, Any], info: dict[str, Any],
+                    known: dict[str, set[str]] | None = None) -> tuple[Any, Path, int]:
     """Train ``args.loss`` on ``dataset``, score the final model with ``score``, save it to ``OUTPUT/final`` and
-    write ``OUTPUT/results.json`` (``head`` first, then the shared fields); returns ``(run, final, planned)``."""
+    write ``OUTPUT/results.json`` (``head`` first, then the shared fields); returns ``(run, final, planned)``.
+    ``known``: the training qrels (query → relevant texts), the known positives of ``--loss recipe``."""
     from transformers import set_seed
 
     from st_hardneg.models import resolve_model
@@ -196,7 +204,12 @@ def _train_and_save(args: argparse.Namespace, dataset: Any, config: Any, score: 
     model = resolve_model(args.model, pooling=args.pooling, max_seq_length=args.max_seq_length,
                           mlp_head=args.mlp_head)
     loss_kwargs = parse_loss_args(args.loss_arg)
-    loss = build_loss(args.loss, model, **loss_kwargs)
+    if args.loss == RECIPE:
+        from st_hardneg.training.retrieval import recipe_loss
+
+        loss = recipe_loss(model, known, **loss_kwargs)
+    else:
+        loss = build_loss(args.loss, model, **loss_kwargs)
     announce_loss(args, loss, loss_kwargs)
     # the checkpoints are removed after the run unless the user asked for them (save_strategy)
     keep = str(config.extra_args.get("save_strategy", "no")) != "no"
@@ -275,7 +288,7 @@ def cmd_train_beir(args: argparse.Namespace) -> int:
     run, final, _ = _train_and_save(
         args, dataset, config, lambda trained: recipe.evaluate_beir_recipe(
             trained, split, batch_size=args.eval_batch_size, show_progress_bar=not args.quiet),
-        {"task": "beir", "data": str(data.root), "split": split.stats}, info)
+        {"task": "beir", "data": str(data.root), "split": split.stats}, info, known=split.known_paraphrases)
     for role in ("dev", "test"):
         print(f"### {data.name} {role}\n\n{recipe.beir_table({args.loss: run.scores}, role)}\n")
     print(f"training data: {len(dataset)} rows ({info['source']})  steps: {run.train.steps}  "
@@ -304,8 +317,15 @@ def run_steps(num_examples: int, config: Any) -> int:
 
 
 def _loss_call(name: str, loss_kwargs: dict[str, Any]) -> str:
+    """The class call that builds loss ``name`` with ``loss_kwargs`` (``recipe``: the recipe's loss, its options
+    replaced by ``loss_kwargs``, the training qrels as its known positives)."""
     from st_hardneg.training.registry import loss_call
 
+    if name == RECIPE:
+        from st_hardneg.training.retrieval import RETRIEVAL_RECIPE
+
+        call = loss_call(RETRIEVAL_RECIPE["loss"], {**RETRIEVAL_RECIPE["loss_kwargs"], **loss_kwargs})
+        return f"{call[:-1]}, known_positives=<the training qrels>)"
     return loss_call(name, loss_kwargs)
 
 

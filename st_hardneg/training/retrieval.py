@@ -417,6 +417,24 @@ def frozen_copy(model: SentenceTransformer) -> SentenceTransformer:
     return guide
 
 
+def check_recipe_overrides(overrides: dict[str, Any], option: str = "loss_overrides") -> None:
+    """Refuse, before any model is built, an override of the recipe's loss that it cannot take: a keyword its loss
+    does not accept, ``model``, or one it sets itself (``known_positives``: the known relevant documents given;
+    ``guide``: :data:`RETRIEVAL_RECIPE`'s). ``option`` names the overrides in the message (``--loss-arg`` on the
+    command line).
+
+    Raises:
+        ValueError: naming the keyword.
+    """
+    from st_hardneg.training.registry import check_loss_args
+
+    fixed = sorted(set(overrides) & {"known_positives", "guide"})
+    if fixed:
+        raise ValueError(f"{option}: the recipe sets {' and '.join(fixed)} itself (known_positives: the known relevant "
+                         "documents given, e.g. the training qrels; guide: RETRIEVAL_RECIPE['guide']); drop it")
+    check_loss_args(RETRIEVAL_RECIPE["loss"], overrides, option)
+
+
 def recipe_loss(model: SentenceTransformer, known_relevant: dict[str, set[str]] | None = None,
                 **loss_overrides: Any) -> nn.Module:
     """The loss of :data:`RETRIEVAL_RECIPE` for ``model`` (the loss half of :func:`retrieval_recipe`, for a
@@ -451,10 +469,7 @@ def recipe_loss(model: SentenceTransformer, known_relevant: dict[str, set[str]] 
     """
     from st_hardneg.training.registry import build_loss
 
-    fixed = sorted(set(loss_overrides) & {"known_positives", "guide"})
-    if fixed:
-        raise ValueError(f"{', '.join(fixed)} cannot be overridden: pass the known relevant documents as "
-                         "known_relevant; the guide is RETRIEVAL_RECIPE['guide']")
+    check_recipe_overrides(loss_overrides)
     kwargs = {**RETRIEVAL_RECIPE["loss_kwargs"], **loss_overrides}
     if known_relevant is not None and RETRIEVAL_RECIPE["known_positives"]:
         kwargs["known_positives"] = known_relevant
@@ -501,7 +516,9 @@ def retrieval_recipe(model: SentenceTransformer, known_relevant: dict[str, set[s
             loss, config = retrieval_recipe(model, split.known_paraphrases, "out/scifact")
             train(model, triplets, loss, config)   # triplets: anchor, positive, negative (e.g. mined_beir_triplets)
     """
-    loss = recipe_loss(model, known_relevant, **(loss_overrides or {}))
+    overrides = dict(loss_overrides or {})
+    check_recipe_overrides(overrides)  # model= among them is refused here, not by Python's call
+    loss = recipe_loss(model, known_relevant, **overrides)
     values = {key: RETRIEVAL_RECIPE[key] for key in ("batch_size", "learning_rate", "warmup_ratio", "epochs")}
     config = train_config(output_dir, seed=seed, **{**values, **config_overrides})
     return loss, config

@@ -279,6 +279,13 @@ BAD_OPTIONS = [
     (["--task", "retrieval", "--lr", "0"], "--lr must be > 0, got 0.0"),
     (["--lr", "nan"], "--lr must be > 0, got nan"),
     (["--task", "retrieval", "--epochs", "0"], "--epochs must be > 0, got 0.0"),
+    (["--loss", "recipe"], "--loss recipe is the BEIR retrieval recipe, which masks a folder's training qrels as known "
+                           "positives: use it with --task beir --data FOLDER"),
+    (["--task", "retrieval", "--loss", "recipe"], "--loss recipe is the BEIR retrieval recipe"),
+    (["--task", "beir", "--data", "b", "--loss", "recipe", "--loss-arg", "known_positives=x"],
+     "--loss-arg: the recipe sets known_positives itself"),
+    (["--task", "beir", "--data", "b", "--loss", "recipe", "--loss-arg", "margn=0.1"],
+     "--loss-arg: loss 'mnrl_queue' takes no argument margn (did you mean margin?)"),
 ]
 
 
@@ -354,3 +361,30 @@ def test_real_mrpc_with_sts_shares_the_benchmark_cache(monkeypatch, shared_data,
                      relative_margin="none")
     dataset, bench_info = bench.mined_dataset(args)
     assert bench_info["cache_file"] == info["cache_file"] and len(dataset) == info["triplets"]
+
+
+def test_the_recipe_trains_on_a_beir_folder_with_its_training_qrels(tiny_model_dir, tmp_path, capsys):
+    """``--loss recipe``: the library's recipe_loss with the folder's training qrels as known positives, its options
+    replaced by --loss-arg (a random model needs margin=None: it scores every document within 5 % of the positive)."""
+    from st_hardneg.cli.checks import json_safe
+    from st_hardneg.models import load_model
+    from st_hardneg.testing.beir import make_tiny_beir
+    from st_hardneg.training.retrieval import BEIR_TRAINING, beir_split, recipe_loss
+
+    folder, out = make_tiny_beir(tmp_path / "tiny"), tmp_path / "out"
+    argv = ["train", "--task", "beir", "--data", str(folder), "--model", str(tiny_model_dir), "--loss", "recipe",
+            "--loss-arg", "margin=None", "--max-steps", "1", "--batch-size", "4", "--mining-arg",
+            "relative_margin=None", "--cache-dir", str(tmp_path / "cache"), "--output-dir", str(out)]
+    assert cli.main(argv) == 0
+    printed = capsys.readouterr().out
+    assert ("loss recipe: AdversarialNegativesLoss(model, num_adversaries=0, untied=False, mask_duplicates=True, "
+            "margin=None, margin_strategy='relative', known_positives=<the training qrels>)") in printed
+    results = json.loads((out / "results.json").read_text())
+    _, split = beir_split(folder)
+    model = load_model(str(tiny_model_dir), pooling="mean", max_seq_length=BEIR_TRAINING["max_seq_length"])
+    expected = recipe_loss(model, split.known_paraphrases, margin=None).get_config_dict()
+    assert results["loss"] == "recipe" and results["steps"] == 1
+    assert results["loss_config"] == json_safe(expected) and expected["margin"] is None
+    assert expected["known_positives"] == sum(map(len, split.known_paraphrases.values()))  # every training qrel
+    assert results["loss_call"].endswith("known_positives=<the training qrels>)")
+    assert f"| recipe | {results['test']['ndcg@10']:.2f} |" in printed

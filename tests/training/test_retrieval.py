@@ -101,9 +101,10 @@ def test_recipe_loss_is_the_recipes_loss_and_takes_overrides(tiny_model, tmp_pat
 
 
 @pytest.mark.parametrize(("overrides", "message"), [
-    ({"known_positives": {}}, "known_positives cannot be overridden: pass the known relevant documents as known_rel"),
-    ({"guide": None}, "guide cannot be overridden"),
-    ({"lam": 0.2}, "loss 'mnrl_queue' rejected its arguments .*'lam': 0.2"),
+    ({"known_positives": {}}, r"loss_overrides: the recipe sets known_positives itself \(known_positives: the known "
+                              r"relevant documents given"),
+    ({"guide": None, "known_positives": {}}, "the recipe sets guide and known_positives itself"),
+    ({"lam": 0.2}, "loss_overrides: loss 'mnrl_queue' takes no argument lam; it takes"),
 ])
 def test_recipe_loss_refuses_a_bad_override(tiny_model, tmp_path, overrides, message):
     from st_hardneg.training.retrieval import recipe_loss, retrieval_recipe
@@ -112,3 +113,10 @@ def test_recipe_loss_refuses_a_bad_override(tiny_model, tmp_path, overrides, mes
         recipe_loss(tiny_model, None, **overrides)
     with pytest.raises(ValueError, match=message):
         retrieval_recipe(tiny_model, None, tmp_path / "out", loss_overrides=overrides)
+
+
+def test_the_model_is_no_loss_override(tiny_model, tmp_path):
+    from st_hardneg.training.retrieval import retrieval_recipe
+
+    with pytest.raises(ValueError, match="loss_overrides model=...: the model is not a loss argument"):
+        retrieval_recipe(tiny_model, None, tmp_path / "out", loss_overrides={"model": tiny_model})
