@@ -706,7 +706,10 @@ def screen_table(data: dict[str, Any]) -> str:
 
 
 def paired(data: dict[str, Any], name: str, a: str, b: str) -> dict[str, Any] | None:
-    """Recipe ``a`` against ``b`` on ``name``'s test set: per-seed differences of nDCG@10 over the common seeds."""
+    """Recipe ``a`` against ``b`` on ``name``'s test set: per-seed differences of nDCG@10 over the common seeds, with
+    their 95 % t interval."""
+    from scipy.stats import t as t_dist
+
     by = {}
     for label in (a, b):
         by[label] = {r["seed"]: r["test"]["ndcg@10"] for r in data["runs"] if r["dataset"] == name
@@ -717,8 +720,7 @@ def paired(data: dict[str, Any], name: str, a: str, b: str) -> dict[str, Any] | 
     diffs = [by[a][s] - by[b][s] for s in seeds]
     mean = statistics.fmean(diffs)
     sd = statistics.stdev(diffs) if len(diffs) > 1 else 0.0
-    half = 2.776 * sd / len(diffs) ** 0.5 if len(diffs) == 5 else (4.303 * sd / len(diffs) ** 0.5
-                                                                    if len(diffs) == 3 else float("nan"))
+    half = float(t_dist.ppf(0.975, len(diffs) - 1)) * sd / len(diffs) ** 0.5 if len(diffs) > 1 else float("nan")
     return {"seeds": seeds, "mean": mean, "low": mean - half, "high": mean + half,
             "ahead_every_seed": all(d > 0 for d in diffs)}
 
