@@ -844,18 +844,24 @@ def markdown(data: dict[str, Any], per_query: list[dict[str, Any]] | None = None
 
 def plot_points(data: dict[str, Any], per_query: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """Per dataset, the recipe's test nDCG@10 minus the best built-in's: the per-query paired difference with its BCa
-    interval (:func:`st_hardneg.evaluation.compare_runs`, per-query scores averaged over the common seeds) where both
-    rows have per-query scores, else the seeds' paired t interval."""
+    interval (:func:`st_hardneg.evaluation.compare_runs`, per-query scores averaged over the common seeds; with Holm's
+    correction over the datasets when the seeds are common to both) where both rows have per-query scores, else the
+    seeds' paired t interval."""
 
     best, recipe = data.get("best_builtin"), recipe_label(data)
     by = per_query_by_row(per_query)
+    common = {name: sorted(set(by.get((name, recipe), {})) & set(by.get((name, best), {}))) if best else []
+              for name in DATASETS}
+    joint = sorted(set.intersection(*(set(seeds) for seeds in common.values())))
+    compared = {row.dataset: (row, joint) for row in compare_rows(by, list(DATASETS), joint, recipe, best).rows} \
+        if joint else {name: (compare_rows(by, [name], seeds, recipe, best).rows[0], seeds)
+                       for name, seeds in common.items() if seeds}
     points: dict[str, dict[str, Any]] = {}
     for name in DATASETS:
-        seeds = sorted(set(by.get((name, recipe), {})) & set(by.get((name, best), {}))) if best else []
-        if seeds:
-            row = compare_rows(by, [name], seeds, recipe, best).rows[0]
+        if name in compared:
+            row, seeds = compared[name]
             points[name] = {"mean": row.mean_difference, "low": row.ci_low, "high": row.ci_high, "seeds": seeds,
-                            "kind": "per-query BCa"}
+                            "kind": "per-query BCa", "p_holm": row.p_randomization_holm}
         elif best and (result := paired(data, name, recipe, best)) is not None:
             points[name] = {**result, "kind": "seeds' t"}
     return points
@@ -863,7 +869,7 @@ def plot_points(data: dict[str, Any], per_query: list[dict[str, Any]]) -> dict[s
 
 def plot(data: dict[str, Any], path: Path, per_query: list[dict[str, Any]] | None = None) -> None:
     """Per dataset, the recipe minus the best built-in (test nDCG@10) with its 95 % interval (:func:`plot_points`),
-    against 0 and the +1.0 target."""
+    and their mean over the datasets (the target's measure), against 0 and the +1.0 target."""
     import math
 
     import matplotlib
@@ -872,19 +878,27 @@ def plot(data: dict[str, Any], path: Path, per_query: list[dict[str, Any]] | Non
     import matplotlib.pyplot as plt
 
     points = plot_points(data, per_query or [])
-    fig, ax = plt.subplots(figsize=(6, 3.4))
+    fig, ax = plt.subplots(figsize=(7, 3.6))
     names = list(points)
     for i, name in enumerate(names):
         r = points[name]
         low, high = (r["low"], r["high"]) if not math.isnan(r["low"]) else (r["mean"], r["mean"])
         ax.errorbar([i], [r["mean"]], yerr=[[r["mean"] - low], [high - r["mean"]]], fmt="o", capsize=4)
-        ax.annotate(f"{r['mean']:+.2f}\n({len(r['seeds'])} seeds, {r['kind']})", (i, r["mean"]),
+        holm = f"\nHolm p {r['p_holm']:.3f}" if not math.isnan(r.get("p_holm", math.nan)) else ""
+        ax.annotate(f"{r['mean']:+.2f}\n({len(r['seeds'])} seeds, {r['kind']}){holm}", (i, r["mean"]),
                     textcoords="offset points", xytext=(10, -4), fontsize=8)
+    labels = list(names)
+    if len(names) == len(DATASETS):  # the target is on the mean over the datasets
+        mean = statistics.fmean(points[name]["mean"] for name in names)
+        ax.plot([len(names)], [mean], marker="D", color="black")
+        ax.annotate(f"{mean:+.2f}\n({1.0 - mean:.2f} short of +1.0)" if mean < 1.0 else f"{mean:+.2f}",
+                    (len(names), mean), textcoords="offset points", xytext=(10, -4), fontsize=8)
+        labels.append("mean")
     ax.axhline(0, color="grey", lw=0.8)
     ax.axhline(1.0, color="grey", lw=0.8, ls="--")
     ax.text(-0.45, 1.0, "target +1.0", va="bottom", fontsize=8, color="grey")
-    ax.set_xticks(range(len(names)), names)
-    ax.set_xlim(-0.5, max(len(names), 1) - 0.5 + 0.4)
+    ax.set_xticks(range(len(labels)), labels)
+    ax.set_xlim(-0.5, max(len(labels), 1) - 0.5 + 0.5)
     ax.set_ylabel("test nDCG@10 difference")
     ax.set_title(f"recipe ({recipe_label(data)}) − best built-in ({data.get('best_builtin')})", fontsize=9)
     fig.tight_layout()

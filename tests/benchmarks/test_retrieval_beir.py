@@ -399,3 +399,28 @@ def test_each_loss_keeps_its_scifact_dev_chosen_row():
         assert not (method.builtin or method.known_positives or method.known_relevance or method.guided)
         assert every[label] == method
         assert label in rb.TABLE_ROWS
+
+
+def test_the_figure_points_are_the_paired_per_query_differences_with_holm(monkeypatch):
+    """plot_points: per dataset the mean over queries of (recipe - best built-in), each query's score averaged over
+    the common seeds; with seeds common to both datasets the p-values are Holm-corrected across them."""
+    rng = random.Random(3)
+    per_query, expected = [], {}
+    for name, shift in (("scifact", 2.0), ("nfcorpus", -0.5)):
+        scores = {(label, seed): {f"q{i}": rng.uniform(0, 100) + (shift if label == "recipe_row" else 0.0)
+                                  for i in range(40)} for label in ("recipe_row", "gist") for seed in (0, 1)}
+        for (label, seed), values in scores.items():
+            per_query.append({"dataset": name, "method": label, "seed": seed, "stage": "main",
+                              "ndcg@10": {"test": values}})
+        expected[name] = statistics.fmean(
+            statistics.fmean(scores[("recipe_row", s)][q] for s in (0, 1))
+            - statistics.fmean(scores[("gist", s)][q] for s in (0, 1)) for q in scores[("gist", 0)])
+    data = {"best_builtin": "gist", "chosen_recipe": None, "runs": []}
+    monkeypatch.setattr(rb, "recipe_label", lambda _data: "recipe_row")
+    points = rb.plot_points(data, per_query)
+    by = rb.per_query_by_row(per_query)
+    for name in ("scifact", "nfcorpus"):
+        assert points[name]["mean"] == pytest.approx(expected[name], abs=1e-9)
+        assert points[name]["seeds"] == [0, 1] and points[name]["low"] < points[name]["mean"] < points[name]["high"]
+        alone = rb.compare_rows(by, [name], [0, 1], "recipe_row", "gist").rows[0].p_randomization
+        assert alone <= points[name]["p_holm"] <= min(1.0, 2 * alone) + 1e-12
