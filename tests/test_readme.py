@@ -130,3 +130,29 @@ def test_quickstart_block_trains_two_steps_and_saves(tmp_path):
     assert result == {"steps": 2, "changed": True, "dim": 384, "fit_changed": True}
     assert (tmp_path / "out" / "final" / "modules.json").is_file()
     assert not (tmp_path / "checkpoints").exists()  # the fit line's checkpoint_path keeps ST's default folder away
+
+
+def test_the_retrieval_table_is_the_two_dataset_benchmarks_json():
+    """Every number of the README's retrieval table is the committed JSON's (mean ± std over the seeds run, as the
+    results page renders it; the last column the mean over the two datasets), so the README cannot drift from it."""
+    import statistics
+
+    from st_hardneg.reporting import mean_std_text
+
+    data = json.loads((REPO / "benchmarks" / "results" / "retrieval_beir.json").read_text())
+    results = _section("Results")
+    table = results[results.index("**Retrieval**"):].split("\n\n")[1]
+    rows = {line.split(" | ")[0].strip("| "): [c.strip(" *|") for c in line.split(" | ")[1:]]
+            for line in table.splitlines()[2:]}
+    labels = {"untrained": "untrained", "MNRL + mined negatives": "mnrl", "GISTEmbedLoss": "gist",
+              "st-hardneg recipe": f"{data['chosen_recipe']}+known"}
+    assert data["best_builtin"] == "gist"
+    for prefix, label in labels.items():
+        cells = next(cells for name, cells in rows.items() if name.strip("*").startswith(prefix))
+        means = []
+        for name, cell in zip(("scifact", "nfcorpus"), cells, strict=False):
+            values = [r["test"]["ndcg@10"] for r in data["runs"] if r["dataset"] == name and r["method"] == label
+                      and r.get("stage") in ("main", "untrained") and "test" in r]
+            assert cell.startswith(mean_std_text(values)), (prefix, name, cell, mean_std_text(values))
+            means.append(statistics.fmean(values))
+        assert cells[2] == f"{statistics.fmean(means):.2f}", (prefix, cells[2])
