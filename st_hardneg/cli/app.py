@@ -86,7 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "choice; mean for --task retrieval)")
     t.add_argument("--loss", default="mixcse", choices=[*sorted(LOSSES), RECIPE],
                    help="training objective; mnrl = unsupervised SimCSE (ST's MultipleNegativesRankingLoss); recipe "
-                        "(--task beir): the retrieval recipe (st_hardneg.training.retrieval.RETRIEVAL_RECIPE: InfoNCE "
+                        "(--task beir): the retrieval recipe (st_hardneg.training.recipe.RETRIEVAL_RECIPE: InfoNCE "
                         "with a relative false-negative margin) with the folder's training qrels as known positives, "
                         "its options replaced by --loss-arg")
     t.add_argument("--loss-arg", action="append", metavar="KEY=VALUE",

@@ -14,7 +14,7 @@ from typing import Any
 from st_hardneg.training.registry import parse_loss_args
 
 TRAIN_TASKS = ("sts", "retrieval", "beir")
-#: ``--loss`` of the retrieval recipe (:func:`st_hardneg.training.retrieval.recipe_loss`), for ``--task beir``
+#: ``--loss`` of the retrieval recipe (:func:`st_hardneg.training.recipe.recipe_loss`), for ``--task beir``
 RECIPE = "recipe"
 #: ``train`` defaults of ``--task sts`` (the papers' unsupervised protocol) for the options whose default depends on
 #: the task; ``--task retrieval`` takes them from :data:`st_hardneg.training.retrieval.TRAINING` (see

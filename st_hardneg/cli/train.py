@@ -76,7 +76,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     from st_hardneg.training.registry import check_loss_args
 
     if args.loss == RECIPE:
-        from st_hardneg.training.retrieval import check_recipe_overrides
+        from st_hardneg.training.recipe import check_recipe_overrides
 
         check_recipe_overrides(parse_loss_args(args.loss_arg), "--loss-arg")
     else:
@@ -205,7 +205,7 @@ def _train_and_save(args: argparse.Namespace, dataset: Any, config: Any, score: 
                           mlp_head=args.mlp_head)
     loss_kwargs = parse_loss_args(args.loss_arg)
     if args.loss == RECIPE:
-        from st_hardneg.training.retrieval import recipe_loss
+        from st_hardneg.training.recipe import recipe_loss
 
         loss = recipe_loss(model, known, **loss_kwargs)
     else:
@@ -322,7 +322,7 @@ def _loss_call(name: str, loss_kwargs: dict[str, Any]) -> str:
     from st_hardneg.training.registry import loss_call
 
     if name == RECIPE:
-        from st_hardneg.training.retrieval import RETRIEVAL_RECIPE
+        from st_hardneg.training.recipe import RETRIEVAL_RECIPE
 
         call = loss_call(RETRIEVAL_RECIPE["loss"], {**RETRIEVAL_RECIPE["loss_kwargs"], **loss_kwargs})
         return f"{call[:-1]}, known_positives=<the training qrels>)"

@@ -4,8 +4,9 @@
   sentence-transformers Trainer);
 - :mod:`~st_hardneg.training.registry`: :data:`LOSSES`, :func:`build_loss`, :func:`parse_loss_args`;
 - :mod:`~st_hardneg.training.experiment`: train → evaluate → one result record, for the CLI and every benchmark;
-- :mod:`~st_hardneg.training.retrieval`: the retrieval recipe (:func:`retrieval_recipe`, :func:`recipe_loss`, mined
-  triplets, pair sampling, known-relevance batches, settings, scores);
+- :mod:`~st_hardneg.training.retrieval`: the retrieval protocol (mined triplets, pair sampling, known-relevance
+  batches, settings, scores);
+- :mod:`~st_hardneg.training.recipe`: the st-hardneg retrieval recipe (:func:`retrieval_recipe`, :func:`recipe_loss`);
 - :mod:`~st_hardneg.training.callbacks`: every ``TrainerCallback`` of the package.
 
 >>> from st_hardneg.training import TrainConfig, build_loss, train
@@ -24,7 +25,7 @@ _LAZY = {
     "LOSSES": "registry", "build_loss": "registry", "parse_loss_args": "registry",
     "ExperimentResult": "experiment", "run_experiment": "experiment", "run_training": "experiment",
     "planned_steps": "experiment",
-    "retrieval_recipe": "retrieval", "recipe_loss": "retrieval", "RETRIEVAL_RECIPE": "retrieval",
+    "retrieval_recipe": "recipe", "recipe_loss": "recipe", "RETRIEVAL_RECIPE": "recipe",
     "KnownRelevanceBatchSampler": "sampling", "sample_training_pairs": "sampling",
     "EvaluateAtEnd": "callbacks", "FalseNegativeLog": "callbacks", "LossDiagnosticsCallback": "callbacks",
     "StatefulLossCallback": "callbacks", "StepTimer": "callbacks", "StopAfterSteps": "callbacks",
@@ -53,8 +54,8 @@ if TYPE_CHECKING:  # pragma: no cover
     )
     from st_hardneg.training.experiment import ExperimentResult, planned_steps, run_experiment, run_training
     from st_hardneg.training.loop import TrainConfig, TrainResult, train, training_arguments
+    from st_hardneg.training.recipe import RETRIEVAL_RECIPE, recipe_loss, retrieval_recipe
     from st_hardneg.training.registry import LOSSES, build_loss, parse_loss_args
-    from st_hardneg.training.retrieval import RETRIEVAL_RECIPE, recipe_loss, retrieval_recipe
     from st_hardneg.training.sampling import KnownRelevanceBatchSampler, sample_training_pairs
 
 

@@ -351,7 +351,7 @@ def test_a_replaced_imported_row_leaves_the_tables(tmp_path):
 
 
 def test_the_library_recipe_is_the_benchmark_choice():
-    from st_hardneg.training.retrieval import RETRIEVAL_RECIPE
+    from st_hardneg.training.recipe import RETRIEVAL_RECIPE
 
     committed = json.loads((rb.RESULTS / "retrieval_beir.json").read_text())
     chosen = rb.CANDIDATES[committed["chosen_recipe"]]

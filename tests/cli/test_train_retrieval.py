@@ -369,7 +369,8 @@ def test_the_recipe_trains_on_a_beir_folder_with_its_training_qrels(tiny_model_d
     from st_hardneg.cli.checks import json_safe
     from st_hardneg.models import load_model
     from st_hardneg.testing.beir import make_tiny_beir
-    from st_hardneg.training.retrieval import BEIR_TRAINING, beir_split, recipe_loss
+    from st_hardneg.training.recipe import recipe_loss
+    from st_hardneg.training.retrieval import BEIR_TRAINING, beir_split
 
     folder, out = make_tiny_beir(tmp_path / "tiny"), tmp_path / "out"
     argv = ["train", "--task", "beir", "--data", str(folder), "--model", str(tiny_model_dir), "--loss", "recipe",

@@ -1,4 +1,4 @@
-"""st_hardneg.training.retrieval: the one-line retrieval recipe (its configuration and one training step on a tiny BEIR
+"""st_hardneg.training.recipe: the one-line retrieval recipe (its configuration and one training step on a tiny BEIR
 folder)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import pytest
 
 def test_recipe_configuration(tiny_model, tmp_path):
     from st_hardneg.losses.adcse import AdversarialNegativesLoss
-    from st_hardneg.training.retrieval import RETRIEVAL_RECIPE, retrieval_recipe
+    from st_hardneg.training.recipe import RETRIEVAL_RECIPE, retrieval_recipe
     from st_hardneg.training.sampling import KnownRelevanceBatchSampler, known_relevance_sampler
 
     known = {"a query": {"a document", "another document"}}
@@ -37,7 +37,7 @@ def test_recipe_trains_one_step_on_a_tiny_beir_folder(tiny_model, tmp_path):
     from st_hardneg.testing.beir import make_tiny_beir
     from st_hardneg.testing.fixtures import parameter_snapshot, parameters_changed
     from st_hardneg.training.loop import train
-    from st_hardneg.training.retrieval import retrieval_recipe
+    from st_hardneg.training.recipe import retrieval_recipe
 
     split = beir_retrieval(make_tiny_beir(tmp_path / "beir", docs_per_topic=6, train_queries=40), dev_fraction=0.2)
     corpus = split.train_corpus
@@ -56,7 +56,7 @@ def test_recipe_trains_one_step_on_a_tiny_beir_folder(tiny_model, tmp_path):
 
 
 def test_recipe_refuses_a_bad_override(tiny_model, tmp_path):
-    from st_hardneg.training.retrieval import retrieval_recipe
+    from st_hardneg.training.recipe import retrieval_recipe
 
     with pytest.raises(ValueError, match="batch_size"):
         retrieval_recipe(tiny_model, None, tmp_path / "out", batch_size=0)
@@ -65,10 +65,10 @@ def test_recipe_refuses_a_bad_override(tiny_model, tmp_path):
 def test_a_guided_recipe_guides_with_a_frozen_copy_of_the_model_as_given(tiny_model, tmp_path, monkeypatch):
     import torch
 
-    from st_hardneg.training import retrieval
+    from st_hardneg.training import recipe
 
-    monkeypatch.setitem(retrieval.RETRIEVAL_RECIPE, "guide", "untrained")
-    loss, _ = retrieval.retrieval_recipe(tiny_model, None, tmp_path / "out")
+    monkeypatch.setitem(recipe.RETRIEVAL_RECIPE, "guide", "untrained")
+    loss, _ = recipe.retrieval_recipe(tiny_model, None, tmp_path / "out")
     assert loss.guide is not None and loss.guide is not tiny_model and not loss.guide.training
     assert not any(p.requires_grad for p in loss.guide.parameters())
     assert all(p.requires_grad for p in tiny_model.parameters())
@@ -77,15 +77,15 @@ def test_a_guided_recipe_guides_with_a_frozen_copy_of_the_model_as_given(tiny_mo
 
 
 def test_an_unknown_recipe_guide_is_refused(tiny_model, tmp_path, monkeypatch):
-    from st_hardneg.training import retrieval
+    from st_hardneg.training import recipe
 
-    monkeypatch.setitem(retrieval.RETRIEVAL_RECIPE, "guide", "trained")
+    monkeypatch.setitem(recipe.RETRIEVAL_RECIPE, "guide", "trained")
     with pytest.raises(ValueError, match="RETRIEVAL_RECIPE\\['guide'\\] must be None or 'untrained'.*'trained'"):
-        retrieval.retrieval_recipe(tiny_model, None, tmp_path / "out")
+        recipe.retrieval_recipe(tiny_model, None, tmp_path / "out")
 
 
 def test_recipe_loss_is_the_recipes_loss_and_takes_overrides(tiny_model, tmp_path):
-    from st_hardneg.training.retrieval import recipe_loss, retrieval_recipe
+    from st_hardneg.training.recipe import recipe_loss, retrieval_recipe
 
     known = {"a query": {"a document"}}
     loss = recipe_loss(tiny_model, known)
@@ -107,7 +107,7 @@ def test_recipe_loss_is_the_recipes_loss_and_takes_overrides(tiny_model, tmp_pat
     ({"lam": 0.2}, "loss_overrides: loss 'mnrl_queue' takes no argument lam; it takes"),
 ])
 def test_recipe_loss_refuses_a_bad_override(tiny_model, tmp_path, overrides, message):
-    from st_hardneg.training.retrieval import recipe_loss, retrieval_recipe
+    from st_hardneg.training.recipe import recipe_loss, retrieval_recipe
 
     with pytest.raises(ValueError, match=message):
         recipe_loss(tiny_model, None, **overrides)
@@ -116,7 +116,7 @@ def test_recipe_loss_refuses_a_bad_override(tiny_model, tmp_path, overrides, mes
 
 
 def test_the_model_is_no_loss_override(tiny_model, tmp_path):
-    from st_hardneg.training.retrieval import retrieval_recipe
+    from st_hardneg.training.recipe import retrieval_recipe
 
     with pytest.raises(ValueError, match="loss_overrides model=...: the model is not a loss argument"):
         retrieval_recipe(tiny_model, None, tmp_path / "out", loss_overrides={"model": tiny_model})
