@@ -13,12 +13,16 @@ negative) into one negatives file per dataset, shared by every row, cached under
 model weights and settings. Seeds change the model's data order (the Trainer's data seed): rows of one seed see their
 batches in the same order.
 
-Stages (each resumable, ``--stage``): ``screen`` (seed 0, dev only: the mining settings with MNRL, the recipe's
-candidates; both chosen on pooled dev), ``main`` (built-in rows and the recipe, seeds 0-2, then seeds 3-4 of the
-recipe, the best built-in and MNRL), ``ablations`` (each of the four losses with its SciFact-dev-chosen options, and
-the recipe minus each ingredient, seeds 0-2).
+Order (resumable: a finished (stage, dataset, row, seed) is skipped): the mining screen (stage ``screen``: MNRL at
+seed 0 on the dev task under each setting of :data:`MINING_CHOICES`; a dataset takes its dev-best setting, a setting
+that leaves too few triplets is refused), seed 0 of every built-in and recipe candidate (dev and test; the recipe and
+the best built-in are chosen on pooled dev), seeds 1-4 of the recipe, the best built-in and MNRL, seeds 1-2 of the
+other built-ins, then seeds 0-2 of each of the four losses with its SciFact-dev-chosen options (:data:`OURS`) and of
+the recipe minus each ingredient. ``--plan ROW:SEED ...`` runs given items instead (``mnrl@<setting>:0``: one
+mining-screen item).
 
-    python -m benchmarks.retrieval_beir                         # every stage -> results/retrieval_beir.*
+    python -m benchmarks.retrieval_beir                         # everything -> results/retrieval_beir.*
+    python -m benchmarks.retrieval_beir --plan gist:3 mnrl@top5_nomargin:0   # given items
     python -m benchmarks.retrieval_beir --budget-seconds 3000   # stop starting runs after 50 min
     python -m benchmarks.retrieval_beir --report                # tables + figure from the JSON only
 """
@@ -66,6 +70,8 @@ MINING_CHOICES: dict[str, dict[str, Any]] = {
 #: steps of training: NFCorpus with the top 5 kept 84 of 768)
 MIN_MINED_SHARE = 0.5
 REL = {"margin": 0.05, "margin_strategy": "relative"}
+#: the label prefix of a mining-screen row: ``mnrl@<setting>`` is MNRL on the negatives of that setting, dev only
+SCREEN_PREFIX = "mnrl@"
 
 
 @dataclass(frozen=True)
@@ -423,7 +429,8 @@ class Runner:
             return
         if not self.time_left():
             return
-        mining = DATASETS[name].get("mining", mining)  # a dataset's own candidate depth
+        if stage != "screen":  # a screen run mines with the setting it screens; the others with the dataset's
+            mining = self.data.get("mining_by_dataset", {}).get(name) or DATASETS[name].get("mining", mining)
         print(f"=== {stage} {name} {label} seed {seed} (mining {mining})", flush=True)
         try:
             record, per_query = run_one(label, method, seed, self.prep(name), self.shared(name, mining), roles,
@@ -451,12 +458,6 @@ def pooled_dev(data: dict[str, Any], stage: str, label: str, seeds: tuple[int, .
             return None
         per.append(statistics.fmean(values))
     return statistics.fmean(per)
-
-
-def choose(data: dict[str, Any], stage: str, labels: list[str], seeds: tuple[int, ...] | None = None) -> str | None:
-    scored = {label: pooled_dev(data, stage, label, seeds) for label in labels}
-    scored = {k: v for k, v in scored.items() if v is not None}
-    return max(scored, key=lambda k: scored[k]) if scored else None
 
 
 def recipe_methods(recipe: str) -> dict[str, Method]:
@@ -560,23 +561,30 @@ def run_all(args: argparse.Namespace) -> dict[str, Any]:
     if "chosen_mining" not in runner.data:
         for label in MINING_CHOICES:
             for name in names:
-                runner.run("screen", name, f"mnrl@{label}", BUILTIN["mnrl"], 0, label, roles=("dev",))
+                runner.run("screen", name, f"{SCREEN_PREFIX}{label}", BUILTIN["mnrl"], 0, label, roles=("dev",))
     mining = runner.data.get("chosen_mining")
-    if mining is None:
-        chosen = choose(runner.data, "screen", [f"mnrl@{label}" for label in MINING_CHOICES])
-        mining = chosen.split("@", 1)[1] if chosen else next(iter(MINING_CHOICES))
+    if mining is None:  # each dataset's dev-best setting (a setting one dataset refuses cannot be pooled)
+        runner.data["mining_by_dataset"] = {k: v for k, v in mining_choice(runner.data).items() if v}
+        runner.data["mining_choice"] = "chosen per dataset on its dev task (MNRL, seed 0)"
+        mining = next(iter(MINING_CHOICES))
     runner.data["chosen_mining"] = mining
     runner.save()
     every = all_rows()
     if args.plan:  # explicit ROW:SEED items, in order, on every dataset
         for item in args.plan:
             label, _, seed = item.partition(":")
-            if label not in every:
-                raise ValueError(f"unknown row {label!r} in --plan; rows: {', '.join(every)}")
+            if label not in every and screened_setting(label) is None:
+                raise ValueError(f"unknown row {label!r} in --plan; rows: {', '.join(every)}, or "
+                                 f"{SCREEN_PREFIX}<setting> (the mining screen) with a setting of "
+                                 f"{', '.join(MINING_CHOICES)}")
         for item in args.plan:
             label, _, seed = item.partition(":")
             for name in names:
-                runner.run("main", name, label, every[label], int(seed or 0), mining)
+                setting = screened_setting(label)
+                if setting is not None:
+                    runner.run("screen", name, label, BUILTIN["mnrl"], int(seed or 0), setting, roles=("dev",))
+                else:
+                    runner.run("main", name, label, every[label], int(seed or 0), mining)
         for name in names:  # the untrained reference last: the trained rows first
             if runner.time_left() and not args.skip_untrained:
                 runner.untrained(name)
@@ -688,21 +696,63 @@ def table(data: dict[str, Any], name: str) -> str:
                            "test nDCG@10 per seed", "train s", "median step s"], body).rstrip("\n")
 
 
-def screen_table(data: dict[str, Any]) -> str:
+def screened_setting(label: str) -> str | None:
+    """The mining setting a mining-screen row ``mnrl@<setting>`` screens (``None`` for any other label)."""
+    prefix, _, setting = label.partition("@")
+    return setting if f"{prefix}@" == SCREEN_PREFIX and setting in MINING_CHOICES else None
+
+
+def mining_screen(data: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """``{dataset: {setting: dev nDCG@10 | refusal text}}``: MNRL at seed 0 on the dev task, one entry per mining
+    setting run: the screen's rows (``mnrl@<setting>``, a refused setting with its reason) and the main MNRL seed-0
+    run under the setting the dataset's rows were trained on (the same run, dev and test)."""
+    out: dict[str, dict[str, Any]] = {name: {} for name in DATASETS}
+    for r in data["runs"]:
+        setting = screened_setting(r["method"]) if r.get("stage") == "screen" else (
+            r.get("mining") if r.get("stage") == "main" and r["method"] == "mnrl" and r["seed"] == 0 else None)
+        if setting is None or r["dataset"] not in out:
+            continue
+        if "failed" in r:
+            out[r["dataset"]].setdefault(setting, r["failed"])
+        elif "dev" in r:
+            out[r["dataset"]][setting] = r["dev"]["ndcg@10"]
+    return out
+
+
+def mining_choice(data: dict[str, Any]) -> dict[str, str | None]:
+    """Per dataset, the setting with the best MNRL dev nDCG@10 among those screened (refused ones excluded)."""
+    screen = mining_screen(data)
+    return {name: max((k for k, v in values.items() if isinstance(v, float)), key=lambda k: values[k], default=None)
+            for name, values in screen.items()}
+
+
+def rows_mining(data: dict[str, Any], name: str) -> str | None:
+    """The mining setting dataset ``name``'s rows were trained on."""
+    used = {r.get("mining") for r in data["runs"] if r["dataset"] == name and r.get("stage") == "main"} - {None}
+    return ", ".join(sorted(used)) if used else None
+
+
+def mining_table(data: dict[str, Any]) -> str:
+    """The mining screen: MNRL's dev nDCG@10 at seed 0 per setting and dataset, the dev-best setting per dataset and
+    the one its rows were trained on."""
     from st_hardneg.reporting import markdown_table
 
-    labels = list(dict.fromkeys(r["method"] for r in data["runs"] if r.get("stage") == "screen"))
+    screen, chosen = mining_screen(data), mining_choice(data)
     body = []
-    for label in labels:
+    for setting in MINING_CHOICES:
         cells = []
         for name in DATASETS:
-            values = [r["dev"]["ndcg@10"] for r in data["runs"] if r.get("stage") == "screen"
-                      and r["dataset"] == name and r["method"] == label and "dev" in r]
-            cells.append(f"{values[0]:.2f}" if values else "not run")
-        pooled = pooled_dev(data, "screen", label)
-        body.append([label, *cells, f"{pooled:.2f}" if pooled is not None else "–"])
-    return markdown_table(["configuration (seed 0)", *(f"{n} dev" for n in DATASETS), "pooled dev"],
-                          body).rstrip("\n")
+            value = screen[name].get(setting)
+            if value is None:
+                cells.append("not run")
+            elif isinstance(value, float):
+                mark = " (dev-best)" if chosen[name] == setting else ""
+                cells.append(f"{value:.2f}{mark}" + (" · rows" if rows_mining(data, name) == setting else ""))
+            else:
+                kept = value.split("kept ", 1)[1].split(" (", 1)[0] if "kept " in value else value
+                cells.append(f"refused: kept {kept}" if "kept " in value else f"failed: {value}")
+        body.append([f"`{setting}`", *cells])
+    return markdown_table(["setting (MNRL, seed 0)", *(f"{n} dev nDCG@10" for n in DATASETS)], body).rstrip("\n")
 
 
 def paired(data: dict[str, Any], name: str, a: str, b: str) -> dict[str, Any] | None:
@@ -810,10 +860,12 @@ def markdown(data: dict[str, Any], per_query: list[dict[str, Any]] | None = None
             lines += [f"Rows from an earlier run of this protocol (`{SCIFACT_IMPORT_FILE}`, no per-query scores; "
                       f"seeds 0-2): {', '.join(f'`{m}`' for m in imported)}; their train seconds and steps are that "
                       "run's (2 threads of a shared CPU).", ""]
-    screen = screen_table(data)
-    lines += ["## Dev screening (seed 0)", "",
-              screen if screen.count("\n") > 1 else "Not run: the mining setting and the recipe were fixed (above).",
-              ""]
+    chosen = mining_choice(data)
+    agree = [f"{name}: dev-best `{chosen[name]}`, rows trained on `{rows_mining(data, name)}`"
+             + ("" if chosen[name] == rows_mining(data, name) else ": they differ")
+             for name in DATASETS if chosen[name]]
+    lines += ["## Mining screen (MNRL, seed 0, dev nDCG@10; `rows`: the setting every row of the dataset trained on)",
+              "", mining_table(data), "", *(f"- {line}" for line in agree), ""]
     best = data.get("best_builtin")
     lines += ["## Recipe against the built-ins (test nDCG@10, paired seeds; 95 % t interval of the mean difference)",
               ""]

@@ -424,3 +424,57 @@ def test_the_figure_points_are_the_paired_per_query_differences_with_holm(monkey
         assert points[name]["seeds"] == [0, 1] and points[name]["low"] < points[name]["mean"] < points[name]["high"]
         alone = rb.compare_rows(by, [name], [0, 1], "recipe_row", "gist").rows[0].p_randomization
         assert alone <= points[name]["p_holm"] <= min(1.0, 2 * alone) + 1e-12
+
+
+def test_a_mining_screen_item_runs_mnrl_on_the_dev_task_under_its_own_setting(tmp_path, monkeypatch):
+    write_beir(tmp_path / "data" / "retrieval" / "nfcorpus", dev=True)
+    mined, ran = [], []
+    monkeypatch.setattr(rb.Runner, "shared", lambda self, name, label: mined.append((name, label)))
+
+    def fake_run_one(label, method, seed, prep, negatives, roles, args):
+        ran.append((label, method, seed, roles))
+        scores = {role: {"ndcg@10": 30.0, "mrr@10": 1.0, "recall@100": 2.0} for role in roles}
+        return {"dataset": prep.name, "method": label, "seed": seed, "train_seconds": 1.0, **scores}, {}
+
+    monkeypatch.setattr(rb, "run_one", fake_run_one)
+    argv = ["--data-dir", str(tmp_path / "data"), "--datasets", "nfcorpus", "--out", str(tmp_path / "r.json"),
+            "--cache-dir", str(tmp_path / "cache"), "--mining", "top5_rel0.05", "--skip-untrained",
+            "--plan", "mnrl@top5_nomargin:0", "mnrl:0"]
+    assert rb.main(argv) == 0
+    # the screened setting, not NFCorpus's own (top50_nomargin), which the main row mines with
+    assert mined == [("nfcorpus", "top5_nomargin"), ("nfcorpus", "top50_nomargin")]
+    assert ran == [("mnrl@top5_nomargin", rb.BUILTIN["mnrl"], 0, ("dev",)), ("mnrl", rb.BUILTIN["mnrl"], 0,
+                                                                            ("dev", "test"))]
+    data = json.loads((tmp_path / "r.json").read_text())
+    assert [(r["stage"], r["method"], r["mining"]) for r in data["runs"]] == [
+        ("screen", "mnrl@top5_nomargin", "top5_nomargin"), ("main", "mnrl", "top50_nomargin")]
+    with pytest.raises(ValueError, match=r"unknown row 'mnrl@top3' in --plan; .* or mnrl@<setting> \(the mining "
+                                         r"screen\) with a setting of top5_rel0.05, skip10_rel0.05"):
+        rb.main([*argv[:-3], "--plan", "mnrl@top3:0"])
+
+
+def test_the_mining_screen_table_takes_each_datasets_dev_best_setting():
+    refused = ("ValueError: mining nfcorpus with top5_rel0.05 kept 84 triplets of 768 pairs (fewer than 50% or one "
+               "batch): ...")
+    runs = [
+        {"stage": "screen", "dataset": "scifact", "method": "mnrl@top5_nomargin", "seed": 0, "dev": {"ndcg@10": 66.0}},
+        {"stage": "main", "dataset": "scifact", "method": "mnrl", "seed": 0, "mining": "top5_rel0.05",
+         "dev": {"ndcg@10": 65.0}},
+        {"stage": "main", "dataset": "scifact", "method": "mnrl", "seed": 1, "mining": "top5_rel0.05",
+         "dev": {"ndcg@10": 99.0}},  # seed 1: not a screen entry
+        {"stage": "main", "dataset": "scifact", "method": "gist", "seed": 0, "mining": "top5_rel0.05",
+         "dev": {"ndcg@10": 98.0}},  # another loss: not a screen entry
+        {"stage": "screen", "dataset": "nfcorpus", "method": "mnrl@top5_rel0.05", "seed": 0, "failed": refused},
+        {"stage": "main", "dataset": "nfcorpus", "method": "mnrl", "seed": 0, "mining": "top50_nomargin",
+         "dev": {"ndcg@10": 26.4}},
+    ]
+    data = {"runs": runs}
+    assert rb.mining_screen(data) == {"scifact": {"top5_nomargin": 66.0, "top5_rel0.05": 65.0},
+                                      "nfcorpus": {"top5_rel0.05": refused, "top50_nomargin": 26.4}}
+    assert rb.mining_choice(data) == {"scifact": "top5_nomargin", "nfcorpus": "top50_nomargin"}
+    assert rb.rows_mining(data, "scifact") == "top5_rel0.05"
+    table = rb.mining_table(data)
+    assert "| `top5_rel0.05` | 65.00 · rows | refused: kept 84 triplets of 768 pairs |" in table
+    assert "| `top5_nomargin` | 66.00 (dev-best) | not run |" in table
+    assert "| `top50_nomargin` | not run | 26.40 (dev-best) · rows |" in table
+    assert "| `skip10_rel0.05` | not run | not run |" in table
