@@ -553,7 +553,7 @@ def run_all(args: argparse.Namespace) -> dict[str, Any]:
             runner.untrained(name)
     if args.mining:
         runner.data["chosen_mining"] = args.mining
-        runner.data["mining_choice"] = "fixed by --mining (not screened: no compute for it)"
+        runner.data["mining_choice"] = "fixed by --mining; a screen run with --plan mnrl@<setting>:0 is tabled beside it"
     if args.recipe:
         runner.data["chosen_recipe"] = args.recipe
         runner.data["recipe_choice"] = "fixed by --recipe"
