@@ -804,11 +804,12 @@ def paired_section(by: dict[tuple[str, str], dict[int, dict[str, float]]], metho
                    title: str) -> list[str]:
     """``method`` against ``baseline`` with :func:`st_hardneg.evaluation.compare_runs` on the test queries of every
     dataset where both have per-query scores (per-query nDCG@10 averaged over their common seeds; one comparison with
-    Holm over the datasets when the seeds are common to both datasets, else one per dataset)."""
+    Holm over the datasets when both datasets have the same common seeds, else one per dataset over its own)."""
 
     common = {name: sorted(set(by.get((name, method), {})) & set(by.get((name, baseline), {}))) for name in DATASETS}
     joint = sorted(set.intersection(*(set(v) for v in common.values())))
-    groups = [(list(DATASETS), joint)] if joint else [([name], seeds) for name, seeds in common.items()]
+    same = joint and all(seeds == joint for seeds in common.values())  # else each dataset over all its seeds
+    groups = [(list(DATASETS), joint)] if same else [([name], seeds) for name, seeds in common.items()]
     lines: list[str] = []
     for names, seeds in groups:
         if not seeds:
