@@ -120,3 +120,16 @@ def test_the_model_is_no_loss_override(tiny_model, tmp_path):
 
     with pytest.raises(ValueError, match="loss_overrides model=...: the model is not a loss argument"):
         retrieval_recipe(tiny_model, None, tmp_path / "out", loss_overrides={"model": tiny_model})
+
+
+@pytest.mark.parametrize(("overrides", "message"), [
+    ({"margin": -0.1}, "margin must be a finite number >= 0, got -0.1"),
+    ({"margin": float("nan")}, "margin must be a finite number >= 0, got nan"),
+    ({"margin_strategy": "sideways"}, "margin_strategy must be one of 'absolute', 'relative'; got 'sideways'"),
+])
+def test_a_bad_override_value_is_the_losss_own_error(tiny_model, overrides, message):
+    """An override the loss takes but with a bad value fails as the loss's own check, never a NaN loss later."""
+    from st_hardneg.training.recipe import recipe_loss
+
+    with pytest.raises(ValueError, match=message):
+        recipe_loss(tiny_model, None, **overrides)
