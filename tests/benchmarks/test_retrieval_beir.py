@@ -478,3 +478,50 @@ def test_the_mining_screen_table_takes_each_datasets_dev_best_setting():
     assert "| `top5_nomargin` | 66.00 (dev-best) | not run |" in table
     assert "| `top50_nomargin` | not run | 26.40 (dev-best) · rows |" in table
     assert "| `skip10_rel0.05` | not run | not run |" in table
+
+
+def test_a_fixed_mining_setting_applies_to_every_dataset_and_is_its_own_protocol(tmp_path, monkeypatch):
+    write_beir(tmp_path / "data" / "retrieval" / "nfcorpus", dev=True)
+    mined = []
+    monkeypatch.setattr(rb.Runner, "shared", lambda self, name, label: mined.append((name, label)))
+
+    def fake_run_one(label, method, seed, prep, negatives, roles, args):
+        scores = {role: {"ndcg@10": 30.0, "mrr@10": 1.0, "recall@100": 2.0} for role in roles}
+        return {"dataset": prep.name, "method": label, "seed": seed, "train_seconds": 1.0, **scores}, {}
+
+    monkeypatch.setattr(rb, "run_one", fake_run_one)
+    out = tmp_path / "screened.json"
+    argv = ["--data-dir", str(tmp_path / "data"), "--datasets", "nfcorpus", "--out", str(out),
+            "--cache-dir", str(tmp_path / "cache"), "--skip-untrained", "--mining-all", "top5_nomargin",
+            "--recipe", "infonce_margin", "--builtin", "gist", "--plan", "mnrl:0"]
+    assert rb.main(argv) == 0
+    # --mining-all overrides NFCorpus's own setting (top50_nomargin), which --mining keeps
+    assert mined == [("nfcorpus", "top5_nomargin")]
+    data = json.loads(out.read_text())
+    assert [(r["method"], r["mining"]) for r in data["runs"]] == [("mnrl", "top5_nomargin")]
+    assert data["mining_by_dataset"] == {"scifact": "top5_nomargin", "nfcorpus": "top5_nomargin"}
+    # the built-in stays the fixed one although MNRL is the only built-in run (pooled dev would choose it)
+    assert data["best_builtin"] == "gist" and data["builtin_choice"] == "fixed by --builtin"
+    assert data["protocol"]["mining"].endswith("every dataset: top5_nomargin (fixed by --mining-all)")
+    assert data["protocol"] == rb.protocol("top5_nomargin") != rb.protocol()
+    # resuming the file without the flag (or with another setting) is another protocol: refused before any run
+    monkeypatch.setattr(rb, "run_one", lambda *a, **k: pytest.fail("a run started"))
+    with pytest.raises(ValueError, match="another protocol \\(changed: mining\\)"):
+        rb.main([a for a in argv if a not in ("--mining-all", "top5_nomargin")])
+    with pytest.raises(ValueError, match="another protocol \\(changed: mining\\)"):
+        rb.main([*argv[:argv.index("--mining-all") + 1], "top50_nomargin", *argv[argv.index("--mining-all") + 2:]])
+
+
+def test_a_rerun_file_tables_only_the_rows_it_reruns():
+    def run(method, test, seed=0):
+        return {"stage": "main", "dataset": "scifact", "method": method, "seed": seed, "dev": {"ndcg@10": 1.0},
+                "test": {"ndcg@10": test, "mrr@10": 0.0, "recall@100": 0.0}}
+
+    runs = [{**run("untrained", 60.0), "stage": "untrained", "seed": None}, run("mnrl", 61.0), run("gist", 62.0)]
+    whole = rb.table({"runs": runs, "chosen_recipe": "infonce_margin"}, "scifact")
+    assert "| mnrl_hardness | not run |" in whole and "| recipe = infonce_margin+known | not run |" in whole
+    rerun = rb.table({"runs": runs, "chosen_recipe": "infonce_margin",
+                      "rerun_rows": ["mnrl", "infonce_margin+known"]}, "scifact")
+    labels = [line.split(" | ")[0].removeprefix("| ") for line in rerun.splitlines()[2:]]
+    assert labels == ["untrained", "mnrl", "recipe = infonce_margin+known"]  # gist ran but is not a re-run row
+    assert "| mnrl | 61.00 |" in rerun
