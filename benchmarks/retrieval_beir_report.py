@@ -170,7 +170,11 @@ def known_relevance(data: dict[str, Any], per_query: list[dict[str, Any]]) -> st
 
 
 def markdown(data: dict[str, Any], per_query: list[dict[str, Any]] | None = None) -> str:
-    lines = ["# Two-dataset retrieval benchmark: SciFact + NFCorpus (all-MiniLM-L6-v2, x 100)", ""]
+    title = "# Two-dataset retrieval benchmark: SciFact + NFCorpus (all-MiniLM-L6-v2, x 100)"
+    if data.get("rerun_rows"):  # a re-run file (--mining-all): which rows, on which negatives
+        title += (f": re-run of {', '.join(f'`{row}`' for row in data['rerun_rows'])} on the "
+                  f"`{data.get('chosen_mining')}` negatives")
+    lines = [title, ""]
     lines += [f"Mining setting: `{data.get('chosen_mining', 'not chosen')}` "
               f"({data.get('mining_choice', 'chosen on pooled dev, MNRL, seed 0')}); recipe: "
               f"`{data.get('chosen_recipe', 'not chosen')}` ({data.get('recipe_choice', 'chosen on pooled dev, seed 0')})"

@@ -526,3 +526,7 @@ def test_a_rerun_file_tables_only_the_rows_it_reruns():
     labels = [line.split(" | ")[0].removeprefix("| ") for line in rerun.splitlines()[2:]]
     assert labels == ["untrained", "mnrl", "recipe = infonce_margin+known"]  # gist ran but is not a re-run row
     assert "| mnrl | 61.00 |" in rerun
+    text = rb.markdown({"runs": runs, "chosen_recipe": "infonce_margin", "protocol": {}, "chosen_mining": "top5_nomargin",
+                        "rerun_rows": ["mnrl", "infonce_margin+known"]})
+    assert text.splitlines()[0].endswith(": re-run of `mnrl`, `infonce_margin+known` on the `top5_nomargin` negatives")
+    assert "re-run" not in rb.markdown({"runs": runs, "protocol": {}}).splitlines()[0]
