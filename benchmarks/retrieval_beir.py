@@ -148,14 +148,8 @@ __all__ = [
 ]
 
 REPO = Path(__file__).resolve().parents[1]
-
-
 RESULTS = REPO / "benchmarks" / "results"
-
-
 DEFAULT_OUT = RESULTS / "retrieval_beir.json"
-
-
 DATA_DIR = REPO.parent / "shared" / "data"
 
 

@@ -21,8 +21,6 @@ DATASETS: dict[str, dict[str, Any]] = {
     # scifact.json runs' setting
     "nfcorpus": {"folder": "retrieval/nfcorpus", "dev_fraction": None, "published": 31.59, "mining": "top50_nomargin"},
 }
-
-
 #: mining settings screened (the ones sentence-transformers' ``mine_hard_negatives`` documentation recommends): the
 #: top candidates below 95 % of the positive's score (NV-Retriever TopK-PercPos), the same after skipping the 10 most
 #: similar documents (range_min 10, range_max 50), and the plain top candidates (no margin)
@@ -32,16 +30,10 @@ MINING_CHOICES: dict[str, dict[str, Any]] = {
     "top5_nomargin": {"num_candidates": 5, "relative_margin": None, "range_min": 0, "range_max": None},
     "top50_nomargin": {"num_candidates": 50, "relative_margin": None, "range_min": 0, "range_max": None},
 }
-
-
 #: a mining setting that keeps fewer triplets than this share of the pairs is refused (its rows would be a few
 #: steps of training: NFCorpus with the top 5 kept 84 of 768)
 MIN_MINED_SHARE = 0.5
-
-
 REL = {"margin": 0.05, "margin_strategy": "relative"}
-
-
 #: the label prefix of a mining-screen row: ``mnrl@<setting>`` is MNRL on the negatives of that setting, dev only
 SCREEN_PREFIX = "mnrl@"
 
@@ -68,8 +60,6 @@ BUILTIN: dict[str, Method] = {
     "gist": Method("gist", dict(REL), builtin=True),
     "cached_mnrl_4x": Method("cached_mnrl", builtin=True, batch_factor=4),
 }
-
-
 #: the st-hardneg recipe's candidates (chosen on pooled dev, seed 0), each with known-relevance masking (the loss's
 #: ``known_positives``: every in-batch candidate the training qrels mark relevant to a row's query leaves its
 #: denominator; the batches are the built-in rows' own, so a seed's data order is the same in every row). A
@@ -89,8 +79,6 @@ CANDIDATES: dict[str, Method] = {
     # NFCorpus dev score (30.80 against the margin candidate's 30.71). Without known relevance it is the built-in row
     "gist": Method("mnrl_queue", {"temperature": 0.01, **REL}, known_positives=True, guided=True),
 }
-
-
 #: each of st-hardneg's four losses with its configuration chosen on SciFact's dev task (results/scifact_selection.md:
 #: the best of each family), on the shared negatives and without known relevance, as the earlier SciFact rows
 OURS: dict[str, Method] = {
@@ -98,13 +86,9 @@ OURS: dict[str, Method] = {
     for label, source in {"focal": "focal", "mixcse_explicit": "mixcse_explicit",
                           "hncse_hnm": "hncse_hnm_hard_negatives", "adcse": "adcse"}.items()
 }
-
-
 #: rows of the earlier SciFact benchmark (results/scifact.json: this protocol, all judgements, the same mining) ->
 #: their label here; they are imported (``--import-scifact``) with no per-query scores
 SCIFACT_IMPORT_FILE = "results/scifact.json"
-
-
 SCIFACT_IMPORT = {"untrained": "untrained", "mnrl": "mnrl", "mnrl_hardness": "mnrl_hardness",
                   "cached_mnrl_4x": "cached_mnrl_4x", "gist": "gist_nomargin", "focal": "focal",
                   "focal_margin_rel0.05": "focal_margin", "hncse_hnm_hard_negatives": "hncse_hnm",
