@@ -209,8 +209,9 @@ def markdown(data: dict[str, Any], per_query: list[dict[str, Any]] | None = None
             if result is None:
                 body.append([f"recipe − {other}", name, "not run", "", "", ""])
                 continue
-            body.append([f"recipe − {other}", name, f"{result['mean']:+.2f}",
-                         f"[{result['low']:+.2f}, {result['high']:+.2f}]", len(result["seeds"]),
+            interval = (f"[{result['low']:+.2f}, {result['high']:+.2f}]" if len(result["seeds"]) > 1
+                        else "– (one seed)")
+            body.append([f"recipe − {other}", name, f"{result['mean']:+.2f}", interval, len(result["seeds"]),
                          "yes" if result["ahead_every_seed"] else "no"])
     lines += [markdown_table(["comparison", "dataset", "mean diff", "95 % CI", "seeds", "ahead every seed"],
                              body).rstrip("\n"), ""]

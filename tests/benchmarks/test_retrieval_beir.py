@@ -530,3 +530,6 @@ def test_a_rerun_file_tables_only_the_rows_it_reruns():
                         "rerun_rows": ["mnrl", "infonce_margin+known"]})
     assert text.splitlines()[0].endswith(": re-run of `mnrl`, `infonce_margin+known` on the `top5_nomargin` negatives")
     assert "re-run" not in rb.markdown({"runs": runs, "protocol": {}}).splitlines()[0]
+    one_seed = rb.markdown({"runs": [*runs, run("infonce_margin+known", 62.5)], "chosen_recipe": "infonce_margin",
+                            "best_builtin": "gist", "protocol": {}})
+    assert "| recipe − gist | scifact | +0.50 | – (one seed) | 1 | yes |" in one_seed  # no t interval from one seed
