@@ -1,12 +1,11 @@
-"""benchmarks.retrieval --task scifact / --task beir: a smoke run on a tiny folder, resuming, and the report's
-numbers (mean ± std, the target check) against values computed here; the committed SciFact tables; the selection
-table shared with the MRPC task."""
+"""benchmarks.retrieval --task scifact / --task beir (handed to benchmarks.retrieval_scifact): smoke runs on a tiny
+folder, resuming, the queue row's record; the selection table shared by the MRPC and SciFact tasks. The SciFact
+report's numbers: tests/benchmarks/test_retrieval_scifact.py."""
 
 from __future__ import annotations
 
 import importlib
 import json
-import statistics
 from pathlib import Path
 
 from st_hardneg.testing.beir import make_tiny_beir
@@ -42,37 +41,6 @@ def test_smoke_run_through_retrieval_py_resumes(tiny_model_dir, tmp_path, capsys
     assert f"| mnrl | {runs['mnrl']['test']['ndcg@10']:.2f} |" in text
 
 
-def _run(method, seed, ndcg):
-    scores = {"ndcg@10": ndcg, "mrr@10": ndcg - 5, "recall@100": 90.0}
-    return {"method": method, "seed": seed, "test": scores, "dev": scores, "train_seconds": 100.0 + seed}
-
-
-def test_report_means_and_target_check():
-    bench = _load("retrieval")
-    runs = [_run("mnrl", s, v) for s, v in enumerate((66.0, 67.0, 68.0))]
-    runs += [_run("gist", s, v) for s, v in enumerate((66.5, 66.5, 66.5))]
-    runs += [_run("focal", s, v) for s, v in enumerate((68.5, 68.2, 69.4))]
-    data = {"protocol": {"batch_size": 32}, "task": "scifact", "runs": runs}
-    text = bench.beir_markdown(data)
-    mean, std = statistics.mean((68.5, 68.2, 69.4)), statistics.stdev((68.5, 68.2, 69.4))
-    assert f"| focal | {mean:.2f} ± {std:.2f} |" in text and "| 68.50, 68.20, 69.40 | 101 |" in text
-    # best built-in is mnrl (67.0 > 66.5); focal - mnrl = 68.7 - 67.0 and ahead on every seed
-    assert "best st-hardneg `focal` − best built-in `mnrl` = +1.70" in text and "Target met" in text
-    runs[-1]["test"] = {**runs[-1]["test"], "ndcg@10": 67.9}  # seed 2 now behind mnrl's 68.0
-    check = bench.beir_target_check({"runs": runs})
-    assert "ahead on every common seed: no" in check and "Target not met" in check
-
-
-def test_queue_row_matches_cached_mnrl_4x_candidates():
-    """focal_queue's claim: 2 candidate columns of the protocol's batch in-batch + the queue = CachedMNRL 4x's."""
-    bench = _load("retrieval")
-    loss, kwargs = bench.QUEUE_ROWS["focal_queue"]
-    batch = bench.BEIR_TRAINING["batch_size"]
-    assert loss == "focal" and bench.SCIFACT_METHODS["focal"] == ("focal", {})
-    assert 2 * batch + kwargs["queue_size"] == 2 * batch * bench.SCIFACT_METHODS["cached_mnrl_4x"][1]["batch_factor"]
-    assert kwargs["queue_warmup_steps"] >= 1 and kwargs.get("queue_source", "online") == "online"
-
-
 def test_smoke_queue_row_reads_the_queue(tiny_model_dir, tmp_path):
     """A 3-step focal_queue run with warm-up 1 records its queue: the last batch read the 2 earlier steps' candidate
     rows (positive + mined negative per query) and the queue holds all 3 steps'."""
@@ -88,48 +56,17 @@ def test_smoke_queue_row_reads_the_queue(tiny_model_dir, tmp_path):
     assert run["queue"]["queue_filled"] == 3 * 2 * 4 and run["queue"]["queue_rows_read"] == 2 * 2 * 4
 
 
-def test_target_check_chooses_both_sides_on_the_dev_task_not_on_test():
-    """The row with the best test mean is not the chosen one when another row leads on dev: choosing on test would
-    be tuning on the test set. The test-best row is still named, for reading only."""
-    bench = _load("retrieval")
-
-    def run(method, seed, test, dev):
-        return {"method": method, "seed": seed, "test": {"ndcg@10": test, "mrr@10": test, "recall@100": 90.0},
-                "dev": {"ndcg@10": dev, "mrr@10": dev, "recall@100": 90.0}}
-
-    runs = [run("mnrl", s, 66.0, 65.0) for s in range(3)] + [run("gist", s, 67.0, 64.0) for s in range(3)]
-    runs += [run("focal", s, 66.5 + s / 10, 66.0) for s in range(3)]  # dev leader of ours: 66.6 on test
-    runs += [run("focal_margin_rel0.05", s, 69.0, 63.0) for s in range(3)]  # test leader, dev last
-    check = bench.beir_target_check({"runs": runs})
-    # built-in chosen on dev: mnrl (65.0 > gist's 64.0) although gist has the better test mean
-    assert check.startswith("best st-hardneg `focal` − best built-in `mnrl` = +0.60 nDCG@10")
-    assert "dev 66.00, 65.00" in check and "Target not met" in check
-    assert "highest test mean of our rows is `focal_margin_rel0.05`, +3.00 (ahead on every seed: yes)" in check
-    assert "Ahead of `mnrl` on every seed: `focal_margin_rel0.05` (+3.00), `focal` (+0.60)." in check
-
-
-def test_committed_scifact_tables_are_rendered_from_their_json():
-    bench = _load("retrieval")
-    scifact = json.loads((RESULTS / "scifact.json").read_text())
-    assert bench.beir_markdown(scifact) == (RESULTS / "scifact.md").read_text()
-    selection = json.loads((RESULTS / "scifact_selection.json").read_text())
-    assert bench.beir_selection_markdown(selection) == (RESULTS / "scifact_selection.md").read_text()
-    # every row of both files is a row of the one table of methods (or the untrained reference)
-    from benchmarks.methods import METHODS
-
-    assert {r["method"] for r in scifact["runs"] + selection["runs"]} - {"untrained"} <= set(METHODS)
-
-
 def test_one_selection_table_for_both_tasks_from_the_methods_table():
     """MRPC and SciFact screen the same configurations on their dev tasks: one SELECTION, built from
     benchmarks.methods, whose families and options are the table's."""
     bench = _load("retrieval")
+    scifact = _load("retrieval_scifact")
     from benchmarks import methods
 
     assert list(bench.SELECTION) == list(methods.SELECTION)
     for label, (family, loss, options) in bench.SELECTION.items():
         row = methods.METHODS[label]
         assert (family, loss, options) == (row.family, row.loss, dict(row.options))
-    assert bench.SCIFACT_METHODS == methods.table(methods.SCIFACT)
-    assert bench.BEIR_BUILTIN == ("mnrl", "mnrl_hardness", "cached_mnrl_4x", "gist")
+    assert scifact.SCIFACT_METHODS == methods.table(methods.SCIFACT) and scifact.SELECTION is bench.SELECTION
+    assert scifact.BEIR_BUILTIN == ("mnrl", "mnrl_hardness", "cached_mnrl_4x", "gist")
     assert bench.BUILTIN == ("mnrl", "mnrl_hardness", "gist") and bench.OPTIONAL_BUILTIN == ("cached_mnrl",)
