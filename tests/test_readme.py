@@ -188,6 +188,6 @@ def test_the_screened_rerun_table_is_its_json():
         assert cells[2] == f"{statistics.fmean(means):.2f}", (prefix, cells[2])
         assert len(counts) == 1, (label, counts)  # as many seeds on both datasets
         seeds[label] = counts.pop()
-    intro = head.split("\n\n")[0]
+    intro = " ".join(head.split("\n\n")[0].split())
     assert f"{seeds['gist']} paired seeds for the recipe and GIST, {seeds['mnrl']} for MNRL" in intro, intro
     assert seeds["gist"] == seeds[labels["st-hardneg recipe"]]
