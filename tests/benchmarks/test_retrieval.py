@@ -67,6 +67,6 @@ def test_one_selection_table_for_both_tasks_from_the_methods_table():
     for label, (family, loss, options) in bench.SELECTION.items():
         row = methods.METHODS[label]
         assert (family, loss, options) == (row.family, row.loss, dict(row.options))
-    assert scifact.SCIFACT_METHODS == methods.table(methods.SCIFACT) and scifact.SELECTION is bench.SELECTION
+    assert scifact.SCIFACT_METHODS == methods.table(methods.SCIFACT) and scifact.SELECTION == bench.SELECTION
     assert scifact.BEIR_BUILTIN == ("mnrl", "mnrl_hardness", "cached_mnrl_4x", "gist")
     assert bench.BUILTIN == ("mnrl", "mnrl_hardness", "gist") and bench.OPTIONAL_BUILTIN == ("cached_mnrl",)
