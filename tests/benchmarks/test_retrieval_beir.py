@@ -533,3 +533,18 @@ def test_a_rerun_file_tables_only_the_rows_it_reruns():
     one_seed = rb.markdown({"runs": [*runs, run("infonce_margin+known", 62.5)], "chosen_recipe": "infonce_margin",
                             "best_builtin": "gist", "protocol": {}})
     assert "| recipe − gist | scifact | +0.50 | – (one seed) | 1 | yes |" in one_seed  # no t interval from one seed
+
+
+@pytest.mark.parametrize(("flags", "message"), [
+    (["--mining-all", "top3"], "--mining-all: invalid choice: 'top3'"),
+    (["--builtin", "focal"], "--builtin: invalid choice: 'focal'"),
+    (["--mining", "top5_rel0.05", "--mining-all", "top5_nomargin"], "not allowed with argument --mining"),
+])
+def test_bad_mining_and_builtin_flags_are_usage_errors_before_any_run(tmp_path, monkeypatch, capsys, flags, message):
+    monkeypatch.setattr(rb, "prepare", lambda *a, **k: pytest.fail("the data was read"))
+    monkeypatch.setattr(rb, "run_one", lambda *a, **k: pytest.fail("a run started"))
+    with pytest.raises(SystemExit) as exit_info:
+        rb.main(["--out", str(tmp_path / "r.json"), *flags, "--plan", "mnrl:0"])
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "r.json").exists()
