@@ -190,9 +190,6 @@ def build(loss_name: str, model, kwargs: dict[str, Any], guide: Callable[[], Any
     return build_loss(loss_name, model, **kwargs)
 
 
-# --------------------------------------------------------------------------- runs
-
-
 def failed_note(data: dict[str, Any], heading: str = "not selected, not in the table") -> str:
     """The runs that failed (no usable row), one per line under ``Failed (heading):``, or nothing."""
     from st_hardneg.reporting import failed_runs

@@ -298,22 +298,19 @@ def frozen_guide(args: argparse.Namespace) -> Any:
 
 
 def build_loss(method: Method, model: Any, args: argparse.Namespace, known: dict[str, set[str]] | None = None) -> Any:
-    from st_hardneg.training import build_loss as build
+    """Row ``method``'s loss on ``model`` through the shared :func:`benchmarks.harness.build` (GISTEmbedLoss guided by
+    the frozen untrained model, CachedMNRL in mini-batches of the protocol's batch), with the row's guide and known
+    positives."""
+    from benchmarks.harness import build
 
-    guide = {"guide": frozen_guide(args)} if method.guided else {}
+    kwargs = dict(method.kwargs)
+    if method.guided:
+        kwargs["guide"] = frozen_guide(args)
     if method.known_positives:
-        return build(method.loss, model, **method.kwargs, **guide, known_positives=known)
-
-    if method.loss == "gist":
-        from sentence_transformers.sentence_transformer.losses import GISTEmbedLoss
-
-        return GISTEmbedLoss(model, frozen_guide(args), **method.kwargs)
+        kwargs["known_positives"] = known
     if method.loss == "cached_mnrl":
-        from sentence_transformers.sentence_transformer.losses import CachedMultipleNegativesRankingLoss
-
-        return CachedMultipleNegativesRankingLoss(model, scale=20.0, mini_batch_size=PROTOCOL["batch_size"],
-                                                  **method.kwargs)
-    return build(method.loss, model, **method.kwargs, **guide)
+        kwargs.setdefault("mini_batch_size", PROTOCOL["batch_size"])
+    return build(method.loss, model, kwargs, lambda: frozen_guide(args))
 
 
 def run_one(label: str, method: Method, seed: int, prep: Prepared, negatives: Any, roles: tuple[str, ...],
