@@ -56,6 +56,7 @@ from benchmarks.retrieval_beir_report import (
     write_report,
 )
 from benchmarks.retrieval_beir_rows import (
+    ABLATION_ROLES,
     BUILTIN,
     CANDIDATES,
     DATASETS,
@@ -79,6 +80,7 @@ from benchmarks.retrieval_beir_rows import (
     protocol,
     recipe_label,
     recipe_methods,
+    row_role,
     rows_mining,
     run_label,
     sampling,
@@ -87,6 +89,7 @@ from benchmarks.retrieval_beir_rows import (
 
 #: the benchmark's one namespace: the runner's names and those of its rows and report modules, re-exported
 __all__ = [
+    "ABLATION_ROLES",
     "BUILTIN",
     "CANDIDATES",
     "DATASETS",
@@ -135,6 +138,7 @@ __all__ = [
     "protocol",
     "recipe_label",
     "recipe_methods",
+    "row_role",
     "rows_mining",
     "run_all",
     "run_label",

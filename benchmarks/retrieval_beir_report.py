@@ -21,6 +21,7 @@ from benchmarks.retrieval_beir_rows import (
     mining_choice,
     mining_screen,
     recipe_label,
+    row_role,
     rows_mining,
     run_label,
 )
@@ -28,7 +29,7 @@ from benchmarks.retrieval_beir_rows import (
 
 def table(data: dict[str, Any], name: str) -> str:
     """One dataset's markdown table: test and dev nDCG@10 (mean ± std over seeds), MRR@10, R@100, per-seed test
-    nDCG@10, train seconds and median step (the device's)."""
+    nDCG@10, train seconds and median step (the device's), and each row's role (:func:`row_role`)."""
     from st_hardneg.reporting import markdown_table, mean_std_text
 
     runs = [r for r in data["runs"] if r["dataset"] == name and r.get("stage") in ("untrained", "main")
@@ -44,7 +45,7 @@ def table(data: dict[str, Any], name: str) -> str:
     for label in order:
         rows = sorted((r for r in runs if r["method"] == label), key=lambda r: r["seed"] or 0)
         if not rows:
-            body.append([display(data, label), "not run", "", "", "", "", "", ""])
+            body.append([display(data, label), "not run", "", "", "", "", "", "", row_role(data, label)])
             continue
         test = [r["test"]["ndcg@10"] for r in rows]
         steps = [r["median_step_seconds"] for r in rows if r.get("median_step_seconds")]
@@ -53,9 +54,9 @@ def table(data: dict[str, Any], name: str) -> str:
                      mean_std_text([r["test"]["mrr@10"] for r in rows]),
                      mean_std_text([r["test"]["recall@100"] for r in rows]),
                      ", ".join(f"{v:.2f}" for v in test), f"{statistics.fmean(train):.0f}" if train else "–",
-                     f"{statistics.median(steps):.3f}" if steps else "–"])
+                     f"{statistics.median(steps):.3f}" if steps else "–", row_role(data, label)])
     return markdown_table(["row", "test nDCG@10", "dev nDCG@10", "test MRR@10", "test R@100",
-                           "test nDCG@10 per seed", "train s", "median step s"], body).rstrip("\n")
+                           "test nDCG@10 per seed", "train s", "median step s", "role"], body).rstrip("\n")
 
 
 def mining_table(data: dict[str, Any]) -> str:

@@ -187,6 +187,40 @@ def display(data: dict[str, Any], label: str) -> str:
     return label if label == "recipe" or label != recipe_label(data) else f"recipe = {label}"
 
 
+#: what each ablation of :func:`recipe_methods` leaves out or changes, in the tables' words
+ABLATION_ROLES = {"recipe_no_known_relevance": "recipe without known relevance",
+                  "recipe_no_loss_term": "recipe without its loss's own term",
+                  "recipe_without_margin": "recipe without its margin", "recipe_with_margin": "recipe with the margin",
+                  "recipe_known_relevance_batches": "recipe, known relevance by the batches"}
+
+
+def row_role(data: dict[str, Any], label: str) -> str:
+    """What row ``label`` is in the matrix (a row may be several things: a recipe candidate is often an ablation of
+    the chosen one): the published model, a built-in (the best on dev), the recipe, a recipe candidate (seed 0 only
+    decides among them), an ablation of the chosen recipe, one of the four losses' rows or a row of the earlier
+    SciFact benchmark."""
+    if label == "untrained":
+        return "published model"
+    roles = []
+    if label in BUILTIN:
+        fixed = data.get("builtin_choice", "").startswith("fixed")
+        best = "built-in, fixed by --builtin" if fixed else "built-in, best on dev"
+        roles.append(best if label == data.get("best_builtin") else "built-in")
+    recipe = data.get("chosen_recipe")
+    if recipe in CANDIDATES:
+        mine = run_label(recipe, "recipe")  # an ablation that trains the recipe itself (InfoNCE has no own term)
+        chosen = "fixed by --recipe" if data.get("recipe_choice", "").startswith("fixed") else "chosen on dev"
+        roles += [f"the recipe, {chosen}"] if label == mine else [
+            ABLATION_ROLES[row] for row in recipe_methods(recipe) if row != "recipe" and run_label(recipe, row) == label]
+    if any(label == run_label(key, "recipe") for key in CANDIDATES if key != recipe):
+        roles.append("recipe candidate (seed 0 chooses)")
+    if label in OURS:
+        roles.append("loss row (SciFact-dev options)")
+    if not roles and label in SCIFACT_IMPORT.values():
+        roles.append("earlier SciFact row")
+    return "; ".join(dict.fromkeys(roles)) or "–"
+
+
 def choose_rows(data: dict[str, Any]) -> None:
     """The recipe (among :data:`CANDIDATES`) and the best built-in (among :data:`BUILTIN`) by pooled dev nDCG@10 at
     seed 0, each among the rows run on every dataset; a recipe fixed by ``--recipe`` stays."""

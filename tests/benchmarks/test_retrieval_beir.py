@@ -548,3 +548,36 @@ def test_bad_mining_and_builtin_flags_are_usage_errors_before_any_run(tmp_path, 
     assert exit_info.value.code == 2
     assert message in capsys.readouterr().err
     assert not (tmp_path / "r.json").exists()
+
+
+def test_every_table_row_says_what_it_is_in_the_matrix():
+    def run(method, test):
+        return {"stage": "main", "dataset": "nfcorpus", "method": method, "seed": 0, "dev": {"ndcg@10": 1.0},
+                "test": {"ndcg@10": test, "mrr@10": 0.0, "recall@100": 0.0}}
+
+    data = {"runs": [run("mnrl", 28.0), run("gist", 32.0), run("infonce_margin+known", 31.9),
+                     run("infonce+known", 28.5), run("infonce_margin", 31.8), run("focal+known", 18.9),
+                     run("infonce_margin+known_batches", 31.7), run("adcse", 30.0), run("focal_queue", 30.0)],
+            "chosen_recipe": "infonce_margin", "best_builtin": "gist"}
+    lines = rb.table(data, "nfcorpus").splitlines()
+    assert lines[0].endswith("| median step s | role |")
+    roles = {cells[0]: cells[-1] for cells in (line.strip("| ").split(" | ") for line in lines[2:])}
+    assert roles["mnrl"] == "built-in" and roles["gist"] == "built-in, best on dev"
+    assert roles["mnrl_hardness"] == "built-in"  # a row not run still says what it is
+    assert roles["recipe = infonce_margin+known"] == "the recipe, chosen on dev"  # InfoNCE has no own term to drop
+    assert roles["infonce+known"] == "recipe without its margin; recipe candidate (seed 0 chooses)"
+    assert roles["infonce_margin"] == "recipe without known relevance"
+    assert roles["infonce_margin+known_batches"] == "recipe, known relevance by the batches"
+    assert roles["focal+known"] == "recipe candidate (seed 0 chooses)"
+    assert roles["adcse"] == "loss row (SciFact-dev options)" and roles["focal_queue"] == "earlier SciFact row"
+    assert roles["untrained"] == "published model"
+    # with Focal the recipe, its plain row is both its ablation and the Focal loss row, and InfoNCE + known relevance
+    # is what is left without Focal's own term
+    focal = {**data, "chosen_recipe": "focal"}
+    assert rb.row_role(focal, "focal") == "recipe without known relevance; loss row (SciFact-dev options)"
+    assert rb.row_role(focal, "infonce+known") == ("recipe without its loss's own term; "
+                                                  "recipe candidate (seed 0 chooses)")
+    assert rb.row_role(focal, "infonce_margin+known_batches") == "–"  # the margin recipe's ablation, not Focal's
+    fixed = {**data, "recipe_choice": "fixed by --recipe: ...", "builtin_choice": "fixed by --builtin: ..."}
+    assert rb.row_role(fixed, "infonce_margin+known") == "the recipe, fixed by --recipe"  # a re-run file's rows
+    assert rb.row_role(fixed, "gist") == "built-in, fixed by --builtin"
