@@ -19,6 +19,10 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+#: the repository root and the benchmarks' results folder
+REPO = Path(__file__).resolve().parents[1]
+RESULTS = REPO / "benchmarks" / "results"
+
 
 def resume(path: str | Path, protocol: dict[str, Any]) -> dict[str, Any]:
     """The results file at ``path`` (or a new one) for ``protocol``.

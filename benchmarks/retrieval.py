@@ -42,14 +42,12 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import methods
-from benchmarks.harness import build, failed_note
+from benchmarks.harness import REPO, RESULTS, build, failed_note
 from st_hardneg.training.retrieval import DEFAULT_CACHE_DIR, MINING, TRAINING
 
 __all__ = ["BUILTIN", "MINING", "ablation_check", "main", "markdown", "readme_table", "selected", "selection_markdown",
            "summarize", "target_check", "untrained_markdown", "write_report"]
 
-REPO = Path(__file__).resolve().parents[1]
-RESULTS = REPO / "benchmarks" / "results"
 DEFAULT_OUT = RESULTS / "retrieval.json"
 UNTRAINED_OUT = RESULTS / "retrieval_untrained.json"
 SELECTION_OUT = RESULTS / "retrieval_selection.json"

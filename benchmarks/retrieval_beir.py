@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from benchmarks.harness import REPO, RESULTS
 from benchmarks.retrieval_beir_report import (
     compare_rows,
     known_relevance,
@@ -151,8 +152,6 @@ __all__ = [
     "write_report",
 ]
 
-REPO = Path(__file__).resolve().parents[1]
-RESULTS = REPO / "benchmarks" / "results"
 DEFAULT_OUT = RESULTS / "retrieval_beir.json"
 DATA_DIR = REPO.parent / "shared" / "data"
 

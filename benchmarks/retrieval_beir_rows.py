@@ -187,6 +187,11 @@ def display(data: dict[str, Any], label: str) -> str:
     return label if label == "recipe" or label != recipe_label(data) else f"recipe = {label}"
 
 
+def fixed_choice(data: dict[str, Any], key: str) -> bool:
+    """Whether choice ``key`` (``recipe_choice`` / ``builtin_choice``) was fixed by a flag rather than chosen on dev."""
+    return data.get(key, "").startswith("fixed")
+
+
 #: what each ablation of :func:`recipe_methods` leaves out or changes, in the tables' words
 ABLATION_ROLES = {"recipe_no_known_relevance": "recipe without known relevance",
                   "recipe_no_loss_term": "recipe without its loss's own term",
@@ -203,13 +208,12 @@ def row_role(data: dict[str, Any], label: str) -> str:
         return "published model"
     roles = []
     if label in BUILTIN:
-        fixed = data.get("builtin_choice", "").startswith("fixed")
-        best = "built-in, fixed by --builtin" if fixed else "built-in, best on dev"
+        best = "built-in, fixed by --builtin" if fixed_choice(data, "builtin_choice") else "built-in, best on dev"
         roles.append(best if label == data.get("best_builtin") else "built-in")
     recipe = data.get("chosen_recipe")
     if recipe in CANDIDATES:
         mine = run_label(recipe, "recipe")  # an ablation that trains the recipe itself (InfoNCE has no own term)
-        chosen = "fixed by --recipe" if data.get("recipe_choice", "").startswith("fixed") else "chosen on dev"
+        chosen = "fixed by --recipe" if fixed_choice(data, "recipe_choice") else "chosen on dev"
         roles += [f"the recipe, {chosen}"] if label == mine else [
             ABLATION_ROLES[row] for row in recipe_methods(recipe) if row != "recipe" and run_label(recipe, row) == label]
     if any(label == run_label(key, "recipe") for key in CANDIDATES if key != recipe):
@@ -233,7 +237,7 @@ def choose_rows(data: dict[str, Any]) -> None:
                                      + ", ".join(f"{run_label(k, 'recipe')} {v:.2f}" for k, v in scored.items()))
     builtin = {label: pooled_dev(data, "main", label, (0,)) for label in BUILTIN}
     builtin = {k: v for k, v in builtin.items() if v is not None}
-    if builtin and not data.get("builtin_choice", "").startswith("fixed"):
+    if builtin and not fixed_choice(data, "builtin_choice"):
         data["best_builtin"] = max(builtin, key=lambda k: builtin[k])
         data["builtin_choice"] = ("chosen on pooled dev, seed 0, among "
                                   + ", ".join(f"{k} {v:.2f}" for k, v in builtin.items()))

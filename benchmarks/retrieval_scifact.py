@@ -36,14 +36,12 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import methods
-from benchmarks.harness import build, failed_note
+from benchmarks.harness import REPO, RESULTS, build, failed_note
 from st_hardneg.training.retrieval import BEIR_TRAINING, DEFAULT_CACHE_DIR, MINING
 
 __all__ = ["BEIR_BUILTIN", "BEIR_PROTOCOL", "QUEUE_ROWS", "SCIFACT_ABLATIONS", "SCIFACT_METHODS", "TASK_FOLDERS",
            "beir_main", "beir_markdown", "beir_selection_markdown", "beir_target_check"]
 
-REPO = Path(__file__).resolve().parents[1]
-RESULTS = REPO / "benchmarks" / "results"
 #: the dev screen's configurations, the MRPC benchmark's own (:func:`benchmarks.methods.selection_table`)
 SELECTION: dict[str, tuple[str, str, dict[str, Any]]] = methods.selection_table()
 
