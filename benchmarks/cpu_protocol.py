@@ -50,9 +50,8 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import methods
+from benchmarks.harness import RESULTS, SHARED_DATA, WIKI10K
 
-REPO = Path(__file__).resolve().parents[1]
-RESULTS = REPO / "benchmarks" / "results"
 DEFAULT_OUT = RESULTS / "cpu_protocol.json"
 TASKS = ("STS12", "STS13", "STS14", "STS15", "STS16", "STSBenchmark", "SICKRelatedness")
 
@@ -259,8 +258,8 @@ def screen_main(argv: list[str]) -> int:
     parser.add_argument("--only", nargs="*", default=None, help="a subset of the screen's labels")
     parser.add_argument("--config", action="append", default=[], metavar="LABEL=LOSS:k=v,...",
                         help="an extra configuration (recorded like the others)")
-    parser.add_argument("--data-dir", default=str(REPO.parent / "shared" / "data"))
-    parser.add_argument("--corpus", default=str(REPO.parent / "shared" / "data" / "corpus" / "wiki10k.txt"))
+    parser.add_argument("--data-dir", default=str(SHARED_DATA))
+    parser.add_argument("--corpus", default=str(WIKI10K))
     parser.add_argument("--model", default=None, help="a local model instead of the embedded default (smoke tests)")
     parser.add_argument("--protocol-json", default=str(DEFAULT_OUT),
                         help="full-protocol results to read the reference dev scores from")
@@ -457,8 +456,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--variant", action="append", default=[], metavar="LABEL=LOSS:k=v,...",
                         help="an extra configuration to run under its own label (tuning on STS-B dev)")
     parser.add_argument("--seeds", nargs="*", type=int, default=[0, 1, 2])
-    parser.add_argument("--data-dir", default=str(REPO.parent / "shared" / "data"))
-    parser.add_argument("--corpus", default=str(REPO.parent / "shared" / "data" / "corpus" / "wiki10k.txt"))
+    parser.add_argument("--data-dir", default=str(SHARED_DATA))
+    parser.add_argument("--corpus", default=str(WIKI10K))
     parser.add_argument("--out", default=str(DEFAULT_OUT))
     parser.add_argument("--model", default=None, help="a local model instead of the embedded default (smoke tests)")
     parser.add_argument("--work-dir", default="/tmp/st-hardneg-bench")

@@ -19,9 +19,13 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-#: the repository root and the benchmarks' results folder
+#: the repository root, the benchmarks' results folder, and the shared data beside the repository (``../shared/data``:
+#: SentEval, the corpus, the BEIR folders), the default of every script's ``--data-dir``
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
+SHARED_DATA = REPO.parent / "shared" / "data"
+#: the default training corpus (10k Wikipedia sentences)
+WIKI10K = SHARED_DATA / "corpus" / "wiki10k.txt"
 
 
 def resume(path: str | Path, protocol: dict[str, Any]) -> dict[str, Any]:

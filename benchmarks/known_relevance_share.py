@@ -21,7 +21,8 @@ import random
 from pathlib import Path
 from typing import Any
 
-RESULTS = Path(__file__).resolve().parent / "results"
+from benchmarks.harness import RESULTS, SHARED_DATA
+
 BATCH_SIZE = 32
 
 
@@ -84,8 +85,7 @@ def markdown(rows: list[dict[str, Any]]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data-dir", default=str(Path(__file__).resolve().parents[2] / "shared" / "data" /
-                                                   "retrieval"), help="the folder holding scifact/ and nfcorpus/")
+    parser.add_argument("--data-dir", default=str(SHARED_DATA / "retrieval"), help="the folder holding scifact/ and nfcorpus/")
     parser.add_argument("--datasets", nargs="+", default=["scifact", "nfcorpus"])
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     parser.add_argument("--out", default=str(RESULTS / "known_relevance_share.json"))

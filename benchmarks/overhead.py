@@ -39,12 +39,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks.harness import RESULTS, WIKI10K
 from benchmarks.methods import OURS
 
-REPO = Path(__file__).resolve().parents[1]
-RESULTS = REPO / "benchmarks" / "results"
 DEFAULT_OUT = RESULTS / "overhead.json"
-DEFAULT_CORPUS = REPO.parent / "shared" / "data" / "corpus" / "wiki10k.txt"
+DEFAULT_CORPUS = WIKI10K
 #: the project's step-ratio targets (methods without a target are reported only)
 TARGETS = {"mixcse": 1.05, "focal": 1.05, "hncse_pm": 1.05, "hncse_hnm": 1.05, "hncse": 1.05, "adcse": 1.45}
 #: the methods measured by default (``hncse``, PM and HNM together, on request with --methods)

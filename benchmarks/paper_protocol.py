@@ -37,10 +37,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-RESULTS = REPO / "benchmarks" / "results"
+from benchmarks.harness import REPO, RESULTS, SHARED_DATA
+
 DEFAULT_OUT = RESULTS / "paper_protocol.json"
-SHARED_DATA = REPO.parent / "shared" / "data"
 
 #: (key in evaluate_sts results, column name in the papers' STS tables)
 STS_COLUMNS = (("STS12", "STS12"), ("STS13", "STS13"), ("STS14", "STS14"), ("STS15", "STS15"), ("STS16", "STS16"),

@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import methods
-from benchmarks.harness import REPO, RESULTS, build, failed_note
+from benchmarks.harness import RESULTS, SHARED_DATA, build, failed_note
 from st_hardneg.training.retrieval import DEFAULT_CACHE_DIR, MINING, TRAINING
 
 __all__ = ["BUILTIN", "MINING", "ablation_check", "main", "markdown", "readme_table", "selected", "selection_markdown",
@@ -457,7 +457,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="an extra configuration under its own label (LOSS: a st_hardneg.training.LOSSES name, "
                              "gist or cached_mnrl)")
     parser.add_argument("--seeds", nargs="*", type=int, default=None, help="default: 0 1 2 (--select: 0)")
-    parser.add_argument("--data-dir", default=str(REPO.parent / "shared" / "data"))
+    parser.add_argument("--data-dir", default=str(SHARED_DATA))
     parser.add_argument("--out", default=str(DEFAULT_OUT))
     parser.add_argument("--untrained", action="store_true",
                         help="only evaluate the untrained model and write --untrained-out (.json and .md)")

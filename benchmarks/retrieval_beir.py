@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from benchmarks.harness import REPO, RESULTS
+from benchmarks.harness import REPO, RESULTS, SHARED_DATA
 from benchmarks.retrieval_beir_report import (
     compare_rows,
     known_relevance,
@@ -153,7 +153,7 @@ __all__ = [
 ]
 
 DEFAULT_OUT = RESULTS / "retrieval_beir.json"
-DATA_DIR = REPO.parent / "shared" / "data"
+DATA_DIR = SHARED_DATA
 
 
 @dataclass

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import methods
-from benchmarks.harness import REPO, RESULTS, build, failed_note
+from benchmarks.harness import RESULTS, SHARED_DATA, build, failed_note
 from st_hardneg.training.retrieval import BEIR_TRAINING, DEFAULT_CACHE_DIR, MINING
 
 __all__ = ["BEIR_BUILTIN", "BEIR_PROTOCOL", "QUEUE_ROWS", "SCIFACT_ABLATIONS", "SCIFACT_METHODS", "TASK_FOLDERS",
@@ -261,7 +261,7 @@ def beir_main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--task", default="scifact", choices=(*TASK_FOLDERS, "beir"))
     parser.add_argument("--data", default=None, help="--task beir: the BEIR folder")
-    parser.add_argument("--data-dir", default=str(REPO.parent / "shared" / "data"))
+    parser.add_argument("--data-dir", default=str(SHARED_DATA))
     parser.add_argument("--methods", nargs="*", default=None)
     parser.add_argument("--seeds", nargs="*", type=int, default=None, help="default: 0 1 2 (--select: 0)")
     parser.add_argument("--out", default=None, help="default: benchmarks/results/<task>.json")

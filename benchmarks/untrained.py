@@ -33,11 +33,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-RESULTS = Path(__file__).resolve().parent / "results"
+from benchmarks.harness import RESULTS, SHARED_DATA
+
 DEFAULT_JSON = RESULTS / "untrained_eval.json"
 JSON_PATH = RESULTS / "untrained_beir.json"
 MD_PATH = RESULTS / "untrained_beir.md"
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "data" / "retrieval"
+SHARED = SHARED_DATA / "retrieval"
 
 # --------------------------------------------------------------------------- sts: untrained_eval
 STS_TO_MTEB = {"STS12": "STS12-local", "STS13": "STS13-local", "STS14": "STS14-local", "STS15": "STS15-local",
