@@ -25,6 +25,7 @@ mining-screen item).
     python -m benchmarks.retrieval_beir --plan gist:3 mnrl@top5_nomargin:0   # given items
     python -m benchmarks.retrieval_beir --budget-seconds 3000   # stop starting runs after 50 min
     python -m benchmarks.retrieval_beir --report                # tables + figure from the JSON only
+    python -m benchmarks.retrieval_beir --out F --choose         # a re-run file: the recipe / built-in chosen on it
 """
 
 from __future__ import annotations
@@ -73,8 +74,10 @@ from benchmarks.retrieval_beir_rows import (
     TABLE_ROWS,
     Method,
     all_rows,
+    choose_again,
     choose_rows,
     display,
+    fixed_choice,
     mining_choice,
     mining_screen,
     pooled_dev,
@@ -113,10 +116,12 @@ __all__ = [
     "TABLE_ROWS",
     "all_rows",
     "build_loss",
+    "choose_again",
     "choose_rows",
     "compare_rows",
     "display",
     "evaluate",
+    "fixed_choice",
     "frozen_guide",
     "import_scifact",
     "known_relevance",
@@ -602,9 +607,20 @@ def main(argv: list[str] | None = None) -> int:
                         help="re-run the --plan items whose only record is imported (no per-query scores) and "
                              "replace it")
     parser.add_argument("--report", action="store_true", help="only rewrite the tables and figure from the JSON")
+    parser.add_argument("--choose", action="store_true",
+                        help="choose the recipe and the best built-in again on the JSON's pooled dev (seed 0), "
+                             "replacing choices fixed by --recipe / --builtin, then rewrite the report (no run)")
     args = parser.parse_args(argv)
+    if args.choose and (args.recipe or args.builtin or args.plan is not None):
+        parser.error("--choose runs nothing and makes the choices itself: not with --recipe, --builtin or --plan")
     out = Path(args.out)
-    if args.report:
+    if args.choose:
+        from st_hardneg.reporting import write_json
+
+        data = json.loads(out.read_text())
+        choose_again(data)
+        write_json(out, data)
+    if args.report or args.choose:
         data = json.loads(out.read_text())
         write_report(data, out)
         plot(data, out.with_suffix(".png"), per_query_runs(out.with_name(out.stem + "_per_query.jsonl")))

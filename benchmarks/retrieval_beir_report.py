@@ -173,8 +173,9 @@ def known_relevance(data: dict[str, Any], per_query: list[dict[str, Any]]) -> st
 def markdown(data: dict[str, Any], per_query: list[dict[str, Any]] | None = None) -> str:
     title = "# Two-dataset retrieval benchmark: SciFact + NFCorpus (all-MiniLM-L6-v2, x 100)"
     if data.get("rerun_rows"):  # a re-run file (--mining-all): which rows, on which negatives
-        title += (f": re-run of {', '.join(f'`{row}`' for row in data['rerun_rows'])} on the "
-                  f"`{data.get('chosen_mining')}` negatives")
+        every = set(TABLE_ROWS) - {"untrained"} <= set(data["rerun_rows"])
+        rows = "every row" if every else f"re-run of {', '.join(f'`{row}`' for row in data['rerun_rows'])}"
+        title += f": {rows} on the `{data.get('chosen_mining')}` negatives"
     lines = [title, ""]
     lines += [f"Mining setting: `{data.get('chosen_mining', 'not chosen')}` "
               f"({data.get('mining_choice', 'chosen on pooled dev, MNRL, seed 0')}); recipe: "

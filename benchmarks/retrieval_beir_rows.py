@@ -243,6 +243,31 @@ def choose_rows(data: dict[str, Any]) -> None:
                                   + ", ".join(f"{k} {v:.2f}" for k, v in builtin.items()))
 
 
+def choose_again(data: dict[str, Any]) -> None:
+    """Choose the recipe and the best built-in again on pooled dev at seed 0, dropping choices fixed by ``--recipe``
+    / ``--builtin`` (``--choose``: a re-run file whose every candidate and built-in has run on its own negatives);
+    each choice's text says what it replaced.
+
+    Raises:
+        ValueError: a candidate or built-in has no seed-0 dev score on some dataset (a choice among some of them
+            would not be the protocol's).
+    """
+    labels = [*BUILTIN, *(run_label(key, "recipe") for key in CANDIDATES)]
+    missing = [f"{label} on {name}" for label in labels for name in DATASETS
+               if not any(r.get("stage") == "main" and r["dataset"] == name and r["method"] == label
+                          and r["seed"] == 0 and "dev" in r for r in data["runs"])]
+    if missing:
+        raise ValueError("--choose needs seed 0 of every recipe candidate and built-in on every dataset; missing: "
+                         + ", ".join(missing))
+    before = {key: (data.pop(key, None), data.pop(text, None))
+              for key, text in (("chosen_recipe", "recipe_choice"), ("best_builtin", "builtin_choice"))}
+    choose_rows(data)
+    for key, text in (("chosen_recipe", "recipe_choice"), ("best_builtin", "builtin_choice")):
+        old, how = before[key]
+        if old is not None:
+            data[text] += f" (--choose; before: {old}, {how})"
+
+
 def protocol(mining: str | None = None) -> dict[str, Any]:
     """The protocol a results file is made under; ``mining`` (``--mining-all``) fixes every dataset's setting, which
     makes another protocol than :data:`PROTOCOL`'s per-dataset settings (its runs go to another file)."""

@@ -324,6 +324,43 @@ def test_recipe_and_best_builtin_are_chosen_on_pooled_dev_of_both_datasets():
     assert rb.display(data, "infonce+known") == "recipe = infonce+known" and rb.display(data, "mnrl") == "mnrl"
 
 
+def test_choose_again_replaces_fixed_choices_only_when_every_candidate_and_builtin_ran():
+    def run(name, method, dev, seed=0):
+        return {"stage": "main", "dataset": name, "method": method, "seed": seed, "dev": {"ndcg@10": dev}}
+
+    labels = [*rb.BUILTIN, *(rb.run_label(key, "recipe") for key in rb.CANDIDATES)]
+    runs = [run(name, label, 10.0 + i) for i, label in enumerate(labels) for name in rb.DATASETS]
+    runs += [run("scifact", "mnrl_hardness", 99.0, seed=1), run("nfcorpus", "gist+known", 5.0, seed=2)]  # not seed 0: no vote
+    data = {"runs": runs, "chosen_recipe": "infonce_margin", "recipe_choice": "fixed by --recipe: the other file's",
+            "best_builtin": "gist", "builtin_choice": "fixed by --builtin: the other file's"}
+    rb.choose_again(data)
+    # the last built-in and the last candidate have the highest pooled dev (10 + their index)
+    assert data["best_builtin"] == labels[len(rb.BUILTIN) - 1] == "cached_mnrl_4x"
+    assert data["chosen_recipe"] == list(rb.CANDIDATES)[-1] == "gist"
+    assert data["recipe_choice"].startswith("chosen on pooled dev, seed 0, among focal+known 15.00")
+    assert data["recipe_choice"].endswith("(--choose; before: infonce_margin, fixed by --recipe: the other file's)")
+    assert data["builtin_choice"].endswith("(--choose; before: gist, fixed by --builtin: the other file's)")
+    assert not rb.fixed_choice(data, "recipe_choice") and not rb.fixed_choice(data, "builtin_choice")
+    partial = {"runs": [r for r in runs if not (r["dataset"] == "nfcorpus" and r["method"] == "hncse_hnm+known")
+                        and not (r["method"] == "mnrl_pairs" and r["seed"] == 0)],
+               "chosen_recipe": "infonce_margin", "recipe_choice": "fixed by --recipe"}
+    with pytest.raises(ValueError, match="missing: mnrl_pairs on scifact, mnrl_pairs on nfcorpus, "
+                                         "hncse_hnm\\+known on nfcorpus$"):
+        rb.choose_again(partial)
+    assert partial["chosen_recipe"] == "infonce_margin" and partial["recipe_choice"] == "fixed by --recipe"
+
+
+@pytest.mark.parametrize("flags", [["--recipe", "focal"], ["--builtin", "gist"], ["--plan", "mnrl:0"]])
+def test_choose_with_a_fixed_choice_or_a_plan_is_a_usage_error(tmp_path, capsys, flags):
+    out = tmp_path / "r.json"
+    out.write_text('{"runs": []}')
+    with pytest.raises(SystemExit) as exit_info:
+        rb.main(["--out", str(out), "--choose", *flags])
+    assert exit_info.value.code == 2
+    assert "--choose runs nothing and makes the choices itself" in capsys.readouterr().err
+    assert out.read_text() == '{"runs": []}'
+
+
 def test_an_unknown_plan_row_is_refused_before_any_run(tmp_path, monkeypatch):
     write_beir(tmp_path / "data" / "retrieval" / "nfcorpus", dev=True)
     monkeypatch.setattr(rb, "run_one", lambda *a, **k: pytest.fail("a run started"))
@@ -530,6 +567,9 @@ def test_a_rerun_file_tables_only_the_rows_it_reruns():
                         "rerun_rows": ["mnrl", "infonce_margin+known"]})
     assert text.splitlines()[0].endswith(": re-run of `mnrl`, `infonce_margin+known` on the `top5_nomargin` negatives")
     assert "re-run" not in rb.markdown({"runs": runs, "protocol": {}}).splitlines()[0]
+    every = rb.markdown({"runs": runs, "chosen_recipe": "infonce_margin", "protocol": {}, "chosen_mining": "top5_nomargin",
+                         "rerun_rows": [label for label in rb.TABLE_ROWS if label != "untrained"]})
+    assert every.splitlines()[0].endswith(": every row on the `top5_nomargin` negatives")
     one_seed = rb.markdown({"runs": [*runs, run("infonce_margin+known", 62.5)], "chosen_recipe": "infonce_margin",
                             "best_builtin": "gist", "protocol": {}})
     assert "| recipe − gist | scifact | +0.50 | – (one seed) | 1 | yes |" in one_seed  # no t interval from one seed
