@@ -246,7 +246,7 @@ def choose_rows(data: dict[str, Any]) -> None:
 def choose_again(data: dict[str, Any]) -> None:
     """Choose the recipe and the best built-in again on pooled dev at seed 0, dropping choices fixed by ``--recipe``
     / ``--builtin`` (``--choose``: a re-run file whose every candidate and built-in has run on its own negatives);
-    each choice's text says what it replaced.
+    each choice's text says what it replaced, and choosing again keeps that text.
 
     Raises:
         ValueError: a candidate or built-in has no seed-0 dev score on some dataset (a choice among some of them
@@ -264,8 +264,11 @@ def choose_again(data: dict[str, Any]) -> None:
     choose_rows(data)
     for key, text in (("chosen_recipe", "recipe_choice"), ("best_builtin", "builtin_choice")):
         old, how = before[key]
-        if old is not None:
-            data[text] += f" (--choose; before: {old}, {how})"
+        mark = " (--choose; before: "
+        if how and mark in how:  # chosen again: keep what the first --choose replaced (the same text every time)
+            data[text] += how[how.index(mark):]
+        elif old is not None:
+            data[text] += f"{mark}{old}, {how})"
 
 
 def protocol(mining: str | None = None) -> dict[str, Any]:

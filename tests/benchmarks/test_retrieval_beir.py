@@ -341,6 +341,9 @@ def test_choose_again_replaces_fixed_choices_only_when_every_candidate_and_built
     assert data["recipe_choice"].endswith("(--choose; before: infonce_margin, fixed by --recipe: the other file's)")
     assert data["builtin_choice"].endswith("(--choose; before: gist, fixed by --builtin: the other file's)")
     assert not rb.fixed_choice(data, "recipe_choice") and not rb.fixed_choice(data, "builtin_choice")
+    once = dict(data)
+    rb.choose_again(data)  # again: the same choices, the same texts (not a growing chain of "before")
+    assert data == once
     partial = {"runs": [r for r in runs if not (r["dataset"] == "nfcorpus" and r["method"] == "hncse_hnm+known")
                         and not (r["method"] == "mnrl_pairs" and r["seed"] == 0)],
                "chosen_recipe": "infonce_margin", "recipe_choice": "fixed by --recipe"}
