@@ -614,14 +614,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.choose and (args.recipe or args.builtin or args.plan is not None):
         parser.error("--choose runs nothing and makes the choices itself: not with --recipe, --builtin or --plan")
     out = Path(args.out)
-    if args.choose:
-        from st_hardneg.reporting import write_json
-
-        data = json.loads(out.read_text())
-        choose_again(data)
-        write_json(out, data)
     if args.report or args.choose:
+        if not out.is_file():
+            parser.error(f"--report / --choose read the results file, and there is none at {out}")
         data = json.loads(out.read_text())
+        if args.choose:
+            from st_hardneg.reporting import write_json
+
+            choose_again(data)
+            write_json(out, data)
         write_report(data, out)
         plot(data, out.with_suffix(".png"), per_query_runs(out.with_name(out.stem + "_per_query.jsonl")))
         print(out.with_suffix(".md").read_text())

@@ -123,12 +123,18 @@ PROTOCOL: dict[str, Any] = {
 }
 
 
+def dev_values(data: dict[str, Any], stage: str, name: str, label: str,
+               seeds: tuple[int, ...] | None = None) -> list[float]:
+    """Dev nDCG@10 of row ``label``'s runs on dataset ``name`` (of ``seeds`` only, if given)."""
+    return [r["dev"]["ndcg@10"] for r in data["runs"] if r.get("stage") == stage and r["dataset"] == name
+            and r["method"] == label and "dev" in r and (seeds is None or r["seed"] in seeds)]
+
+
 def pooled_dev(data: dict[str, Any], stage: str, label: str, seeds: tuple[int, ...] | None = None) -> float | None:
     """Mean over both datasets of the row's mean dev nDCG@10 (``None`` until both datasets have it)."""
     per = []
     for name in DATASETS:
-        values = [r["dev"]["ndcg@10"] for r in data["runs"] if r.get("stage") == stage and r["dataset"] == name
-                  and r["method"] == label and "dev" in r and (seeds is None or r["seed"] in seeds)]
+        values = dev_values(data, stage, name, label, seeds)
         if not values:
             return None
         per.append(statistics.fmean(values))
@@ -254,8 +260,7 @@ def choose_again(data: dict[str, Any]) -> None:
     """
     labels = [*BUILTIN, *(run_label(key, "recipe") for key in CANDIDATES)]
     missing = [f"{label} on {name}" for label in labels for name in DATASETS
-               if not any(r.get("stage") == "main" and r["dataset"] == name and r["method"] == label
-                          and r["seed"] == 0 and "dev" in r for r in data["runs"])]
+               if not dev_values(data, "main", name, label, (0,))]
     if missing:
         raise ValueError("--choose needs seed 0 of every recipe candidate and built-in on every dataset; missing: "
                          + ", ".join(missing))

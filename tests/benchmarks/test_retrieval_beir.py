@@ -364,6 +364,15 @@ def test_choose_with_a_fixed_choice_or_a_plan_is_a_usage_error(tmp_path, capsys,
     assert out.read_text() == '{"runs": []}'
 
 
+@pytest.mark.parametrize("flag", ["--choose", "--report"])
+def test_choose_or_report_without_a_results_file_is_a_usage_error(tmp_path, capsys, flag):
+    with pytest.raises(SystemExit) as exit_info:
+        rb.main(["--out", str(tmp_path / "none.json"), flag])
+    assert exit_info.value.code == 2
+    assert f"there is none at {tmp_path / 'none.json'}" in capsys.readouterr().err
+    assert not (tmp_path / "none.md").exists()
+
+
 def test_an_unknown_plan_row_is_refused_before_any_run(tmp_path, monkeypatch):
     write_beir(tmp_path / "data" / "retrieval" / "nfcorpus", dev=True)
     monkeypatch.setattr(rb, "run_one", lambda *a, **k: pytest.fail("a run started"))
