@@ -117,10 +117,11 @@ def test_beir_retrieval_smoke(smoke_env):
     for row in ("untrained", r"trained \(recipe\)"):
         assert re.search(rf"\| {row} \| {number} \| {number} \| {number} \| {number} \|", text), row
     assert "steps: 2;" in text and re.search(r"test queries: 8; mean gain [+-]\d+\.\d\d", text)
-    # the retrieval recipe, with the training qrels of every training query as its known positives
-    assert re.search(r"loss: AdversarialNegativesLoss, the recipe's options \{'mask_duplicates': True, 'margin': 0\.05, "
-                     r"'margin_strategy': 'relative'\} with \{'margin': None\}; known positives for [1-9]\d* queries",
-                     text)
+    # the retrieval recipe, with the training qrels of every training query as its known positives and its guide
+    assert re.search(r"loss: AdversarialNegativesLoss, the recipe's options \{'temperature': 0\.01, 'margin': 0\.05, "
+                     r"'margin_strategy': 'relative'\} with \{'margin': None\}; known positives for [1-9]\d* queries; "
+                     r"guided by a frozen copy of the untrained model", text)
+    assert "'relative_margin': None" in text  # mined as the recipe says (RETRIEVAL_RECIPE["mining"])
     assert _images(notebook) >= 1
     assert (smoke_env / "output" / "beir_retrieval" / "final" / "modules.json").is_file()
 

@@ -86,9 +86,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "choice; mean for --task retrieval)")
     t.add_argument("--loss", default="mixcse", choices=[*sorted(LOSSES), RECIPE],
                    help="training objective; mnrl = unsupervised SimCSE (ST's MultipleNegativesRankingLoss); recipe "
-                        "(--task beir): the retrieval recipe (st_hardneg.training.recipe.RETRIEVAL_RECIPE: InfoNCE "
-                        "with a relative false-negative margin) with the folder's training qrels as known positives, "
-                        "its options replaced by --loss-arg")
+                        "(--task beir): the retrieval recipe (st_hardneg.training.recipe.RETRIEVAL_RECIPE: GISTEmbedLoss's "
+                        "rows, the untrained model guiding a relative false-negative margin, negatives mined without "
+                        "a margin) with the folder's training qrels as known positives, its options replaced by "
+                        "--loss-arg")
     t.add_argument("--loss-arg", action="append", metavar="KEY=VALUE",
                    help="a loss hyperparameter, repeatable, e.g. --loss-arg lam=0.3 --loss-arg partner=random")
     t.add_argument("--model", default=None,
@@ -105,8 +106,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="--task retrieval: your own training rows instead of the mined MRPC triplets, a .jsonl, "
                         ".json, .csv or .tsv file whose text columns are, in order, anchor, positive[, negative ...]")
     t.add_argument("--mining-arg", action="append", metavar="KEY=VALUE",
-                   help="--task retrieval: a mining setting of st_hardneg.training.retrieval.MINING, repeatable, e.g. "
-                        "--mining-arg relative_margin=None (the mining model is --model with mean pooling, 128 tokens)")
+                   help="--task retrieval / beir: a mining setting of st_hardneg.training.retrieval.MINING (--loss "
+                        "recipe: of RETRIEVAL_RECIPE['mining']), repeatable, e.g. --mining-arg relative_margin=None "
+                        "(the mining model is --model with mean pooling)")
     t.add_argument("--cache-dir", default=None,
                    help="--task retrieval: where the mined triplets are cached, shared with benchmarks/retrieval.py "
                         "(default: ~/.cache/st_hardneg/retrieval)")

@@ -279,6 +279,10 @@ def cmd_train_beir(args: argparse.Namespace) -> int:
     from st_hardneg.training import retrieval as recipe
 
     mining = parse_loss_args(args.mining_arg, "--mining-arg")
+    if args.loss == RECIPE:  # the recipe's negatives (RETRIEVAL_RECIPE["mining"]), --mining-arg on top
+        from st_hardneg.training.recipe import RETRIEVAL_RECIPE
+
+        mining = {**RETRIEVAL_RECIPE["mining"], **(mining or {})}
     config = _recipe_config(args)
     check_training_arguments(config, with_evaluator=False)
     data, split = recipe.beir_split(args.data)  # a malformed folder fails here, before any model loads
@@ -325,7 +329,8 @@ def _loss_call(name: str, loss_kwargs: dict[str, Any]) -> str:
         from st_hardneg.training.recipe import RETRIEVAL_RECIPE
 
         call = loss_call(RETRIEVAL_RECIPE["loss"], {**RETRIEVAL_RECIPE["loss_kwargs"], **loss_kwargs})
-        return f"{call[:-1]}, known_positives=<the training qrels>)"
+        guide = ", guide=<the untrained model, frozen>" if RETRIEVAL_RECIPE["guide"] == "untrained" else ""
+        return f"{call[:-1]}{guide}, known_positives=<the training qrels>)"
     return loss_call(name, loss_kwargs)
 
 

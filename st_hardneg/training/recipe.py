@@ -1,7 +1,8 @@
 """The st-hardneg retrieval recipe: the loss and training configuration chosen by the two-dataset BEIR benchmark
-(``benchmarks.retrieval_beir``, SciFact + NFCorpus, on the pooled dev tasks).
+(``benchmarks.retrieval_beir``, SciFact + NFCorpus, on the pooled dev tasks, on the negatives its mining screen chose).
 
-- :data:`RETRIEVAL_RECIPE`: what the recipe is (loss, options, known relevance, guide, training values).
+- :data:`RETRIEVAL_RECIPE`: what the recipe is (loss, options, known relevance, guide, how its negatives are mined,
+  training values).
 - :func:`retrieval_recipe`: the loss and a :class:`~st_hardneg.training.loop.TrainConfig`, for
   :func:`~st_hardneg.training.loop.train`.
 - :func:`recipe_loss`: the loss alone, for a ``SentenceTransformerTrainer`` of your own (``st-hardneg train --task
@@ -9,8 +10,8 @@
 - :func:`check_recipe_overrides`: the overrides of the recipe's loss options, checked before any model is built.
 
 >>> from st_hardneg.training.recipe import RETRIEVAL_RECIPE
->>> RETRIEVAL_RECIPE["loss"], RETRIEVAL_RECIPE["loss_kwargs"]["margin_strategy"]
-('mnrl_queue', 'relative')
+>>> RETRIEVAL_RECIPE["loss"], RETRIEVAL_RECIPE["loss_kwargs"]["margin_strategy"], RETRIEVAL_RECIPE["guide"]
+('mnrl_queue', 'relative', 'untrained')
 """
 
 from __future__ import annotations
@@ -28,19 +29,23 @@ if TYPE_CHECKING:
 
 __all__ = ["RETRIEVAL_RECIPE", "check_recipe_overrides", "recipe_loss", "retrieval_recipe"]
 
-#: the st-hardneg retrieval recipe of ``benchmarks.retrieval_beir`` (chosen there on the pooled dev tasks of SciFact
-#: and NFCorpus among Focal-InfoNCE, InfoNCE, InfoNCE with the margin and HNCSE's mixup, each with known relevance):
-#: sentence-transformers' ``MultipleNegativesRankingLoss`` equation (registry name ``mnrl_queue``: st-hardneg's
-#: InfoNCE, no queue unless asked) with st-hardneg's false-negative controls: duplicate masking, the relative margin
-#: (a candidate scoring above 95 % of the positive's similarity, judged by the trained model, is not a negative:
-#: NV-Retriever's TopK-PercPos applied in the loss, so a mined negative that is an unjudged relevant document is
-#: dropped) and known-relevance masking (``known_positives``: an in-batch candidate the training qrels mark relevant
-#: to a row's query leaves that row's denominator), trained on (query, positive, mined negative) rows
+#: the st-hardneg retrieval recipe of ``benchmarks.retrieval_beir`` (its re-run on the negatives its mining screen
+#: chose, ``results/retrieval_beir_screened.json``: chosen there on the pooled dev tasks of SciFact and NFCorpus among
+#: Focal-InfoNCE, InfoNCE with and without the margin, HNCSE's mixup and GISTEmbedLoss's rows, each with known
+#: relevance): GISTEmbedLoss's equation in st-hardneg's InfoNCE (registry name ``mnrl_queue``, no queue unless
+#: asked; tests/losses/test_st_parity.py): temperature 0.01, the anchor-anchor and positive-positive blocks, and the
+#: relative false-negative margin judged by a guide, the model as given, frozen (a candidate the guide scores above
+#: 95 % of the positive is not a negative: GIST's rule, NV-Retriever's TopK-PercPos in the loss), with
+#: st-hardneg's duplicate masking and known-relevance masking (``known_positives``: an in-batch candidate the
+#: training qrels mark relevant to a row's query leaves that row's denominator); trained on (query, positive, mined
+#: negative) rows whose negative is mined by the untrained model as ``mining`` says (the top 5 of the whole corpus, no
+#: margin: the mining screen's dev-best setting on both datasets, for ``mined_beir_triplets(..., mining=...)``)
 RETRIEVAL_RECIPE: dict[str, Any] = {"loss": "mnrl_queue",
-                                    "loss_kwargs": {"mask_duplicates": True, "margin": 0.05,
-                                                    "margin_strategy": "relative"},
-                                    "known_positives": True, "guide": None, "batch_size": 32, "learning_rate": 2e-5,
-                                    "warmup_ratio": 0.1, "epochs": 1}
+                                    "loss_kwargs": {"temperature": 0.01, "margin": 0.05, "margin_strategy": "relative"},
+                                    "known_positives": True, "guide": "untrained",
+                                    "mining": {"num_candidates": 5, "relative_margin": None, "range_min": 0,
+                                               "range_max": None},
+                                    "batch_size": 32, "learning_rate": 2e-5, "warmup_ratio": 0.1, "epochs": 1}
 
 
 def check_recipe_overrides(overrides: dict[str, Any], option: str = "loss_overrides") -> None:
@@ -74,11 +79,13 @@ def recipe_loss(model: SentenceTransformer, known_relevant: dict[str, set[str]] 
             the loss's duplicate masking and margin.
         loss_overrides: loss keyword arguments that replace the recipe's, e.g. ``margin=None`` for a model that does
             not yet separate relevant from irrelevant documents (a random encoder scores every candidate within 5 %
-            of the positive, so the relative margin would mask them all).
+            of the positive, so the relative margin would mask them all); with the recipe's guide, no margin is
+            GISTEmbedLoss's margin 0 (a candidate the guide scores above the positive is still masked).
 
     Returns:
         The loss (st-hardneg's InfoNCE, :class:`~st_hardneg.losses.adcse.AdversarialNegativesLoss` without
-        adversaries).
+        adversaries), guided by a frozen copy of ``model`` as given when :data:`RETRIEVAL_RECIPE`'s ``guide`` is
+        ``"untrained"`` (so pass the model before any training step).
 
     Raises:
         ValueError: ``known_positives`` or ``guide`` among ``loss_overrides`` (give ``known_relevant``; the guide is
@@ -88,8 +95,12 @@ def recipe_loss(model: SentenceTransformer, known_relevant: dict[str, set[str]] 
     Example:
         ::
 
-            from st_hardneg.training.recipe import recipe_loss
+            from st_hardneg.training.recipe import RETRIEVAL_RECIPE, recipe_loss
+            from st_hardneg.training.retrieval import beir_split, mined_beir_triplets
 
+            data, split = beir_split("path/to/scifact")
+
+            triplets, _ = mined_beir_triplets(data, split, mining=RETRIEVAL_RECIPE["mining"])
             loss = recipe_loss(model, split.known_paraphrases)
             SentenceTransformerTrainer(model=model, args=args, train_dataset=triplets, loss=loss).train()
     """
@@ -136,13 +147,14 @@ def retrieval_recipe(model: SentenceTransformer, known_relevant: dict[str, set[s
         ::
 
             from st_hardneg.training.loop import train
-            from st_hardneg.training.recipe import retrieval_recipe
-            from st_hardneg.training.retrieval import beir_split, load_recipe_model
+            from st_hardneg.training.recipe import RETRIEVAL_RECIPE, retrieval_recipe
+            from st_hardneg.training.retrieval import beir_split, load_recipe_model, mined_beir_triplets
 
             data, split = beir_split("path/to/scifact")
+            triplets, _ = mined_beir_triplets(data, split, mining=RETRIEVAL_RECIPE["mining"])  # the recipe's negatives
             model = load_recipe_model()
             loss, config = retrieval_recipe(model, split.known_paraphrases, "out/scifact")
-            train(model, triplets, loss, config)   # triplets: anchor, positive, negative (e.g. mined_beir_triplets)
+            train(model, triplets, loss, config)
     """
     overrides = dict(loss_overrides or {})
     check_recipe_overrides(overrides)  # model= among them is refused here, not by Python's call

@@ -369,23 +369,28 @@ def test_the_recipe_trains_on_a_beir_folder_with_its_training_qrels(tiny_model_d
     from st_hardneg.cli.checks import json_safe
     from st_hardneg.models import load_model
     from st_hardneg.testing.beir import make_tiny_beir
-    from st_hardneg.training.recipe import recipe_loss
+    from st_hardneg.training.recipe import RETRIEVAL_RECIPE, recipe_loss
     from st_hardneg.training.retrieval import BEIR_TRAINING, beir_split
 
     folder, out = make_tiny_beir(tmp_path / "tiny"), tmp_path / "out"
     argv = ["train", "--task", "beir", "--data", str(folder), "--model", str(tiny_model_dir), "--loss", "recipe",
-            "--loss-arg", "margin=None", "--max-steps", "1", "--batch-size", "4", "--mining-arg",
-            "relative_margin=None", "--cache-dir", str(tmp_path / "cache"), "--output-dir", str(out)]
+            "--loss-arg", "margin=None", "--max-steps", "1", "--batch-size", "4",
+            "--cache-dir", str(tmp_path / "cache"), "--output-dir", str(out)]
     assert cli.main(argv) == 0
     printed = capsys.readouterr().out
-    assert ("loss recipe: AdversarialNegativesLoss(model, num_adversaries=0, untied=False, mask_duplicates=True, "
-            "margin=None, margin_strategy='relative', known_positives=<the training qrels>)") in printed
+    assert ("loss recipe: AdversarialNegativesLoss(model, num_adversaries=0, untied=False, mask_duplicates=False, "
+            "temperature=0.01, margin=None, margin_strategy='relative', guide=<the untrained model, frozen>, "
+            "known_positives=<the training qrels>)") in printed
     results = json.loads((out / "results.json").read_text())
+    # the recipe's negatives (no margin in the mining) without any --mining-arg
+    assert results["training_data"]["mining"] == RETRIEVAL_RECIPE["mining"]
+    assert RETRIEVAL_RECIPE["mining"]["relative_margin"] is None
     _, split = beir_split(folder)
     model = load_model(str(tiny_model_dir), pooling="mean", max_seq_length=BEIR_TRAINING["max_seq_length"])
     expected = recipe_loss(model, split.known_paraphrases, margin=None).get_config_dict()
     assert results["loss"] == "recipe" and results["steps"] == 1
-    assert results["loss_config"] == json_safe(expected) and expected["margin"] is None
+    # margin=None with the recipe's guide is GISTEmbedLoss's margin 0: the guide masks what it scores above the positive
+    assert results["loss_config"] == json_safe(expected) and expected["margin"] == 0.0
     assert expected["known_positives"] == sum(map(len, split.known_paraphrases.values()))  # every training qrel
     assert results["loss_call"].endswith("known_positives=<the training qrels>)")
     assert f"| recipe | {results['test']['ndcg@10']:.2f} |" in printed

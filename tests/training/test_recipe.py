@@ -18,7 +18,14 @@ def test_recipe_configuration(tiny_model, tmp_path):
     config_dict = loss.get_config_dict()
     assert (config_dict["num_adversaries"], config_dict["untied"]) == (0, False)
     assert (loss.margin, loss.margin_strategy) == (0.05, "relative")
-    assert loss.mask_duplicates and loss.known_positives is not None  # known-relevance masking in the loss
+    assert loss.known_positives is not None  # known-relevance masking in the loss (duplicates masked with it)
+    # GISTEmbedLoss's rows: its temperature, its anchor-anchor and positive-positive blocks, the margin judged by a
+    # frozen copy of the model as given (the untrained model)
+    assert (loss.temperature, loss.contrast_anchors, loss.contrast_positives) == (0.01, True, True)
+    assert loss.guide is not None and loss.guide is not tiny_model and not loss.guide.training
+    # the recipe's negatives: the top 5 of the corpus by the untrained model, no margin in the mining
+    assert RETRIEVAL_RECIPE["mining"] == {"num_candidates": 5, "relative_margin": None, "range_min": 0,
+                                          "range_max": None}
     assert (config.batch_size, config.learning_rate, config.warmup_ratio, config.epochs, config.seed) == (
         32, 2e-5, 0.1, 1, 3)
     assert RETRIEVAL_RECIPE["loss"] == "mnrl_queue" and RETRIEVAL_RECIPE["known_positives"]
@@ -48,8 +55,10 @@ def test_recipe_trains_one_step_on_a_tiny_beir_folder(tiny_model, tmp_path):
         rows["positive"].append(positive)
         rows["negative"].append(negative)
     before = parameter_snapshot(tiny_model)
+    # a random encoder (and so its frozen copy, the guide) scores every candidate within 5 % of the positive: the
+    # margin would mask them all, so it is off here (the documented override for a model that does not yet separate)
     loss, config = retrieval_recipe(tiny_model, split.known_paraphrases, tmp_path / "out", batch_size=2, max_steps=1,
-                                    warmup_ratio=0.0, show_progress_bar=False)
+                                    warmup_ratio=0.0, show_progress_bar=False, loss_overrides={"margin": None})
     result = train(tiny_model, Dataset.from_dict(rows), loss, config)
     assert result.steps == 1
     assert parameters_changed(tiny_model, before)
@@ -96,8 +105,10 @@ def test_recipe_loss_is_the_recipes_loss_and_takes_overrides(tiny_model, tmp_pat
     loose = recipe_loss(tiny_model, known, margin=None)
     looser, _ = retrieval_recipe(tiny_model, known, tmp_path / "out", loss_overrides={"margin": None})
     changed = {k for k in loss.get_config_dict() if loss.get_config_dict()[k] != loose.get_config_dict()[k]}
-    assert changed == {"margin"} and loose.margin is None and looser.margin is None
-    assert loose.known_positives is not None and loose.mask_duplicates
+    # with the recipe's guide, no margin is GISTEmbedLoss's own rule: the guide masks what it finds above the positive
+    assert changed == {"margin"} and loose.margin == 0.0 and looser.margin == 0.0 and loose.guide is not None
+    # duplicates are masked with the known positives (the loss masks a row's own text whenever it has them)
+    assert loose.known_positives is not None and not loose.mask_duplicates and loose.margin_strategy == "relative"
 
 
 @pytest.mark.parametrize(("overrides", "message"), [
