@@ -394,3 +394,17 @@ def test_the_recipe_trains_on_a_beir_folder_with_its_training_qrels(tiny_model_d
     assert expected["known_positives"] == sum(map(len, split.known_paraphrases.values()))  # every training qrel
     assert results["loss_call"].endswith("known_positives=<the training qrels>)")
     assert f"| recipe | {results['test']['ndcg@10']:.2f} |" in printed
+
+
+def test_a_mining_arg_changes_one_setting_of_the_recipes_mining(tiny_model_dir, tmp_path, capsys):
+    """``--loss recipe --mining-arg KEY=VALUE``: that setting replaces the recipe's, the others stay the recipe's."""
+    from st_hardneg.testing.beir import make_tiny_beir
+    from st_hardneg.training.recipe import RETRIEVAL_RECIPE
+
+    folder, out = make_tiny_beir(tmp_path / "tiny"), tmp_path / "out"
+    argv = ["train", "--task", "beir", "--data", str(folder), "--model", str(tiny_model_dir), "--loss", "recipe",
+            "--loss-arg", "margin=None", "--max-steps", "1", "--batch-size", "4", "--mining-arg", "num_candidates=3",
+            "--cache-dir", str(tmp_path / "cache"), "--output-dir", str(out), "-q"]
+    assert cli.main(argv) == 0
+    mining = json.loads((out / "results.json").read_text())["training_data"]["mining"]
+    assert mining == {**RETRIEVAL_RECIPE["mining"], "num_candidates": 3} and RETRIEVAL_RECIPE["mining"]["num_candidates"] == 5
