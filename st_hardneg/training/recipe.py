@@ -29,8 +29,8 @@ if TYPE_CHECKING:
 
 __all__ = ["RETRIEVAL_RECIPE", "check_recipe_overrides", "recipe_loss", "retrieval_recipe"]
 
-#: the st-hardneg retrieval recipe of ``benchmarks.retrieval_beir`` (its re-run on the negatives its mining screen
-#: chose, ``results/retrieval_beir_screened.json``: chosen there on the pooled dev tasks of SciFact and NFCorpus among
+#: the st-hardneg retrieval recipe of ``benchmarks.retrieval_beir`` (its run with every row on the negatives its mining
+#: screen chose, ``results/retrieval_beir_screened.json``: chosen there on the pooled dev tasks of SciFact and NFCorpus among
 #: Focal-InfoNCE, InfoNCE with and without the margin, HNCSE's mixup and GISTEmbedLoss's rows, each with known
 #: relevance): GISTEmbedLoss's equation in st-hardneg's InfoNCE (registry name ``mnrl_queue``, no queue unless
 #: asked; tests/losses/test_st_parity.py): temperature 0.01, the anchor-anchor and positive-positive blocks, and the
@@ -99,7 +99,6 @@ def recipe_loss(model: SentenceTransformer, known_relevant: dict[str, set[str]] 
             from st_hardneg.training.retrieval import beir_split, mined_beir_triplets
 
             data, split = beir_split("path/to/scifact")
-
             triplets, _ = mined_beir_triplets(data, split, mining=RETRIEVAL_RECIPE["mining"])
             loss = recipe_loss(model, split.known_paraphrases)
             SentenceTransformerTrainer(model=model, args=args, train_dataset=triplets, loss=loss).train()
