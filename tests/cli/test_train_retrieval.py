@@ -408,3 +408,15 @@ def test_a_mining_arg_changes_one_setting_of_the_recipes_mining(tiny_model_dir, 
     assert cli.main(argv) == 0
     mining = json.loads((out / "results.json").read_text())["training_data"]["mining"]
     assert mining == {**RETRIEVAL_RECIPE["mining"], "num_candidates": 3} and RETRIEVAL_RECIPE["mining"]["num_candidates"] == 5
+
+
+def test_an_unknown_mining_arg_on_the_recipes_mining_is_refused(tiny_model_dir, tmp_path, capsys):
+    """``--loss recipe --mining-arg`` with a key the mining does not take: one error line naming it, nothing trained."""
+    from st_hardneg.testing.beir import make_tiny_beir
+
+    folder, out = make_tiny_beir(tmp_path / "tiny"), tmp_path / "out"
+    argv = ["train", "--task", "beir", "--data", str(folder), "--model", str(tiny_model_dir), "--loss", "recipe",
+            "--mining-arg", "margin=0.1", "--cache-dir", str(tmp_path / "cache"), "--output-dir", str(out)]
+    assert cli.main(argv) != 0
+    assert "unknown mining setting(s) ['margin']; choose from" in capsys.readouterr().err
+    assert not (out / "results.json").exists()
