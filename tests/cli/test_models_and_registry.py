@@ -98,9 +98,11 @@ def test_cli_train_end_to_end_on_tiny_model(tiny_model_dir, tiny_sentences, shar
 
 
 def test_cli_train_passes_stop_after_and_rejects_negative(monkeypatch, tiny_model_dir, tiny_sentences, tmp_path,
-                                                         capsys):
+                                                         capsys, shared_data):
     """--stop-after reaches TrainConfig.stop_after_steps (training itself is tested in test_training.py)."""
     from st_hardneg.training import loop as training
+
+    monkeypatch.setenv("ST_HARDNEG_DATA", str(shared_data))  # the SentEval data wherever the tests were told it is
 
     corpus = tmp_path / "corpus.txt"  # 80 rows, 10 steps of 8: --stop-after 7 stops before the end
     corpus.write_text("\n".join(f"{sentence} ({copy})" for copy in range(5) for sentence in tiny_sentences) + "\n")
