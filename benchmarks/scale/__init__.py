@@ -110,6 +110,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks.harness import WIKI10K
 from benchmarks.methods import OURS
 from benchmarks.scale.report import (  # noqa: F401  (the report half of this benchmark; summarize, plot: its API here too)
     DDP_TARGET,
@@ -130,7 +131,7 @@ from benchmarks.scale.worker import MEMORY_ENV, build_benchmark_loss, run_config
 REPO = Path(__file__).resolve().parents[2]
 RESULTS = REPO / "benchmarks" / "results"
 DEFAULT_OUT = RESULTS / "scale.json"
-DEFAULT_CORPUS = REPO.parent / "shared" / "data" / "corpus" / "wiki10k.txt"
+DEFAULT_CORPUS = WIKI10K  # $ST_HARDNEG_SHARED_DATA or ../shared/data (benchmarks.harness)
 DEFAULT_METHODS = ["mnrl", REFERENCE, *OURS]
 VARIANTS = ("uncached", "cached")
 RESULT_PREFIX = "SCALE_RESULT "
