@@ -110,7 +110,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.harness import WIKI10K
+from benchmarks.harness import REPO, RESULTS, WIKI10K
 from benchmarks.methods import OURS
 from benchmarks.scale.report import (  # noqa: F401  (the report half of this benchmark; summarize, plot: its API here too)
     DDP_TARGET,
@@ -128,8 +128,6 @@ from benchmarks.scale.report import (  # noqa: F401  (the report half of this be
 )
 from benchmarks.scale.worker import MEMORY_ENV, build_benchmark_loss, run_config  # noqa: F401  (one configuration)
 
-REPO = Path(__file__).resolve().parents[2]
-RESULTS = REPO / "benchmarks" / "results"
 DEFAULT_OUT = RESULTS / "scale.json"
 DEFAULT_CORPUS = WIKI10K  # $ST_HARDNEG_SHARED_DATA or ../shared/data (benchmarks.harness)
 DEFAULT_METHODS = ["mnrl", REFERENCE, *OURS]

@@ -19,11 +19,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.harness import WIKI10K
+from benchmarks.harness import RESULTS, WIKI10K
 from benchmarks.methods import OURS
 
-REPO = Path(__file__).resolve().parents[2]
-DEFAULT_OUT = REPO / "benchmarks" / "results" / "scale_paired.md"
+DEFAULT_OUT = RESULTS / "scale_paired.md"
 DEFAULT_CORPUS = WIKI10K  # $ST_HARDNEG_SHARED_DATA or ../shared/data (benchmarks.harness)
 LOSSES = OURS
 
