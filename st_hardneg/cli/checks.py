@@ -117,13 +117,24 @@ def resolve_train_args(args: argparse.Namespace) -> argparse.Namespace:
     return args
 
 
-def check_output_dir(output_dir: str, overwrite: bool) -> Path:
+def check_output_dir(output_dir: str, overwrite: bool, planned_steps: int | None = None) -> Path:
     """The ``--output-dir`` of ``train``: not empty, not a file, and not a finished run's folder (one holding
-    ``results.json``) unless ``overwrite``; nothing is created here.
+    ``results.json``) unless ``overwrite``; a ``final/`` folder or a ``checkpoints/`` folder that holds what no
+    st-hardneg run of it wrote is refused without ``overwrite`` too (with it, a foreign ``checkpoints/`` entry is left
+    untouched, see :func:`st_hardneg.training.checkpoints.check_checkpoint_folder`). Nothing is created here.
+
+    Args:
+        output_dir: ``--output-dir``.
+        overwrite: ``--overwrite``.
+        planned_steps: the run's steps, once known: a foreign ``checkpoint-N`` it could save into is refused even
+            with ``overwrite``.
 
     Raises:
-        ValueError: an empty path, a file, or a finished run without ``--overwrite``.
+        ValueError: an empty path, a file, a finished run or a foreign ``final/`` or ``checkpoints/`` entry without
+            ``--overwrite``.
     """
+    from st_hardneg.training.checkpoints import check_checkpoint_folder
+
     if not str(output_dir).strip():
         raise ValueError("--output-dir is empty; give the folder for the checkpoints, final model and results.json")
     path = Path(output_dir).expanduser()
@@ -132,6 +143,11 @@ def check_output_dir(output_dir: str, overwrite: bool) -> Path:
     if (path / "results.json").is_file() and not overwrite:
         raise ValueError(f"--output-dir {path} holds a finished run (results.json); choose another folder or pass "
                          "--overwrite to replace it")
+    if (path / "final").exists() and not (path / "results.json").is_file() and not overwrite:
+        raise ValueError(f"--output-dir {path} holds final/, which no finished st-hardneg run of this folder wrote (no "
+                         "results.json): the trained model would be saved into it; choose another folder or pass "
+                         "--overwrite")
+    check_checkpoint_folder(path / "checkpoints", overwrite, planned_steps=planned_steps)
     return path
 
 

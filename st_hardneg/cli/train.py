@@ -23,6 +23,7 @@ from typing import Any, cast
 
 from st_hardneg.cli.checks import (
     RECIPE,
+    check_output_dir,
     check_stop_after,
     check_sts_files,
     check_training_arguments,
@@ -123,6 +124,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise ValueError(f"{corpus}: {exc}") from None
     check_stop_after(args.stop_after, planned)
+    check_output_dir(args.output_dir, args.overwrite, planned)  # a user's checkpoint-N the run would save into
     check_training_arguments(config, with_evaluator=True)
     check_sts_files(args.data_dir)  # STS-B dev selects, the 7 test sets score: damaged files fail before training
     dev = SentEvalSTSEvaluator(args.data_dir, batch_size=args.eval_batch_size)
@@ -198,6 +200,7 @@ def _train_and_save(args: argparse.Namespace, dataset: Any, config: Any, score: 
     output_dir = Path(args.output_dir)
     planned = run_steps(len(dataset), config)
     check_stop_after(args.stop_after, planned)
+    check_output_dir(args.output_dir, args.overwrite, planned)  # a user's checkpoint-N the run would save into
     logger.info("training data: %d rows (%s), %d steps planned", len(dataset), info.get("source", info.get("file")),
                 planned)
     set_seed(args.seed)
@@ -211,7 +214,7 @@ def _train_and_save(args: argparse.Namespace, dataset: Any, config: Any, score: 
     else:
         loss = build_loss(args.loss, model, **loss_kwargs)
     announce_loss(args, loss, loss_kwargs)
-    # the checkpoints are removed after the run unless the user asked for them (save_strategy)
+    # the checkpoints this run wrote are removed after it unless the user asked for them (save_strategy)
     keep = str(config.extra_args.get("save_strategy", "no")) != "no"
     with run_time("training"):
         run = run_training(model, loss, dataset, config, keep_checkpoints=keep, score=score,

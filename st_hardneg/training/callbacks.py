@@ -9,7 +9,9 @@
 - :class:`LossModelCheck` / :func:`check_loss_model`: warn when the loss was built on another model than the
   Trainer's (that model would not train; see :mod:`st_hardneg.losses.model_guard`);
 - :class:`ModelCardCallback` / :func:`add_model_card_data`: the ``st-hardneg`` tag, version and documentation links
-  in the model card; :class:`CheckpointRunInfo`: the loss of the run in every checkpoint (resume checks).
+  in the model card; :class:`CheckpointRunInfo`: the loss of the run in every checkpoint (resume checks);
+- :class:`CheckpointLedgerCallback`: the checkpoints this run wrote, by name; rotation among those only (see
+  :mod:`st_hardneg.training.checkpoints`).
 
 **Stateful losses.**
 
@@ -57,7 +59,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["CHECKPOINT_RUN_FILE", "CheckpointRunInfo", "EvaluateAtEnd", "FalseNegativeLog", "LossDiagnosticsCallback",
+__all__ = ["CHECKPOINT_RUN_FILE", "CheckpointLedgerCallback", "CheckpointRunInfo", "EvaluateAtEnd", "FalseNegativeLog", "LossDiagnosticsCallback",
            "LossModelCheck", "ModelCardCallback", "StatefulLossCallback", "StepTimer", "StopAfterSteps",
            "add_model_card_data", "add_stateful_loss_callback", "check_loss_model", "find_stateful_losses",
            "st_hardneg_losses"]
@@ -476,4 +478,80 @@ class CheckpointRunInfo(TrainerCallback):
             if os.path.isdir(folder):
                 with open(os.path.join(folder, CHECKPOINT_RUN_FILE), "w", encoding="utf-8") as handle:
                     json.dump(self.info, handle, indent=2, sort_keys=True, default=str)
+        return control
+
+
+class CheckpointLedgerCallback(TrainerCallback):
+    """Record every checkpoint this run saves in the output folder's ledger
+    (:class:`~st_hardneg.training.checkpoints.CheckpointLedger`) and rotate among those only: at most
+    ``save_total_limit`` of this run's checkpoints are kept, the newest and the best always; a folder this run did
+    not write is never removed. :func:`st_hardneg.training.train` adds it and gives transformers' own rotation, which
+    deletes every ``checkpoint-*`` folder it finds, nothing to do (``save_total_limit=None``).
+
+    Args:
+        save_total_limit: how many of this run's checkpoints to keep (``None`` or ``<= 0``: all).
+
+    Raises:
+        RuntimeError: at the step before a save, when the folder the Trainer would save into exists and no
+            st-hardneg run wrote it (a user's ``checkpoint-N``): it would be overwritten.
+    """
+
+    def __init__(self, save_total_limit: int | None = None) -> None:
+        self.save_total_limit = save_total_limit
+        #: the checkpoint folder names this run wrote, oldest first
+        self.written: list[str] = []
+
+    def on_train_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                       **kwargs: Any) -> TrainerControl:
+        from st_hardneg.training.checkpoints import CheckpointLedger
+
+        self.written = []
+        if state.is_world_process_zero and args.save_strategy != "no":
+            CheckpointLedger(args.output_dir or ".").begin()
+        return control
+
+    def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                    **kwargs: Any) -> TrainerControl:
+        import os
+
+        from st_hardneg.training.checkpoints import CheckpointLedger
+
+        if control.should_save and state.is_world_process_zero:
+            name = f"checkpoint-{state.global_step}"
+            folder = args.output_dir or "."
+            if os.path.exists(os.path.join(folder, name)) and name not in CheckpointLedger(folder).written():
+                raise RuntimeError(f"{os.path.join(folder, name)} exists and no st-hardneg run wrote it: saving this "
+                                   "step's checkpoint would overwrite it; move it or choose another output folder")
+        return control
+
+    def on_save(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                **kwargs: Any) -> TrainerControl:
+        import os
+        import shutil
+
+        from st_hardneg.training.checkpoints import CheckpointLedger
+
+        if not state.is_world_process_zero:
+            return control
+        folder = args.output_dir or "."
+        name = f"checkpoint-{state.global_step}"
+        if not os.path.isdir(os.path.join(folder, name)):
+            return control
+        ledger = CheckpointLedger(folder)
+        ledger.add(name)
+        if name not in self.written:
+            self.written.append(name)
+        limit = self.save_total_limit
+        if limit is None or limit <= 0 or len(self.written) <= limit:
+            return control
+        best = os.path.basename(os.path.normpath(state.best_model_checkpoint)) if state.best_model_checkpoint else None
+        protected = {self.written[-1], best}
+        keep = max(limit, len(protected - {None}))
+        for old in list(self.written):
+            if len(self.written) <= keep:
+                break
+            if old not in protected:
+                shutil.rmtree(os.path.join(folder, old), ignore_errors=True)
+                self.written.remove(old)
+                ledger.forget([old])
         return control

@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import shutil
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -123,7 +122,7 @@ def run_experiment(
         sts_tasks: the test tasks (default: the seven SentEval STS tasks).
         eval_batch_size: encoding batch size of the evaluations.
         callbacks: extra Trainer callbacks.
-        keep_checkpoints: ``False`` deletes ``config.output_dir`` after the run.
+        keep_checkpoints: ``False`` removes the checkpoints this run wrote after it (see :func:`run_training`).
 
     Raises:
         ValueError: a corpus smaller than one batch or a run of zero steps (checked before the model is touched),
@@ -171,17 +170,25 @@ def run_training(
             (``None``: the final model is kept).
         score: called on the trained model; its result is the experiment's ``scores``.
         callbacks: extra Trainer callbacks.
-        keep_checkpoints: ``False`` deletes ``config.output_dir`` after the run.
+        keep_checkpoints: ``False`` removes the checkpoints this run wrote after it (only those: a file or folder
+            the run did not write stays; :mod:`st_hardneg.training.checkpoints`).
 
     Raises:
         RuntimeError: the Trainer ran no step (the model would be scored untrained).
     """
     from st_hardneg.training.loop import train
 
+    folder = Path(config.output_dir)
+    existed = folder.exists()
     result = train(model, dataset, loss, config, evaluator=evaluator, callbacks=callbacks)
     if result.steps < 1:
         raise RuntimeError(f"training ran 0 steps on {len(dataset)} examples; the model is untrained")
     scores = score(model) if score is not None else None
-    if not keep_checkpoints:
-        shutil.rmtree(config.output_dir, ignore_errors=True)
+    if not keep_checkpoints:  # only the checkpoints this run wrote, never anything else in the folder
+        from st_hardneg.training.checkpoints import remove_written
+
+        remove_written(folder, result.checkpoints)
+        result.checkpoints = []
+        if not existed and folder.is_dir() and not folder.is_symlink() and not any(folder.iterdir()):
+            folder.rmdir()  # the Trainer made it and nothing is left in it
     return ExperimentResult(model=model, loss=loss, train=result, sts=None, scores=scores)

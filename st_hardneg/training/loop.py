@@ -101,6 +101,8 @@ class TrainResult:
     best_metric: float | None
     best_checkpoint: str | None
     log_history: list[dict[str, Any]]
+    #: the checkpoint folders (names inside the output folder) this run wrote and kept; nothing else there is its
+    checkpoints: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -178,7 +180,9 @@ def train(model: SentenceTransformer, train_dataset: Dataset, loss: nn.Module, c
 
     With an ``evaluator`` (e.g. :class:`~st_hardneg.evaluation.SentEvalSTSEvaluator` on STS-B dev) the model is
     evaluated every ``config.eval_steps`` steps and at the end, and the best checkpoint is loaded at the end
-    (the papers' selection rule). The model is modified in place. ``config.extra_args["resume_from_checkpoint"]``
+    (the papers' selection rule). The model is modified in place. Checkpoints are rotated among this run's own
+    (``save_total_limit``), never a folder the run did not write (:class:`~st_hardneg.training.callbacks.
+    CheckpointLedgerCallback`); :attr:`TrainResult.checkpoints` names those it kept. ``config.extra_args["resume_from_checkpoint"]``
     resumes from that checkpoint folder (a stateful loss too, exactly:
     :class:`~st_hardneg.training.callbacks.StatefulLossCallback`). The model card names st-hardneg
     (:class:`~st_hardneg.training.callbacks.ModelCardCallback`).
@@ -196,11 +200,19 @@ def train(model: SentenceTransformer, train_dataset: Dataset, loss: nn.Module, c
     """
     from sentence_transformers import SentenceTransformerTrainer
 
-    from st_hardneg.training.callbacks import LossModelCheck, ModelCardCallback, add_stateful_loss_callback
+    from st_hardneg.training.callbacks import (
+        CheckpointLedgerCallback,
+        LossModelCheck,
+        ModelCardCallback,
+        add_stateful_loss_callback,
+    )
 
     timer = StepTimer()
     stop = [StopAfterSteps(config.stop_after_steps)] if config.stop_after_steps else []
     args = training_arguments(config, with_evaluator=evaluator is not None)
+    # rotation among this run's own checkpoints only: transformers' would delete every checkpoint-* folder it finds
+    ledger = CheckpointLedgerCallback(args.save_total_limit)
+    args.save_total_limit = None
     _check_some_steps(train_dataset, args)
     model_check = LossModelCheck(loss)
     model_check.check(model)  # before the Trainer exists: a loss of another model is named before any work
@@ -210,7 +222,7 @@ def train(model: SentenceTransformer, train_dataset: Dataset, loss: nn.Module, c
         train_dataset=train_dataset,
         loss=loss,
         evaluator=evaluator if args.eval_strategy != "no" else None,
-        callbacks=[timer, EvaluateAtEnd(), model_check, ModelCardCallback(loss), *stop, *(callbacks or [])],
+        callbacks=[timer, EvaluateAtEnd(), model_check, ModelCardCallback(loss), ledger, *stop, *(callbacks or [])],
     )
     add_stateful_loss_callback(trainer)  # stateful losses (AdCSE) restore their state on resume
     start = time.perf_counter()
@@ -230,6 +242,7 @@ def train(model: SentenceTransformer, train_dataset: Dataset, loss: nn.Module, c
         best_metric=trainer.state.best_metric,
         best_checkpoint=trainer.state.best_model_checkpoint,
         log_history=list(trainer.state.log_history),
+        checkpoints=list(ledger.written),
     )
 
 
