@@ -252,18 +252,51 @@ def load_checkpoint(path: str | Path, device: str | None = None) -> SentenceTran
 
     ``SentenceTransformer(path)`` refuses such a directory without ``trust_remote_code=True``, because
     ``modules.json`` names a class outside sentence-transformers; this resolves st-hardneg's classes directly, as the
-    Trainer does when it reloads the best checkpoint. Directories without such modules load as usual.
+    Trainer does when it reloads the best checkpoint. Directories without such modules load as usual. No code from
+    the folder ever runs: a ``modules.json`` that names any other class is refused.
+
+    Raises:
+        FileNotFoundError: no ``modules.json``.
+        ValueError: a ``modules.json`` that is not a list of modules, or one naming a class outside
+            sentence-transformers and st-hardneg (custom code, which st-hardneg never runs).
+        RuntimeError: a sentence-transformers without the loader st-hardneg needs (older than 6.2).
     """
     path = Path(path)
     if not (path / "modules.json").is_file():
         raise FileNotFoundError(f"{path} is not a saved SentenceTransformer (no modules.json)")
     module_classes = {f"{TrainOnlyDense.__module__}.{TrainOnlyDense.__name__}": TrainOnlyDense}
+    for class_name in _module_types(path):
+        if class_name not in module_classes and not class_name.startswith("sentence_transformers."):
+            raise ValueError(
+                f"{path / 'modules.json'} names the module class {class_name!r}, custom code outside "
+                "sentence-transformers: st-hardneg never runs code from a model folder. Read that code, load the model "
+                "yourself with SentenceTransformer(path, trust_remote_code=True) and pass the model object instead")
     loader = getattr(SentenceTransformer, "_load_with_module_classes", None)
     if loader is None:  # pragma: no cover - other sentence-transformers versions
-        loaded = SentenceTransformer(str(path), device=device, trust_remote_code=True)
-    else:
-        loaded = loader(str(path), module_classes, device=device)
+        raise RuntimeError("this sentence-transformers cannot load a model with st-hardneg's modules without running "
+                           "remote code; install sentence-transformers >= 6.2")
+    loaded = loader(str(path), module_classes, device=device)
     return save_inference_by_default(loaded) if train_only_module_names(loaded) else loaded
+
+
+def _module_types(path: Path) -> list[str]:
+    """The ``type`` of every module listed in ``path/modules.json``.
+
+    Raises:
+        ValueError: the file is not JSON, or not a list of ``{"type": ...}`` entries (named, with the fix).
+    """
+    file = path / "modules.json"
+    try:
+        entries = json.loads(file.read_text(encoding="utf-8"))
+        if not isinstance(entries, list) or not entries:
+            raise TypeError("not a non-empty list of modules")
+        types = [entry["type"] for entry in entries]
+        if not all(isinstance(name, str) for name in types):
+            raise TypeError("a module's type is not a class name")
+    except (ValueError, TypeError, KeyError, UnicodeDecodeError) as exc:
+        reason = f"no {exc}" if isinstance(exc, KeyError) else str(exc).splitlines()[0]
+        raise ValueError(f"{file} is damaged ({reason}): save the model again with model.save(path)") from None
+    return types
 
 
 def add_mlp_head(model: SentenceTransformer, init_std: float | None = None) -> SentenceTransformer:

@@ -87,3 +87,32 @@ def test_trainer_checkpoints_keep_the_head_and_the_final_save_drops_it(tiny_mode
                                              loss=build_loss("focal", model))
         resumed.train(resume_from_checkpoint=str(tmp_path / "ckpt" / "checkpoint-1"))
         assert resumed.state.global_step == 2
+
+
+# --------------------------------------------------------------------------- no code from a model folder runs
+def _saved(tiny_model_dir, tmp_path):
+    model = load_model(tiny_model_dir, pooling="mean", max_seq_length=16, device="cpu")
+    model.save(str(tmp_path / "saved"))
+    return tmp_path / "saved"
+
+
+def test_a_model_folder_that_needs_custom_code_is_refused(tiny_model_dir, tmp_path, monkeypatch):
+    folder = _saved(tiny_model_dir, tmp_path)
+    modules = json.loads((folder / "modules.json").read_text())
+    modules[1]["type"] = "my_package.CustomPooling"
+    (folder / "modules.json").write_text(json.dumps(modules))
+    imported = []
+    monkeypatch.setattr("importlib.import_module", lambda name, *a: imported.append(name))  # nothing may import it
+    with pytest.raises(ValueError, match=r"'my_package.CustomPooling', custom code outside sentence-transformers: "
+                                         r"st-hardneg never runs code from a model folder"):
+        load_checkpoint(folder)
+    assert imported == []
+
+
+@pytest.mark.parametrize("content, reason", [("{not json", "Expecting property name"), ("{}", "not a non-empty list"),
+                                             ('[{"path": ""}]', "no 'type'")])
+def test_a_damaged_modules_json_is_named(tiny_model_dir, tmp_path, content, reason):
+    folder = _saved(tiny_model_dir, tmp_path)
+    (folder / "modules.json").write_text(content)
+    with pytest.raises(ValueError, match=rf"modules.json is damaged \({reason}.*save the model again"):
+        load_checkpoint(folder)
