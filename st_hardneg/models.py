@@ -22,6 +22,7 @@ import json
 import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
@@ -477,3 +478,139 @@ def weights_digest(model: SentenceTransformer) -> str:
         digest.update(name.encode())
         digest.update(tensor.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy())  # no copy
     return digest.hexdigest()[:12]
+
+
+# --------------------------------------------------------------------------- the model a training run trains
+#: the papers' STS protocol on the embedded encoder: all-MiniLM-L6-v2's encoder with CLS pooling, no Normalize, 32
+#: training tokens (``st-hardneg train --task sts`` without ``--model``); the saved model keeps the encoder's own
+#: length, at which every evaluation scores it
+STS_PRESET: dict[str, Any] = {"name": "papers-sts", "pooling": "cls", "max_seq_length": 32, "normalize": False}
+
+
+@dataclass
+class TrainingModel:
+    """The model a training run trains, as :func:`training_model` built it.
+
+    Attributes:
+        model: the SentenceTransformer to train (in place).
+        changes: one line per change made to the model as published (a preset, ``--pooling``, ``--max-seq-length``,
+            a pooling chosen for a bare encoder, the MLP head); empty when it trains as given.
+        train_length: the ``max_seq_length`` it trains at.
+        saved_length: the ``max_seq_length`` it is saved with (and scored at): its own, unless changed on purpose.
+    """
+
+    model: SentenceTransformer
+    changes: list[str]
+    train_length: int | None
+    saved_length: int | None
+
+    def for_saving(self) -> SentenceTransformer:
+        """The trained model with its saved length (the one every evaluation scores at) set back."""
+        if self.saved_length is not None:
+            self.model.max_seq_length = self.saved_length
+        return self.model
+
+
+def _pooling_module(model: SentenceTransformer) -> tuple[str, Pooling] | None:
+    for name, module in model._modules.items():
+        if isinstance(module, Pooling):
+            return name, module
+    return None
+
+
+def training_model(name_or_path: str | Path | None, *, pooling: str | None = None, max_seq_length: int | None = None,
+                   mlp_head: bool = False, preset: dict[str, Any] | None = None, bare_pooling: str = "mean",
+                   train_length: int | None = None, device: str | None = None) -> TrainingModel:
+    """The model a user gives, as published, ready to train: the one place the command line builds it.
+
+    - A saved SentenceTransformer (a folder with ``modules.json``, or a Hub name whose snapshot is in the local cache)
+      and the embedded all-MiniLM-L6-v2 load with every module (Router, Pooling mode, Normalize, Dense, ...), their
+      ``max_seq_length``, prompts and similarity function (:func:`load_checkpoint`); that is what is saved.
+    - ``preset`` (:data:`STS_PRESET`, for the embedded encoder only): its encoder with the preset's pooling and
+      training length, no Normalize; named in ``changes`` and in the model card's name.
+    - A bare encoder (no ``modules.json``) gets ``pooling`` or ``bare_pooling``, said in ``changes``.
+    - ``pooling`` / ``max_seq_length`` change a saved model on purpose (one line each in ``changes``); ``mlp_head``
+      adds SimCSE's train-only head (the saved model has none).
+
+    Args:
+        name_or_path: ``None`` / ``""`` / ``"default"`` for the embedded model, a folder, or a Hub name.
+        pooling: replace the model's pooling by one of this mode.
+        max_seq_length: train *and* save at this length.
+        mlp_head: add the train-only MLP head.
+        preset: a preset such as :data:`STS_PRESET`, applied to the embedded default only.
+        bare_pooling: the pooling of an encoder without a saved one, when ``pooling`` is not given.
+        train_length: the task's training length when ``max_seq_length`` is not given (e.g. 128 for retrieval), for
+            the embedded model (saved with its own length all the same) and a bare encoder (trained and saved at it);
+            a saved model you give trains at its own.
+        device: torch device.
+
+    Raises:
+        FileNotFoundError: a path that does not exist.
+        ValueError: an unknown pooling mode, a length < 1, a model without a Pooling module given ``pooling``.
+    """
+    if pooling is not None and pooling not in POOLING_MODES:
+        raise ValueError(f"pooling must be one of {', '.join(POOLING_MODES)}; got {pooling!r}")
+    for value, label in ((max_seq_length, "max_seq_length"), (train_length, "train_length")):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise ValueError(f"{label} must be a positive integer or None, got {value!r}")
+    default = name_or_path in (None, "", "default")
+    changes: list[str] = []
+    if default and preset is not None:
+        mode = pooling or preset["pooling"]
+        length = max_seq_length or preset["max_seq_length"]
+        model = load_default_model(pooling=mode, max_seq_length=None, device=device)
+        saved = model.max_seq_length if max_seq_length is None else max_seq_length
+        model.max_seq_length = length
+        changes.append(f"preset {preset['name']}: {DEFAULT_MODEL_NAME}'s encoder with Pooling({mode}), no Normalize, "
+                       f"trained at {length} tokens, saved with {saved} (the papers' protocol; --model PATH trains a "
+                       "model as saved)")
+        model.model_card_data.model_name = (f"{DEFAULT_MODEL_NAME} encoder, Pooling({mode}) without Normalize "
+                                            f"(st-hardneg preset {preset['name']})")
+        if mlp_head:
+            add_mlp_head(model)
+            changes.append("--mlp-head: SimCSE's MLP head in training only (the saved model has none)")
+        return TrainingModel(model, changes, length, saved)
+    if not default:
+        _check_local_path(name_or_path)  # type: ignore[arg-type]
+    folder = default_model_path() if default else saved_model_dir(name_or_path)  # type: ignore[arg-type]
+    if folder is None:  # a bare encoder: nothing saved says how to pool it, nor its length
+        mode = pooling or bare_pooling
+        length = max_seq_length or train_length
+        model = load_model(name_or_path, pooling=mode, max_seq_length=length, device=device)  # type: ignore[arg-type]
+        changes.append(f"{name_or_path} is an encoder without modules.json: Pooling({mode}), {model.max_seq_length} "
+                       f"tokens{'' if pooling and max_seq_length else ' (the task defaults; --pooling / --max-seq-length to choose)'}")
+        if mlp_head:
+            add_mlp_head(model)
+            changes.append("--mlp-head: SimCSE's MLP head in training only (the saved model has none)")
+        return TrainingModel(model, changes, model.max_seq_length, model.max_seq_length)
+    else:
+        model = load_checkpoint(folder, device=device)
+        if default:
+            model.model_card_data.base_model = f"sentence-transformers/{DEFAULT_MODEL_NAME}"
+        if pooling is not None:
+            found = _pooling_module(model)
+            if found is None:
+                raise ValueError(f"--pooling {pooling}: {name_or_path or DEFAULT_MODEL_NAME} has no Pooling module to "
+                                 "change")
+            key, old = found
+            old_config = old.get_config_dict()
+            old_mode = old_config.get("pooling_mode")
+            if old_mode != pooling:
+                model._modules[key] = Pooling(old.get_embedding_dimension(), pooling_mode=pooling,
+                                              include_prompt=old_config.get("include_prompt", True))
+                changes.append(f"--pooling {pooling}: Pooling({old_mode}) -> Pooling({pooling})")
+    own = model.max_seq_length
+    if max_seq_length is not None:
+        if max_seq_length != own:
+            changes.append(f"--max-seq-length {max_seq_length}: {own} -> {max_seq_length} tokens")
+        model.max_seq_length = max_seq_length
+        saved, length = max_seq_length, max_seq_length
+    else:  # a task's training length applies to the embedded model only; a model you give trains as saved
+        saved, length = own, (train_length if default and train_length else own)
+        if length != own:
+            model.max_seq_length = length
+            changes.append(f"trained at {length} tokens (the task's protocol), saved with its own {own}")
+    if mlp_head:
+        add_mlp_head(model)
+        changes.append("--mlp-head: SimCSE's MLP head in training only (the saved model has none)")
+    return TrainingModel(model, changes, length, saved)

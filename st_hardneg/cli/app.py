@@ -169,8 +169,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a BEIR folder (repeatable): evaluated by --tasks beir, added as a local mteb retrieval task "
                         "by --tasks mteb")
     e.add_argument("--split", default="test", help="beir: the qrels split to evaluate")
-    e.add_argument("--max-seq-length", type=int, default=256,
-                   help="beir: the encoding length (256: MTEB's length for all-MiniLM-L6-v2)")
+    e.add_argument("--max-seq-length", type=int, default=None,
+                   help="beir: the encoding length (default: the length the model is saved with, as mteb evaluates "
+                        "it; 256 for all-MiniLM-L6-v2)")
     e.add_argument("--query-prompt-name", default=None,
                    help="beir: the model prompt for queries (default: mteb's choice, e.g. 'query' when defined)")
     e.add_argument("--document-prompt-name", default=None,

@@ -84,6 +84,9 @@ def resolve_train_args(args: argparse.Namespace) -> argparse.Namespace:
     if args.max_steps > 0 and args.epochs is not None:  # before the defaults fill --epochs in
         raise ValueError(f"--max-steps {args.max_steps} sets the length of the run and --epochs {args.epochs:g} would "
                          "be ignored: give one of them")
+    # --pooling / --max-seq-length given on purpose change a saved model; the task's values only fill what a model
+    # does not say itself (st_hardneg.models.training_model)
+    args.model_options_given = sorted(key for key in ("pooling", "max_seq_length") if getattr(args, key) is not None)
     for key, value in task_defaults(args.task).items():
         if getattr(args, key) is None:
             setattr(args, key, value)

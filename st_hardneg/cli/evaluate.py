@@ -98,7 +98,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
         from st_hardneg.data.beir import load_beir
         from st_hardneg.validation import check_count
 
-        check_count(args.max_seq_length, "--max-seq-length", minimum=1)
+        if args.max_seq_length is not None:
+            check_count(args.max_seq_length, "--max-seq-length", minimum=1)
         loaded = [load_beir(folder) for folder in folders]
         names = [data.name for data in loaded]
         if len(set(names)) != len(names):
@@ -115,6 +116,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
     else:
         pooling = args.pooling
     model = load_for_eval(args.model, pooling)
+    if args.max_seq_length is None:  # the length the model is saved with, as mteb evaluates it
+        args.max_seq_length = model.max_seq_length
     from st_hardneg.models import module_stack, weights_digest
 
     model_name = eval_model_name(args)

@@ -131,8 +131,8 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     set_seed(args.seed)
     torch.set_num_threads(max(1, torch.get_num_threads()))
-    model = resolve_model(args.model, pooling=args.pooling, max_seq_length=args.max_seq_length,
-                          mlp_head=args.mlp_head)
+    built = training_model_of(args, sts=True)
+    model = built.model
     loss = build_loss(args.loss, model, **loss_kwargs)
     announce_loss(args, loss, loss_kwargs)
 
@@ -145,7 +145,7 @@ def cmd_train(args: argparse.Namespace) -> int:
                            callbacks=run_callbacks(args, loss_kwargs))
         run.sts = run.scores
         result, scores = run.train, run.sts
-        final = save_final_model(args, model, output_dir)
+        final = save_final_model(args, built.for_saving(), output_dir)
     logger.info("saved the selected model to %s", final)
     payload = {
         "loss": args.loss,
@@ -154,6 +154,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         "model": args.model or "default (all-MiniLM-L6-v2, embedded)",
         "pooling": args.pooling,
         "mlp_head": args.mlp_head,
+        "model_changes": built.changes,
         "corpus": str(corpus),
         "num_sentences": len(sentences),
         "config": {k: v for k, v in vars(args).items() if k not in ("func",)},
@@ -204,8 +205,8 @@ def _train_and_save(args: argparse.Namespace, dataset: Any, config: Any, score: 
     logger.info("training data: %d rows (%s), %d steps planned", len(dataset), info.get("source", info.get("file")),
                 planned)
     set_seed(args.seed)
-    model = resolve_model(args.model, pooling=args.pooling, max_seq_length=args.max_seq_length,
-                          mlp_head=args.mlp_head)
+    built = training_model_of(args, sts=False)
+    model = built.model
     loss_kwargs = parse_loss_args(args.loss_arg)
     if args.loss == RECIPE:
         from st_hardneg.training.recipe import recipe_loss
@@ -217,9 +218,9 @@ def _train_and_save(args: argparse.Namespace, dataset: Any, config: Any, score: 
     # the checkpoints this run wrote are removed after it unless the user asked for them (save_strategy)
     keep = str(config.extra_args.get("save_strategy", "no")) != "no"
     with run_time("training"):
-        run = run_training(model, loss, dataset, config, keep_checkpoints=keep, score=score,
-                           callbacks=run_callbacks(args, loss_kwargs))
-        final = save_final_model(args, model, output_dir)
+        run = run_training(model, loss, dataset, config, keep_checkpoints=keep,
+                           score=lambda trained: score(built.for_saving()), callbacks=run_callbacks(args, loss_kwargs))
+        final = save_final_model(args, built.for_saving(), output_dir)
     result = run.train
     write_json(output_dir / "results.json", {
         **head,
@@ -229,6 +230,7 @@ def _train_and_save(args: argparse.Namespace, dataset: Any, config: Any, score: 
         "model": args.model or "default (all-MiniLM-L6-v2, embedded)",
         "pooling": args.pooling,
         "mlp_head": args.mlp_head,
+        "model_changes": built.changes,
         "training_data": info,
         "config": {k: v for k, v in vars(args).items() if k not in ("func",)},
         **run.scores,
@@ -294,7 +296,8 @@ def cmd_train_beir(args: argparse.Namespace) -> int:
                                                limit=args.limit, min_rows=args.batch_size)
     run, final, _ = _train_and_save(
         args, dataset, config, lambda trained: recipe.evaluate_beir_recipe(
-            trained, split, batch_size=args.eval_batch_size, show_progress_bar=not args.quiet),
+            trained, split, batch_size=args.eval_batch_size, show_progress_bar=not args.quiet,
+            max_seq_length=trained.max_seq_length),  # scored as saved (its saved length is set back first)
         {"task": "beir", "data": str(data.root), "split": split.stats}, info, known=split.known_paraphrases)
     for role in ("dev", "test"):
         print(f"### {data.name} {role}\n\n{recipe.beir_table({args.loss: run.scores}, role)}\n")
@@ -352,6 +355,27 @@ def run_callbacks(args: argparse.Namespace, loss_kwargs: dict[str, Any]) -> list
     from st_hardneg.training.callbacks import CheckpointRunInfo
 
     return [CheckpointRunInfo({"loss": args.loss, "loss_args": json_safe(loss_kwargs)})]
+
+
+def training_model_of(args: argparse.Namespace, *, sts: bool) -> Any:
+    """The model ``--model`` names, as published (:func:`st_hardneg.models.training_model`): the task's pooling and
+    length fill only what the model does not say itself, ``--pooling`` / ``--max-seq-length`` given on purpose change
+    it, and ``--task sts`` on the embedded encoder is the papers' preset. Each change is printed in one line (not
+    with ``-q``) and logged."""
+    from st_hardneg.models import STS_PRESET, training_model
+
+    given = set(getattr(args, "model_options_given", ()))
+    built = training_model(args.model, pooling=args.pooling if "pooling" in given else None,
+                           max_seq_length=args.max_seq_length if "max_seq_length" in given else None,
+                           mlp_head=args.mlp_head, preset=STS_PRESET if sts else None, bare_pooling=args.pooling,
+                           train_length=args.max_seq_length)
+    for change in built.changes:
+        logger.info("model: %s", change)
+        if not args.quiet:
+            print(f"model: {change}", flush=True)
+    if not built.changes:
+        logger.info("model: trained as given")
+    return built
 
 
 def save_final_model(args: argparse.Namespace, model: Any, output_dir: Path) -> Path:

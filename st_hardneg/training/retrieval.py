@@ -359,10 +359,11 @@ def mined_beir_triplets(
 
 def evaluate_beir_recipe(model: SentenceTransformer, split: BEIRRetrieval, *, dev: bool = True, test: bool = True,
                          batch_size: int = 64, show_progress_bar: bool = False,
-                         cache_dir: str | Path | None = None) -> dict[str, Any]:
-    """BEIR scores of ``model`` (:func:`~st_hardneg.evaluation.retrieval.evaluate_beir` at
-    :data:`BEIR_TRAINING`'s evaluation length): ``{"dev": {...}, "test": {...}, "eval_seconds": s}``, the dev and test
-    tasks sharing one corpus encoding."""
+                         cache_dir: str | Path | None = None,
+                         max_seq_length: int | None = BEIR_TRAINING["eval_max_seq_length"]) -> dict[str, Any]:
+    """BEIR scores of ``model`` (:func:`~st_hardneg.evaluation.retrieval.evaluate_beir` at ``max_seq_length``,
+    default :data:`BEIR_TRAINING`'s evaluation length; the command line passes the length the model is saved with):
+    ``{"dev": {...}, "test": {...}, "eval_seconds": s}``, the dev and test tasks sharing one corpus encoding."""
     from st_hardneg.evaluation.retrieval import evaluate_beir
 
     tasks = {"dev": split.dev_task if dev else None, "test": split.task if test else None}
@@ -370,7 +371,7 @@ def evaluate_beir_recipe(model: SentenceTransformer, split: BEIRRetrieval, *, de
     if not chosen:
         raise ValueError("nothing to evaluate: dev=False and test=False (or the split has no dev task)")
     start = time.perf_counter()
-    scores = evaluate_beir(model, list(chosen.values()), max_seq_length=BEIR_TRAINING["eval_max_seq_length"],
+    scores = evaluate_beir(model, list(chosen.values()), max_seq_length=max_seq_length,
                            batch_size=batch_size, show_progress_bar=show_progress_bar, cache_dir=cache_dir)
     out: dict[str, Any] = {role: scores[task.name] for role, task in chosen.items()}
     out["eval_seconds"] = round(time.perf_counter() - start, 1)
