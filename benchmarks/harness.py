@@ -15,17 +15,18 @@ The JSON is the record; every ``.md`` / ``.png`` beside it is rendered from it (
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-#: the repository root, the benchmarks' results folder, and the shared data (``$ST_HARDNEG_SHARED_DATA``, as for the
-#: tests, else ``../shared/data`` beside the repository: SentEval, the corpus, the BEIR folders), the default of every
-#: script's ``--data-dir``
+from st_hardneg.data.senteval import data_dir_from_env
+
+#: the repository root, the benchmarks' results folder, and the shared data (``$ST_HARDNEG_DATA``, as for the library
+#: and the tests, else ``../shared/data`` beside the repository: SentEval, the corpus, the BEIR folders), the default of
+#: every script's ``--data-dir``
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
-SHARED_DATA = Path(os.environ.get("ST_HARDNEG_SHARED_DATA", REPO.parent / "shared" / "data"))
+SHARED_DATA = Path(data_dir_from_env() or REPO.parent / "shared" / "data")
 #: the default training corpus (10k Wikipedia sentences)
 WIKI10K = SHARED_DATA / "corpus" / "wiki10k.txt"
 

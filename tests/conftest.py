@@ -1,4 +1,5 @@
-"""Shared fixtures: a tiny random BERT (unit tests) and the shared data directory (integration tests)."""
+"""Shared fixtures: a tiny random BERT (unit tests), the shared data directory (integration tests), and a working
+directory of each test's own (no test reads or writes the repository's output folders)."""
 
 from __future__ import annotations
 
@@ -7,10 +8,21 @@ from pathlib import Path
 
 import pytest
 
+from st_hardneg.data.senteval import ENV_DATA_DIR, data_dir_from_env
 from st_hardneg.testing import WORDS, make_tiny_model_dir  # noqa: F401 - re-exported for the tests
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED_DATA = Path(os.environ.get("ST_HARDNEG_SHARED_DATA", REPO.parent / "shared" / "data"))
+#: ``$ST_HARDNEG_DATA`` (the library's one data variable), else ``../shared/data`` beside the repository
+SHARED_DATA = Path(data_dir_from_env() or REPO.parent / "shared" / "data")
+#: set to 1 (``.ci/run`` does) to make missing shared data a failure instead of a skip
+REQUIRE_DATA = os.environ.get("ST_HARDNEG_REQUIRE_DATA", "") not in ("", "0")
+
+
+@pytest.fixture(autouse=True)
+def own_working_directory(tmp_path_factory, monkeypatch):
+    """Every test runs in an empty working directory of its own: the README's commands may have left
+    ``output/``, ``results/`` or ``out/`` in the clone, and no test reads or writes them."""
+    monkeypatch.chdir(tmp_path_factory.mktemp("cwd"))
 
 
 @pytest.fixture(scope="session")
@@ -39,7 +51,12 @@ def tiny_sentences() -> list[str]:
 
 @pytest.fixture(scope="session")
 def shared_data() -> Path:
-    """The shared SentEval data directory; the tests that need it fail loudly if it is absent."""
+    """The shared data directory (SentEval, the corpus, the BEIR folders). Without it the tests that need it are
+    skipped with the reason and the way to get it, unless ``ST_HARDNEG_REQUIRE_DATA=1`` makes that a failure."""
     if not (SHARED_DATA / "senteval").is_dir():
-        pytest.fail(f"shared data not found at {SHARED_DATA} (set ST_HARDNEG_SHARED_DATA)")
+        message = (f"shared data not found at {SHARED_DATA}: set {ENV_DATA_DIR} to the folder holding senteval/, "
+                   "corpus/ and retrieval/ (`st-hardneg download senteval --dest DIR` fetches SentEval)")
+        if REQUIRE_DATA:
+            pytest.fail(message + " (ST_HARDNEG_REQUIRE_DATA is set)")
+        pytest.skip(message)
     return SHARED_DATA

@@ -92,7 +92,6 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     from st_hardneg.data.senteval import pair_dataset, read_corpus
     from st_hardneg.evaluation import SentEvalSTSEvaluator, evaluate_sts, format_sts_table
-    from st_hardneg.models import resolve_model
     from st_hardneg.reporting import write_json
     from st_hardneg.training.experiment import run_training
     from st_hardneg.training.loop import TrainConfig
@@ -193,7 +192,6 @@ def _train_and_save(args: argparse.Namespace, dataset: Any, config: Any, score: 
     ``known``: the training qrels (query → relevant texts), the known positives of ``--loss recipe``."""
     from transformers import set_seed
 
-    from st_hardneg.models import resolve_model
     from st_hardneg.reporting import write_json
     from st_hardneg.training.experiment import run_training
     from st_hardneg.training.registry import build_loss

@@ -3,7 +3,8 @@
 Where the SentEval directory is looked for (first hit wins), see :func:`resolve_senteval_dir`:
 
 1. the ``data_dir`` argument / ``--data-dir`` option;
-2. the ``ST_HARDNEG_DATA`` environment variable;
+2. the ``ST_HARDNEG_DATA`` environment variable (the one data variable of the library, the tests and the benchmarks;
+   the old ``ST_HARDNEG_SHARED_DATA`` is still read, with a ``DeprecationWarning``);
 3. ``../shared/data`` and ``./data`` relative to the working directory;
 4. ``~/.cache/st_hardneg/data`` (where :func:`download_senteval` puts it).
 
@@ -33,6 +34,8 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 ENV_DATA_DIR = "ST_HARDNEG_DATA"
+#: the old name of :data:`ENV_DATA_DIR` (the tests' and benchmarks' until 0.3): read when the new one is unset
+DEPRECATED_ENV_DATA_DIR = "ST_HARDNEG_SHARED_DATA"
 CACHE_DIR = Path(os.environ.get("ST_HARDNEG_CACHE", Path.home() / ".cache" / "st_hardneg"))
 
 #: the SimCSE authors' packaging of SentEval's downstream data (STS12-16, STS-B, SICK and the transfer tasks)
@@ -73,6 +76,22 @@ def _as_senteval_root(path: Path) -> Path | None:
     return None
 
 
+def data_dir_from_env() -> str | None:
+    """The data folder named by ``$ST_HARDNEG_DATA`` (or, deprecated, ``$ST_HARDNEG_SHARED_DATA``, with a
+    ``DeprecationWarning``); ``None`` when neither is set."""
+    value = os.environ.get(ENV_DATA_DIR)
+    if value:
+        return value
+    old = os.environ.get(DEPRECATED_ENV_DATA_DIR)
+    if old:
+        import warnings
+
+        warnings.warn(f"${DEPRECATED_ENV_DATA_DIR} is deprecated: set ${ENV_DATA_DIR} to the same folder",
+                      DeprecationWarning, stacklevel=2)
+        return old
+    return None
+
+
 def resolve_senteval_dir(data_dir: str | Path | None = None) -> Path:
     """The SentEval ``downstream`` directory, found as described in the module docstring.
 
@@ -80,7 +99,7 @@ def resolve_senteval_dir(data_dir: str | Path | None = None) -> Path:
         DataNotFoundError: an explicit ``data_dir`` (or ``$ST_HARDNEG_DATA``) holds no SentEval data, or none of
             the default places does; the message says how to get it.
     """
-    explicit = data_dir if data_dir is not None else os.environ.get(ENV_DATA_DIR)
+    explicit = data_dir if data_dir is not None else data_dir_from_env()
     if explicit:
         path = Path(explicit).expanduser()
         root = _as_senteval_root(path) if path.is_dir() else None

@@ -40,12 +40,19 @@ def _mnrl_hardness(model: SentenceTransformer, **kwargs: Any) -> nn.Module:
     return _mnrl(model, **kwargs)
 
 
-#: the form of MixCSE every committed benchmark ran (st-hardneg 0.1's default): both directions, each with its mixed
-#: negative (the released code's blocks 1-3); ``MixCSELoss(model)`` itself is the paper's Eq. 2 (one direction)
+#: the form of MixCSE every committed benchmark ran (st-hardneg 0.1's default), ``--loss mixcse_two_way``: both
+#: directions, each with its mixed negative (the released code's blocks 1-3); ``--loss mixcse`` is ``MixCSELoss(model)``
+#: itself, the paper's Eq. 2 (one direction)
 MIXCSE_BENCHMARK_FORM = {"directions": ("query_to_doc", "doc_to_query"), "partition_mode": "per_direction"}
 
 
 def _mixcse(model: SentenceTransformer, **kwargs: Any) -> nn.Module:
+    from st_hardneg.losses.mixcse import MixCSELoss
+
+    return MixCSELoss(model, **kwargs)
+
+
+def _mixcse_two_way(model: SentenceTransformer, **kwargs: Any) -> nn.Module:
     from st_hardneg.losses.mixcse import MixCSELoss
 
     if "directions" not in kwargs and kwargs.get("layout", "paper") == "paper":
@@ -59,11 +66,11 @@ def _focal(model: SentenceTransformer, **kwargs: Any) -> nn.Module:
     return FocalInfoNCELoss(model, **kwargs)
 
 
-def _hncse(mode: Mode) -> Callable:
+def _hncse(mode: Mode | None) -> Callable:
     def build(model: SentenceTransformer, **kwargs: Any) -> nn.Module:
         from st_hardneg.losses.hncse import HNCSELoss
 
-        return HNCSELoss(model, mode=mode, **kwargs)
+        return HNCSELoss(model, **kwargs) if mode is None else HNCSELoss(model, mode=mode, **kwargs)
 
     return build
 
@@ -84,20 +91,26 @@ def _mnrl_queue(model: SentenceTransformer, **kwargs: Any) -> nn.Module:
     return AdversarialNegativesLoss(model, **kwargs)
 
 
-#: method name → ``factory(model, **hyperparameters)``; every factory's defaults are its paper's (MixCSE: the
-#: two-directional form the benchmarks ran, :data:`MIXCSE_BENCHMARK_FORM`)
+#: method name → ``factory(model, **hyperparameters)``. One name, one loss: a plain name (``mixcse``, ``focal``,
+#: ``hncse``, ``adcse``) builds its class's default configuration, ``ClassName(model)``; the named forms say what they
+#: fix (``hncse_pm`` / ``hncse_hnm`` / ``hncse_both``: ``mode``; ``mixcse_two_way``: :data:`MIXCSE_BENCHMARK_FORM`, the
+#: form the committed benchmarks ran)
 LOSSES: dict[str, Callable] = {
     "mnrl": _mnrl,
     "mnrl_symmetric": _mnrl_symmetric,
     "mnrl_hardness": _mnrl_hardness,
     "mnrl_queue": _mnrl_queue,
     "mixcse": _mixcse,
+    "mixcse_two_way": _mixcse_two_way,
     "focal": _focal,
+    "hncse": _hncse(None),
     "hncse_pm": _hncse("pm"),
     "hncse_hnm": _hncse("hnm"),
-    "hncse": _hncse("both"),
+    "hncse_both": _hncse("both"),
     "adcse": _adcse,
 }
+#: the plain names: each builds exactly its class's default configuration (``tests`` hold them to it)
+PLAIN_LOSSES = ("mixcse", "focal", "hncse", "adcse")
 
 
 def build_loss(name: str, model: SentenceTransformer, **kwargs: Any) -> nn.Module:
@@ -143,7 +156,7 @@ def parse_loss_args(items: list[str] | None, option: str = "--loss-arg") -> dict
 _FACTORY_EXTRAS: dict[str, tuple[str, ...]] = {"mnrl": ("temperature",), "mnrl_symmetric": ("temperature",),
                                                "mnrl_hardness": ("temperature",)}
 #: arguments a factory sets itself, never taken from the caller
-_FACTORY_FIXED: dict[str, tuple[str, ...]] = {"hncse_pm": ("mode",), "hncse_hnm": ("mode",), "hncse": ("mode",)}
+_FACTORY_FIXED: dict[str, tuple[str, ...]] = {"hncse_pm": ("mode",), "hncse_hnm": ("mode",), "hncse_both": ("mode",)}
 
 
 def _loss_class(name: str) -> type:
@@ -155,9 +168,11 @@ def _loss_class(name: str) -> type:
                            "MultipleNegativesSymmetricRankingLoss"),
         "mnrl_hardness": ("sentence_transformers.sentence_transformer.losses", "MultipleNegativesRankingLoss"),
         "mnrl_queue": ("st_hardneg.losses.adcse", "AdversarialNegativesLoss"),
-        "mixcse": ("st_hardneg.losses.mixcse", "MixCSELoss"), "focal": ("st_hardneg.losses.focal", "FocalInfoNCELoss"),
+        "mixcse": ("st_hardneg.losses.mixcse", "MixCSELoss"), "mixcse_two_way": ("st_hardneg.losses.mixcse", "MixCSELoss"),
+        "focal": ("st_hardneg.losses.focal", "FocalInfoNCELoss"),
         "hncse_pm": ("st_hardneg.losses.hncse", "HNCSELoss"), "hncse_hnm": ("st_hardneg.losses.hncse", "HNCSELoss"),
-        "hncse": ("st_hardneg.losses.hncse", "HNCSELoss"), "adcse": ("st_hardneg.losses.adcse", "AdversarialNegativesLoss"),
+        "hncse": ("st_hardneg.losses.hncse", "HNCSELoss"), "hncse_both": ("st_hardneg.losses.hncse", "HNCSELoss"),
+        "adcse": ("st_hardneg.losses.adcse", "AdversarialNegativesLoss"),
     }[name]
     return getattr(import_module(module), cls)  # type: ignore[no-any-return]
 
@@ -232,17 +247,17 @@ def loss_call(name: str, kwargs: dict[str, Any] | None = None) -> str:
     Example:
         ::
 
-            >>> loss_call("mixcse", {"lam": 0.3})
+            >>> loss_call("mixcse_two_way", {"lam": 0.3})
             "MixCSELoss(model, directions=('query_to_doc', 'doc_to_query'), partition_mode='per_direction', lam=0.3)"
     """
     if name not in LOSSES:
         raise ValueError(f"unknown loss {name!r}; choose from {', '.join(LOSSES)}")
     kwargs = dict(kwargs or {})
     preset: dict[str, Any] = {}
-    if name == "mixcse" and "directions" not in kwargs and kwargs.get("layout", "paper") == "paper":
+    if name == "mixcse_two_way" and "directions" not in kwargs and kwargs.get("layout", "paper") == "paper":
         preset = dict(MIXCSE_BENCHMARK_FORM)
-    elif name.startswith("hncse"):
-        preset = {"mode": {"hncse_pm": "pm", "hncse_hnm": "hnm", "hncse": "both"}[name]}
+    elif name in ("hncse_pm", "hncse_hnm", "hncse_both"):
+        preset = {"mode": name.removeprefix("hncse_")}
     elif name == "mnrl_queue":
         preset = {"num_adversaries": 0, "untied": False, "mask_duplicates": False}
     elif name == "mnrl_hardness":

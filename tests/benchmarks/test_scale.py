@@ -5,14 +5,15 @@ from __future__ import annotations
 
 import importlib
 import json
-import os
 import sys
 from pathlib import Path
 
 import pytest
 
+from tests.conftest import SHARED_DATA
+
 REPO = Path(__file__).resolve().parents[2]
-CORPUS = Path(os.environ.get("ST_HARDNEG_SHARED_DATA", REPO.parent / "shared" / "data")) / "corpus" / "wiki10k.txt"
+CORPUS = SHARED_DATA / "corpus" / "wiki10k.txt"
 
 
 scale = importlib.import_module("benchmarks.scale")

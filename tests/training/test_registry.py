@@ -11,6 +11,7 @@ from st_hardneg.training.registry import (
     DOCS_URL,
     LOSSES,
     MIXCSE_BENCHMARK_FORM,
+    PLAIN_LOSSES,
     _loss_class,
     build_loss,
     loss_call,
@@ -36,12 +37,34 @@ def test_the_shown_call_builds_the_registry_loss(tiny_model, name, kwargs):
 
 def test_mixcse_shows_its_benchmark_form():
     assert MIXCSE_BENCHMARK_FORM == {"directions": ("query_to_doc", "doc_to_query"), "partition_mode": "per_direction"}
-    assert loss_call("mixcse") == ("MixCSELoss(model, directions=('query_to_doc', 'doc_to_query'), "
-                                   "partition_mode='per_direction')")
+    # the benchmark form has its own name (it was --loss mixcse's until 0.3); the plain name is the class's default
+    assert loss_call("mixcse_two_way") == ("MixCSELoss(model, directions=('query_to_doc', 'doc_to_query'), "
+                                           "partition_mode='per_direction')")
+    assert loss_call("mixcse") == "MixCSELoss(model)"
+    assert loss_call("hncse") == "HNCSELoss(model)" and loss_call("hncse_both") == "HNCSELoss(model, mode='both')"
     assert loss_call("focal") == "FocalInfoNCELoss(model)"
     assert loss_call("hncse_pm", {"k": 5}) == "HNCSELoss(model, mode='pm', k=5)"
     with pytest.raises(ValueError, match="unknown loss"):
         loss_call("simcse++")
+
+
+@pytest.mark.parametrize("name", PLAIN_LOSSES)
+def test_every_plain_name_is_its_class_default(tiny_model, name):
+    """One name, one loss: ``--loss NAME`` for a plain name equals ``ClassName(model)``, option for option."""
+    cls = _loss_class(name)
+    built = build_loss(name, tiny_model)
+    assert type(built) is cls
+    assert built.get_config_dict() == cls(tiny_model).get_config_dict()
+
+
+def test_the_named_forms_fix_what_their_names_say(tiny_model):
+    from st_hardneg.losses.mixcse import MixCSELoss
+
+    two_way = build_loss("mixcse_two_way", tiny_model).get_config_dict()
+    assert two_way == MixCSELoss(tiny_model, **MIXCSE_BENCHMARK_FORM).get_config_dict()
+    assert two_way != build_loss("mixcse", tiny_model).get_config_dict()
+    modes = {name: build_loss(name, tiny_model).mode for name in ("hncse", "hncse_pm", "hncse_hnm", "hncse_both")}
+    assert modes == {"hncse": "pm", "hncse_pm": "pm", "hncse_hnm": "hnm", "hncse_both": "both"}
 
 
 def test_docs_links_of_the_st_hardneg_losses_only():
