@@ -59,14 +59,24 @@ def _eval_files(args: argparse.Namespace, model_name: str, revision: str) -> dic
     """Where ``eval`` writes: ``--output-dir X.json`` → that file, side files ``X.per_query.tsv`` / ``X.<task>.trec``
     beside it; a folder → ``<folder>/st-hardneg/<org>__<name>/<revision>/eval.json`` (+ ``per_query.tsv``,
     ``<task>.trec``), mteb's own files under ``<folder>/results/`` (its ``ResultCache``)."""
+    from st_hardneg.cli.paths import check_path_component, ensure_inside
+
+    check_path_component(revision, "--revision")
+    for part in model_name.split("/"):  # org/name: each part a plain name (mteb files it under org__name too)
+        check_path_component(part, "--model-name")
     target = Path(args.output_dir).expanduser()
     if str(args.output_dir).endswith(".json"):
         stem = target.name[: -len(".json")]
-        return {"results": target, "folder": target.parent, "per_query": target.parent / f"{stem}.per_query.tsv",
-                "runs": target.parent / f"{stem}.{{task}}.trec", "mteb": target.parent}
-    folder = target / "st-hardneg" / model_name.replace("/", "__") / revision
-    return {"results": folder / "eval.json", "folder": folder, "per_query": folder / "per_query.tsv",
-            "runs": folder / "{task}.trec", "mteb": target}
+        files = {"results": target, "folder": target.parent, "per_query": target.parent / f"{stem}.per_query.tsv",
+                 "runs": target.parent / f"{stem}.{{task}}.trec", "mteb": target.parent}
+    else:
+        folder = target / "st-hardneg" / model_name.replace("/", "__") / revision
+        files = {"results": folder / "eval.json", "folder": folder, "per_query": folder / "per_query.tsv",
+                 "runs": folder / "{task}.trec", "mteb": target}
+    root = target.parent if str(args.output_dir).endswith(".json") else target
+    for key in ("results", "folder", "per_query", "runs"):
+        ensure_inside(files[key], root, getattr(args, "output_option", "--output-dir"))
+    return files
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
@@ -126,6 +136,14 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if files["results"].exists() and not args.overwrite:
         raise ValueError(f"{files['results']} exists (an evaluation of {model_name} {revision}); pass --overwrite "
                          "to replace it")
+    from st_hardneg.cli.paths import check_path_component
+
+    side = [files["per_query"]] if beir_tasks else []
+    side += [Path(str(files["runs"]).replace("{task}", check_path_component(task.name, "a BEIR task name")))
+             for task in beir_tasks]
+    taken = [str(path) for path in side if path.exists()]
+    if taken and not args.overwrite:  # the side files of --output X.json are not the user's to lose either
+        raise ValueError(f"{', '.join(taken)} exist(s); pass --overwrite to replace them")
     print(f"model: {model_name} ({revision}): {module_stack(model)}"
           + (f" [fresh {args.pooling} pooling, --pooling]" if args.pooling else ""))
     name = args.model or "default (all-MiniLM-L6-v2, embedded)"

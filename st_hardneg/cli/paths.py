@@ -19,7 +19,35 @@ import os
 import uuid
 from pathlib import Path
 
-__all__ = ["ensure_writable_dir", "ensure_writable_file"]
+__all__ = ["check_path_component", "ensure_inside", "ensure_writable_dir", "ensure_writable_file"]
+
+
+def check_path_component(value: str, option: str) -> str:
+    """``value`` as one file or folder name inside an output folder (``--revision``, a model or task name): not
+    empty, not ``.`` or ``..``, no path separator, no NUL byte. Returns ``value``.
+
+    Raises:
+        ValueError: one line naming ``option`` and the value, which would leave its folder.
+    """
+    text = str(value)
+    if not text.strip() or text in (".", "..") or any(sep in text for sep in ("/", "\\", "\0")) or \
+            Path(text).is_absolute():
+        raise ValueError(f"{option} {text!r} must be a plain name (no '/', '\\', '..' or absolute path): it becomes "
+                         "a folder or file name inside the output folder")
+    return text
+
+
+def ensure_inside(path: str | os.PathLike[str], folder: str | os.PathLike[str], what: str) -> Path:
+    """``path`` if it lies inside ``folder`` once both are resolved (symbolic links followed), else an error.
+
+    Raises:
+        ValueError: naming ``what`` and both paths.
+    """
+    target = Path(path).expanduser().resolve()
+    root = Path(folder).expanduser().resolve()
+    if not target.is_relative_to(root):
+        raise ValueError(f"{what} {path} lies outside {folder}; nothing is written outside the output folder")
+    return Path(path)
 
 
 def _probe(folder: Path, option: str, shown: Path) -> None:

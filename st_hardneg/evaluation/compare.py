@@ -155,6 +155,8 @@ def _load(source: str | Path | PerQuery) -> tuple[str, dict[str, dict[str, dict[
             recorded = None
         if not recorded:
             raise RunFormatError(f"{path}: a results file without a per-query file (files.per_query)")
+        if not isinstance(recorded, str) or Path(recorded).name != recorded or recorded in (".", ".."):
+            raise RunFormatError(f"{path}: files.per_query must name a file beside it, got {recorded!r}")
         path = path.parent / recorded
     return str(path), read_per_query(path)
 

@@ -104,3 +104,44 @@ def test_embedded_model_through_eval_equals_sentence_transformers_own(shared_dat
     expected = 100 * spearmanr((a * b).sum(1), [float(r[4]) for r in rows]).statistic
     assert ours == pytest.approx(expected, abs=0.01)
     assert ours == pytest.approx(82.03, abs=0.05)
+
+
+# --------------------------------------------------------------------------- nothing written outside the output folder
+@pytest.mark.parametrize("extra, fragment", [
+    (["--revision", "../../x"], "--revision '../../x' must be a plain name"),
+    (["--revision", "/tmp/abs"], "--revision '/tmp/abs' must be a plain name"),
+    (["--model-name", "../escape"], "--model-name '..' must be a plain name"),
+], ids=["revision-up", "revision-absolute", "model-name-up"])
+def test_a_name_that_would_leave_the_output_folder_is_refused(saved_model, tmp_path, capsys, extra, fragment):
+    beir = make_tiny_beir(tmp_path / "tiny")
+    out = tmp_path / "deep" / "results"
+    argv = ["eval", "--model", str(saved_model), "--tasks", "beir", "--data", str(beir), "--output-dir", str(out),
+            "--quiet", *extra]
+    assert app.main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert fragment in err and len(err.splitlines()) == 1
+    # nothing at all was written, inside or outside
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["tiny"]
+
+
+def test_output_json_never_overwrites_its_side_files_without_overwrite(saved_model, tmp_path, capsys):
+    beir = make_tiny_beir(tmp_path / "tiny")
+    (tmp_path / "r.per_query.tsv").write_text("the user's own file")
+    argv = ["eval", "--model", str(saved_model), "--tasks", "beir", "--data", str(beir), "--output",
+            str(tmp_path / "r.json"), "--quiet"]
+    assert app.main(argv) == 2
+    assert "r.per_query.tsv exist(s); pass --overwrite" in capsys.readouterr().err
+    assert (tmp_path / "r.per_query.tsv").read_text() == "the user's own file" and not (tmp_path / "r.json").exists()
+    assert app.main([*argv, "--overwrite"]) == 0
+    assert (tmp_path / "r.per_query.tsv").read_text().startswith("task\t")
+
+
+@pytest.mark.parametrize("recorded", ["/etc/passwd", "../elsewhere.tsv", "sub/dir.tsv", ".."])
+def test_compare_reads_only_a_per_query_file_beside_the_results(tmp_path, recorded):
+    from st_hardneg.evaluation.compare import _load
+    from st_hardneg.evaluation.runs import RunFormatError
+
+    results = tmp_path / "eval.json"
+    results.write_text(json.dumps({"files": {"per_query": recorded}}))
+    with pytest.raises(RunFormatError, match=r"files.per_query must name a file beside it"):
+        _load(results)
