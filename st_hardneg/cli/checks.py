@@ -178,9 +178,16 @@ def resolve_training_args(args: argparse.Namespace) -> dict[str, Any]:
             a precision this machine cannot run, a push that cannot happen, a checkpoint that is missing or of
             another loss.
     """
-    from st_hardneg.training.loop import check_hub_access, check_precision, find_checkpoint, parse_training_args
+    from st_hardneg.training.loop import (
+        check_hub_access,
+        check_precision,
+        check_training_values,
+        find_checkpoint,
+        parse_training_args,
+    )
 
     extra = parse_training_args(args.training_arg, reserved=RESERVED_TRAINING_ARGS)
+    check_training_values(extra)
     extra = check_precision(extra)
     check_hub_access(extra)
     resume = extra.get("resume_from_checkpoint")

@@ -74,7 +74,7 @@ def default_corpus(data_dir: str | None) -> Path:
 # --------------------------------------------------------------------------- commands
 def cmd_train(args: argparse.Namespace) -> int:
     resolve_train_args(args)  # the task's defaults; an option of the other task fails here, before torch loads
-    from st_hardneg.training.registry import check_loss_args
+    from st_hardneg.training.registry import check_loss_args, check_loss_values
 
     if args.loss == RECIPE:
         from st_hardneg.training.recipe import check_recipe_overrides
@@ -82,6 +82,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         check_recipe_overrides(parse_loss_args(args.loss_arg), "--loss-arg")
     else:
         check_loss_args(args.loss, parse_loss_args(args.loss_arg))  # names (and no model=), before any model loads
+        check_loss_values(args.loss, parse_loss_args(args.loss_arg))  # and the values, by the loss's own checks
     args.extra_training_args = resolve_training_args(args)
     if args.task == "retrieval":
         return cmd_train_retrieval(args)

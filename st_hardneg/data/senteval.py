@@ -394,7 +394,38 @@ def pair_dataset(sentences: list[str] | Dataset, column: str | None = None) -> D
     return Dataset.from_dict({"anchor": texts, "positive": texts})
 
 
+class DownloadError(OSError):
+    """A download that could not happen: the message names the URL and the cause (no network, ``HF_HUB_OFFLINE``)."""
+
+
 def _download(url: str, dest: Path, desc: str) -> Path:
+    """Stream ``url`` to ``dest`` with a progress bar; the file appears only when complete.
+
+    Raises:
+        DownloadError: ``HF_HUB_OFFLINE`` is set (for a Hugging Face URL), or the URL cannot be reached: names the
+            URL, the cause, and where to put the file by hand.
+    """
+    import urllib.error
+
+    offline = os.environ.get("HF_HUB_OFFLINE", "").strip().lower() not in ("", "0", "false", "no", "off")
+    if offline and "huggingface.co" in url:
+        raise DownloadError(f"cannot download {url}: HF_HUB_OFFLINE is set. Unset it, or fetch the file on a machine "
+                            f"with a network and place it at {dest}")
+    where = f"Fetch it on a machine with a network and place it at {dest}"
+    try:
+        return _stream(url, dest, desc)
+    except urllib.error.HTTPError as exc:
+        raise DownloadError(f"cannot download {url}: HTTP {exc.code} {exc.reason}. {where}") from None
+    except urllib.error.URLError as exc:
+        reason = str(exc.reason)
+        unresolved = ("Name or service not known", "nodename nor servname", "Temporary failure in name resolution")
+        cause = "no network (the host name does not resolve)" if any(text in reason for text in unresolved) else reason
+        raise DownloadError(f"cannot download {url}: {cause}. {where}") from None
+    except TimeoutError:
+        raise DownloadError(f"cannot download {url}: no answer within 60 s. {where}") from None
+
+
+def _stream(url: str, dest: Path, desc: str) -> Path:
     """Stream ``url`` to ``dest`` with a progress bar; the file appears only when complete."""
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkstemp(dir=dest.parent, prefix=dest.name, suffix=".part")[1])

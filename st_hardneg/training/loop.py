@@ -363,6 +363,54 @@ def parse_training_args(items: list[str] | None, *, reserved: dict[str, str] | N
     return result
 
 
+#: ``--training-arg`` fields transformers checks late (at ``train()``) or never, with the range each must lie in:
+#: field → (lowest, highest, lowest included, highest included, what it is)
+TRAINING_ARG_RANGES: dict[str, tuple[float, float, bool, bool, str]] = {
+    "gradient_accumulation_steps": (1, math.inf, True, False, "a whole number of batches >= 1"),
+    "per_device_eval_batch_size": (1, math.inf, True, False, "a batch size >= 1"),
+    "dataloader_num_workers": (0, math.inf, True, False, "a number of worker processes >= 0"),
+    "max_grad_norm": (0, math.inf, True, False, "a gradient norm >= 0 (0 = no clipping)"),
+    "weight_decay": (0, math.inf, True, False, "a decay >= 0"),
+    "label_smoothing_factor": (0, 1, True, False, "a share in [0, 1)"),
+    "adam_beta1": (0, 1, True, False, "a decay rate in [0, 1)"),
+    "adam_beta2": (0, 1, True, False, "a decay rate in [0, 1)"),
+    "adam_epsilon": (0, math.inf, False, False, "a number > 0"),
+    "save_total_limit": (1, math.inf, True, False, "a number of checkpoints >= 1 (or none: keep all)"),
+}
+
+
+def check_training_values(extra_args: dict[str, Any], option: str = "--training-arg") -> None:
+    """The range checks transformers makes only when training starts, or never (:data:`TRAINING_ARG_RANGES`), and
+    ``report_to`` integrations that are not installed: all before any model loads.
+
+    Raises:
+        ValueError: one line naming the field, the value and the range (or the missing package).
+    """
+    for name, (low, high, low_in, high_in, what) in TRAINING_ARG_RANGES.items():
+        if name not in extra_args or extra_args[name] is None:
+            continue
+        value = extra_args[name]
+        number = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+        inside = number and (value >= low if low_in else value > low) and (value <= high if high_in else value < high)
+        if not inside:
+            raise ValueError(f"{option} {name}={value!r}: {name} is {what}")
+    report = extra_args.get("report_to")
+    wanted = [report] if isinstance(report, str) else list(report or [])
+    wanted = [item for item in wanted if item not in ("none", "all")]
+    if wanted:
+        from transformers.integrations import get_available_reporting_integrations, get_reporting_integration_callbacks
+
+        try:
+            get_reporting_integration_callbacks(wanted)
+        except ValueError as exc:
+            raise ValueError(f"{option} report_to: {' '.join(str(exc).split())}") from None
+        installed = get_available_reporting_integrations()
+        missing = [item for item in wanted if item not in installed]
+        if missing:
+            raise ValueError(f"{option} report_to={','.join(wanted)}: {', '.join(missing)} is not installed (pip install "
+                             f"{' '.join(missing)}); installed: {', '.join(installed) or 'none'}")
+
+
 def check_precision(extra_args: dict[str, Any]) -> dict[str, Any]:
     """Check ``bf16`` / ``fp16`` of ``extra_args`` against this machine before any model loads; returns
     ``extra_args``, with ``use_cpu=True`` added for ``bf16`` on a machine without a GPU (CPU autocast, which the

@@ -20,18 +20,29 @@ if TYPE_CHECKING:
     from st_hardneg.losses.hncse import Mode
 
 
+def _scale(kwargs: dict[str, Any]) -> float:
+    """sentence-transformers' ``scale`` from the factories' ``temperature`` (popped from ``kwargs``), checked."""
+    import math
+
+    temperature = kwargs.pop("temperature", 0.05)
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not math.isfinite(temperature) \
+            or temperature <= 0:
+        raise ValueError(f"temperature must be a finite number > 0, got {temperature!r}")
+    return 1.0 / float(temperature)
+
+
 def _mnrl(model: SentenceTransformer, **kwargs: Any) -> nn.Module:
     from sentence_transformers.sentence_transformer.losses import MultipleNegativesRankingLoss
 
-    temperature = kwargs.pop("temperature", 0.05)
-    return MultipleNegativesRankingLoss(model, scale=1.0 / float(temperature), **kwargs)
+    scale = _scale(kwargs)
+    return MultipleNegativesRankingLoss(model, scale=scale, **kwargs)
 
 
 def _mnrl_symmetric(model: SentenceTransformer, **kwargs: Any) -> nn.Module:
     from sentence_transformers.sentence_transformer.losses import MultipleNegativesSymmetricRankingLoss
 
-    temperature = kwargs.pop("temperature", 0.05)
-    return MultipleNegativesSymmetricRankingLoss(model, scale=1.0 / float(temperature), **kwargs)
+    scale = _scale(kwargs)
+    return MultipleNegativesSymmetricRankingLoss(model, scale=scale, **kwargs)
 
 
 def _mnrl_hardness(model: SentenceTransformer, **kwargs: Any) -> nn.Module:
@@ -215,6 +226,27 @@ def check_loss_args(name: str, kwargs: dict[str, Any], option: str = "--loss-arg
                  for u in unknown]
         raise ValueError(f"{option}: loss {name!r} takes no argument {', '.join(hints)}; it takes "
                          f"{', '.join(accepted)}")
+
+
+def check_loss_values(name: str, kwargs: dict[str, Any], option: str = "--loss-arg") -> None:
+    """Run the loss's own checks of its arguments' values without a model (``model=None``, the functional path),
+    so that a bad value (``lam=3``, ``k=0``, ``temperature=0``) is a usage error before any model loads. A check that
+    needs the model (its embedding dimension, GradCache's encoder) is left to the build.
+
+    Raises:
+        ValueError: what the loss refused, prefixed with ``option`` and the loss's name.
+    """
+    if name not in LOSSES:
+        raise ValueError(f"unknown loss {name!r}; choose from {', '.join(LOSSES)}")
+    try:
+        LOSSES[name](None, **kwargs)
+    except (ValueError, TypeError, ArithmeticError) as exc:
+        message = " ".join(str(exc).split())
+        if "model" in message or "NoneType" in message:  # needs the model itself: checked when it is built
+            return
+        raise ValueError(f"{option}: loss {name!r}: {message}") from None
+    except AttributeError:  # the loss reads the model while it is built: checked then
+        return
 
 
 def package_version() -> str:
