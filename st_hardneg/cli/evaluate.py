@@ -16,16 +16,40 @@ if TYPE_CHECKING:
 EVAL_TASK_GROUPS = ("sts", "transfer", "mteb", "align", "beir")
 
 
+#: the pooling of an encoder without ``modules.json`` in every task: what ``SentenceTransformer(path)`` gives it
+BARE_ENCODER_POOLING = "mean"
+
+
 def load_for_eval(name: str | None, pooling: str | None) -> SentenceTransformer:
     """The model as published: a saved SentenceTransformer (a folder or a cached Hub snapshot with ``modules.json``,
     or the embedded all-MiniLM-L6-v2) with all its own modules; with ``pooling`` given, the encoder with a fresh
-    pooling of that mode. An encoder without a saved pooling gets ``pooling`` (default: cls). See
-    :func:`st_hardneg.models.resolve_model`."""
+    pooling of that mode. An encoder without a saved pooling gets :data:`BARE_ENCODER_POOLING` in every task (one
+    rule, said in the printed module line by :func:`bare_encoder_note`). See :func:`st_hardneg.models.resolve_model`."""
     from st_hardneg.models import resolve_model
 
     if pooling is not None:
         return resolve_model(name, pooling=pooling, max_seq_length=None, saved="rebuild")
-    return resolve_model(name, pooling="cls", max_seq_length=None, saved="as_is")
+    return resolve_model(name, pooling=BARE_ENCODER_POOLING, max_seq_length=None, saved="as_is")
+
+
+def bare_encoder_note(name: str | None, pooling: str | None) -> str:
+    """What the printed module line says of a model without ``modules.json`` (``""`` for a saved model or an explicit
+    ``--pooling``): the pooling it gets and why, and a saved ``1_Pooling`` it does not use."""
+    from st_hardneg.models import saved_model_dir
+
+    if pooling is not None or name in (None, "", "default") or saved_model_dir(name) is not None:
+        return ""
+    note = f" [no modules.json: Pooling({BARE_ENCODER_POOLING}), as SentenceTransformer(path) gives it"
+    pooling_config = Path(str(name)).expanduser() / "1_Pooling" / "config.json"
+    if pooling_config.is_file():
+        import json
+
+        try:
+            saved = json.loads(pooling_config.read_text(encoding="utf-8")).get("pooling_mode", "?")
+        except (ValueError, AttributeError, UnicodeDecodeError):
+            saved = "unreadable"
+        note += f"; its 1_Pooling/config.json ({saved}) is not used without modules.json: pass --pooling {saved}"
+    return note + "]"
 
 
 def check_output_file(output: str) -> Path:
@@ -119,12 +143,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         from st_hardneg.cli.checks import check_sts_files
 
         check_sts_files(args.data_dir)
-    if args.pooling is None and groups == ["beir"] and args.model not in (None, "", "default"):
-        from st_hardneg.models import saved_model_dir
-
-        pooling = None if saved_model_dir(args.model) is not None else "mean"  # a bare encoder: mean for retrieval
-    else:
-        pooling = args.pooling
+    pooling = args.pooling
     model = load_for_eval(args.model, pooling)
     if args.max_seq_length is None:  # the length the model is saved with, as mteb evaluates it
         args.max_seq_length = model.max_seq_length
@@ -145,7 +164,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if taken and not args.overwrite:  # the side files of --output X.json are not the user's to lose either
         raise ValueError(f"{', '.join(taken)} exist(s); pass --overwrite to replace them")
     print(f"model: {model_name} ({revision}): {module_stack(model)}"
-          + (f" [fresh {args.pooling} pooling, --pooling]" if args.pooling else ""))
+          + (f" [fresh {args.pooling} pooling, --pooling]" if args.pooling else "")
+          + bare_encoder_note(args.model, args.pooling))
     name = args.model or "default (all-MiniLM-L6-v2, embedded)"
     results: dict[str, Any] = {"model": name, "model_name": model_name, "revision": revision,
                                "modules": module_stack(model), "files": {}}

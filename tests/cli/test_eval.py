@@ -145,3 +145,31 @@ def test_compare_reads_only_a_per_query_file_beside_the_results(tmp_path, record
     results.write_text(json.dumps({"files": {"per_query": recorded}}))
     with pytest.raises(RunFormatError, match=r"files.per_query must name a file beside it"):
         _load(results)
+
+
+# --------------------------------------------------------------------------- one pooling rule per model
+def test_a_bare_encoder_gets_one_pooling_in_every_task_and_says_why(tiny_model_dir, tmp_path, capsys):
+    """Without modules.json: mean pooling (what SentenceTransformer(path) gives) whatever the tasks, so the same
+    weights score the same; a 1_Pooling config it cannot use is named."""
+    import shutil
+
+    beir = make_tiny_beir(tmp_path / "tiny")
+    bare = tmp_path / "bare"
+    shutil.copytree(tiny_model_dir, bare)
+    (bare / "1_Pooling").mkdir()
+    (bare / "1_Pooling" / "config.json").write_text(json.dumps({"pooling_mode": "cls"}))
+    out = tmp_path / "r.json"
+    argv = ["eval", "--model", str(bare), "--tasks", "beir", "--data", str(beir), "--output", str(out), "--quiet"]
+    assert app.main(argv) == 0
+    first = capsys.readouterr().out.splitlines()[0]
+    assert "-> Pooling(mean)" in first
+    assert ("[no modules.json: Pooling(mean), as SentenceTransformer(path) gives it; its 1_Pooling/config.json (cls) "
+            "is not used without modules.json: pass --pooling cls]") in first
+    from sentence_transformers import SentenceTransformer
+
+    reference = SentenceTransformer(str(bare), device="cpu")  # what a user gets from the folder
+    assert reference[1].get_config_dict()["pooling_mode"] == "mean"
+    # the rule does not depend on the task groups
+    for groups in (["beir"], ["beir", "mteb"], ["sts"]):
+        model = evaluate.load_for_eval(str(bare), None)
+        assert model[1].get_config_dict()["pooling_mode"] == "mean", groups
