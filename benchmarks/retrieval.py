@@ -344,6 +344,7 @@ def mined_dataset(args, data=None, dev=None):
     in ``args.cache_dir``; returns ``(dataset, info)``."""
     from st_hardneg.data.mining import file_digest
     from st_hardneg.data.mrpc import mrpc_files
+    from st_hardneg.models import model_cache_key
     from st_hardneg.training.retrieval import mined_mrpc_triplets, mined_triplets
 
     options = {"mining": mining_settings(args), "cache_dir": args.cache_dir, "limit": args.limit,
@@ -351,7 +352,7 @@ def mined_dataset(args, data=None, dev=None):
     if dev is None:
         return mined_mrpc_triplets(args.data_dir, args.model, data=data, **options)
     data_key = file_digest(mrpc_files(args.data_dir).values()) + f":dev{DEV_SPLIT['fraction']}-{DEV_SPLIT['seed']}"
-    return mined_triplets(dev, lambda: load_model(args), model_key=args.model or "default", data_key=data_key,
+    return mined_triplets(dev, lambda: load_model(args), model_key=model_cache_key(args.model), data_key=data_key,
                           prefix="mrpc-dev-mined", **options)
 
 

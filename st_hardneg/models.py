@@ -614,3 +614,25 @@ def training_model(name_or_path: str | Path | None, *, pooling: str | None = Non
         add_mlp_head(model)
         changes.append("--mlp-head: SimCSE's MLP head in training only (the saved model has none)")
     return TrainingModel(model, changes, length, saved)
+
+
+def model_cache_key(name_or_path: str | Path | None) -> str:
+    """What a cache of a model's outputs (mined negatives, embeddings) is keyed by: its content, never its path alone.
+
+    ``"default"`` for the embedded all-MiniLM-L6-v2 (its weights are fixed by :data:`DEFAULT_MODEL_SHA256`); for a
+    local folder, its name and a SHA-256 over every file in it (relative path, size and bytes), so new weights saved
+    at the same path get new negatives; a Hub name as given (its files are not on this machine to read).
+    """
+    if name_or_path in (None, "", "default"):
+        return "default"
+    folder = Path(str(name_or_path)).expanduser()
+    if not folder.is_dir():
+        return str(name_or_path)
+    digest = hashlib.sha256()
+    for file in sorted(p for p in folder.rglob("*") if p.is_file()):
+        relative = file.relative_to(folder).as_posix()
+        digest.update(f"{relative}:{file.stat().st_size}:".encode())
+        with open(file, "rb") as handle:
+            for chunk in iter(lambda: handle.read(1 << 20), b""):
+                digest.update(chunk)
+    return f"{folder.name}@{digest.hexdigest()[:16]}"

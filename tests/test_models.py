@@ -116,3 +116,23 @@ def test_a_damaged_modules_json_is_named(tiny_model_dir, tmp_path, content, reas
     (folder / "modules.json").write_text(content)
     with pytest.raises(ValueError, match=rf"modules.json is damaged \({reason}.*save the model again"):
         load_checkpoint(folder)
+
+
+def test_the_cache_key_of_a_model_follows_its_content_not_its_path(tiny_model_dir, tmp_path):
+    """New weights saved at the same path get a new key (so new mined negatives); the same files elsewhere share the
+    folder's content digest."""
+    import shutil
+
+    from st_hardneg.models import model_cache_key
+
+    folder = tmp_path / "m"
+    shutil.copytree(tiny_model_dir, folder)
+    first = model_cache_key(folder)
+    assert first.startswith("m@") and model_cache_key(folder) == first
+    weights = next(p for p in folder.iterdir() if p.suffix in (".safetensors", ".bin"))
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 0xFF  # one byte of the weights changes
+    weights.write_bytes(bytes(data))
+    assert model_cache_key(folder) != first
+    assert model_cache_key(None) == model_cache_key("default") == "default"
+    assert model_cache_key("org/hub-name") == "org/hub-name"

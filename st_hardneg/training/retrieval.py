@@ -84,7 +84,8 @@ def mined_triplets(
             :func:`~st_hardneg.data.mrpc.dev_split`: its ``train_pairs`` are mined against its ``train_corpus``,
             never against its task's sentences.
         load_model: returns the model that ranks the candidates (called only when the set is not cached yet).
-        model_key: names that model in the cache key (e.g. its path, or ``"default"``).
+        model_key: names that model's content in the cache key (:func:`st_hardneg.models.model_cache_key`: a digest
+            of its files, never its path alone).
         data_key: identifies the data in the cache key (e.g. :func:`st_hardneg.data.mining.file_digest` of the files and
             the split's settings).
         mining: :data:`MINING`'s keys to override.
@@ -180,10 +181,11 @@ def mined_mrpc_triplets(
     """
     from st_hardneg.data.mining import file_digest
     from st_hardneg.data.mrpc import build_mrpc_retrieval, mrpc_files
+    from st_hardneg.models import model_cache_key
 
     data = data if data is not None else build_mrpc_retrieval(data_dir)
     data_key = file_digest(mrpc_files(data_dir).values())
-    dataset, info = mined_triplets(data, lambda: load_recipe_model(model_name), model_key=model_name or "default",
+    dataset, info = mined_triplets(data, lambda: load_recipe_model(model_name), model_key=model_cache_key(model_name),
                                    data_key=data_key, mining=mining, cache_dir=cache_dir, prefix="mrpc-mined",
                                    limit=limit, min_rows=min_rows)
     return dataset, {"source": "mined MRPC train pairs", **info}
@@ -344,13 +346,13 @@ def mined_beir_triplets(
     """
     import hashlib
 
-    from st_hardneg.models import resolve_model
+    from st_hardneg.models import model_cache_key, resolve_model
 
     length = BEIR_TRAINING["eval_max_seq_length"]
     pairs_digest = hashlib.sha256("\n".join(f"{a}\t{p}" for a, p in split.train_pairs).encode()).hexdigest()[:12]
     dataset, info = mined_triplets(
         split, lambda: resolve_model(model_name, pooling=BEIR_TRAINING["pooling"], max_seq_length=length),
-        model_key=model_name or "default", data_key=f"{data.digest()}-{pairs_digest}", mining=mining,
+        model_key=model_cache_key(model_name), data_key=f"{data.digest()}-{pairs_digest}", mining=mining,
         cache_dir=cache_dir, prefix=f"beir-{data.name}-mined", limit=limit, min_rows=min_rows,
         batch_size=64, max_seq_length=length)
     return dataset, {"source": f"mined {data.name} training pairs (whole corpus, {len(data.corpus)} documents)",
