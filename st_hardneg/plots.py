@@ -196,3 +196,59 @@ def plot_training_curves(
         fig.suptitle(title)
     fig.tight_layout()
     return _save(fig, path, dpi)
+
+
+def plot_comparison(result: Any, path: str | Path, *, dpi: int = 150) -> Path:
+    """The per-query differences of a comparison (:func:`st_hardneg.evaluation.compare.compare_runs`): one row per
+    (data set, method), each query a dot (method - baseline, x 100), the mean as a bar with its bootstrap interval,
+    zero marked; the wins / ties / losses beside it.
+
+    Args:
+        result: a :class:`~st_hardneg.evaluation.compare.ComparisonResult`.
+        path: the PNG file to write.
+        dpi: resolution.
+
+    Returns:
+        The path written.
+    """
+    import numpy as np
+
+    path = _check_png(path)
+    rows = list(result.rows)
+    if not rows:
+        raise ValueError("the comparison has no rows to draw")
+    fig = _figure(figsize=(7.5, 1.0 + 0.8 * len(rows)))
+    ax = fig.subplots()
+    jitter = np.random.default_rng(0)
+    for y, row in enumerate(rows):
+        values = np.asarray(row.differences, dtype=float)
+        ax.scatter(values, y + jitter.uniform(-0.22, 0.22, len(values)), s=6, alpha=0.35, color="tab:gray",
+                   linewidths=0)
+        ax.errorbar([row.mean_difference], [y], xerr=[[row.mean_difference - row.ci_low],
+                                                      [row.ci_high - row.mean_difference]],
+                    fmt="o", color="tab:red", capsize=4, markersize=5)
+        ax.annotate(f"{row.mean_difference:+.2f} [{row.ci_low:+.2f}, {row.ci_high:+.2f}]  "
+                    f"{row.wins}/{row.ties}/{row.losses}", (1.01, y), xycoords=("axes fraction", "data"),
+                    va="center", fontsize=8)
+    ax.axvline(0, color="black", linewidth=0.8)
+    ax.set_yticks(range(len(rows)), [f"{row.dataset}\n{row.method} vs {row.baseline}" for row in rows], fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel(f"per-query {result.metric} difference (x 100); red: mean, {100 * result.confidence:g} % interval; "
+                  "right: mean [interval] wins/ties/losses", fontsize=8)
+    ax.grid(True, axis="x", alpha=0.3)
+    fig.tight_layout()
+    return _save(fig, path, dpi)
+
+
+def plot_run_curve(log_history: Sequence[Mapping[str, Any]], path: str | Path, *, title: str | None = None,
+                   dpi: int = 150) -> Path | None:
+    """A training run's curve beside its ``results.json``: the training loss and, when the run was evaluated, its dev
+    metric(s), per step (:func:`plot_training_curves` on the metrics the run logged). Returns ``None`` when the run
+    logged nothing per step (a run shorter than ``logging_steps``)."""
+    logged = [entry for entry in log_history if "step" in entry]
+    metrics = [key for key in ("loss", "grad_norm", "learning_rate") if any(key in e for e in logged)]
+    metrics += sorted({key for e in logged for key in e if key.startswith("eval_") and key.endswith(("spearman",
+                                                                                                    "ndcg@10"))})
+    if "loss" not in metrics:
+        return None
+    return plot_training_curves(logged, path, metrics=metrics, title=title, dpi=dpi)

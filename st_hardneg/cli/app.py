@@ -213,7 +213,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "enumeration when 2^queries is fewer)")
     c.add_argument("--seed", type=int, default=0, help="seeds the draws (default: 0)")
     c.add_argument("--output", default=None, help="write the comparison here (.json: JSON, else markdown)")
-    c.add_argument("--overwrite", action="store_true", help="replace an existing --output")
+    c.add_argument("--plot", default=None, metavar="FILE.png",
+                   help="draw the per-query differences of every data set and method, with the mean and its interval")
+    c.add_argument("--overwrite", action="store_true", help="replace an existing --output or --plot")
     c.set_defaults(func=cmd_compare)
 
     d = sub.add_parser("download", help="fetch the SentEval data or the wiki1m corpus (needs a network)",

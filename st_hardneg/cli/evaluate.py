@@ -189,7 +189,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
         mteb_tasks += [beir_mteb_task(data, args.split, max_seq_length=args.max_seq_length) for data in loaded]
         results["mteb"] = run_mteb(model, mteb_tasks, data_dir=args.data_dir, output_dir=files["mteb"],
                                    model_name=model_name, revision=revision, batch_size=args.batch_size,
-                                   use_cache=not args.overwrite, show_progress_bar=not args.quiet)
+                                   use_cache=not args.overwrite and args.revision is None,  # keyed by the weights
+                                   show_progress_bar=not args.quiet)
         results["files"]["mteb"] = str(files["mteb"])
         tables.append("### MTEB (main score x 100)\n\n" + format_mteb_table({name: results["mteb"]}))
     if "align" in groups:
@@ -253,12 +254,16 @@ def cmd_compare(args: argparse.Namespace) -> int:
     if len(runs) < 2:
         raise ValueError(f"compare needs the runs of at least two methods (NAME=PATH[,PATH...] each), got "
                          f"{len(runs)}")
-    if args.output is not None:
-        from st_hardneg.cli.paths import ensure_writable_file
+    from st_hardneg.cli.paths import ensure_writable_file
 
-        target = ensure_writable_file(args.output, "--output")
+    for option, value in (("--output", args.output), ("--plot", getattr(args, "plot", None))):
+        if value is None:
+            continue
+        if option == "--plot" and not str(value).lower().endswith(".png"):
+            raise ValueError(f"--plot {value}: give a .png file")
+        target = ensure_writable_file(value, option)
         if target.exists() and not args.overwrite:
-            raise ValueError(f"--output {target} exists; pass --overwrite to replace it")
+            raise ValueError(f"{option} {target} exists; pass --overwrite to replace it")
     result = compare_runs(runs, metric=args.metric, baseline=args.baseline, permutations=args.permutations,
                           seed=args.seed)
     print(result.to_markdown())
@@ -266,4 +271,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
         text = result.to_json() if str(args.output).endswith(".json") else result.to_markdown()
         Path(args.output).expanduser().write_text(text)
         print(f"comparison: {args.output}")
+    if getattr(args, "plot", None) is not None:
+        from st_hardneg.plots import plot_comparison
+
+        print(f"figure: {plot_comparison(result, Path(args.plot).expanduser())}")
     return 0

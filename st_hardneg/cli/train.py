@@ -165,6 +165,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         "steps": result.steps,
         "median_step_seconds": result.median_step_seconds,
     }
+    payload["training_curve"] = write_curve(args, result, output_dir)
     write_json(output_dir / "results.json", payload)
     print(format_sts_table({args.loss: cast(dict[str, float], scores)}))  # evaluate_test: the STS scores are set
     step = f"{result.median_step_seconds:.3f} s" if result.median_step_seconds is not None else "–"
@@ -221,6 +222,7 @@ def _train_and_save(args: argparse.Namespace, dataset: Any, config: Any, score: 
                            score=lambda trained: score(built.for_saving()), callbacks=run_callbacks(args, loss_kwargs))
         final = save_final_model(args, built.for_saving(), output_dir)
     result = run.train
+    curve = write_curve(args, result, output_dir)
     write_json(output_dir / "results.json", {
         **head,
         "loss": args.loss,
@@ -237,6 +239,7 @@ def _train_and_save(args: argparse.Namespace, dataset: Any, config: Any, score: 
         "planned_steps": planned,
         "steps": result.steps,
         "median_step_seconds": result.median_step_seconds,
+        "training_curve": curve,
     })
     return run, final, planned
 
@@ -354,6 +357,21 @@ def run_callbacks(args: argparse.Namespace, loss_kwargs: dict[str, Any]) -> list
     from st_hardneg.training.callbacks import CheckpointRunInfo
 
     return [CheckpointRunInfo({"loss": args.loss, "loss_args": json_safe(loss_kwargs)})]
+
+
+def write_curve(args: argparse.Namespace, result: Any, output_dir: Path) -> str | None:
+    """``OUTPUT/training_curve.png``: the loss (and the dev metric, when the run was evaluated) per logged step;
+    its file name, or ``None`` (said in the log) when the run logged no step."""
+    from st_hardneg.plots import plot_run_curve
+
+    path = plot_run_curve(result.log_history, output_dir / "training_curve.png", title=f"st-hardneg train --loss "
+                          f"{args.loss}")
+    if path is None:
+        logger.info("no training curve: the run logged no loss per step (fewer steps than logging_steps)")
+        return None
+    if not args.quiet:
+        print(f"training curve: {path}")
+    return path.name
 
 
 def training_model_of(args: argparse.Namespace, *, sts: bool) -> Any:

@@ -62,6 +62,9 @@ class DatasetComparison:
     losses: int
     p_randomization_holm: float = math.nan
     p_ttest_holm: float = math.nan
+    #: the per-query differences (method - baseline, x 100, queries sorted by id), for :func:`plot_comparison`; not
+    #: part of the JSON form
+    differences: list[float] = field(default_factory=list, repr=False)
 
 
 @dataclass
@@ -84,7 +87,7 @@ class ComparisonResult:
 
         return {"metric": self.metric, "methods": self.methods, "permutations": self.permutations,
                 "confidence": self.confidence, "seed": self.seed, "notes": self.notes,
-                "rows": [{k: clean(v) for k, v in asdict(row).items()} for row in self.rows]}
+                "rows": [{k: clean(v) for k, v in asdict(row).items() if k != "differences"} for row in self.rows]}
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2) + "\n"
@@ -282,7 +285,8 @@ def compare_runs(runs: Mapping[str, Sequence[str | Path | PerQuery]], *, metric:
             rows.append(DatasetComparison(dataset=dataset, baseline=baseline, method=name, queries=len(queries),
                                           baseline_mean=float(a.mean()), method_mean=float(b.mean()),
                                           mean_difference=mean, ci_low=low, ci_high=high, p_randomization=p_rand,
-                                          p_ttest=p_t, wins=wins, ties=ties, losses=losses))
+                                          p_ttest=p_t, wins=wins, ties=ties, losses=losses,
+                                          differences=[float(v) for v in b - a]))
     for attribute in ("p_randomization", "p_ttest"):
         for row, adjusted in zip(rows, holm([getattr(r, attribute) for r in rows]), strict=True):
             setattr(row, f"{attribute}_holm", adjusted)

@@ -39,3 +39,23 @@ def test_compare_of_runs_over_different_queries_exits_2(tmp_path, capsys):
     b0 = _write(tmp_path / "b0.tsv", {"q1": 1.0, "q9": 2.0})
     assert app.main(["compare", str(a0), str(b0)]) == 2
     assert "different query sets" in capsys.readouterr().err
+
+
+def test_compare_plot_draws_the_per_query_differences(tmp_path, capsys):
+    from PIL import Image
+
+    a0 = _write(tmp_path / "a0.tsv", {f"q{i}": 10.0 + i for i in range(8)})
+    b0 = _write(tmp_path / "b0.tsv", {f"q{i}": 15.0 + i * (1 + (i % 3)) for i in range(8)})
+    figure = tmp_path / "cmp.png"
+    assert app.main(["compare", f"A={a0}", f"B={b0}", "--plot", str(figure)]) == 0
+    assert f"figure: {figure}" in capsys.readouterr().out
+    with Image.open(figure) as image:
+        assert image.format == "PNG" and image.size[0] > 500
+    # the differences it draws are the per-query ones, method - baseline, in query order
+    [row] = compare_runs({"A": [a0], "B": [b0]}).rows
+    assert row.differences == [5.0 + i * (i % 3) for i in sorted(range(8), key=lambda i: f"q{i}")]
+    assert "differences" not in json.loads(compare_runs({"A": [a0], "B": [b0]}).to_json())["rows"][0]
+    assert app.main(["compare", f"A={a0}", f"B={b0}", "--plot", str(figure)]) == 2  # nothing overwritten
+    assert "--plot" in capsys.readouterr().err
+    assert app.main(["compare", f"A={a0}", f"B={b0}", "--plot", str(tmp_path / "cmp.pdf")]) == 2
+    assert "give a .png file" in capsys.readouterr().err

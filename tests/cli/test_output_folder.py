@@ -168,3 +168,18 @@ def test_a_damaged_ledger_is_named(tmp_path):
     (folder / LEDGER_FILE).write_text("{not json")
     with pytest.raises(ValueError, match=r"is damaged .*remove it only if"):
         foreign_entries(folder)
+
+
+def test_train_draws_its_curve_beside_the_results(data, tmp_path):
+    from PIL import Image
+
+    out = tmp_path / "out"
+    assert cli.main(_argv(data, out, "--training-arg", "logging_steps=1")) == 0
+    results = json.loads((out / "results.json").read_text())
+    assert results["training_curve"] == "training_curve.png"
+    with Image.open(out / "training_curve.png") as image:
+        assert image.format == "PNG"
+    # a run that logged no step (3 steps, the recipe's logging every 10) draws nothing and says so in the results
+    assert cli.main(_argv(data, tmp_path / "short")) == 0
+    assert json.loads((tmp_path / "short" / "results.json").read_text())["training_curve"] is None
+    assert not (tmp_path / "short" / "training_curve.png").exists()
