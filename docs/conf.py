@@ -47,6 +47,7 @@ extensions = [
     "sphinxarg.ext",
     "_ext.attrdoc",
     "_ext.xref",
+    "_ext.metrics",
 ]
 
 source_suffix = {".rst": "restructuredtext", ".md": "markdown"}

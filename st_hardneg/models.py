@@ -636,3 +636,23 @@ def model_cache_key(name_or_path: str | Path | None) -> str:
             for chunk in iter(lambda: handle.read(1 << 20), b""):
                 digest.update(chunk)
     return f"{folder.name}@{digest.hexdigest()[:16]}"
+
+
+@contextmanager
+def named_progress(desc: str) -> Iterator[None]:
+    """Within the block, the progress bar of ``SentenceTransformer.encode`` says ``desc`` instead of ``Batches:``, so
+    that mining, corpus, dev and test encodings can be told apart (the bar is shown only where the caller asks for
+    it with ``show_progress_bar``)."""
+    import sentence_transformers.sentence_transformer.model as st_model
+
+    original = st_model.trange
+
+    def named(*args: Any, **kwargs: Any) -> Any:
+        kwargs["desc"] = desc
+        return original(*args, **kwargs)
+
+    st_model.trange = named  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        st_model.trange = original  # type: ignore[assignment]

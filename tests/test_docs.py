@@ -159,3 +159,20 @@ def test_xref_narrows_a_short_name_by_role_and_class(xref):
 
     assert xref._related(LossOptions, HardNegativeLoss) is False
     assert xref._related(HardNegativeLoss, HardNegativeLoss) is True
+
+
+@pytest.fixture(scope="module")
+def metrics_ext():
+    yield from _docs_extension("metrics")
+
+
+def test_metric_names_render_as_text_not_mailto_links(metrics_ext):
+    from docutils.core import publish_doctree
+    from docutils.nodes import reference
+
+    doctree = publish_doctree("Scores nDCG@10, MRR@10 and R@100; write to someone@example.org.")
+    before = [node.get("refuri") for node in doctree.findall(reference)]
+    assert "mailto:nDCG@10" in before and "mailto:someone@example.org" in before  # what docutils does by itself
+    metrics_ext.unlink_metric_names(None, doctree)
+    assert [node.get("refuri") for node in doctree.findall(reference)] == ["mailto:someone@example.org"]
+    assert "nDCG@10, MRR@10 and R@100" in doctree.astext()

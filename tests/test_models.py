@@ -136,3 +136,18 @@ def test_the_cache_key_of_a_model_follows_its_content_not_its_path(tiny_model_di
     assert model_cache_key(folder) != first
     assert model_cache_key(None) == model_cache_key("default") == "default"
     assert model_cache_key("org/hub-name") == "org/hub-name"
+
+
+def test_each_encoding_names_its_progress_bar(tiny_model, capsys):
+    """The bars of mining, corpus, dev and test encodings say what they encode, not "Batches:"."""
+    from st_hardneg.evaluation.encoding import encode_unique
+    from st_hardneg.models import named_progress
+
+    encode_unique(tiny_model, ["a b", "c d"], show_progress_bar=True, role="document", check=False)
+    encode_unique(tiny_model, ["a b"], show_progress_bar=True, check=False, desc="scifact-dev: encoding 1 queries")
+    err = capsys.readouterr().err
+    assert "encoding 2 documents" in err and "scifact-dev: encoding 1 queries" in err and "Batches" not in err
+    with named_progress("mining: encoding"):
+        pass
+    tiny_model.encode(["x"], show_progress_bar=True)  # restored after the block: sentence-transformers' own label
+    assert "Batches" in capsys.readouterr().err

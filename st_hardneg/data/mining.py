@@ -169,13 +169,16 @@ def mine_training_negatives(
     if range_max - range_min < num_candidates:
         raise ValueError(f"range_max - range_min must leave at least num_candidates={num_candidates} candidates, "
                          f"got range_min={range_min}, range_max={range_max}")
+    from st_hardneg.models import named_progress
+
     dataset = Dataset.from_dict({"anchor": [a for a, _ in pairs], "positive": [p for _, p in pairs]})
-    mined = mine_hard_negatives(
-        dataset, model, corpus=corpus, range_min=range_min, range_max=range_max,
-        relative_margin=relative_margin, num_negatives=num_candidates, sampling_strategy="top",
-        output_format="triplet", batch_size=batch_size, verbose=verbose, query_prompt_name=query_prompt_name,
-        corpus_prompt_name=corpus_prompt_name,
-    )
+    with named_progress(f"mining: encoding {len(pairs):,} pairs and {len(corpus):,} corpus texts"):
+        mined = mine_hard_negatives(
+            dataset, model, corpus=corpus, range_min=range_min, range_max=range_max,
+            relative_margin=relative_margin, num_negatives=num_candidates, sampling_strategy="top",
+            output_format="triplet", batch_size=batch_size, verbose=verbose, query_prompt_name=query_prompt_name,
+            corpus_prompt_name=corpus_prompt_name,
+        )
     # triplet rows come per anchor in decreasing similarity of the negative; candidates without a valid score are
     # already left out
     candidates: dict[tuple[str, str], list[str]] = {}

@@ -103,6 +103,7 @@ def check_embeddings(embeddings: np.ndarray, what: str = "the evaluated sentence
 def encode_unique(
     model: SentenceTransformer, sentences: Iterable[str], batch_size: int = 64, show_progress_bar: bool = False,
     whole: bool = True, check: bool = True, role: str | None = None, prompt_name: str | None = None,
+    desc: str | None = None,
 ) -> dict[str, np.ndarray]:
     """Encode each distinct sentence once; returns ``{sentence: float32 embedding}``.
 
@@ -116,6 +117,8 @@ def encode_unique(
         role: ``"query"`` or ``"document"`` encodes with ``model.encode_query`` / ``model.encode_document`` (their
             default prompt and Router task, as mteb encodes a retrieval task); ``None`` = ``model.encode``.
         prompt_name: a prompt of ``model.prompts`` to prepend (``None``: the method's default).
+        desc: what the progress bar says (default: ``encoding N queries`` / ``documents`` / ``sentences``), so that
+            each encoding of a run can be told apart.
 
     Raises:
         DegenerateEmbeddingsError: with ``check``, the embeddings are non-finite, zero or collapsed (see
@@ -135,8 +138,11 @@ def encode_unique(
         return {}
     was_training = getattr(model, "training", False)
     context = full_length(model) if whole else _nullcontext()
+    from st_hardneg.models import named_progress
+
+    label = desc or f"encoding {len(unique):,} {'sentence' if role is None else role}s"
     try:
-        with context:
+        with context, named_progress(label):
             extra = {"prompt_name": prompt_name} if prompt_name is not None else {}
             embeddings = encode(
                 unique, batch_size=batch_size, show_progress_bar=show_progress_bar, convert_to_numpy=True, **extra

@@ -150,13 +150,13 @@ def at_length(model: SentenceTransformer, max_seq_length: int | None) -> Iterato
 
 def encode_at_length(model: SentenceTransformer, texts: Sequence[str], max_seq_length: int | None, *,
                      batch_size: int = 64, show_progress_bar: bool = False, role: str | None = None,
-                     prompt_name: str | None = None) -> dict[str, np.ndarray]:
+                     prompt_name: str | None = None, desc: str | None = None) -> dict[str, np.ndarray]:
     """``{text: float32 embedding}`` of each distinct text at ``max_seq_length`` tokens (``None``: the model's full
     length, see :func:`~st_hardneg.evaluation.encoding.full_length`); ``role`` and ``prompt_name``: see
     :func:`~st_hardneg.evaluation.encoding.encode_unique`."""
     with at_length(model, max_seq_length):
         return encode_unique(model, texts, batch_size=batch_size, show_progress_bar=show_progress_bar,
-                             whole=max_seq_length is None, role=role, prompt_name=prompt_name)
+                             whole=max_seq_length is None, role=role, prompt_name=prompt_name, desc=desc)
 
 
 def retrieval_evaluator(task: RetrievalTask, batch_size: int = 64, show_progress_bar: bool = False,
@@ -259,14 +259,14 @@ def prompt_names(model: SentenceTransformer, task_name: str | None = None, *, qu
 def cached_embeddings(model: SentenceTransformer, texts: Sequence[str], *, max_seq_length: int | None,
                       batch_size: int = 64, show_progress_bar: bool = False,
                       cache_dir: str | Path | None = None, role: str | None = None,
-                      prompt_name: str | None = None) -> dict[str, np.ndarray]:
+                      prompt_name: str | None = None, desc: str | None = None) -> dict[str, np.ndarray]:
     """``{text: float32 embedding}`` of each distinct text, read from ``cache_dir`` when this model (a digest of its
     weights and module configs), length, prompt and text list were encoded before; written there (atomically)
     otherwise.
 
     Encoding a BEIR corpus takes minutes on a CPU: the untrained model's embeddings serve its evaluation, the GIST
-    guide and reruns. ``cache_dir=None`` encodes without a cache. ``role`` and ``prompt_name``: see
-    :func:`~st_hardneg.evaluation.encoding.encode_unique`.
+    guide and reruns. ``cache_dir=None`` encodes without a cache. ``role``, ``prompt_name`` and ``desc`` (the progress
+    bar's label): see :func:`~st_hardneg.evaluation.encoding.encode_unique`.
     """
     import hashlib
     import json
@@ -275,7 +275,7 @@ def cached_embeddings(model: SentenceTransformer, texts: Sequence[str], *, max_s
 
     def encode() -> dict[str, np.ndarray]:
         return encode_at_length(model, unique, max_seq_length, batch_size=batch_size,
-                                show_progress_bar=show_progress_bar, role=role, prompt_name=prompt_name)
+                                show_progress_bar=show_progress_bar, role=role, prompt_name=prompt_name, desc=desc)
 
     if cache_dir is None:
         return encode()
@@ -378,9 +378,10 @@ def retrieve(model: SentenceTransformer, tasks: Sequence[RetrievalTask], *,
                                   ("document", 1, lambda t: t.corpus.values())):
         for prompt in dict.fromkeys(resolved[t.name][index] for t in tasks):
             texts = [x for t in tasks if resolved[t.name][index] == prompt for x in texts_of(t)]
+            label = f"{', '.join(dict.fromkeys(t.name for t in tasks))}: encoding {len(set(texts)):,} {role}s"
             tables[role, prompt] = cached_embeddings(model, texts, max_seq_length=max_seq_length,
                                                      batch_size=batch_size, show_progress_bar=show_progress_bar,
-                                                     cache_dir=cache_dir, role=role, prompt_name=prompt)
+                                                     cache_dir=cache_dir, role=role, prompt_name=prompt, desc=label)
     similarity = getattr(model, "similarity", None)
     out: dict[str, RetrievalResult] = {}
     for task in tasks:

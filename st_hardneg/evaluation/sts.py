@@ -109,7 +109,8 @@ def evaluate_sts(
     check_sts_data(root, tasks)
     pairs = {task: read_sts_pairs(root, task) for task in tasks}
     every_sentence = (s for s1, s2, _ in pairs.values() for s in (*s1, *s2))
-    table = encode_unique(model, every_sentence, batch_size=batch_size, show_progress_bar=show_progress_bar)
+    table = encode_unique(model, every_sentence, batch_size=batch_size, show_progress_bar=show_progress_bar,
+                          desc=f"STS ({', '.join(tasks)}): encoding")
     results = {}
     for task, (s1, s2, gold) in pairs.items():
         results[task] = cosine_spearman(np.stack([table[s] for s in s1]), np.stack([table[s] for s in s2]), gold)
@@ -190,7 +191,7 @@ class SentEvalSTSEvaluator(BaseEvaluator):
         metrics: dict[str, float] = {}
         try:
             table = encode_unique(cast("SentenceTransformer", model), sentences, batch_size=self.batch_size,
-                                  show_progress_bar=self.show_progress_bar)
+                                  show_progress_bar=self.show_progress_bar, desc=f"{self.name}: encoding")
             for task, (s1, s2, gold) in self.pairs.items():
                 score = cosine_spearman(np.stack([table[s] for s in s1]), np.stack([table[s] for s in s2]), gold)
                 metrics[f"spearman_{task}"] = score
