@@ -181,3 +181,10 @@ def selection_table() -> dict[str, tuple[str, str, dict[str, Any]]]:
 def builtin(labels: Iterable[str]) -> tuple[str, ...]:
     """The labels among ``labels`` that are sentence-transformers' losses (the baselines), in order."""
     return tuple(label for label in labels if METHODS[label].builtin)
+
+
+def registry_loss(label: str) -> str:
+    """The registry name (:data:`st_hardneg.training.registry.LOSSES`) a label runs: its row's loss (``"mixcse"``, the
+    label every committed result recorded, runs ``mixcse_two_way``), or the label itself when it is a registry name
+    without a row."""
+    return METHODS[label].loss if label in METHODS else label

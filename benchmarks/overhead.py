@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.harness import RESULTS, WIKI10K
-from benchmarks.methods import OURS
+from benchmarks.methods import OURS, registry_loss
 
 DEFAULT_OUT = RESULTS / "overhead.json"
 DEFAULT_CORPUS = WIKI10K
@@ -77,7 +77,7 @@ class Runner:
         self.name = name
         self.model = copy.deepcopy(base_model)
         self.model.train()
-        self.loss = build_loss(name, self.model)
+        self.loss = build_loss(registry_loss(name), self.model)
         self.loss.train()
         params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(params, lr=lr)
@@ -130,7 +130,7 @@ def loss_only_benchmark(methods: list[str], base_model, dim: int, batch_size: in
     losses = {}
     for name in methods:
         torch.manual_seed(seed)
-        losses[name] = build_loss(name, base_model).train()
+        losses[name] = build_loss(registry_loss(name), base_model).train()
     times: dict[str, list[float]] = {name: [] for name in methods}
     for rep in range(warmup + reps):
         shift = rep % len(methods)

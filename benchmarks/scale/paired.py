@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 from benchmarks.harness import RESULTS, WIKI10K
-from benchmarks.methods import OURS
+from benchmarks.methods import OURS, registry_loss
 
 DEFAULT_OUT = RESULTS / "scale_paired.md"
 DEFAULT_CORPUS = WIKI10K  # $ST_HARDNEG_SHARED_DATA or ../shared/data (benchmarks.harness)
@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
         "cached_mnrl (two-way)": CachedMultipleNegativesRankingLoss(
             model, scale=20.0, mini_batch_size=mbs, directions=("query_to_doc", "doc_to_query"),
             partition_mode="per_direction"),
-        **{name: build_loss(name, model, mini_batch_size=mbs) for name in LOSSES},
+        **{name: build_loss(registry_loss(name), model, mini_batch_size=mbs) for name in LOSSES},
     }
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-5)
     seconds: dict[str, list[float]] = {name: [] for name in losses}

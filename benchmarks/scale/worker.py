@@ -63,11 +63,12 @@ def build_benchmark_loss(method: str, model, cached: bool, mini_batch_size: int,
             if method == REFERENCE_TWO_WAY else {}
         return CachedMultipleNegativesRankingLoss(model, scale=20.0, mini_batch_size=mini_batch_size, **two_way,
                                                   **kwargs)
+    from benchmarks.methods import registry_loss
     from st_hardneg.training.registry import build_loss
 
     if cached:
         kwargs["mini_batch_size"] = mini_batch_size
-    return build_loss(method, model, **kwargs)
+    return build_loss(registry_loss(method), model, **kwargs)
 
 
 def _load_model(spec: str, max_seq_length: int, work: Path):
