@@ -203,7 +203,8 @@ def build_parser() -> argparse.ArgumentParser:
                                    "paired t-test and win/tie/loss counts; Holm-corrected p-values across data sets. "
                                    "Seeds of one method are averaged per query first.")
     c.add_argument("runs", nargs="+", metavar="NAME=RUN[,RUN...]",
-                   help="a method and its runs (one per seed): per_query.tsv files or the eval.json that names them; "
+                   help="a method and its runs (one per seed): per_query.tsv files, the eval.json / results.json that "
+                        "names them, or run folders (st-hardneg train --task beir --output-dir); "
                         "a bare path is a method named after the file; the first method is the baseline")
     c.add_argument("--metric", default="ndcg@10", help="the per-query metric compared (default: ndcg@10; also "
                                                        "mrr@10, recall@10, recall@100, map@100)")

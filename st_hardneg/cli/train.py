@@ -299,7 +299,8 @@ def cmd_train_beir(args: argparse.Namespace) -> int:
     run, final, _ = _train_and_save(
         args, dataset, config, lambda trained: recipe.evaluate_beir_recipe(
             trained, split, batch_size=args.eval_batch_size, show_progress_bar=not args.quiet,
-            max_seq_length=trained.max_seq_length),  # scored as saved (its saved length is set back first)
+            max_seq_length=trained.max_seq_length,  # scored as saved (its saved length is set back first)
+            files_dir=args.output_dir, tag=f"st-hardneg-{args.loss}"),
         {"task": "beir", "data": str(data.root), "split": split.stats}, info, known=split.known_paraphrases)
     for role in ("dev", "test"):
         print(f"### {data.name} {role}\n\n{recipe.beir_table({args.loss: run.scores}, role)}\n")

@@ -151,6 +151,12 @@ def _load(source: str | Path | PerQuery) -> tuple[str, dict[str, dict[str, dict[
     if isinstance(source, Mapping):
         return "<mapping>", {t: {q: dict(v) for q, v in qs.items()} for t, qs in source.items()}
     path = Path(source)
+    if path.is_dir():  # a run folder (st-hardneg train --task beir, or an eval folder): its results file or its file
+        found = [path / name for name in ("results.json", "eval.json", "per_query.tsv") if (path / name).is_file()]
+        if not found:
+            raise RunFormatError(f"{path}: a folder without results.json, eval.json or per_query.tsv (give a run "
+                                 "folder of `st-hardneg train --task beir` or the per-query file itself)")
+        path = found[0]
     if path.suffix == ".json" and path.is_file():  # a results file: its per-query file beside it
         try:
             recorded = json.loads(path.read_text()).get("files", {}).get("per_query")

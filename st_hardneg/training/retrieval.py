@@ -362,21 +362,38 @@ def mined_beir_triplets(
 def evaluate_beir_recipe(model: SentenceTransformer, split: BEIRRetrieval, *, dev: bool = True, test: bool = True,
                          batch_size: int = 64, show_progress_bar: bool = False,
                          cache_dir: str | Path | None = None,
-                         max_seq_length: int | None = BEIR_TRAINING["eval_max_seq_length"]) -> dict[str, Any]:
-    """BEIR scores of ``model`` (:func:`~st_hardneg.evaluation.retrieval.evaluate_beir` at ``max_seq_length``,
-    default :data:`BEIR_TRAINING`'s evaluation length; the command line passes the length the model is saved with):
-    ``{"dev": {...}, "test": {...}, "eval_seconds": s}``, the dev and test tasks sharing one corpus encoding."""
-    from st_hardneg.evaluation.retrieval import evaluate_beir
+                         max_seq_length: int | None = BEIR_TRAINING["eval_max_seq_length"],
+                         files_dir: str | Path | None = None, tag: str = "st-hardneg") -> dict[str, Any]:
+    """BEIR scores of ``model`` (:func:`~st_hardneg.evaluation.retrieval.retrieve`, as
+    :func:`~st_hardneg.evaluation.retrieval.evaluate_beir` scores, at ``max_seq_length``, default
+    :data:`BEIR_TRAINING`'s evaluation length; the command line passes the length the model is saved with):
+    ``{"dev": {...}, "test": {...}, "eval_seconds": s}``, the dev and test tasks sharing one corpus encoding.
+
+    With ``files_dir``, the test task's per-query file (``per_query.tsv``, what ``st-hardneg compare`` reads) and TREC
+    run (``<task>.trec``, tagged ``tag``) are written there too, named under ``"files"``."""
+    from st_hardneg.evaluation.retrieval import BEIR_METRICS, retrieve
 
     tasks = {"dev": split.dev_task if dev else None, "test": split.task if test else None}
     chosen = {role: task for role, task in tasks.items() if task is not None}
     if not chosen:
         raise ValueError("nothing to evaluate: dev=False and test=False (or the split has no dev task)")
     start = time.perf_counter()
-    scores = evaluate_beir(model, list(chosen.values()), max_seq_length=max_seq_length,
-                           batch_size=batch_size, show_progress_bar=show_progress_bar, cache_dir=cache_dir)
-    out: dict[str, Any] = {role: scores[task.name] for role, task in chosen.items()}
+    results = retrieve(model, list(chosen.values()), max_seq_length=max_seq_length, batch_size=batch_size,
+                       show_progress_bar=show_progress_bar, cache_dir=cache_dir)
+    out: dict[str, Any] = {}
+    for role, task in chosen.items():
+        scores = results[task.name].scores
+        out[role] = {**{m: scores[m] for m in BEIR_METRICS}, "queries": scores["queries"], "corpus": scores["corpus"]}
     out["eval_seconds"] = round(time.perf_counter() - start, 1)
+    if files_dir is not None and "test" in chosen:
+        from st_hardneg.evaluation.runs import write_per_query, write_trec_run
+
+        folder = Path(files_dir)
+        folder.mkdir(parents=True, exist_ok=True)
+        test_task = chosen["test"].name
+        per_query = write_per_query(folder / "per_query.tsv", {test_task: results[test_task].per_query})
+        run = write_trec_run(folder / f"{test_task}.trec", results[test_task].run, tag=tag)
+        out["files"] = {"per_query": per_query.name, "runs": {test_task: run.name}}
     return out
 
 

@@ -110,3 +110,22 @@ def test_a_bad_pooling_for_a_model_without_pooling_is_named(tiny_model_dir, tmp_
         training_model(tmp_path / "bare", pooling="first")
     with pytest.raises(ValueError, match="max_seq_length must be a positive integer"):
         training_model(tmp_path / "bare", max_seq_length=0)
+
+
+def test_a_beir_run_writes_its_per_query_file_and_run_and_compare_takes_run_folders(published, tmp_path, capsys):
+    import csv
+
+    assert cli.main(_train(published, tmp_path)) == 0
+    assert cli.main(_train(published, tmp_path)[:-2] + ["--output-dir", str(tmp_path / "s1"), "--seed", "1"]) == 0
+    results = json.loads((tmp_path / "out" / "results.json").read_text())
+    test = results["test"]
+    assert results["files"] == {"per_query": "per_query.tsv", "runs": {"beir-test": "beir-test.trec"}}
+    with (tmp_path / "out" / "per_query.tsv").open() as handle:
+        rows = list(csv.DictReader(handle, delimiter="\t"))
+    assert len(rows) == test["queries"]
+    assert sum(float(r["ndcg@10"]) for r in rows) / len(rows) == pytest.approx(test["ndcg@10"], abs=1e-9)
+    run = (tmp_path / "out" / "beir-test.trec").read_text().splitlines()
+    assert run and run[0].split()[-1] == "st-hardneg-mnrl"
+    capsys.readouterr()
+    assert cli.main(["compare", f"A={tmp_path / 'out'}", f"B={tmp_path / 's1'}"]) == 0
+    assert f"| beir-test | B | A | {test['queries']} |" in capsys.readouterr().out
