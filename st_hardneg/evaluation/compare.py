@@ -264,6 +264,13 @@ def compare_runs(runs: Mapping[str, Sequence[str | Path | PerQuery]], *, metric:
         raise ValueError(f"method {empty[0]!r} needs a list of runs (one per seed)")
     permutations = check_count(permutations, "permutations", minimum=10_000)
     confidence = check_number(confidence, "confidence", minimum=0.5, maximum=1.0, maximum_open=True)
+    seed = check_count(seed, "seed", minimum=0)
+    tie_tolerance = check_number(tie_tolerance, "tie_tolerance", minimum=0.0)
+    for name, sources in runs.items():  # one file is one seed: listed twice, it would count twice
+        files = [str(Path(s).resolve()) for s in sources if isinstance(s, str | Path)]
+        twice = sorted({f for f in files if files.count(f) > 1})
+        if twice:
+            raise ValueError(f"method {name!r} lists {twice[0]} twice: each run (one seed) counts once")
     names = list(runs)
     baseline = names[0] if baseline is None else baseline
     if baseline not in runs:
@@ -284,6 +291,8 @@ def compare_runs(runs: Mapping[str, Sequence[str | Path | PerQuery]], *, metric:
                 raise ValueError(f"{name!r} and {baseline!r} differ in the queries of {dataset!r} ({len(extra)} "
                                  f"differ, e.g. {extra[0]!r}): runs over different query sets cannot be paired")
             queries = sorted(reference[dataset])
+            if len(queries) < 2:
+                raise ValueError(f"{dataset!r} has {len(queries)} query: a paired test needs at least 2 queries")
             a = np.array([reference[dataset][q] for q in queries])
             b = np.array([table[dataset][q] for q in queries])
             mean, low, high, p_rand, p_t, wins, ties, losses = _compare(

@@ -298,6 +298,9 @@ def read_per_query(path: str | Path) -> dict[str, dict[str, dict[str, float]]]:
                 values = {m: math.nan for m in metrics}
             if not all(math.isfinite(v) for v in values.values()):
                 raise RunFormatError(f"{path}, line {number}: every metric must be a finite number, got {row[2:]}")
+            if not all(0.0 <= v <= 100.0 for v in values.values()):  # the metrics are shares x 100
+                raise RunFormatError(f"{path}, line {number}: every metric is a share x 100 in [0, 100], got "
+                                     f"{row[2:]}")
             queries = out.setdefault(task, {})
             if qid in queries:
                 raise RunFormatError(f"{path}, line {number}: query {qid!r} of task {task!r} is listed twice")

@@ -59,3 +59,26 @@ def test_compare_plot_draws_the_per_query_differences(tmp_path, capsys):
     assert "--plot" in capsys.readouterr().err
     assert app.main(["compare", f"A={a0}", f"B={b0}", "--plot", str(tmp_path / "cmp.pdf")]) == 2
     assert "give a .png file" in capsys.readouterr().err
+
+
+def test_compare_refuses_values_it_would_take_silently(tmp_path, capsys):
+    import pytest
+
+    a0 = _write(tmp_path / "a0.tsv", {f"q{i}": 10.0 + i for i in range(4)})
+    b0 = _write(tmp_path / "b0.tsv", {f"q{i}": 12.0 + i for i in range(4)})
+    # one file listed twice is one seed, not two
+    with pytest.raises(ValueError, match=r"lists .*a0.tsv twice: each run \(one seed\) counts once"):
+        compare_runs({"A": [a0, a0], "B": [b0]})
+    for tolerance in (-0.1, float("nan")):
+        with pytest.raises(ValueError, match="tie_tolerance"):
+            compare_runs({"A": [a0], "B": [b0]}, tie_tolerance=tolerance)
+    assert app.main(["compare", str(a0), str(b0), "--seed", "-1"]) == 2
+    assert "seed must be a non-negative integer" in capsys.readouterr().err
+    one_a, one_b = _write(tmp_path / "x.tsv", {"q1": 1.0}), _write(tmp_path / "y.tsv", {"q1": 2.0})
+    assert app.main(["compare", str(one_a), str(one_b)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "has 1 query: a paired test needs at least 2 queries" in err and len(err.splitlines()) == 1
+    for bad in ("250.0", "-5.0"):
+        (tmp_path / "bad.tsv").write_text(f"task\tquery-id\tndcg@10\ndata-test\tq1\t{bad}\n")
+        assert app.main(["compare", str(tmp_path / "bad.tsv"), str(b0)]) == 2
+        assert "every metric is a share x 100 in [0, 100]" in capsys.readouterr().err
