@@ -367,6 +367,25 @@ def check_relevant_docs(relevant_docs: Any, name: str = "relevant_docs") -> dict
     return out
 
 
+def check_ids(value: Any, name: str) -> frozenset[str]:
+    """A collection of ids (strings) as a frozenset: a string (which would be read as its characters), a mapping or a
+    non-iterable is refused, and so is an id that is not a string (a float would be truncated, a list is unhashable).
+
+    Raises:
+        TypeError: naming ``name`` and the offending value.
+    """
+    if isinstance(value, str | bytes):
+        raise TypeError(f"{name} is the string {value[:60]!r}, not a collection of ids: a string would be read as its "
+                        f"characters; write {{{value[:60]!r}}}")
+    if isinstance(value, Mapping) or not isinstance(value, Iterable):
+        raise TypeError(f"{name} must be a set (or list) of ids, got {type(value).__name__}")
+    items = list(value)
+    bad = next((item for item in items if not isinstance(item, str)), None)
+    if bad is not None:
+        raise TypeError(f"{name} holds {bad!r} ({type(bad).__name__}); ids are strings")
+    return frozenset(items)
+
+
 def check_known_positives(mapping: Any, name: str = "known_positives") -> dict[str, frozenset[str]]:
     """``{anchor text: frozenset of texts known to be relevant to it}`` from a mapping of strings to collections of
     strings (:mod:`st_hardneg.data.relevance` builds one from BEIR qrels or a group column). An anchor listed with no
@@ -390,8 +409,9 @@ def check_known_positives(mapping: Any, name: str = "known_positives") -> dict[s
                             f"be read as its characters; write {{{texts[:60]!r}}}")
         if isinstance(texts, Mapping) or not isinstance(texts, Iterable):
             raise TypeError(f"{name}[{anchor[:60]!r}] must be a set (or list) of texts, got {type(texts).__name__}")
-        values = frozenset(texts)
-        bad = next((text for text in values if not isinstance(text, str)), None)
+        items = list(texts)  # a generator is read once, here (a nested list would crash frozenset unnamed)
+        bad = next((text for text in items if not isinstance(text, str)), None)
+        values = frozenset(text for text in items if isinstance(text, str))
         if bad is not None:
             raise TypeError(f"{name}[{anchor[:60]!r}] holds {bad!r} ({type(bad).__name__}); the relevant texts are "
                             "strings")

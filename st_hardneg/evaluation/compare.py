@@ -266,8 +266,8 @@ def compare_runs(runs: Mapping[str, Sequence[str | Path | PerQuery]], *, metric:
     confidence = check_number(confidence, "confidence", minimum=0.5, maximum=1.0, maximum_open=True)
     seed = check_count(seed, "seed", minimum=0)
     tie_tolerance = check_number(tie_tolerance, "tie_tolerance", minimum=0.0)
-    for name, sources in runs.items():  # one file is one seed: listed twice, it would count twice
-        files = [str(Path(s).resolve()) for s in sources if isinstance(s, str | Path)]
+    for name, given in runs.items():  # one file is one seed: listed twice, it would count twice
+        files = [str(Path(s).resolve()) for s in given if isinstance(s, str | Path)]
         twice = sorted({f for f in files if files.count(f) > 1})
         if twice:
             raise ValueError(f"method {name!r} lists {twice[0]} twice: each run (one seed) counts once")

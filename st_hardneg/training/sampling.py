@@ -7,7 +7,7 @@ training pairs by a stated, seeded rule, :data:`PAIR_SAMPLING`) and :class:`Know
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 #: how training pairs are drawn from a BEIR training split (``benchmarks.retrieval_beir``): per training query at most
@@ -23,9 +23,9 @@ def _draw_order(seed: int, key: str) -> str:
     return hashlib.sha256(f"{seed}\t{key}".encode()).hexdigest()
 
 
-def sample_training_pairs(relevant: dict[str, set[str]], *, per_query: int = PAIR_SAMPLING["per_query"],
+def sample_training_pairs(relevant: Mapping[str, Iterable[str]], *, per_query: int = PAIR_SAMPLING["per_query"],
                           max_pairs: int = PAIR_SAMPLING["max_pairs"], seed: int = PAIR_SAMPLING["seed"],
-                          exclude: set[str] | frozenset[str] = frozenset()) -> list[tuple[str, str]]:
+                          exclude: Iterable[str] = frozenset()) -> list[tuple[str, str]]:
     """The (query id, document id) training pairs of a split by a stated, seeded rule.
 
     Each query (not in ``exclude``, e.g. the dev and test queries) keeps at most ``per_query`` of its relevant
@@ -59,18 +59,27 @@ def sample_training_pairs(relevant: dict[str, set[str]], *, per_query: int = PAI
 
     validation.check_count(per_query, "per_query", minimum=1)
     validation.check_count(max_pairs, "max_pairs", minimum=0)
+    validation.check_count(seed, "seed", minimum=0)
+    excluded = validation.check_ids(exclude, "exclude")
+    if not isinstance(relevant, Mapping):
+        raise TypeError(f"relevant must map query ids to their relevant document ids, got {type(relevant).__name__}")
+    checked: dict[str, frozenset[str]] = {}
+    for query, docs in relevant.items():
+        if not isinstance(query, str):
+            raise TypeError(f"relevant has the key {query!r} ({type(query).__name__}); query ids are strings")
+        checked[query] = validation.check_ids(docs, f"relevant[{query!r}]")
     pairs = []
-    for query in sorted(relevant):
-        if query in exclude:
+    for query in sorted(checked):
+        if query in excluded:
             continue
-        docs = sorted(relevant[query], key=lambda d: _draw_order(seed, f"{query}\t{d}"))[:per_query]
+        docs = sorted(checked[query], key=lambda d: _draw_order(seed, f"{query}\t{d}"))[:per_query]
         pairs += [(query, doc) for doc in docs]
     if max_pairs and len(pairs) > max_pairs:
         pairs = sorted(pairs, key=lambda p: _draw_order(seed, f"pair\t{p[0]}\t{p[1]}"))[:max_pairs]
     if not pairs:
         raise ValueError(f"the pair-sampling rule (per_query={per_query}, max_pairs={max_pairs}, seed={seed}) leaves "
                          f"no training pair: {len(relevant)} queries with a relevant document, "
-                         f"{len(set(relevant) & set(exclude))} of them excluded (dev / test)")
+                         f"{len(set(checked) & excluded)} of them excluded (dev / test)")
     return sorted(pairs)
 
 
