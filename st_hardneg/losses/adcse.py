@@ -211,8 +211,6 @@ class AdversarialNegativesLoss(stateful.OptimizerDrivenLoss, HardNegativeLoss):
         self.momentum = validation.check_momentum(momentum, "momentum (m, the key encoder's EMA momentum)")
         self._ema_updates, self._backward_seen = 0, False
         self._state_synced = False
-        #: while a batch is computed: the sum of its chunks' shares of the adversaries' gradient (None: not training)
-        self._adversary_rows: Tensor | None = None
         self.adversary_temperature = validation.check_temperature(adversary_temperature, "adversary_temperature")
         self.min_batch_size = 1 if num_adversaries > 0 else 2  # with adversaries a single pair has negatives
         if num_adversaries > 0 and self.embedding_dimension is None:
@@ -374,33 +372,31 @@ class AdversarialNegativesLoss(stateful.OptimizerDrivenLoss, HardNegativeLoss):
         # adversaries alone do not make a row usable: a row whose every in-batch negative is masked is left out (and
         # a batch of only such rows refused), as in every loss; with in_batch_keys=False they are its only negatives
         rows = self.ranking_rows(batch, blocks, uncounted_columns=self.num_adversaries if self.in_batch_keys else 0)
-        self.record_stats(q2d.similarity, num_in_batch=batch.size, num_synthetic=self.num_adversaries,
+        self.record_stats(batch, q2d.similarity, num_in_batch=batch.size, num_synthetic=self.num_adversaries,
                           row_offset=start)
-        if self._adversary_rows is not None:
+        summed = batch.state.draws.get("adversary_gradient")
+        if summed is not None:
             own_start, own_stop = self.own_row_range(batch)
             grad = self._adversary_gradient(batch.row_anchors, batch.candidates, masked, row_offset=start,
                                             num_pairs=batch.size)
             weighted = grad * ((stop - start) / (own_stop - own_start))  # the chunk's share of the rows' mean
-            self._adversary_rows = weighted if not len(self._adversary_rows) else self._adversary_rows + weighted
+            batch.state.draws["adversary_gradient"] = weighted if not len(summed) else summed + weighted
         return rows
 
     def begin_batch(self, batch: Batch) -> Batch:
-        """Before the rows of a batch: start summing the adversaries' gradient (while training)."""
-        self._adversary_rows = None
+        """Before the rows of a batch: start summing the adversaries' gradient on the batch (while training:
+        ``batch.state.draws["adversary_gradient"]``, the sum of its windows' shares)."""
         if self.num_adversaries and self.training and torch.is_grad_enabled():
             self._prepare_accumulation(batch.anchors)
-            self._adversary_rows = batch.anchors.new_zeros(0)
+            batch.state.draws["adversary_gradient"] = batch.anchors.new_zeros(0)
         return batch
 
     def end_batch(self, batch: Batch) -> None:
-        """After the rows of a batch: add the summed adversary gradient to the ascent window, once per batch."""
-        pending, self._adversary_rows = self._adversary_rows, None
+        """After the rows of a batch: add the summed adversary gradient to the ascent window, once per batch (a batch
+        that raised never gets here, and its sum goes with it)."""
+        pending = batch.state.draws.get("adversary_gradient")
         if pending is not None and len(pending):
             self.adversary_bank.add(pending)
-
-    def close_batch(self) -> None:
-        """A batch that raised adds nothing to the ascent window."""
-        self._adversary_rows = None
 
     @staticmethod
     def _prefix(adversaries: Tensor, width: int) -> Tensor:

@@ -286,7 +286,7 @@ class ChunkedLossMixin(PrepareMixin, UnusableMixin, GradCacheMixin):
             self._last_stats = combine_chunk_stats(pieces)
             tally = self._global_tally(state, sum(tallies[1:], tallies[0])) if tallies else None
             if tally is not None:
-                self._judge_unusable(tally)  # raises on a batch without a usable row
+                self._judge_unusable(tally, state)  # raises on a batch without a usable row
             local_usable = (stop - start) - (sum(t.unusable for t in tallies) if tallies else 0)
             if state.local_rows is not None:
                 world = state.local_rows[1] // (stop - start)
