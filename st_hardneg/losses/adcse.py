@@ -27,6 +27,7 @@ from st_hardneg.losses.adversaries import NegativeAdversaries
 from st_hardneg.losses.base import HardNegativeLoss, LossOptions
 from st_hardneg.losses.batch import Batch
 from st_hardneg.losses.momentum import frozen_copy, update_momentum
+from st_hardneg.losses.routes import column_routes
 
 _STATE_FORMAT = 1
 
@@ -97,7 +98,11 @@ class AdversarialNegativesLoss(stateful.OptimizerDrivenLoss, HardNegativeLoss):
             adversary_temperature: τ > 0 of the loss whose gradient the adversaries ascend (paper: 0.05).
             untied: ``True`` (paper): positives (and explicit negatives) are embedded by the momentum key encoder.
                 ``False`` is the "w/o untied dual-encoder" ablation: embedded by the online encoder with its own
-                dropout, as in SimCSE; no key encoder is created. With a queue (``queue_size``): untied, the queued
+                dropout, as in SimCSE; no key encoder is created. On a ``Router`` model (query and document towers,
+                ``router_mapping``) only the columns that take the anchors' route go through the key encoder; the
+                columns routed to the other tower go through the live model, with gradient, so that both towers
+                train (:meth:`key_columns` says why this is the paper's case: the Router already unties the
+                encoders of queries and documents); with ``queue_source="ema"`` that is refused (use ``"online"``). With a queue (``queue_size``): untied, the queued
                 rows are the key encoder's under either ``queue_source`` (``queue_momentum`` does not apply: the
                 encoder moves with ``momentum``, dropout on as in the paper); tied with ``queue_source="ema"``, the
                 queue keeps its own key encoder like the other losses.
@@ -206,8 +211,6 @@ class AdversarialNegativesLoss(stateful.OptimizerDrivenLoss, HardNegativeLoss):
         self.momentum = validation.check_momentum(momentum, "momentum (m, the key encoder's EMA momentum)")
         self._ema_updates, self._backward_seen = 0, False
         self._state_synced = False
-        #: while a batch is computed: the sum of its chunks' shares of the adversaries' gradient (None: not training)
-        self._adversary_rows: Tensor | None = None
         self.adversary_temperature = validation.check_temperature(adversary_temperature, "adversary_temperature")
         self.min_batch_size = 1 if num_adversaries > 0 else 2  # with adversaries a single pair has negatives
         if num_adversaries > 0 and self.embedding_dimension is None:
@@ -286,28 +289,55 @@ class AdversarialNegativesLoss(stateful.OptimizerDrivenLoss, HardNegativeLoss):
         self._check_online_model()
         self._count_forward()
         self._sync_state_across_processes()
-        if self.untied and len(sentence_features) > 1:
+        if self.key_columns(sentence_features):
             key_encoder = cast(nn.Module, self.key_encoder)  # untied: the key encoder exists
             param, online = next(key_encoder.parameters(), None), next(self.online_model.parameters(), None)
             if param is not None and online is not None and param.device != online.device:
                 key_encoder.to(online.device)
             key_encoder.train()
 
+    def key_columns(self, sentence_features: list[dict[str, Tensor]]) -> list[int]:
+        """The input columns the momentum key encoder embeds (without gradient): with ``untied=True`` every column
+        after the anchors that takes the anchors' route through the model; none with ``untied=False``.
+
+        On a model without a ``Router`` (the paper's single encoder) that is every column after the anchors. On a
+        ``Router`` model (``Router.for_query_document`` with ``router_mapping``) a column routed to another tower
+        than the anchors (the documents) goes through the live model, with gradient: the key encoder is the momentum
+        copy of the encoder the anchors train, and a tower the anchors never take would only ever be the momentum
+        copy of its untrained self. The paper's momentum encoder unties the encoders of queries and keys; a
+        query/document Router unties them by construction, so its document tower is trained as the online encoder
+        of the documents (the paper's symmetric case: one route, every key from the key encoder, is unchanged)."""
+        if not self.untied or len(sentence_features) < 2:
+            return []
+        routes = column_routes(self.online_model, sentence_features)
+        columns = [column for column in range(1, len(sentence_features)) if routes[column] == routes[0]]
+        if len(columns) < len(sentence_features) - 1 and self.queue is not None and self.queue_source == "ema":
+            raise ValueError(
+                "AdversarialNegativesLoss(untied=True, queue_source='ema') on a Router model whose candidate columns "
+                "take another route than the anchors (router_mapping): those columns go through the live model, so "
+                "the loss's key encoder does not embed them and cannot feed the queue. Use queue_source='online', or "
+                "untied=False (the queue then keeps its own key encoder, which follows every route).")
+        return columns
+
     def embed(self, sentence_features: list[dict[str, Tensor]]) -> list[Tensor]:
-        """``untied=True``: the anchors by the online model, every other column by the key encoder without gradient
-        (GradCache embeds them the same way: :meth:`frozen_column_model`)."""
-        if not self.untied:
+        """``untied=True``: the anchors by the online model, the columns of :meth:`key_columns` by the key encoder
+        without gradient, any other column (a Router's other tower) by the online model (GradCache embeds them the
+        same way: :meth:`frozen_columns`)."""
+        keyed = self.key_columns(sentence_features)
+        if not keyed:
             return super().embed(sentence_features)
         anchors = self.model(sentence_features[0])["sentence_embedding"]
-        keys: list[Tensor] = []
-        if len(sentence_features) > 1:
-            with torch.no_grad():
-                keys = embed_columns(cast(nn.Module, self.key_encoder), sentence_features[1:], separate_first=False)
-        return [anchors, *keys]
+        with torch.no_grad():
+            keys = embed_columns(cast(nn.Module, self.key_encoder), [sentence_features[c] for c in keyed],
+                                 separate_first=False)
+        live = [c for c in range(1, len(sentence_features)) if c not in keyed]
+        online = embed_columns(self.model, [sentence_features[c] for c in live], separate_first=False) if live else []
+        by_column = {**dict(zip(keyed, keys, strict=True)), **dict(zip(live, online, strict=True))}
+        return [anchors, *(by_column[c] for c in range(1, len(sentence_features)))]
 
-    def frozen_column_model(self, column: int) -> nn.Module | None:
-        """GradCache: with ``untied=True`` every column but the anchors is embedded by the key encoder, no grad."""
-        return self.key_encoder if self.untied and column >= 1 else None
+    def frozen_columns(self, sentence_features: list[dict[str, Tensor]]) -> dict[int, nn.Module]:
+        """GradCache: the columns of :meth:`key_columns` are embedded by the key encoder, without gradient."""
+        return {column: cast(nn.Module, self.key_encoder) for column in self.key_columns(sentence_features)}
 
     def _sync_state_across_processes(self) -> None:
         """Under ``torch.distributed``, at the first training forward: copy rank 0's key encoder and adversaries to
@@ -342,33 +372,31 @@ class AdversarialNegativesLoss(stateful.OptimizerDrivenLoss, HardNegativeLoss):
         # adversaries alone do not make a row usable: a row whose every in-batch negative is masked is left out (and
         # a batch of only such rows refused), as in every loss; with in_batch_keys=False they are its only negatives
         rows = self.ranking_rows(batch, blocks, uncounted_columns=self.num_adversaries if self.in_batch_keys else 0)
-        self.record_stats(q2d.similarity, num_in_batch=batch.size, num_synthetic=self.num_adversaries,
+        self.record_stats(batch, q2d.similarity, num_in_batch=batch.size, num_synthetic=self.num_adversaries,
                           row_offset=start)
-        if self._adversary_rows is not None:
+        summed = batch.state.draws.get("adversary_gradient")
+        if summed is not None:
             own_start, own_stop = self.own_row_range(batch)
             grad = self._adversary_gradient(batch.row_anchors, batch.candidates, masked, row_offset=start,
                                             num_pairs=batch.size)
             weighted = grad * ((stop - start) / (own_stop - own_start))  # the chunk's share of the rows' mean
-            self._adversary_rows = weighted if not len(self._adversary_rows) else self._adversary_rows + weighted
+            batch.state.draws["adversary_gradient"] = weighted if not len(summed) else summed + weighted
         return rows
 
     def begin_batch(self, batch: Batch) -> Batch:
-        """Before the rows of a batch: start summing the adversaries' gradient (while training)."""
-        self._adversary_rows = None
+        """Before the rows of a batch: start summing the adversaries' gradient on the batch (while training:
+        ``batch.state.draws["adversary_gradient"]``, the sum of its windows' shares)."""
         if self.num_adversaries and self.training and torch.is_grad_enabled():
             self._prepare_accumulation(batch.anchors)
-            self._adversary_rows = batch.anchors.new_zeros(0)
+            batch.state.draws["adversary_gradient"] = batch.anchors.new_zeros(0)
         return batch
 
     def end_batch(self, batch: Batch) -> None:
-        """After the rows of a batch: add the summed adversary gradient to the ascent window, once per batch."""
-        pending, self._adversary_rows = self._adversary_rows, None
+        """After the rows of a batch: add the summed adversary gradient to the ascent window, once per batch (a batch
+        that raised never gets here, and its sum goes with it)."""
+        pending = batch.state.draws.get("adversary_gradient")
         if pending is not None and len(pending):
             self.adversary_bank.add(pending)
-
-    def close_batch(self) -> None:
-        """A batch that raised adds nothing to the ascent window."""
-        self._adversary_rows = None
 
     @staticmethod
     def _prefix(adversaries: Tensor, width: int) -> Tensor:

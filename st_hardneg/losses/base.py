@@ -168,7 +168,6 @@ class HardNegativeLoss(ModelGuard, ChunkedLossMixin, RankingMixin, nn.Module):
         self.contrast_anchors = cast(bool, options.contrast_anchors)
         self.contrast_positives = cast(bool, options.contrast_positives)
         self._reports_false_negatives = False
-        self._false_negative_stats: dict[str, Tensor] = {}
         self._warned_unusable = False
         #: what forward saw for the next compute_loss_from_embeddings call (text keys, guide embeddings)
         self._side_inputs: SideInputs | None = None
@@ -313,13 +312,14 @@ class HardNegativeLoss(ModelGuard, ChunkedLossMixin, RankingMixin, nn.Module):
             self._generator = torch.Generator(device=device).manual_seed(self.seed)
         return self._generator
 
-    def record_stats(self, cos: Tensor, num_in_batch: int, num_synthetic: int = 0,
+    def record_stats(self, batch: Batch, cos: Tensor, num_in_batch: int, num_synthetic: int = 0,
                      extra: dict[str, Tensor] | None = None, row_offset: int = 0) -> None:
         """Remember the batch's mean cosines (and ``extra`` scalars) for :attr:`diagnostics` (no gradient, no device
-        sync). ``row_offset``: the batch index of ``cos``'s first row (a chunk of anchors)."""
+        sync), with the false-negative and queue counts of ``batch``'s rows. ``row_offset``: the batch index of
+        ``cos``'s first row (a chunk of anchors)."""
         stats = fn.contrastive_stats(cos.detach(), num_in_batch, num_synthetic, row_offset=row_offset)
-        stats.update(self._false_negative_stats)
-        stats.update(self._queue_stats)
+        stats.update(batch.state.false_negative_stats)
+        stats.update(batch.state.queue_stats)
         for key, value in (extra or {}).items():
             stats[key] = value.detach() if isinstance(value, Tensor) else torch.as_tensor(value)
         self._last_stats = stats

@@ -38,6 +38,13 @@ class BatchState:
     anchor_queue_columns: tuple[Tensor, Tensor | None] | None = None
     #: the main queue's readable rows for the rows being computed (``queue_as_pool``), as the loss scores them
     queue_vectors: Tensor | None = None
+    #: the paper's draws for this batch, by name, made once by its ``begin_batch`` (MixCSE's partners, HNCSE's
+    #: pairs to mix) and what its windows add up for ``end_batch`` (AdCSE's adversary gradient)
+    draws: dict[str, Any] = field(default_factory=dict)
+    #: the false-negative counts of the rows being computed (their masks' totals, the unusable rows), for the stats
+    false_negative_stats: dict[str, Tensor] = field(default_factory=dict)
+    #: the queue's counts for the rows being computed (rows read, masked, the loss's own)
+    queue_stats: dict[str, Tensor] = field(default_factory=dict)
 
 
 @dataclass

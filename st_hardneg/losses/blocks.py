@@ -153,7 +153,6 @@ class UnusableMixin:
 
     known_positives: Any
     _reports_false_negatives: bool
-    _false_negative_stats: dict[str, Tensor]
     _last_stats: dict[str, Tensor]
     _warned_unusable: bool
 
@@ -199,7 +198,7 @@ class UnusableMixin:
         if state.chunk_tallies is not None:  # chunked rows: judged once for the whole batch (chunked_loss)
             state.chunk_tallies.append(tally)
             return
-        self._judge_unusable(self._global_tally(state, tally))
+        self._judge_unusable(self._global_tally(state, tally), state)
 
     def _global_tally(self, state: BatchState, tally: UnusableTally) -> UnusableTally:
         """With a gathered batch of which this process computed its own rows only: the counts of every process
@@ -209,10 +208,10 @@ class UnusableMixin:
         device = state.zero_rows.device if state.zero_rows is not None else "cpu"
         return UnusableTally.from_values(dist.sum_across(tally.as_tensor(device)).tolist())
 
-    def _judge_unusable(self, tally: UnusableTally) -> None:
+    def _judge_unusable(self, tally: UnusableTally, state: BatchState) -> None:
         """Record the counts of a batch's unusable rows in the diagnostics, raise when none is usable, warn once."""
         stats = unusable_stats(tally, self._reports_false_negatives)
-        self._false_negative_stats = {**self._false_negative_stats, **stats}
+        state.false_negative_stats = {**state.false_negative_stats, **stats}
         self._last_stats = {**self._last_stats, **stats}
         name = type(self).__name__
         causes = unusable_causes(tally, self.known_positives is not None)

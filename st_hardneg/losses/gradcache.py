@@ -90,6 +90,13 @@ class GradCacheMixin(CachedLossMixin):
         for every column but the first."""
         return None
 
+    def frozen_columns(self, sentence_features: list[dict[str, Tensor]]) -> dict[int, nn.Module]:
+        """``{column: module}`` of the columns of this batch embedded without gradient (default: the columns for
+        which :meth:`frozen_column_model` names a module). A loss whose choice depends on the features (AdCSE on a
+        ``Router`` model: the columns on the anchors' route) overrides this."""
+        frozen = {column: self.frozen_column_model(column) for column in range(len(sentence_features))}
+        return {column: module for column, module in frozen.items() if module is not None}
+
     def compute_loss_from_embeddings(self, embeddings: list[Tensor], labels: Tensor | None) -> Tensor:
         raise NotImplementedError
 
@@ -100,11 +107,8 @@ class GradCacheMixin(CachedLossMixin):
         validation.check_optional_count(self.mini_batch_size, "mini_batch_size")
         _validate_mini_batch_num_tokens(self.mini_batch_num_tokens)
         sentence_features = list(sentence_features)
-        frozen: dict[int, Tensor] = {}
-        for column, features in enumerate(sentence_features):
-            module = self.frozen_column_model(column)
-            if module is not None:
-                frozen[column] = self._embed_without_grad(module, features)
+        frozen = {column: self._embed_without_grad(module, sentence_features[column])
+                  for column, module in self.frozen_columns(sentence_features).items()}
         cached = [features for column, features in enumerate(sentence_features) if column not in frozen]
         if not cached:
             raise ValueError(f"{type(self).__name__}: every input column is frozen; nothing to train")
@@ -282,7 +286,7 @@ class ChunkedLossMixin(PrepareMixin, UnusableMixin, GradCacheMixin):
             self._last_stats = combine_chunk_stats(pieces)
             tally = self._global_tally(state, sum(tallies[1:], tallies[0])) if tallies else None
             if tally is not None:
-                self._judge_unusable(tally)  # raises on a batch without a usable row
+                self._judge_unusable(tally, state)  # raises on a batch without a usable row
             local_usable = (stop - start) - (sum(t.unusable for t in tallies) if tallies else 0)
             if state.local_rows is not None:
                 world = state.local_rows[1] // (stop - start)

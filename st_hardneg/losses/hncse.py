@@ -242,8 +242,6 @@ class HNCSELoss(HardNegativeLoss):
         self._warned_k = False
         self._warned_num_mixed = False
         #: per batch (begin_batch): the positive-mixing share for the diagnostics, HNM's random pair positions
-        self._pm_extra: dict[str, Tensor] = {}
-        self._hnm_draws: tuple[Tensor, Tensor] | None = None
         self.hnm_pool = validation.check_choice(hnm_pool, "hnm_pool",
                                                 ("in_batch_negatives", "hard_negatives", "all_negatives"))
         # a pair of distinct in-batch negatives needs two other pairs in the batch
@@ -302,8 +300,6 @@ class HNCSELoss(HardNegativeLoss):
             raise ValueError("HNCSELoss(hnm_pool='hard_negatives') mines the explicit negatives, but the batch has no "
                              "negative column: pass (anchor, positive, negative...) or use "
                              "hnm_pool='in_batch_negatives'.")
-        self._pm_extra = {}
-        self._hnm_draws = None
         n = batch.size
         if self.uses_pm:
             partners, has_partner = self._pm_partners(batch)
@@ -312,19 +308,16 @@ class HNCSELoss(HardNegativeLoss):
                 detach_mix=not self.pm_gradient, weight_gradient=self.pm_weight_gradient, assume_normalized=True,
                 partners=partners, has_partner=has_partner)
             batch = replace(batch, positives=pm.positives, unmixed=batch.judged)
-            self._pm_extra = {"pm_mixed": pm.mixed.float().mean()}  # share of the anchors whose positive was mixed
+            batch.state.draws["pm_mixed"] = pm.mixed.float().mean()  # share of the anchors whose positive was mixed
         if self.uses_hnm and not self.hnm_single:
             k = self.effective_k(n, None if self.hnm_pool == "in_batch_negatives" else self._pool_size(batch))
             if k >= 2:
                 # kept for the whole batch, drawn in the narrowest dtype positions < k fit (8 bits up to k = 128:
                 # an eighth of int64's (N, num_mixed) pairs, and no int64 draw on the way)
-                self._hnm_draws = fn.sample_distinct_pairs(n, k, self.effective_num_mixed(k),
+                batch.state.draws["hnm_pairs"] = fn.sample_distinct_pairs(n, k, self.effective_num_mixed(k),
                                                            generator=self.generator(batch.device),
                                                            device=batch.device, dtype=fn.compact_index_dtype(k))
         return batch
-
-    def close_batch(self) -> None:
-        self._hnm_draws = None
 
     def _pm_partners(self, batch: Batch) -> tuple[Tensor, Tensor | None]:
         """``j*``, the hardest unmasked in-batch negative of every row (and whether it has one; ``None``: all do),
@@ -371,8 +364,9 @@ class HNCSELoss(HardNegativeLoss):
             q2d = q2d.with_columns(synthetic, dropped if masked is not None else None)
             num_synthetic = synthetic.size(1)
         blocks["query_to_doc"] = q2d
-        self.record_stats(q2d.similarity, num_in_batch=batch.size, num_synthetic=num_synthetic,
-                          extra=self._pm_extra, row_offset=batch.row_range[0])
+        self.record_stats(batch, q2d.similarity, num_in_batch=batch.size, num_synthetic=num_synthetic,
+                          extra={"pm_mixed": batch.state.draws["pm_mixed"]} if "pm_mixed" in batch.state.draws else None,
+                          row_offset=batch.row_range[0])
         return self.ranking_rows(batch, blocks, focal_m=self.focal_m)
 
     def cosine_only_reason(self) -> str | None:
@@ -402,7 +396,7 @@ class HNCSELoss(HardNegativeLoss):
             if not self.hnm_gradient:  # the mined negatives are constants: the gradient reaches the anchors only
                 synthetic = torch.einsum("nd,nkd->nk", row_anchors, pool.detach()[hard])
             return synthetic, exclude.gather(1, hard)
-        draws = self._hnm_draws
+        draws = batch.state.draws.get("hnm_pairs")
         if draws is None:  # called outside begin_batch: draw for these rows now
             draws = fn.sample_distinct_pairs(n, k, self.effective_num_mixed(k), generator=self.generator(batch.device),
                                              device=batch.device)

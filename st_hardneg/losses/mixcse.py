@@ -193,8 +193,6 @@ class MixCSELoss(HardNegativeLoss):
             raise ValueError("MixCSELoss: queue_as_pool=True lets the hardest-partner choice pick queued rows; it "
                              f"needs partner='hardest' and layout='paper', got partner={self.partner!r}, "
                              f"layout={self.layout!r}")
-        #: the shift / random partners of the batch being computed (begin_batch)
-        self._proposed: Tensor | None = None
         self.focal_m = validation.check_optional_non_negative(focal_m, "focal_m (the Focal-InfoNCE margin m)")
         if self.focal_m is not None and self.similarity_fct_name != "cos_sim":
             raise ValueError("MixCSELoss: focal_m needs similarity_fct=cos_sim (the Focal-InfoNCE logits s² and "
@@ -234,13 +232,11 @@ class MixCSELoss(HardNegativeLoss):
         return self.layout == "paper"
 
     def begin_batch(self, batch: Batch) -> Batch:
-        """Draw the shift / random partners of every row once per batch (a chunk of rows reads its own)."""
-        self._proposed = (self._partners(batch, None) if self.partner in ("shift", "random") and self.layout == "paper"
-                          else None)
+        """Draw the shift / random partners of every row once per batch, kept on the batch
+        (``batch.state.draws["partners"]``; a chunk of rows reads its own)."""
+        if self.partner in ("shift", "random") and self.layout == "paper":
+            batch.state.draws["partners"] = self._partners(batch, None)
         return batch
-
-    def close_batch(self) -> None:
-        self._proposed = None
 
     # ------------------------------------------------------------------ loss
     def whole_batch_rows(self, batch: Batch) -> Tensor:
@@ -283,7 +279,8 @@ class MixCSELoss(HardNegativeLoss):
                 has_partner = ~masked[local, n + start + local]
             mixed = self._mix(row_positives, own_negatives)
         else:
-            partners, has_partner = self._allowed_partners(batch, in_batch, in_batch_masked, self._proposed)
+            partners, has_partner = self._allowed_partners(batch, in_batch, in_batch_masked,
+                                                                batch.state.draws.get("partners"))
             partner_rows = positives[partners]
             if self.queue_as_pool and self.queue_pool(batch) is not None:
                 partner_rows, has_partner = self._hardest_of_batch_and_queue(batch, in_batch, partners, has_partner,
@@ -291,7 +288,7 @@ class MixCSELoss(HardNegativeLoss):
             mixed = self._mix(row_positives, partner_rows)
         no_mix = (~has_partner).unsqueeze(1) if masked is not None else None
         blocks["query_to_doc"] = q2d = q2d.with_columns((row_anchors * mixed).sum(-1, keepdim=True), no_mix)
-        self.record_stats(q2d.similarity, num_in_batch=n, num_synthetic=1, row_offset=start)
+        self.record_stats(batch, q2d.similarity, num_in_batch=n, num_synthetic=1, row_offset=start)
         if self.reverse_mix:
             # h'_i as the anchor: mixed negative normalize(λ h_i + (1-λ) h_π(i)); its false negatives are the
             # transposed in-batch mask (the doc_to_query block's)
@@ -302,7 +299,7 @@ class MixCSELoss(HardNegativeLoss):
             else:
                 reverse_masked = (batch.block_masks or {}).get("doc_to_query") if masked is not None else None
                 reverse_partners, reverse_has_partner = self._allowed_partners(
-                    batch, d2q.similarity[:, :n].detach(), reverse_masked, self._proposed)
+                    batch, d2q.similarity[:, :n].detach(), reverse_masked, batch.state.draws.get("partners"))
                 reverse_mixed = self._mix(row_anchors, anchors[reverse_partners])
             reverse_no_mix = (~reverse_has_partner).unsqueeze(1) if masked is not None else None
             blocks["doc_to_query"] = d2q.with_columns((row_positives * reverse_mixed).sum(-1, keepdim=True),
@@ -321,7 +318,7 @@ class MixCSELoss(HardNegativeLoss):
         queue_score = similarity.detach().gather(1, best.unsqueeze(1)).squeeze(1)
         batch_score = in_batch.gather(1, partners.unsqueeze(1)).squeeze(1)
         use_queue = valid & (~has_partner | (queue_score > batch_score))
-        self.note_queue_stats(queue_partner_fraction=use_queue.float().mean().detach())
+        self.note_queue_stats(batch, queue_partner_fraction=use_queue.float().mean().detach())
         rows = torch.where(use_queue.unsqueeze(1), vectors[best].to(partner_rows.dtype), partner_rows)
         return rows, has_partner | valid
 
@@ -372,7 +369,7 @@ class MixCSELoss(HardNegativeLoss):
             logits = fn.mask_columns(logits, excluded)
             keep[:, : excluded.size(1)] &= ~excluded
         own_mix = block2[rows, rows].unsqueeze(1)
-        self.record_stats(torch.cat([cos[:, :num_shared], own_mix], dim=1), num_in_batch=n, num_synthetic=1)
+        self.record_stats(batch, torch.cat([cos[:, :num_shared], own_mix], dim=1), num_in_batch=n, num_synthetic=1)
         # the negatives left to each row: every entry but its positive, the zeroed ones and the masked ones (the
         # zeroed entries stay in the denominator as exp(0), as in the released code, but teach nothing)
         keep[rows, rows] = False

@@ -44,7 +44,6 @@ class PrepareMixin:
     embedding_dimension: int | None
     _warned_labels: bool
     _reports_false_negatives: bool
-    _false_negative_stats: dict[str, Tensor]
     _side_inputs: SideInputs | None
 
     @property
@@ -107,13 +106,14 @@ class PrepareMixin:
             false_negatives.duplicate_ids(batch)
         nothing_to_mask = self._nothing_to_mask(batch)
         batch = replace(batch, rows=rows, false_negatives=None, block_masks=None)
-        self._false_negative_stats = {}
+        batch.state.false_negative_stats = {}
         if not self.controls_false_negatives:
             return batch
         if nothing_to_mask:
             if self._reports_false_negatives:  # reported as 0 once reporting started
                 zero = torch.zeros((), device=batch.device)
-                self._false_negative_stats = {"masked_false_negatives": zero, "masked_false_negatives_total": zero}
+                batch.state.false_negative_stats = {"masked_false_negatives": zero,
+                                                    "masked_false_negatives_total": zero}
             return batch
         batch.false_negatives, stats = false_negatives.false_negative_mask(
             batch, mask_duplicates=self.mask_duplicates, margin=self.margin,
@@ -128,7 +128,7 @@ class PrepareMixin:
                 self.margin is not None or (total.device.type != "meta" and bool(total > 0))):
             self._reports_false_negatives = True
         if self._reports_false_negatives:
-            self._false_negative_stats = stats
+            batch.state.false_negative_stats = stats
         return batch
 
     def _nothing_to_mask(self, batch: Batch) -> bool:
@@ -184,7 +184,6 @@ class PrepareMixin:
         batch = Batch.from_units(units, raw=raw)
         batch.state = BatchState(local_rows=local_rows, zero_rows=zero_rows)
         inputs, self._side_inputs = self._side_inputs, None
-        self._false_negative_stats = {}
         if not self.controls_false_negatives:
             return batch
         batch = false_negatives.attach_side_inputs(

@@ -323,7 +323,6 @@ class QueueMixin:
         self._queue_key_columns: list[Tensor | None] | None = None
         self.queue: CandidateQueue | None = None
         self.anchor_queue: CandidateQueue | None = None
-        self._queue_stats: dict[str, Tensor] = {}
         if self.queue_size:
             if model is None:
                 raise ValueError(f"{name}: queue_size needs the model whose optimizer steps fill the queue, got "
@@ -351,9 +350,10 @@ class QueueMixin:
         similarity, exclude = state.queue_columns
         return similarity, exclude, state.queue_vectors
 
-    def note_queue_stats(self, **stats: Tensor) -> None:
-        """Add the loss's own queue statistics (e.g. MixCSE's ``queue_partner_fraction``) to :attr:`diagnostics`."""
-        self._queue_stats = {**self._queue_stats, **stats}
+    def note_queue_stats(self, batch: Batch, **stats: Tensor) -> None:
+        """Add the loss's own queue statistics for the rows of ``batch`` (e.g. MixCSE's ``queue_partner_fraction``)
+        to :attr:`diagnostics`."""
+        batch.state.queue_stats = {**batch.state.queue_stats, **stats}
 
     def _read_and_stage_queue(self, batch: Batch, queries: Tensor) -> tuple[Tensor, Tensor | None] | None:
         """The queue's columns for the rows of this batch, ``(similarity (R, Q), exclude (R, Q) or None)``, or
@@ -363,7 +363,7 @@ class QueueMixin:
         if self.queue is None:
             return None
         dot = self.similarity_fct_name == "dot_score"
-        self._queue_stats = {}
+        batch.state.queue_stats = {}
         read = self._queue_columns_for(self.queue, batch, queries, batch.row_anchors)
         state = batch.state
         columns, state.queue_vectors = (read[:2], read[2]) if read is not None else (None, None)
@@ -398,7 +398,7 @@ class QueueMixin:
         if read is None:
             return None
         similarity, exclude, vectors, stats = read
-        self._queue_stats = {**self._queue_stats, **stats}
+        batch.state.queue_stats = {**batch.state.queue_stats, **stats}
         return similarity, exclude, vectors
 
     def _key_encoder_rows(self, dot: bool, gathered: bool) -> list[Tensor]:
@@ -430,16 +430,16 @@ class QueueMixin:
             similarity, exclude = state.queue_columns
             state.queue_columns = None
             blocks = {**blocks, "query_to_doc": blocks["query_to_doc"].with_columns(similarity, exclude)}
-            self._queue_stats = {**self._queue_stats, "queue_rows_read": torch.tensor(float(similarity.size(1))),
+            state.queue_stats = {**state.queue_stats, "queue_rows_read": torch.tensor(float(similarity.size(1))),
                                  **({"queue_rows_masked": exclude.sum(dim=1).float().mean().detach()}
                                     if exclude is not None else {})}
-            self._last_stats = {**self._last_stats, **self._queue_stats}  # whether stats come before or after
+            self._last_stats = {**self._last_stats, **state.queue_stats}  # whether stats come before or after
         if state.anchor_queue_columns is not None and "doc_to_query" in blocks:
             similarity, exclude = state.anchor_queue_columns
             state.anchor_queue_columns = None
             blocks = {**blocks, "doc_to_query": blocks["doc_to_query"].with_columns(similarity, exclude)}
-            self._queue_stats = {**self._queue_stats, "anchor_queue_rows_read": torch.tensor(float(similarity.size(1)))}
-            self._last_stats = {**self._last_stats, **self._queue_stats}
+            state.queue_stats = {**state.queue_stats, "anchor_queue_rows_read": torch.tensor(float(similarity.size(1)))}
+            self._last_stats = {**self._last_stats, **state.queue_stats}
         return blocks
 
     def queue_diagnostics(self) -> dict[str, float]:

@@ -50,13 +50,13 @@ def _raise_in_rows(loss, monkeypatch):
 def test_a_batch_that_raises_leaves_no_per_batch_state(monkeypatch, chunked):
     mix = MixCSELoss(None, partner="random", seed=0)
     hn = HNCSELoss(None, mode="hnm", k=3, num_mixed=4, seed=0)
-    for loss, attribute in ((mix, "_proposed"), (hn, "_hnm_draws")):
+    for loss, attribute, draw in ((mix, "_proposed", "partners"), (hn, "_hnm_draws", "hnm_pairs")):
         seen = {}
         real_begin = loss.begin_batch
 
-        def begin(batch, loss=loss, real_begin=real_begin, attribute=attribute, seen=seen):
+        def begin(batch, real_begin=real_begin, draw=draw, seen=seen):
             out = real_begin(batch)
-            seen["prepared"] = getattr(loss, attribute) is not None
+            seen["prepared"] = out.state.draws.get(draw) is not None  # the draws live on the batch
             return out
 
         monkeypatch.setattr(loss, "begin_batch", begin)
@@ -66,7 +66,7 @@ def test_a_batch_that_raises_leaves_no_per_batch_state(monkeypatch, chunked):
                 loss.chunked_loss(columns(), None)
             else:
                 loss.compute_loss_from_embeddings(columns(), None)
-        assert seen["prepared"] and getattr(loss, attribute) is None
+        assert seen["prepared"] and getattr(loss, attribute, None) is None
 
 
 def test_adcse_commits_its_adversary_gradient_only_for_a_batch_that_did_not_raise(monkeypatch):
@@ -80,7 +80,7 @@ def test_adcse_commits_its_adversary_gradient_only_for_a_batch_that_did_not_rais
     with pytest.raises(Boom):
         loss.compute_loss_from_embeddings(columns(requires_grad=True), None)
     assert bank.pending_micro_batches == 1 and torch.equal(bank._grad_sum, before)
-    assert loss._adversary_rows is None
+    assert getattr(loss, "_adversary_rows", None) is None
 
 
 def test_whole_batch_rows_is_refused_for_a_loss_that_computes_windows():

@@ -184,7 +184,7 @@ def test_hncse_keeps_its_pair_draws_in_8_bits_for_the_batch():
     real_end = loss.end_batch
 
     def spy(batch):
-        seen["draws"] = loss._hnm_draws
+        seen["draws"] = batch.state.draws["hnm_pairs"]
         real_end(batch)
 
     loss.end_batch = spy
