@@ -166,8 +166,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
     print(f"model: {model_name} ({revision}): {module_stack(model)}"
           + (f" [fresh {args.pooling} pooling, --pooling]" if args.pooling else "")
           + bare_encoder_note(args.model, args.pooling))
-    name = args.model or "default (all-MiniLM-L6-v2, embedded)"
-    results: dict[str, Any] = {"model": name, "model_name": model_name, "revision": revision,
+    source = args.model or "default (all-MiniLM-L6-v2, embedded)"
+    name = args.model_name or source  # the tables name the model as --model-name does, else by its path
+    results: dict[str, Any] = {"model": source, "model_name": model_name, "revision": revision,
                                "modules": module_stack(model), "files": {}}
     tables: list[str] = []
     start = time.perf_counter()

@@ -177,12 +177,38 @@ def _where(path: Path, line: int) -> str:
     return f"{path}, line {line}"
 
 
+def _check_text_file(path: Path) -> None:
+    """A gzip file is named as one (BEIR's downloads are ``.gz``); read with :func:`_decoded`."""
+    with path.open("rb") as handle:
+        if handle.read(2) == b"\x1f\x8b":
+            raise BEIRFormatError(f"{path} is gzip-compressed: decompress it first (gunzip {path.name})")
+
+
+class _decoded:
+    """Within the block, a file that is not UTF-8 text is a :class:`BEIRFormatError` naming it (a UTF-16 export, a
+    Latin-1 file)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def __enter__(self) -> None:
+        _check_text_file(self.path)
+
+    def __exit__(self, kind: Any, error: Any, trace: Any) -> None:
+        if isinstance(error, UnicodeDecodeError):
+            utf16 = error.object[:2] in (b"\xff\xfe", b"\xfe\xff") if isinstance(error.object, bytes) else False
+            hint = "it is UTF-16: save it as UTF-8" if utf16 else "save it as UTF-8"
+            raise BEIRFormatError(f"{self.path} is not UTF-8 text (byte {error.start}: {error.reason}); {hint}") \
+                from None
+
+
 def _read_jsonl(path: Path, what: str, *, title: bool) -> tuple[dict[str, str], dict[str, str]]:
-    """id → text (and id → title) of a BEIR ``.jsonl`` file, checked line by line."""
+    """id → text (and id → title) of a BEIR ``.jsonl`` file, checked line by line (a BOM at its start is dropped; ids
+    are stripped of surrounding white space, as in the qrels)."""
     texts: dict[str, str] = {}
     titles: dict[str, str] = {}
     first_line: dict[str, int] = {}
-    with path.open(encoding="utf-8") as handle:
+    with _decoded(path), path.open(encoding="utf-8-sig") as handle:
         for number, line in enumerate(handle, start=1):
             if not line.strip():
                 continue
@@ -198,7 +224,9 @@ def _read_jsonl(path: Path, what: str, *, title: bool) -> tuple[dict[str, str], 
             raw_id = row["_id"]
             if isinstance(raw_id, bool) or not isinstance(raw_id, str | int) or str(raw_id) == "":
                 raise BEIRFormatError(f"{_where(path, number)}: _id must be a non-empty string, got {raw_id!r}")
-            key = str(raw_id)
+            key = str(raw_id).strip()
+            if not key:
+                raise BEIRFormatError(f"{_where(path, number)}: _id must be a non-empty string, got {raw_id!r}")
             text = row["text"]
             head = row.get("title", "") if title else ""
             head = "" if head is None else head
@@ -218,7 +246,7 @@ def _read_jsonl(path: Path, what: str, *, title: bool) -> tuple[dict[str, str], 
 def _read_qrels(path: Path, corpus: dict[str, str], queries: dict[str, str]) -> dict[str, dict[str, int]]:
     """query id → document id → score of a qrels file; every id must exist, each pair once."""
     qrels: dict[str, dict[str, int]] = {}
-    with path.open(encoding="utf-8", newline="") as handle:
+    with _decoded(path), path.open(encoding="utf-8-sig", newline="") as handle:
         for number, row in enumerate(csv.reader(handle, delimiter="\t", quoting=csv.QUOTE_NONE), start=1):
             if not row or not "".join(row).strip():
                 continue
@@ -229,6 +257,8 @@ def _read_qrels(path: Path, corpus: dict[str, str], queries: dict[str, str]) -> 
                                       f"corpus-id, score), got {len(row)}")
             query, doc, raw = (c.strip() for c in row)
             try:
+                if not raw.isascii() or not raw.lstrip("-").isdigit():  # int() would read "1_0" as 10, " 1" as 1
+                    raise ValueError(raw)
                 score = int(raw)
             except ValueError:
                 raise BEIRFormatError(f"{_where(path, number)}: the score must be an integer, got {raw!r} (a grade: "
@@ -236,6 +266,9 @@ def _read_qrels(path: Path, corpus: dict[str, str], queries: dict[str, str]) -> 
             if score < 0:
                 raise BEIRFormatError(f"{_where(path, number)}: the score must be a non-negative integer grade, got "
                                       f"{raw!r}")
+            if score > 2**31 - 1:
+                raise BEIRFormatError(f"{_where(path, number)}: the grade {raw} is above 2,147,483,647, which "
+                                      "pytrec_eval cannot score exactly")
             if query not in queries:
                 raise BEIRFormatError(f"{_where(path, number)}: query id {query!r} is not in queries.jsonl")
             if doc not in corpus:

@@ -55,6 +55,10 @@ class RunFormatError(ValueError):
     """A run, qrels or per-query file that cannot be scored; the message names the file and line."""
 
 
+#: the largest grade pytrec_eval scores exactly (it holds grades in a C ``int``)
+MAX_GRADE = 2**31 - 1
+
+
 def check_qrels(qrels: Mapping[str, Mapping[str, Any]], name: str = "qrels") -> dict[str, dict[str, int]]:
     """``{query id: {document id: grade}}`` with every grade a non-negative integer (a bool, float or negative
     grade is refused: pytrec_eval would silently truncate or mis-gain it).
@@ -72,6 +76,9 @@ def check_qrels(qrels: Mapping[str, Mapping[str, Any]], name: str = "qrels") -> 
         for doc, grade in docs.items():
             if isinstance(grade, bool) or not isinstance(grade, int | np.integer) or grade < 0:
                 raise ValueError(f"{name}[{query!r}][{doc!r}] must be a non-negative integer grade, got {grade!r}")
+            if grade > MAX_GRADE:  # pytrec_eval holds grades in a C int: a larger one wraps (a perfect run scores 0)
+                raise ValueError(f"{name}[{query!r}][{doc!r}] = {grade}: grades above {MAX_GRADE:,} cannot be scored "
+                                 "exactly by pytrec_eval")
             graded[str(doc)] = int(grade)
         out[str(query)] = graded
     return out
@@ -204,11 +211,23 @@ def search(query_embeddings: Tensor | np.ndarray, doc_embeddings: Tensor | np.nd
 def write_trec_run(path: str | Path, run: Mapping[str, Mapping[str, float]], *, tag: str = "st-hardneg",
                    depth: int = RUN_FILE_DEPTH) -> Path:
     """Write ``run`` as a TREC run file (``qid Q0 docid rank score tag``, the top ``depth`` documents per query in
-    trec_eval's order); returns the path."""
+    trec_eval's order); returns the path.
+
+    Raises:
+        ValueError: an id or the tag is empty or holds white space, or a score is not finite: the file could not be
+            read back by :func:`read_trec_run` (nothing is written).
+    """
     path = Path(path)
+    names = [("tag", tag), *(("query id", q) for q in run), *(("document id", d) for docs in run.values() for d in docs)]
+    for label, name in names:
+        if not str(name) or any(ch.isspace() for ch in str(name)):
+            raise ValueError(f"write_trec_run: the {label} {name!r} is empty or holds white space, which a TREC run "
+                             "separates fields by: the file could not be read back")
     lines = []
     for qid, docs in run.items():
         for rank, (doc, value) in enumerate(_ranked(docs)[:depth], start=1):
+            if not math.isfinite(value):
+                raise ValueError(f"write_trec_run: the score of ({qid!r}, {doc!r}) is {value!r}, not a finite number")
             lines.append(f"{qid} Q0 {doc} {rank} {value!r} {tag}\n")
     path.write_text("".join(lines), encoding="utf-8")
     return path

@@ -73,3 +73,46 @@ def test_a_file_or_folder_of_the_wrong_kind_is_named_as_such(root):
     (root / "queries.jsonl").mkdir()
     with pytest.raises(DataNotFoundError, match=r"queries\.jsonl is a folder, not the BEIR file"):
         load_beir(root)
+
+
+@pytest.mark.parametrize("grade, message", [
+    ("1_0", "the score must be an integer, got '1_0'"),
+    ("+1", "the score must be an integer, got '+1'"),
+    ("٣", "the score must be an integer, got '٣'"),
+    (str(10**30), "the grade 1000000000000000000000000000000 is above 2,147,483,647"),
+])
+def test_a_grade_python_would_misread_or_pytrec_eval_truncate_is_named(root, grade, message):
+    import re
+
+    q, d, _ = (root / "qrels" / "test.tsv").read_text().splitlines()[1].split("\t")
+    _set_test_qrels(root, [f"{q}\t{d}\t{grade}"])
+    with pytest.raises(BEIRFormatError, match=rf"test\.tsv, line 2: {re.escape(message)}"):
+        load_beir(root)
+
+
+def test_a_bom_and_spaces_around_ids_are_read_the_same_in_every_file(root):
+    """A UTF-8 BOM (Windows editors write one) and spaces around an id are not part of the id, in the corpus, the
+    queries and the qrels alike."""
+    expected = load_beir(root).task("test")
+    for name in ("corpus.jsonl", "queries.jsonl"):
+        path = root / name
+        lines = path.read_text().splitlines()
+        lines = [line.replace('"_id": "', '"_id": " ', 1) for line in lines]
+        path.write_text("\ufeff" + "\n".join(lines) + "\n", encoding="utf-8")
+    qrels = root / "qrels" / "test.tsv"
+    qrels.write_text("\ufeff" + qrels.read_text(), encoding="utf-8")
+    task = load_beir(root).task("test")
+    assert task.qrels == expected.qrels and task.queries == expected.queries
+
+
+def test_gzip_and_utf16_files_are_named_with_the_fix(root):
+    import gzip
+
+    corpus = root / "corpus.jsonl"
+    text = corpus.read_text()
+    corpus.write_bytes(gzip.compress(text.encode()))
+    with pytest.raises(BEIRFormatError, match=r"corpus\.jsonl is gzip-compressed: decompress it first"):
+        load_beir(root)
+    corpus.write_text(text, encoding="utf-16")
+    with pytest.raises(BEIRFormatError, match=r"corpus\.jsonl is not UTF-8 text .*it is UTF-16: save it as UTF-8"):
+        load_beir(root)

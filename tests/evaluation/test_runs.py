@@ -112,3 +112,31 @@ def test_per_query_round_trip_and_bad_lines(tmp_path):
     path.write_text("query\tvalue\n")
     with pytest.raises(RunFormatError, match="line 1: expected the header"):
         read_per_query(path)
+
+
+def test_a_run_file_is_written_only_when_it_can_be_read_back(tmp_path):
+    import math
+
+    import pytest
+
+    from st_hardneg.evaluation.runs import read_trec_run, write_trec_run
+
+    good = {"q1": {"d1": 0.5, "d2": 0.25}}
+    assert read_trec_run(write_trec_run(tmp_path / "ok.trec", good, tag="my-run")) == good
+    for run, tag, fragment in [({"q 1": {"d1": 1.0}}, "t", "the query id 'q 1'"),
+                               ({"q1": {"d 1": 1.0}}, "t", "the document id 'd 1'"),
+                               (good, "my run", "the tag 'my run'"),
+                               ({"q1": {"d1": math.nan}}, "t", "is nan, not a finite number")]:
+        with pytest.raises(ValueError, match=fragment):
+            write_trec_run(tmp_path / "bad.trec", run, tag=tag)
+        assert not (tmp_path / "bad.trec").exists()
+
+
+def test_a_grade_pytrec_eval_cannot_hold_is_refused():
+    import pytest
+
+    from st_hardneg.evaluation.runs import MAX_GRADE, check_qrels
+
+    assert check_qrels({"q": {"d": MAX_GRADE}}) == {"q": {"d": MAX_GRADE}}
+    with pytest.raises(ValueError, match="cannot be scored exactly by pytrec_eval"):
+        check_qrels({"q": {"d": MAX_GRADE + 1}})
