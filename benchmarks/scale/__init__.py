@@ -84,13 +84,16 @@ This package is the driver (plan, subprocess per configuration, resume); :mod:`b
 configuration (``python -m benchmarks.scale worker CONFIG``, started by the driver) and :mod:`benchmarks.scale.report`
 turns the results into the summary, table and plot. Two more measurements of the same question, each its own
 subcommand: ``paired`` (:mod:`benchmarks.scale.paired`: every loss's cached step at one large batch, interleaved with
-CachedMNRL in one process -> ``scale_paired.md``) and ``tensors`` (:mod:`benchmarks.scale.tensors`: which tensors a
-cached loss holds at its peak -> ``scale_tensors.md``)::
+CachedMNRL in one process -> ``scale_paired.md``), ``tensors`` (:mod:`benchmarks.scale.tensors`: which tensors a
+cached loss holds at its peak -> ``scale_tensors.md``) and ``profile`` (:mod:`benchmarks.scale.profile`: where a
+cached step spends its time against the uncached work, with a ``torch.profiler`` trace -> ``scale_profile_cpu.*``,
+or on a GPU ``scale_profile_gpu.*``)::
 
     python -m benchmarks.scale [run] [options]       # the grid (the default subcommand)
     python -m benchmarks.scale report [--out FILE]   # = --report
     python -m benchmarks.scale paired [--batch-size 8192 --rounds 4]
     python -m benchmarks.scale tensors [--n 8192]
+    python -m benchmarks.scale profile [--device cuda] [--dry-run]
 
 Writes ``benchmarks/results/scale.json`` after every configuration (``{"runs": {key: result}, "_meta": ...}``); a
 finished configuration already in the JSON is skipped, so an interrupted run resumes where it stopped (failed ones
@@ -274,13 +277,19 @@ def _tensors(argv: list[str]) -> int:
     return tensors.main(argv)
 
 
+def _profile(argv: list[str]) -> int:
+    from benchmarks.scale import profile
+
+    return profile.main(argv)
+
+
 #: the subcommands besides ``run`` (the default, also taken when the first argument is an option)
 COMMANDS = {"report": lambda argv: run_main(["--report", *argv]), "paired": _paired, "tensors": _tensors,
-            "worker": worker_main}
+            "profile": _profile, "worker": worker_main}
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m benchmarks.scale [run|report|paired|tensors|worker] ...``: the subcommand's own options follow its
+    """``python -m benchmarks.scale [run|report|paired|tensors|profile|worker] ...``: the subcommand's own options follow its
     name; without one, the grid (``run``)."""
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv and argv[0] in COMMANDS:

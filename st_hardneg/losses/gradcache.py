@@ -25,6 +25,7 @@ A loss that cannot use the mixin directly wraps itself in :class:`GradCached`::
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterable
 from typing import Any, cast
 
@@ -118,6 +119,22 @@ class GradCacheMixin(CachedLossMixin):
             return self.forward_cached(cached, labels)
         finally:
             self._gradcache_frozen = None
+
+    def embed_minibatch(self, sentence_feature: dict[str, Tensor], begin: int, end: int, with_grad: bool,
+                        copy_random_state: bool, random_state: Any = None) -> tuple[Tensor, Any]:
+        """sentence-transformers' ``embed_minibatch``, with step (1)'s autocast state replayed in step (3), as its RNG
+        state is: step (3) runs inside ``backward()``, where a ``torch.autocast`` around the loss's forward is no
+        longer active, and would re-embed in float32 what step (1) embedded in bf16 (slower, and not the
+        embeddings whose gradients were cached). The state rides on the mini-batch's ``RandContext``."""
+        replay = getattr(random_state, "autocast", None)
+        with torch.autocast(*replay) if replay is not None else contextlib.nullcontext():
+            reps, state = super().embed_minibatch(sentence_feature, begin, end, with_grad, copy_random_state,
+                                                  random_state)
+        if state is not None and torch.is_autocast_enabled(reps.device.type):
+            device = reps.device.type
+            state.autocast = (device, torch.get_autocast_dtype(device), True,  # type: ignore[attr-defined]
+                              torch.is_autocast_cache_enabled())
+        return reps, state
 
     def _embed_without_grad(self, module: nn.Module, features: dict[str, Tensor]) -> Tensor:
         ranges = _minibatch_ranges(features, self.mini_batch_size, self.mini_batch_num_tokens)  # type: ignore[arg-type]
