@@ -276,8 +276,21 @@ def load_checkpoint(path: str | Path, device: str | None = None) -> SentenceTran
     if loader is None:  # pragma: no cover - other sentence-transformers versions
         raise RuntimeError("this sentence-transformers cannot load a model with st-hardneg's modules without running "
                            "remote code; install sentence-transformers >= 6.2")
-    loaded = loader(str(path), module_classes, device=device)
+    from safetensors import SafetensorError
+
+    try:
+        loaded = loader(str(path), module_classes, device=device)
+    except (OSError, ValueError, RuntimeError, KeyError, TypeError, SafetensorError) as exc:  # truncated, missing
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise BrokenModelError(f"{path} is a damaged model folder: {first[:300]} (save the model again, or check that "
+                               "every file of modules.json's modules is there: weights, tokenizer, 1_Pooling/)") \
+            from None
     return save_inference_by_default(loaded) if train_only_module_names(loaded) else loaded
+
+
+class BrokenModelError(ValueError):
+    """A model folder that cannot be loaded (truncated weights, a missing module or tokenizer file): the message names
+    the folder and what failed."""
 
 
 def _module_types(path: Path) -> list[str]:

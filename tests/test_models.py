@@ -151,3 +151,19 @@ def test_each_encoding_names_its_progress_bar(tiny_model, capsys):
         pass
     tiny_model.encode(["x"], show_progress_bar=True)  # restored after the block: sentence-transformers' own label
     assert "Batches" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("damage", ["truncated weights", "no 1_Pooling"])
+def test_a_damaged_model_folder_is_named(tiny_model_dir, tmp_path, damage):
+    import shutil
+
+    from st_hardneg.models import BrokenModelError
+
+    folder = _saved(tiny_model_dir, tmp_path)
+    if damage == "truncated weights":
+        weights = folder / "model.safetensors"
+        weights.write_bytes(weights.read_bytes()[:100])
+    else:
+        shutil.rmtree(folder / "1_Pooling")
+    with pytest.raises(BrokenModelError, match=rf"{folder} is a damaged model folder: "):
+        load_checkpoint(folder)

@@ -117,6 +117,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if args.batch_size < 1:
         raise ValueError(f"--batch-size must be >= 1, got {args.batch_size}")
     option = getattr(args, "output_option", "--output-dir")
+    if getattr(args, "cache_dir", None):  # proven before the model loads and encodes, not after
+        ensure_writable_dir(args.cache_dir, "--cache-dir")
     if str(args.output_dir).endswith(".json"):
         ensure_writable_file(args.output_dir, option)
     else:

@@ -498,7 +498,13 @@ def find_checkpoint(path: str, run: dict[str, Any] | None = None, option: str = 
         if not info_file.is_file():
             raise ValueError(f"{option} {folder} was not written by st-hardneg train (no {CHECKPOINT_RUN_FILE}): its "
                              "loss is unknown")
-        saved = json.loads(info_file.read_text(encoding="utf-8"))
+        try:
+            saved = json.loads(info_file.read_text(encoding="utf-8"))
+            if not isinstance(saved, dict):
+                raise ValueError("not a JSON object")
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise ValueError(f"{option}: {info_file} is damaged ({str(exc).splitlines()[0]}); it records the loss "
+                             "of the checkpoint: resume from another checkpoint") from None
         for key in ("loss", "loss_args"):
             if json.dumps(saved.get(key), sort_keys=True) != json.dumps(run.get(key), sort_keys=True, default=str):
                 raise ValueError(f"{option} {folder} is a checkpoint of {key} {saved.get(key)!r}, this run trains "

@@ -87,3 +87,20 @@ def test_download_offline_names_the_url_and_the_cause(tmp_path, capsys, monkeypa
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     assert cli.main(["download", "senteval", "--dest", str(tmp_path / "d")]) == 1
     assert f"cannot download {SENTEVAL_URL}: HF_HUB_OFFLINE is set" in capsys.readouterr().err
+
+
+def test_a_damaged_checkpoint_run_file_is_named(no_model, tmp_path, capsys):
+    folder = tmp_path / "ckpt" / "checkpoint-2"
+    folder.mkdir(parents=True)
+    (folder / "trainer_state.json").write_text("{}")
+    (folder / "st_hardneg_run.json").write_text("{broken")
+    err = _one_line_exit_2(["train", "--training-arg", f"resume_from_checkpoint={folder}", "--output-dir",
+                            str(tmp_path / "o")], capsys)
+    assert "st_hardneg_run.json is damaged" in err and "resume from another checkpoint" in err
+
+
+def test_eval_cache_dir_is_checked_before_the_model_loads(no_model, tmp_path, capsys):
+    (tmp_path / "file").write_text("not a folder")
+    err = _one_line_exit_2(["eval", "--cache-dir", str(tmp_path / "file" / "cache"), "--output-dir",
+                            str(tmp_path / "r")], capsys)
+    assert "--cache-dir" in err
