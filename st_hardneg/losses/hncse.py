@@ -244,6 +244,9 @@ class HNCSELoss(HardNegativeLoss):
         #: per batch (begin_batch): the positive-mixing share for the diagnostics, HNM's random pair positions
         self.hnm_pool = validation.check_choice(hnm_pool, "hnm_pool",
                                                 ("in_batch_negatives", "hard_negatives", "all_negatives"))
+        if not self.uses_hnm and self.hnm_pool != "in_batch_negatives":
+            raise ValueError(f"HNCSELoss: hnm_pool={self.hnm_pool!r} is where HNM mines, and mode={self.mode!r} runs no "
+                             "HNM, so it would be ignored; use mode='hnm' or 'both', or drop hnm_pool")
         # a pair of distinct in-batch negatives needs two other pairs in the batch
         self.min_batch_size = 3 if self.uses_hnm and not self.hnm_single else 2
 

@@ -313,6 +313,10 @@ class QueueOptions:
             object.__setattr__(self, name, value)
         if not self.size and (self.source != "online" or self.momentum != 0.995):
             raise ValueError(f"{_OWNER}: queue_source / queue_momentum set without a queue; set queue_size > 0")
+        if self.size and self.source == "online" and self.momentum != 0.995:
+            raise ValueError(f"{_OWNER}: queue_momentum={self.momentum} with queue_source='online': an online queue "
+                             "has no key encoder to move, so the momentum would be ignored; set queue_source='ema' or "
+                             "drop queue_momentum")
         object.__setattr__(self, "anchors", validation.check_bool(self.anchors, "queue_anchors"))
         if self.anchors and not self.size:
             raise ValueError(f"{_OWNER}: queue_anchors=True without a queue; set queue_size > 0")
