@@ -140,7 +140,8 @@ class KnownRelevanceBatchSampler:
         self.epoch = epoch
 
     def __len__(self) -> int:
-        return len(self.rows) // self.batch_size
+        full, rest = divmod(len(self.rows), self.batch_size)
+        return full + int(bool(rest) and not self.drop_last)  # drop_last=False: the last, smaller batch counts
 
     def __iter__(self) -> Any:
         self.generator.manual_seed(self.seed + self.epoch)
@@ -179,6 +180,8 @@ class KnownRelevanceBatchSampler:
                     left += remaining[position + 1:]
                     break
             if len(batch) < self.batch_size:
+                if batch and not self.drop_last and not left:  # every row placed: the last, smaller batch
+                    yield batch
                 return
             yield batch
             remaining = left

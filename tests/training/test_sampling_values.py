@@ -42,3 +42,18 @@ def test_check_ids_and_known_positives_name_nested_values():
         check_known_positives({"x": [["y"]]})
     # a generator of texts is read once and kept
     assert check_known_positives({"x": (t for t in ("y", "z"))}) == {"x": frozenset({"y", "z"})}
+
+
+@pytest.mark.parametrize("drop_last, sizes", [(True, [4, 4]), (False, [4, 4, 2])])
+def test_the_known_relevance_sampler_yields_as_many_batches_as_it_says(drop_last, sizes):
+    from datasets import Dataset
+
+    from st_hardneg.training.sampling import KnownRelevanceBatchSampler
+
+    rows = Dataset.from_dict({"anchor": [f"q{i}" for i in range(10)], "positive": [f"d{i}" for i in range(10)]})
+    sampler = KnownRelevanceBatchSampler(rows, batch_size=4, drop_last=drop_last, seed=3)
+    batches = list(sampler)
+    assert len(sampler) == len(batches) == len(sizes)
+    assert sorted(len(batch) for batch in batches) == sorted(sizes)
+    if not drop_last:  # every row once
+        assert sorted(i for batch in batches for i in batch) == list(range(10))
