@@ -571,7 +571,7 @@ def training_model(name_or_path: str | Path | None, *, pooling: str | None = Non
     if default and preset is not None:
         mode = pooling or preset["pooling"]
         length = max_seq_length or preset["max_seq_length"]
-        model = load_default_model(pooling=mode, max_seq_length=None, device=device)
+        model = resolve_model(None, pooling=mode, max_seq_length=None, device=device)  # the encoder, a fresh pooling
         saved = model.max_seq_length if max_seq_length is None else max_seq_length
         model.max_seq_length = length
         changes.append(f"preset {preset['name']}: {DEFAULT_MODEL_NAME}'s encoder with Pooling({mode}), no Normalize, "
@@ -585,11 +585,11 @@ def training_model(name_or_path: str | Path | None, *, pooling: str | None = Non
         return TrainingModel(model, changes, length, saved)
     if not default:
         _check_local_path(name_or_path)  # type: ignore[arg-type]
-    folder = default_model_path() if default else saved_model_dir(name_or_path)  # type: ignore[arg-type]
-    if folder is None:  # a bare encoder: nothing saved says how to pool it, nor its length
+    folder = None if default else saved_model_dir(name_or_path)  # type: ignore[arg-type]
+    if folder is None and not default:  # a bare encoder: nothing saved says how to pool it, nor its length
         mode = pooling or bare_pooling
         length = max_seq_length or train_length
-        model = load_model(name_or_path, pooling=mode, max_seq_length=length, device=device)  # type: ignore[arg-type]
+        model = resolve_model(name_or_path, pooling=mode, max_seq_length=length, device=device)
         changes.append(f"{name_or_path} is an encoder without modules.json: Pooling({mode}), {model.max_seq_length} "
                        f"tokens{'' if pooling and max_seq_length else ' (the task defaults; --pooling / --max-seq-length to choose)'}")
         if mlp_head:
@@ -597,9 +597,7 @@ def training_model(name_or_path: str | Path | None, *, pooling: str | None = Non
             changes.append("--mlp-head: SimCSE's MLP head in training only (the saved model has none)")
         return TrainingModel(model, changes, model.max_seq_length, model.max_seq_length)
     else:
-        model = load_checkpoint(folder, device=device)
-        if default:
-            model.model_card_data.base_model = f"sentence-transformers/{DEFAULT_MODEL_NAME}"
+        model = resolve_model(name_or_path, device=device, saved="as_is")  # every module, as saved
         if pooling is not None:
             found = _pooling_module(model)
             if found is None:
