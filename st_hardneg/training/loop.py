@@ -181,8 +181,9 @@ def train(model: SentenceTransformer, train_dataset: Dataset, loss: nn.Module, c
     With an ``evaluator`` (e.g. :class:`~st_hardneg.evaluation.SentEvalSTSEvaluator` on STS-B dev) the model is
     evaluated every ``config.eval_steps`` steps and at the end, and the best checkpoint is loaded at the end
     (the papers' selection rule). The model is modified in place. Checkpoints are rotated among this run's own
-    (``save_total_limit``), never a folder the run did not write (:class:`~st_hardneg.training.callbacks.
-    CheckpointLedgerCallback`); :attr:`TrainResult.checkpoints` names those it kept. ``config.extra_args["resume_from_checkpoint"]``
+    (``save_total_limit``), never a folder the run did not write
+    (:class:`~st_hardneg.training.callbacks.CheckpointLedgerCallback`); ``TrainResult.checkpoints`` names those it
+    kept. ``config.extra_args["resume_from_checkpoint"]``
     resumes from that checkpoint folder (a stateful loss too, exactly:
     :class:`~st_hardneg.training.callbacks.StatefulLossCallback`). The model card names st-hardneg
     (:class:`~st_hardneg.training.callbacks.ModelCardCallback`).
