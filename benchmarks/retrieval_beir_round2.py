@@ -326,6 +326,9 @@ def summary(data: dict[str, Any]) -> str:
 
     labels = list(dict.fromkeys(r["method"] for r in data["runs"] if r["dataset"] in MAIN and "test" in r))
     dev = round2_screened(data, labels)
+    untrained = pooled_dev(data, "untrained", "untrained")
+    if untrained is not None:
+        dev["untrained"] = untrained
     labels.sort(key=lambda label: (label != "untrained", -(dev.get(label) or -1.0), label))
     body = []
     for label in labels:
