@@ -327,3 +327,133 @@ def rows_mining(data: dict[str, Any], name: str) -> str | None:
     """The mining setting dataset ``name``'s rows were trained on."""
     used = {r.get("mining") for r in data["runs"] if r["dataset"] == name and r.get("stage") == "main"} - {None}
     return ", ".join(sorted(used)) if used else None
+
+
+# --------------------------------------------------------------------------- round 2 (issue 51)
+#: the second round's pairs: the first round's rule; its longer NFCorpus protocol draws ~5,000 pairs (156 steps)
+LONG_SAMPLING = {"per_query": 5, "max_pairs": 5000, "seed": 0}
+#: the datasets of the second round: the two of :data:`DATASETS` and the longer NFCorpus protocol (its own dataset
+#: key: the same folder, dev and test, more training pairs)
+ROUND2_DATASETS = ("scifact", "nfcorpus", "nfcorpus_long")
+#: mining settings of the second round, each through ``sentence_transformers.util.mine_hard_negatives`` given every
+#: training judgement of each sampled query (so no known relevant document is ever a candidate, and, as
+#: mine_hard_negatives does with several positives, a margin is relative to the query's lowest-scoring positive), 1
+#: negative a query, the best candidate in the rank range (``range_max`` ``None``: the whole corpus); a pair whose
+#: query keeps no candidate stays in training as a pair. ``pairs``: no negative at all
+ROUND2_MINING: dict[str, dict[str, Any] | None] = {
+    "rel0.05": {"relative_margin": 0.05, "range_min": 0, "range_max": None},
+    "skip10_rel0.05": {"relative_margin": 0.05, "range_min": 10, "range_max": 50},
+    "top1_nomargin": {"relative_margin": None, "range_min": 0, "range_max": None},
+    "pairs": None,
+}
+#: the mining of st-hardneg's rows: the hardest candidate outside the training qrels (the recipe's mining, the first
+#: round's ``top5_nomargin`` negative, now without dropping a pair); their false-negative control is the loss's
+OURS_MINING = "top1_nomargin"
+#: sentence-transformers' rows run on the dev-chosen mining (MNRL screens the settings)
+ROUND2_BUILTINS = ("mnrl", "gist", "mnrl_hardness", "cached_mnrl_4x")
+#: each of the four losses (HNCSE in both modes, AdCSE with tied keys: its untied momentum keys give the document side
+#: no gradient): its base options, and the one option of its own the screen tries (name, options)
+ROUND2_LOSSES: dict[str, tuple[str, dict[str, Any], str, dict[str, Any]]] = {
+    "focal": ("focal", {}, "m0.5", {"m": 0.5}),
+    "mixcse": ("mixcse_two_way", {"partner": "explicit"}, "lam0.4", {"lam": 0.4}),  # "mixcse" until one name, one loss
+    "hncse_hnm": ("hncse_hnm", {"hnm_pool": "hard_negatives"}, "k5", {"k": 5, "num_mixed": 20}),
+    "hncse_pm": ("hncse_pm", {}, "thr0.3", {"pm_threshold": 0.3}),
+    "adcse_tied": ("adcse", {"untied": False}, "adv16", {"num_adversaries": 16}),
+}
+#: what the control needs besides guide, margin and known positives: MixCSE's benchmark form (both directions, each
+#: normalised on its own) cannot hold GIST's anchor-anchor / positive-positive blocks that a guide turns on
+CONTROL_EXTRA: dict[str, dict[str, Any]] = {"mixcse": {"contrast_anchors": False, "contrast_positives": False}}
+#: the temperatures screened (0.05: the losses' default and MNRL's; 0.01: GISTEmbedLoss's)
+ROUND2_TEMPERATURES = (0.05, 0.01)
+
+
+def round2_label(key: str, *, control: bool = True, temperature: float = 0.05, option: bool = False) -> str:
+    """``<loss>[+ctl][@t0.01][,<option>]``: ``+ctl`` is the recipe's false-negative control (the untrained model as
+    guide of a relative 0.05 margin, and the training qrels as ``known_positives``)."""
+    tags = [t for t in (f"t{temperature:g}" if temperature != 0.05 else "", ROUND2_LOSSES[key][2] if option else "")
+            if t]
+    return f"{key}{'+ctl' if control else ''}" + (f"@{','.join(tags)}" if tags else "")
+
+
+def round2_method(key: str, *, control: bool = True, temperature: float = 0.05, option: bool = False) -> Method:
+    """The row :func:`round2_label` names."""
+    loss, base, _, own = ROUND2_LOSSES[key]
+    kwargs = {**base, **(own if option else {}), "temperature": temperature,
+              **({**REL, **CONTROL_EXTRA.get(key, {})} if control else {})}
+    return Method(loss, kwargs, known_positives=control, guided=control)
+
+
+def round2_rows() -> dict[str, tuple[Method, str]]:
+    """Every row of the second round: label -> (row, mining setting): each loss with and without the control at each
+    temperature, with and without its own option (on :data:`OURS_MINING`), and each built-in on each mining setting
+    (``<built-in>@<setting>``; MNRL on pairs only is ``mnrl@pairs``)."""
+    rows: dict[str, tuple[Method, str]] = {}
+    for key in ROUND2_LOSSES:
+        for control in (True, False):
+            for temperature in ROUND2_TEMPERATURES:
+                for option in (False, True):
+                    rows[round2_label(key, control=control, temperature=temperature, option=option)] = (
+                        round2_method(key, control=control, temperature=temperature, option=option), OURS_MINING)
+    for name in ROUND2_BUILTINS:
+        for setting in ROUND2_MINING:
+            rows[f"{name}@{setting}"] = (BUILTIN[name], setting)
+    return rows
+
+
+def round2_key(label: str) -> str | None:
+    """The loss key of one of st-hardneg's round-2 rows (``None`` for a built-in or the untrained model)."""
+    key = label.split("@")[0].removesuffix("+ctl")
+    return key if key in ROUND2_LOSSES else None
+
+
+def round2_screened(data: dict[str, Any], labels: list[str]) -> dict[str, float]:
+    """Pooled dev nDCG@10 at seed 0 of each of ``labels`` that has run on both datasets."""
+    scored = {label: pooled_dev(data, "main", label, (0,)) for label in labels}
+    return {k: v for k, v in scored.items() if v is not None}
+
+
+def round2_loss_configs(key: str, control: bool = True) -> list[str]:
+    return [round2_label(key, control=control, temperature=t, option=o) for t in ROUND2_TEMPERATURES
+            for o in (False, True)]
+
+
+def round2_loss_choice(data: dict[str, Any], key: str) -> str | None:
+    """The loss's configuration with the control chosen on pooled dev at seed 0 among those run."""
+    scored = round2_screened(data, round2_loss_configs(key))
+    return max(scored, key=lambda k: scored[k]) if scored else None
+
+
+def round2_best_temperature(data: dict[str, Any], key: str) -> float:
+    """The temperature of the loss's better base configuration with the control (pooled dev, seed 0): the one its
+    own option is screened at."""
+    scored = round2_screened(data, [round2_label(key, temperature=t) for t in ROUND2_TEMPERATURES])
+    if not scored:
+        return ROUND2_TEMPERATURES[0]
+    best = max(scored, key=lambda k: scored[k])
+    return next(t for t in ROUND2_TEMPERATURES if round2_label(key, temperature=t) == best)
+
+
+def round2_mining_choice(data: dict[str, Any]) -> str | None:
+    """The mining setting of the built-ins: MNRL's best pooled dev at seed 0."""
+    scored = round2_screened(data, [f"mnrl@{s}" for s in ROUND2_MINING])
+    return max(scored, key=lambda k: scored[k]).split("@", 1)[1] if scored else None
+
+
+def round2_side_ranking(data: dict[str, Any], builtin: bool) -> list[tuple[str, float]]:
+    """The rows of one side by pooled dev at seed 0, best first: the built-ins (every mining run), or each loss's
+    chosen configuration with the control and every row without it."""
+    if builtin:
+        labels = [f"{b}@{s}" for b in ROUND2_BUILTINS for s in ROUND2_MINING]
+    else:
+        labels = [c for key in ROUND2_LOSSES if (c := round2_loss_choice(data, key))]
+        labels += [round2_label(key, control=False, temperature=t, option=o) for key in ROUND2_LOSSES
+                   for t in ROUND2_TEMPERATURES for o in (False, True)]
+    scored = round2_screened(data, labels)
+    return sorted(scored.items(), key=lambda kv: -kv[1])
+
+
+def round2_twin(label: str) -> str:
+    """The same configuration without the control (or with it)."""
+    head, at, tail = label.partition("@")
+    twin = head.removesuffix("+ctl") if head.endswith("+ctl") else f"{head}+ctl"
+    return twin + at + tail

@@ -1,0 +1,486 @@
+"""Two-dataset retrieval benchmark, second round (issue 51): every st-hardneg loss with the recipe's false-negative
+control beside the same loss without it, sentence-transformers' built-ins on their own dev-chosen mining, and a
+longer NFCorpus protocol; resumable, one process.
+
+The first round's protocol (:data:`~benchmarks.retrieval_beir_rows.PROTOCOL`: all-MiniLM-L6-v2 as published, 128 /
+256 tokens, batch 32, lr 2e-5, 10 % warm-up, 1 epoch, graded nDCG@10 on SciFact and NFCorpus, options chosen on pooled
+dev at seed 0) with these changes:
+
+- **Mining** (:data:`~benchmarks.retrieval_beir_rows.ROUND2_MINING`): ``mine_hard_negatives`` is given every training
+  judgement of each sampled query, 1 negative a query; a pair whose query keeps no candidate stays in training as a
+  pair (the Trainer's proportional multi-dataset batches: a batch is all triplets or all pairs). st-hardneg's rows
+  train on ``top1_nomargin`` (the hardest candidate outside the training qrels); the built-ins on the setting MNRL's
+  pooled dev chooses among the four (``mnrl@<setting>``, seed 0).
+- **The control** (``+ctl``): the untrained model as the loss's guide, the relative 0.05 margin, the training qrels as
+  ``known_positives``: GIST's rows plus known relevance, for Focal, MixCSE (explicit partner), HNCSE HNM (mined
+  pool) and PM, and AdCSE with tied keys. Each loss's screen (seed 0, pooled dev): temperature 0.05 and 0.01, then its
+  own option (:data:`~benchmarks.retrieval_beir_rows.ROUND2_LOSSES`) at the better temperature.
+- **Longer NFCorpus** (dataset ``nfcorpus_long``): ~5,000 pairs (156 steps) for the best rows of each side.
+
+Order (a finished (dataset, row, seed) is skipped; each item runs on both datasets): the seed-0 screens, most
+informative first (:func:`plan`); the built-ins on the chosen mining; each chosen loss without the control; seeds 1-2
+of the best rows; the longer NFCorpus protocol. The results record the commit they ran from.
+
+    python -m benchmarks.retrieval_beir_round2                      # -> results/retrieval_beir_round2.*
+    python -m benchmarks.retrieval_beir_round2 --budget-seconds 3000
+    python -m benchmarks.retrieval_beir_round2 --report             # tables from the JSON only
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from benchmarks.harness import REPO, RESULTS, SHARED_DATA
+from benchmarks.retrieval_beir import Prepared, evaluate, load_model, negatives_key, prepare, run_one
+from benchmarks.retrieval_beir_report import paired_section, per_query_by_row, per_query_runs
+from benchmarks.retrieval_beir_rows import (
+    DATASETS,
+    LONG_SAMPLING,
+    OURS_MINING,
+    PROTOCOL,
+    ROUND2_BUILTINS,
+    ROUND2_DATASETS,
+    ROUND2_LOSSES,
+    ROUND2_MINING,
+    ROUND2_TEMPERATURES,
+    Method,
+    pooled_dev,
+    round2_best_temperature,
+    round2_key,
+    round2_label,
+    round2_loss_choice,
+    round2_loss_configs,
+    round2_mining_choice,
+    round2_rows,
+    round2_screened,
+    round2_side_ranking,
+    round2_twin,
+    sampling,
+)
+
+DEFAULT_OUT = RESULTS / "retrieval_beir_round2.json"
+#: the first round's file whose untrained rows (the same evaluation) this file imports
+UNTRAINED_SOURCE = RESULTS / "retrieval_beir_screened.json"
+MAIN = ("scifact", "nfcorpus")
+#: the seed-0 screen, most informative first: HNCSE's mixup (best on SciFact, hurt on NFCorpus) and Focal (NFCorpus
+#: -11) with the control, the mining of sentence-transformers' reference run, then the rest
+FIRST = ("hncse_hnm+ctl", "mnrl@skip10_rel0.05", "focal+ctl", "mnrl@rel0.05", "mixcse+ctl", "hncse_pm+ctl",
+         "adcse_tied+ctl", "mnrl@top1_nomargin", "mnrl@pairs")
+
+
+def round2_protocol() -> dict[str, Any]:
+    return {**PROTOCOL, "pair_sampling": sampling(), "long_pair_sampling": dict(LONG_SAMPLING),
+            "mining": "sentence_transformers.util.mine_hard_negatives (untrained model, 256 tokens, whole corpus) "
+                      "given every training judgement of each sampled query, 1 negative a query (a margin is "
+                      "relative to the query's lowest-scoring positive, as mine_hard_negatives does); a pair whose "
+                      "query keeps no candidate stays in training as a pair; st-hardneg's rows: top1_nomargin; "
+                      "built-ins: the setting MNRL's pooled dev chooses (seed 0)",
+            "control": "+ctl: the untrained model as guide (frozen), relative margin 0.05, known_positives = the "
+                       "training qrels",
+            "selection": "final model of each run; each loss's options, the mining and the rows taken further chosen "
+                         "on pooled dev (seed 0); test never used to choose"}
+
+
+def commit() -> str:
+    """The commit the code runs from (``+dirty`` when the tracked files differ from it)."""
+    def git(*argv: str) -> str:
+        return subprocess.run(["git", "-C", str(REPO), *argv], capture_output=True, text=True).stdout.strip()
+
+    head = git("rev-parse", "HEAD") or "unknown"
+    return head + ("+dirty" if git("status", "--porcelain", "--untracked-files=no") else "")
+
+
+def mine(prep: Prepared, setting: str, model: Any, cache_dir: Path) -> tuple[Any, dict[str, Any]]:
+    """The training data of ``setting`` for ``prep``'s sampled pairs: a ``Dataset`` of triplets, a ``DatasetDict``
+    ``{"triplets", "pairs"}`` when some queries keep no candidate, or the pairs alone (``pairs``). The negative of
+    each query is cached under the content hash of corpus, pairs, known relevance, model and setting; the
+    embeddings under the model's digest, so the settings share one encoding of the corpus."""
+    from datasets import Dataset, DatasetDict
+    from sentence_transformers.util import mine_hard_negatives
+
+    from st_hardneg.models import weights_digest
+
+    pairs = prep.split.train_pairs
+    spec = ROUND2_MINING[setting]
+    if spec is None:
+        return (Dataset.from_dict({"anchor": [a for a, _ in pairs], "positive": [p for _, p in pairs]}),
+                {"triplets": 0, "pairs": len(pairs), "mining_seconds": 0.0})
+    known = prep.split.known_paraphrases
+    digest = weights_digest(model)
+    key = negatives_key(prep, digest, {"round2": setting, **spec})
+    name = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
+    path = cache_dir / f"round2-negatives-{prep.name}-{setting}-{name}.json"
+    corpus = prep.split.train_corpus
+    if path.is_file():
+        stored = json.loads(path.read_text())
+        negative_of, seconds = stored["negatives"], stored["mining_seconds"]
+    else:
+        forbidden = prep.split.protected_sentences()
+        leaked = forbidden.intersection(corpus) | forbidden.intersection(s for pair in pairs for s in pair)
+        if leaked:
+            raise ValueError(f"{len(leaked)} test or dev text(s) in the training pairs or the mining corpus")
+        queries = list(dict.fromkeys(a for a, _ in pairs))
+        rows = [(q, d) for q in queries for d in sorted(known[q])]
+        start = time.perf_counter()
+        mined = mine_hard_negatives(
+            Dataset.from_dict({"anchor": [q for q, _ in rows], "positive": [d for _, d in rows]}), model,
+            corpus=list(corpus), range_min=spec["range_min"], range_max=spec["range_max"] or len(corpus),
+            relative_margin=spec["relative_margin"], num_negatives=1, sampling_strategy="top",
+            output_format="triplet", batch_size=64, verbose=False,
+            cache_folder=str(cache_dir / f"round2-embeddings-{digest}-{PROTOCOL['eval_max_seq_length']}"))
+        seconds = round(time.perf_counter() - start, 1)
+        negative_of = {}
+        for anchor, negative in zip(mined["anchor"], mined["negative"], strict=True):
+            negative_of.setdefault(anchor, negative)
+        bad = [q for q, n in negative_of.items() if n == q or n in known.get(q, ())]
+        if bad:
+            raise ValueError(f"mine_hard_negatives returned a known relevant document as the negative of {len(bad)} "
+                             "queries")
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"key": key, "mining_seconds": seconds, "negatives": negative_of}))
+        tmp.replace(path)
+    triplets = [(a, p, negative_of[a]) for a, p in pairs if a in negative_of]
+    left = [(a, p) for a, p in pairs if a not in negative_of]
+    data = Dataset.from_dict({c: [t[i] for t in triplets] for i, c in enumerate(("anchor", "positive", "negative"))})
+    info = {"triplets": len(triplets), "pairs": len(left), "mining_seconds": seconds, "file": path.name}
+    if left:
+        data = DatasetDict({"triplets": data,
+                            "pairs": Dataset.from_dict({"anchor": [a for a, _ in left],
+                                                        "positive": [p for _, p in left]})})
+    return data, info
+
+
+class Runner:
+    """The resumable second round: every finished (dataset, row, seed) is in the JSON and skipped."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        from st_hardneg.reporting import load_results
+
+        self.args = args
+        self.out = Path(args.out)
+        self.out.parent.mkdir(parents=True, exist_ok=True)
+        self.per_query_path = self.out.with_name(self.out.stem + "_per_query.jsonl")
+        self.start = time.perf_counter()
+        self.data = load_results(self.out, round2_protocol())
+        if self.data.get("protocol") != round2_protocol():
+            raise ValueError(f"the results file {self.out} was made under another protocol; move it away")
+        self.commit = commit()
+        if self.commit not in self.data.setdefault("commits", []):
+            self.data["commits"].append(self.commit)
+        self.prepared: dict[str, Prepared] = {}
+        self.mined: dict[tuple[str, str], Any] = {}
+        self.rows = round2_rows()
+
+    def time_left(self) -> bool:
+        return not self.args.budget_seconds or time.perf_counter() - self.start < self.args.budget_seconds
+
+    def save(self) -> None:
+        write_report(self.data, self.out)
+
+    def prep(self, name: str) -> Prepared:
+        if name not in self.prepared:
+            folder = "nfcorpus" if name == "nfcorpus_long" else name
+            spec = DATASETS[folder]
+            self.prepared[name] = prepare(name, Path(self.args.data_dir) / spec["folder"], spec["dev_fraction"],
+                                          dict(LONG_SAMPLING) if name == "nfcorpus_long" else sampling())
+            self.data.setdefault("datasets", {})[name] = self.prepared[name].stats
+        return self.prepared[name]
+
+    def training_data(self, name: str, setting: str) -> Any:
+        if (name, setting) not in self.mined:
+            model = load_model(self.args, PROTOCOL["eval_max_seq_length"])
+            dataset, info = mine(self.prep(name), setting, model, Path(self.args.cache_dir))
+            self.data.setdefault("negatives", {})[f"{name}/{setting}"] = info
+            self.mined[(name, setting)] = dataset
+        return self.mined[(name, setting)]
+
+    def done(self, name: str, label: str, seed: int) -> bool:
+        return any(r["dataset"] == name and r["method"] == label and r["seed"] == seed for r in self.data["runs"])
+
+    def append(self, record: dict[str, Any], per_query: dict[str, Any]) -> None:
+        record["per_query"] = f"{self.per_query_path.name}#{len(self.data['runs'])}"
+        with self.per_query_path.open("a") as handle:
+            handle.write(json.dumps({"run": len(self.data["runs"]), "dataset": record["dataset"],
+                                     "method": record["method"], "seed": record["seed"], "stage": "main",
+                                     "ndcg@10": per_query}) + "\n")
+        self.data["runs"].append(record)
+        self.save()
+
+    def run(self, name: str, label: str, seed: int) -> None:
+        if self.done(name, label, seed) or not self.time_left():
+            return
+        method, setting = self.rows[label]
+        print(f"=== {name} {label} seed {seed} (mining {setting})", flush=True)
+        try:
+            record, per_query = run_one(label, method, seed, self.prep(name), self.training_data(name, setting),
+                                        ("dev", "test"), self.args)
+        except (ValueError, RuntimeError) as error:  # recorded, never retried silently; the plan goes on
+            print(f"    failed: {error}", flush=True)
+            self.data["runs"].append({"stage": "main", "dataset": name, "method": label, "seed": seed,
+                                      "failed": f"{type(error).__name__}: {error}", "commit": self.commit})
+            self.save()
+            return
+        record.update(stage="main", mining=setting, commit=self.commit)
+        print(f"    dev {record['dev']['ndcg@10']:.2f} test {record['test']['ndcg@10']:.2f} train "
+              f"{record['train_seconds']} s, median step {record['median_step_seconds']} s, eval "
+              f"{record['eval_seconds']} s", flush=True)
+        self.append(record, per_query)
+
+
+def import_untrained(data: dict[str, Any], path: Path) -> None:
+    """The untrained model's rows of the first round (the same evaluation: model, tokens, tasks, scorer)."""
+    if any(r["method"] == "untrained" for r in data["runs"]) or not path.is_file():
+        return
+    for run in json.loads(path.read_text())["runs"]:
+        if run.get("stage") == "untrained" and run["dataset"] in MAIN:
+            data["runs"].append({k: run[k] for k in ("stage", "dataset", "method", "seed", "dev", "test")}
+                                | {"source": f"{path.name} (the same evaluation)"})
+
+
+def plan(data: dict[str, Any]) -> Iterator[tuple[str, str, int]]:
+    """``(dataset, row, seed)`` in order, read lazily: each choice is made from the runs finished when it is reached.
+
+    1. the seed-0 screen on both datasets: :data:`FIRST`, each loss with the control at temperature 0.01, then its
+       own option at its better temperature;
+    2. the built-ins on the dev-chosen mining (seed 0) and each loss's chosen configuration without the control;
+    3. seeds 1-2 of the best three rows of each side (pooled dev, seed 0), then of every other chosen row;
+    4. the longer NFCorpus protocol: the best two rows of each side, seeds 0-2.
+    """
+    def both(label: str, seed: int = 0) -> Iterator[tuple[str, str, int]]:
+        for name in MAIN:
+            yield name, label, seed
+
+    for label in FIRST:
+        yield from both(label)
+    for key in ROUND2_LOSSES:
+        yield from both(round2_label(key, temperature=0.01))
+    for key in ROUND2_LOSSES:
+        yield from both(round2_label(key, temperature=round2_best_temperature(data, key), option=True))
+    setting = round2_mining_choice(data) or OURS_MINING
+    for name in ROUND2_BUILTINS:
+        yield from both(f"{name}@{setting}")
+    for key in ROUND2_LOSSES:
+        chosen = round2_loss_choice(data, key)
+        if chosen:
+            yield from both(round2_twin(chosen))
+    ours = [label for label, _ in round2_side_ranking(data, builtin=False)]
+    builtins = [label for label, _ in round2_side_ranking(data, builtin=True)]
+    chosen = [c for key in ROUND2_LOSSES if (c := round2_loss_choice(data, key))]
+    for seed in (1, 2):
+        for label in dict.fromkeys([*ours[:3], *builtins[:3], f"mnrl@{setting}", *chosen]):
+            yield from both(label, seed)
+    ours = [label for label, _ in round2_side_ranking(data, builtin=False)]
+    builtins = [label for label, _ in round2_side_ranking(data, builtin=True)]
+    for seed in (0, 1, 2):
+        for label in [*ours[:2], *builtins[:2]]:
+            yield "nfcorpus_long", label, seed
+
+
+def run_all(args: argparse.Namespace) -> dict[str, Any]:
+    runner = Runner(args)
+    import_untrained(runner.data, Path(args.untrained_from))
+    runner.save()
+    for name, label, seed in plan(runner.data):
+        if not runner.time_left():
+            break
+        if args.datasets and name not in args.datasets:
+            continue
+        runner.run(name, label, seed)
+    runner.save()
+    return runner.data
+
+
+# --------------------------------------------------------------------------- report
+def _runs(data: dict[str, Any], name: str, label: str) -> list[dict[str, Any]]:
+    return sorted((r for r in data["runs"] if r["dataset"] == name and r["method"] == label and "test" in r
+                   and "failed" not in r), key=lambda r: r["seed"] or 0)
+
+
+def _mean(values: list[float]) -> float | None:
+    return statistics.fmean(values) if values else None
+
+
+def side(label: str) -> str:
+    if label == "untrained":
+        return "published model"
+    if round2_key(label) is None:
+        return "sentence-transformers"
+    return "st-hardneg + control" if "+ctl" in label else "st-hardneg, no control"
+
+
+def summary(data: dict[str, Any]) -> str:
+    """One line a row: test nDCG@10 (mean ± std over seeds) on each dataset, their mean, pooled dev at seed 0 (what
+    chooses), seeds, the step cost; best pooled dev first."""
+    from st_hardneg.reporting import markdown_table, mean_std_text
+
+    labels = list(dict.fromkeys(r["method"] for r in data["runs"] if r["dataset"] in MAIN and "test" in r))
+    dev = round2_screened(data, labels)
+    untrained = pooled_dev(data, "untrained", "untrained")
+    if untrained is not None:
+        dev["untrained"] = untrained
+    labels.sort(key=lambda label: (label != "untrained", -(dev.get(label) or -1.0), label))
+    body = []
+    for label in labels:
+        per = {name: [r["test"]["ndcg@10"] for r in _runs(data, name, label)] for name in MAIN}
+        means = [_mean(v) for v in per.values()]
+        steps = [r["median_step_seconds"] for name in MAIN for r in _runs(data, name, label)
+                 if r.get("median_step_seconds")]
+        train = [r["train_seconds"] for name in MAIN for r in _runs(data, name, label) if r.get("train_seconds")]
+        body.append([label, side(label), *(mean_std_text(v) if v else "not run" for v in per.values()),
+                     f"{statistics.fmean(means):.2f}" if None not in means else "–",
+                     f"{dev[label]:.2f}" if label in dev else "–", " / ".join(str(len(v)) for v in per.values()),
+                     f"{statistics.median(steps):.2f} s, {statistics.fmean(train):.0f} s" if steps else "–"])
+    return markdown_table(["row", "side", "SciFact test nDCG@10", "NFCorpus test nDCG@10", "mean",
+                           "pooled dev (seed 0)", "seeds (SciFact / NFCorpus)", "step cost (median step, train s)"],
+                          body).rstrip("\n")
+
+
+def dataset_table(data: dict[str, Any], name: str) -> str:
+    from st_hardneg.reporting import markdown_table, mean_std_text
+
+    labels = list(dict.fromkeys(r["method"] for r in data["runs"] if r["dataset"] == name and "test" in r))
+    body = []
+    for label in labels:
+        rows = _runs(data, name, label)
+        test = [r["test"]["ndcg@10"] for r in rows]
+        steps = [r["median_step_seconds"] for r in rows if r.get("median_step_seconds")]
+        train = [r["train_seconds"] for r in rows if r.get("train_seconds")]
+        body.append([label, mean_std_text(test), mean_std_text([r["dev"]["ndcg@10"] for r in rows]),
+                     mean_std_text([r["test"]["mrr@10"] for r in rows if "mrr@10" in r["test"]]),
+                     mean_std_text([r["test"]["recall@100"] for r in rows if "recall@100" in r["test"]]),
+                     ", ".join(f"{v:.2f}" for v in test), rows[0].get("mining", "–"),
+                     str(rows[0].get("steps", "–")), f"{statistics.fmean(train):.0f}" if train else "–",
+                     f"{statistics.median(steps):.3f}" if steps else "–"])
+    return markdown_table(["row", "test nDCG@10", "dev nDCG@10", "test MRR@10", "test R@100", "test per seed",
+                           "mining", "steps", "train s", "median step s"], body).rstrip("\n")
+
+
+def loss_screen(data: dict[str, Any]) -> str:
+    from st_hardneg.reporting import markdown_table
+
+    body = []
+    for key in ROUND2_LOSSES:
+        chosen = round2_loss_choice(data, key)
+        for label in [*round2_loss_configs(key), *round2_loss_configs(key, control=False)]:
+            devs = [[r["dev"]["ndcg@10"] for r in _runs(data, name, label) if r["seed"] == 0] for name in MAIN]
+            if not any(devs):
+                continue
+            pooled = pooled_dev(data, "main", label, (0,))
+            body.append([label, *(f"{d[0]:.2f}" if d else "not run" for d in devs),
+                         f"{pooled:.2f}" if pooled is not None else "–", "chosen" if label == chosen else ""])
+    return markdown_table(["configuration", "SciFact dev", "NFCorpus dev", "pooled dev", ""], body).rstrip("\n")
+
+
+def mining_screen(data: dict[str, Any]) -> str:
+    from st_hardneg.reporting import markdown_table
+
+    chosen = round2_mining_choice(data)
+    body = []
+    for setting in ROUND2_MINING:
+        label = f"mnrl@{setting}"
+        cells = []
+        for name in MAIN:
+            info = data.get("negatives", {}).get(f"{name}/{setting}")
+            kept = f"{info['triplets']} triplets + {info['pairs']} pairs" if info else "not mined"
+            dev = [r["dev"]["ndcg@10"] for r in _runs(data, name, label) if r["seed"] == 0]
+            cells += [kept, f"{dev[0]:.2f}" if dev else "not run"]
+        pooled = pooled_dev(data, "main", label, (0,))
+        body.append([f"`{setting}`", *cells, f"{pooled:.2f}" if pooled is not None else "–",
+                     "chosen" if setting == chosen else ""])
+    return markdown_table(["setting", "SciFact data", "SciFact MNRL dev", "NFCorpus data", "NFCorpus MNRL dev",
+                           "pooled dev", ""], body).rstrip("\n")
+
+
+def markdown(data: dict[str, Any], per_query: list[dict[str, Any]] | None = None) -> str:
+    ours = round2_side_ranking(data, builtin=False)
+    builtins = round2_side_ranking(data, builtin=True)
+    lines = ["# Two-dataset retrieval benchmark, second round (issue 51): SciFact + NFCorpus (all-MiniLM-L6-v2, x 100)",
+             "", f"Runs from commit(s) {', '.join(f'`{c}`' for c in data.get('commits', []))}; "
+             f"{sum(1 for r in data['runs'] if 'test' in r and 'source' not in r)} runs finished.", ""]
+    if data.get("reading"):
+        lines += ["## Reading", "", *data["reading"], ""]
+    lines += ["## Summary (test nDCG@10; rows by pooled dev nDCG@10 at seed 0, the choosing score)", "",
+              summary(data), "",
+              f"- best of st-hardneg on pooled dev: {', '.join(f'`{k}` {v:.2f}' for k, v in ours[:3]) or 'none yet'}",
+              f"- best built-in on pooled dev: {', '.join(f'`{k}` {v:.2f}' for k, v in builtins[:3]) or 'none yet'}",
+              f"- mining of the built-ins (MNRL's pooled dev): `{round2_mining_choice(data) or 'not chosen yet'}`; "
+              f"st-hardneg's rows: `{OURS_MINING}`", ""]
+    by = per_query_by_row(per_query or [])
+    if ours and builtins:
+        lines += ["## Best of st-hardneg against the best built-in (per-query test nDCG@10)", "",
+                  *paired_section(by, ours[0][0], builtins[0][0], f"{ours[0][0]} vs {builtins[0][0]}")]
+    control = [(c, round2_twin(c)) for key in ROUND2_LOSSES if (c := round2_loss_choice(data, key))]
+    pairs = [(a, b) for a, b in control if any(k[1] == a for k in by) and any(k[1] == b for k in by)]
+    if pairs:
+        lines += ["## The control (each loss's chosen configuration with and without it, per-query test nDCG@10)",
+                  ""]
+        for a, b in pairs:
+            lines += paired_section(by, a, b, f"{a} vs {b}")
+    lines += ["## Loss screen (seed 0, dev nDCG@10; temperature 0.05 / 0.01, then the loss's own option at the "
+              "better one)", "", loss_screen(data), "",
+              "## Mining screen (MNRL, seed 0; the training data each setting leaves of the sampled pairs)", "",
+              mining_screen(data), ""]
+    for name in ROUND2_DATASETS:
+        if any(r["dataset"] == name for r in data["runs"]):
+            title = {"nfcorpus_long": "nfcorpus, longer protocol (~5,000 pairs)"}.get(name, name)
+            lines += [f"## {title}", "", dataset_table(data, name), ""]
+    failed = [f"{r['dataset']} {r['method']} seed {r['seed']}: {r['failed']}" for r in data["runs"] if "failed" in r]
+    if failed:
+        lines += ["## Failed runs", "", *(f"- {f}" for f in failed), ""]
+    lines += ["## Protocol", "", *(f"- {k}: {v}" for k, v in data["protocol"].items()), ""]
+    return "\n".join(lines)
+
+
+def write_report(data: dict[str, Any], out: Path) -> None:
+    from st_hardneg.reporting import write_json
+
+    write_json(out, data)
+    out.with_suffix(".md").write_text(markdown(data, per_query_runs(out.with_name(out.stem + "_per_query.jsonl"))))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--data-dir", default=str(SHARED_DATA))
+    parser.add_argument("--datasets", nargs="*", default=None, choices=list(ROUND2_DATASETS),
+                        help="run only these datasets' items (default: all)")
+    parser.add_argument("--model", default=None, help="default: the embedded all-MiniLM-L6-v2")
+    parser.add_argument("--out", default=str(DEFAULT_OUT))
+    parser.add_argument("--untrained-from", default=str(UNTRAINED_SOURCE))
+    parser.add_argument("--cache-dir", default=str(Path.home() / ".cache" / "st_hardneg" / "negatives"))
+    parser.add_argument("--work-dir", default="output/retrieval_beir_round2")
+    parser.add_argument("--eval-batch-size", type=int, default=64)
+    parser.add_argument("--max-steps", type=int, default=-1, help="smoke runs only (changes the protocol's length)")
+    parser.add_argument("--budget-seconds", type=float, default=0, help="start no run after this many seconds")
+    parser.add_argument("--report", action="store_true", help="only rewrite the tables from the JSON")
+    args = parser.parse_args(argv)
+    out = Path(args.out)
+    if args.report:
+        if not out.is_file():
+            parser.error(f"--report reads the results file, and there is none at {out}")
+        write_report(json.loads(out.read_text()), out)
+        print(out.with_suffix(".md").read_text())
+        return 0
+    if os.environ.get("OMP_NUM_THREADS") is None:
+        import torch
+
+        torch.set_num_threads(1)
+    run_all(args)
+    return 0
+
+
+__all__ = ["DEFAULT_OUT", "FIRST", "ROUND2_TEMPERATURES", "Method", "Runner", "evaluate", "import_untrained", "main",
+           "markdown", "mine", "plan", "round2_protocol", "summary", "write_report"]
+
+if __name__ == "__main__":
+    sys.exit(main())
