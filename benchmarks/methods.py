@@ -188,3 +188,21 @@ def registry_loss(label: str) -> str:
     label every committed result recorded, runs ``mixcse_two_way``), or the label itself when it is a registry name
     without a row."""
     return METHODS[label].loss if label in METHODS else label
+
+
+#: registry names the committed results recorded before one name meant one loss (st-hardneg 0.3): the name each
+#: now has. ``mixcse`` built MixCSE's two-direction form (now ``mixcse_two_way``), ``hncse`` HNCSE's ``mode="both"``
+#: (now ``hncse_both``); each run's ``loss_config`` shows the form it trained.
+RENAMED_LOSSES = {"mixcse": "mixcse_two_way", "hncse": "hncse_both"}
+
+
+def recorded_loss(run: dict[str, Any]) -> str:
+    """The registry name of the loss a committed run trained, under today's names (:data:`RENAMED_LOSSES` for a run
+    recorded before the rename, told apart by its ``loss_config``: the two-direction MixCSE, HNCSE's ``mode``)."""
+    name = run["loss"]
+    config = run.get("loss_config") or {}
+    if name == "mixcse" and (len(config.get("directions") or ()) == 2 or config.get("symmetric") is True):
+        return RENAMED_LOSSES[name]  # 0.1's configs said symmetric=True for the same form
+    if name == "hncse" and config.get("mode") == "both":
+        return RENAMED_LOSSES[name]
+    return str(name)
