@@ -77,11 +77,11 @@ def _focal(model: SentenceTransformer, **kwargs: Any) -> nn.Module:
     return FocalInfoNCELoss(model, **kwargs)
 
 
-def _hncse(mode: Mode | None) -> Callable:
+def _hncse(mode: Mode) -> Callable:
     def build(model: SentenceTransformer, **kwargs: Any) -> nn.Module:
         from st_hardneg.losses.hncse import HNCSELoss
 
-        return HNCSELoss(model, **kwargs) if mode is None else HNCSELoss(model, mode=mode, **kwargs)
+        return HNCSELoss(model, mode=mode, **kwargs)
 
     return build
 
@@ -114,7 +114,7 @@ LOSSES: dict[str, Callable] = {
     "mixcse": _mixcse,
     "mixcse_two_way": _mixcse_two_way,
     "focal": _focal,
-    "hncse": _hncse(None),
+    "hncse": _hncse("pm"),  # HNCSELoss(model): its default mode, fixed as the named forms fix theirs
     "hncse_pm": _hncse("pm"),
     "hncse_hnm": _hncse("hnm"),
     "hncse_both": _hncse("both"),
@@ -167,7 +167,8 @@ def parse_loss_args(items: list[str] | None, option: str = "--loss-arg") -> dict
 _FACTORY_EXTRAS: dict[str, tuple[str, ...]] = {"mnrl": ("temperature",), "mnrl_symmetric": ("temperature",),
                                                "mnrl_hardness": ("temperature",)}
 #: arguments a factory sets itself, never taken from the caller
-_FACTORY_FIXED: dict[str, tuple[str, ...]] = {"hncse_pm": ("mode",), "hncse_hnm": ("mode",), "hncse_both": ("mode",)}
+_FACTORY_FIXED: dict[str, tuple[str, ...]] = {"hncse": ("mode",), "hncse_pm": ("mode",), "hncse_hnm": ("mode",),
+                                               "hncse_both": ("mode",)}
 
 
 def _loss_class(name: str) -> type:
