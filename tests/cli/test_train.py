@@ -116,14 +116,19 @@ def test_the_loss_call_and_configuration_are_printed_at_start(data, tmp_path, mo
         raise RuntimeError("stopped after the announcement")
 
     monkeypatch.setattr("st_hardneg.training.experiment.run_training", stop)
-    argv = [a for a in _argv(data, tmp_path / "o", "--loss", "mixcse", "--loss-arg", "lam=0.3") if a != "-q"]
+    # the two-direction form has its own name (it was --loss mixcse's until one name meant one loss)
+    argv = [a for a in _argv(data, tmp_path / "o", "--loss", "mixcse_two_way", "--loss-arg", "lam=0.3") if a != "-q"]
     assert cli.main(argv) == 1
     out = capsys.readouterr().out
-    assert ("loss mixcse: MixCSELoss(model, directions=('query_to_doc', 'doc_to_query'), "
+    assert ("loss mixcse_two_way: MixCSELoss(model, directions=('query_to_doc', 'doc_to_query'), "
             "partition_mode='per_direction', lam=0.3)\n") in out
     config = json.loads(out.split("loss configuration: ", 1)[1].splitlines()[0])
     assert config["lam"] == 0.3 and config["directions"] == ["query_to_doc", "doc_to_query"]
     assert config["partition_mode"] == "per_direction"
+    # the plain name is the class's default
+    plain = [a for a in _argv(data, tmp_path / "p", "--loss", "mixcse", "--loss-arg", "lam=0.3") if a != "-q"]
+    assert cli.main(plain) == 1
+    assert "loss mixcse: MixCSELoss(model, lam=0.3)\n" in capsys.readouterr().out
 
 
 # --------------------------------------------------------------------------- bad input: one line, exit 2
