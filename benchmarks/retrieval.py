@@ -269,7 +269,9 @@ def selection_markdown(data: dict[str, Any], selection: dict[str, tuple[str, str
         row = summary[label]
         options = ", ".join(f"{k}={v}" for k, v in kwargs.items()) or "defaults"
         name = f"**{label}**" if label in chosen else label
-        rows.append([name, family, f"{loss} ({options})", *(f"{row[m][0]:.2f}" for m in METRICS),
+        # the registry name its runs recorded (a committed table keeps the names of its time; methods.RENAMED_LOSSES)
+        recorded = next((r["loss"] for r in data["runs"] if r.get("method") == label and r.get("loss")), loss)
+        rows.append([name, family, f"{recorded} ({options})", *(f"{row[m][0]:.2f}" for m in METRICS),
                      ",".join(map(str, row["seeds"])), f"{row['train_seconds']:.0f}" if row["train_seconds"] else "–"])
     text = markdown_table(["configuration", "family", "loss (options)", "dev nDCG@10", "dev MRR@10", "dev R@1",
                            "seeds", "train (s)"], rows)
