@@ -193,7 +193,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "under st-hardneg/<model>/<revision>/: eval.json, per_query.tsv, a TREC run per retrieval "
                         "task), or a path ending in .json: that results file, the per-query and run files beside "
                         "it. --output-folder (mteb's name) and --output are the same option")
-    e.add_argument("--overwrite", action="store_true", help="replace existing results (refused without it)")
+    e.add_argument("--overwrite", action="store_true", help="recompute every requested result and replace the files (without it, results already in the folder with the same settings are reused, and a different one is refused)")
     e.set_defaults(func=cmd_eval)
 
     c = sub.add_parser("compare", parents=[verbosity_only()],

@@ -52,18 +52,6 @@ def bare_encoder_note(name: str | None, pooling: str | None) -> str:
     return note + "]"
 
 
-def check_output_file(output: str) -> Path:
-    """``eval --output FILE.json``: a file path whose folder can be written (proven by a probe file, see
-    :func:`st_hardneg.cli.paths.ensure_writable_file`).
-
-    Raises:
-        ValueError: an empty path, a folder, or a place that cannot be written.
-    """
-    from st_hardneg.cli.paths import ensure_writable_file
-
-    return ensure_writable_file(output, "--output")
-
-
 def eval_model_name(args: argparse.Namespace) -> str:
     """The name results are filed under: ``--model-name``, else the embedded model's Hub name, a Hub name as given,
     or ``local/<folder name>`` for a path."""
@@ -105,7 +93,7 @@ def _eval_files(args: argparse.Namespace, model_name: str, revision: str) -> dic
 
 def cmd_eval(args: argparse.Namespace) -> int:
     from st_hardneg.cli.paths import ensure_writable_dir, ensure_writable_file
-    from st_hardneg.evaluation import evaluate_sts, format_sts_table
+    from st_hardneg.evaluation import evaluate_sts
     from st_hardneg.reporting import write_json
 
     groups = [g.strip() for g in args.tasks.split(",") if g.strip()]
@@ -154,90 +142,277 @@ def cmd_eval(args: argparse.Namespace) -> int:
     model_name = eval_model_name(args)
     revision = args.revision or f"weights-{weights_digest(model)}"
     files = _eval_files(args, model_name, revision)
+    mteb_tasks: list[Any] = []
+    if "mteb" in groups:
+        from st_hardneg.evaluation.mteb_tasks import beir_mteb_task
+
+        default = "" if folders else "STSBenchmark-local"
+        mteb_tasks = [t.strip() for t in (args.mteb_tasks or default).split(",") if t.strip()]
+        mteb_tasks += [beir_mteb_task(data, args.split, max_seq_length=args.max_seq_length) for data in loaded]
+    settings = _eval_settings(args, groups, model, loaded, beir_tasks, mteb_tasks)
+    previous: dict[str, Any] = {}
     if files["results"].exists() and not args.overwrite:
-        raise ValueError(f"{files['results']} exists (an evaluation of {model_name} {revision}); pass --overwrite "
-                         "to replace it")
+        if str(args.output_dir).endswith(".json"):  # a file the user named: replaced only when asked
+            raise ValueError(f"{files['results']} exists (an evaluation of {model_name} {revision}); pass "
+                             "--overwrite to replace it")
+        previous = _read_previous(files["results"])
+    plan = _plan_eval(previous, settings, files["results"])
     from st_hardneg.cli.paths import check_path_component
 
-    side = [files["per_query"]] if beir_tasks else []
+    todo_beir = [task for task in beir_tasks if task.name in plan.beir]
+    side = [files["per_query"]] if todo_beir and previous.get("files", {}).get("per_query") is None else []
     side += [Path(str(files["runs"]).replace("{task}", check_path_component(task.name, "a BEIR task name")))
-             for task in beir_tasks]
+             for task in todo_beir]
     taken = [str(path) for path in side if path.exists()]
     if taken and not args.overwrite:  # the side files of --output X.json are not the user's to lose either
         raise ValueError(f"{', '.join(taken)} exist(s); pass --overwrite to replace them")
     print(f"model: {model_name} ({revision}): {module_stack(model)}"
           + (f" [fresh {args.pooling} pooling, --pooling]" if args.pooling else "")
           + bare_encoder_note(args.model, args.pooling))
+    if plan.skipped:
+        print(f"already in {files['results']} (skipped; --overwrite recomputes): {', '.join(plan.skipped)}")
     source = args.model or "default (all-MiniLM-L6-v2, embedded)"
     name = args.model_name or source  # the tables name the model as --model-name does, else by its path
-    results: dict[str, Any] = {"model": source, "model_name": model_name, "revision": revision,
-                               "modules": module_stack(model), "files": {}}
-    tables: list[str] = []
+    results: dict[str, Any] = {**previous, "model": source, "model_name": model_name, "revision": revision,
+                               "modules": module_stack(model), "files": dict(previous.get("files", {})),
+                               "settings": _merged_settings(previous, settings)}
     start = time.perf_counter()
-    if "sts" in groups:
+    if "sts" in plan.groups:
         results["sts"] = evaluate_sts(model, args.data_dir, batch_size=args.batch_size,
                                       show_progress_bar=not args.quiet)
-        tables.append("### STS (Spearman x 100)\n\n" + format_sts_table({name: results["sts"]}))
-    if "transfer" in groups:
-        from st_hardneg.evaluation import evaluate_transfer, format_transfer_table
+    if "transfer" in plan.groups:
+        from st_hardneg.evaluation import evaluate_transfer
 
         results["transfer"] = evaluate_transfer(model, args.data_dir, fast=args.fast)
-        tables.append("### Transfer (accuracy)\n\n" + format_transfer_table({name: results["transfer"]}))
-    if "mteb" in groups:
-        from st_hardneg.evaluation import format_mteb_table, run_mteb
-        from st_hardneg.evaluation.mteb_tasks import beir_mteb_task
+    if "mteb" in plan.groups:
+        from st_hardneg.evaluation import run_mteb
 
-        default = "" if folders else "STSBenchmark-local"
-        mteb_tasks: list[Any] = [t.strip() for t in (args.mteb_tasks or default).split(",") if t.strip()]
-        mteb_tasks += [beir_mteb_task(data, args.split, max_seq_length=args.max_seq_length) for data in loaded]
-        results["mteb"] = run_mteb(model, mteb_tasks, data_dir=args.data_dir, output_dir=files["mteb"],
-                                   model_name=model_name, revision=revision, batch_size=args.batch_size,
-                                   use_cache=not args.overwrite and args.revision is None,  # keyed by the weights
-                                   show_progress_bar=not args.quiet)
+        todo_mteb = [t for t in mteb_tasks if _mteb_task_name(t) in plan.mteb]
+        ran = run_mteb(model, todo_mteb, data_dir=args.data_dir, output_dir=files["mteb"],
+                       model_name=model_name, revision=revision, batch_size=args.batch_size,
+                       use_cache=not args.overwrite and args.revision is None,  # keyed by the weights
+                       show_progress_bar=not args.quiet)
+        results["mteb"] = _merge_mteb(previous.get("mteb"), ran)
         results["files"]["mteb"] = str(files["mteb"])
-        tables.append("### MTEB (main score x 100)\n\n" + format_mteb_table({name: results["mteb"]}))
-    if "align" in groups:
-        from st_hardneg.evaluation import alignment_uniformity, format_alignment_table
+    if "align" in plan.groups:
+        from st_hardneg.evaluation import alignment_uniformity
 
         results["align"] = alignment_uniformity(model, args.data_dir)
-        tables.append("### Alignment / uniformity (lower is better)\n\n" +
-                      format_alignment_table({name: results["align"]}))
     retrieved: dict[str, Any] = {}
-    if "beir" in groups:
+    if todo_beir:
         from st_hardneg.evaluation.retrieval import BEIR_METRICS, retrieve
-        from st_hardneg.reporting import markdown_table
 
-        retrieved = retrieve(model, beir_tasks, max_seq_length=args.max_seq_length, batch_size=args.batch_size,
+        retrieved = retrieve(model, todo_beir, max_seq_length=args.max_seq_length, batch_size=args.batch_size,
                              show_progress_bar=not args.quiet, cache_dir=args.cache_dir,
                              query_prompt_name=args.query_prompt_name,
                              document_prompt_name=args.document_prompt_name)
-        results["beir"] = {}
+        results["beir"] = dict(previous.get("beir", {}))
         for data, task in zip(loaded, beir_tasks, strict=True):
+            if task.name not in retrieved:
+                continue
             scores = retrieved[task.name].scores
             results["beir"][task.name] = {"data": str(data.root), "split": args.split,
                                           "max_seq_length": args.max_seq_length,
                                           "prompts": retrieved[task.name].prompts,
                                           **{m: scores[m] for m in BEIR_METRICS},
                                           "queries": scores["queries"], "corpus": scores["corpus"]}
-            table = markdown_table(["model", "nDCG@10", "MRR@10", "R@100"],
-                                   [[name, *(f"{scores[m]:.2f}" for m in ("ndcg@10", "mrr@10", "recall@100"))]])
-            tables.append(f"### {task.name} (x 100, {scores['queries']} queries, {scores['corpus']} documents)\n\n"
-                          + table.rstrip("\n"))
-    results["seconds"] = time.perf_counter() - start
-    print("\n\n".join(tables))
+    seconds = time.perf_counter() - start
+    results["seconds"] = float(previous.get("seconds", 0.0)) + seconds
+    print("\n\n".join(_eval_tables(results, groups, [task.name for task in beir_tasks], name)))
+    if not plan.groups:
+        print(f"\nnothing to compute: every requested result is in {files['results']} (--overwrite recomputes)")
+        return 0
     files["folder"].mkdir(parents=True, exist_ok=True)
     if retrieved:
-        from st_hardneg.evaluation.runs import write_per_query, write_trec_run
+        from st_hardneg.evaluation.runs import read_per_query, write_per_query, write_trec_run
 
-        per_query = write_per_query(files["per_query"], {task: result.per_query for task, result in retrieved.items()})
-        results["files"]["per_query"] = per_query.name
-        results["files"]["runs"] = {}
+        per_query = {task: result.per_query for task, result in retrieved.items()}
+        if previous.get("files", {}).get("per_query"):  # the earlier tasks' rows stay in the file
+            earlier = read_per_query(files["folder"] / previous["files"]["per_query"])
+            per_query = {**{t: q for t, q in earlier.items() if t not in per_query}, **per_query}
+        written = write_per_query(files["per_query"], per_query)
+        results["files"]["per_query"] = written.name
+        results["files"]["runs"] = dict(previous.get("files", {}).get("runs", {}))
         for task, result in retrieved.items():
             run = write_trec_run(str(files["runs"]).replace("{task}", task), result.run, tag=model_name.replace(" ", "_"))
             results["files"]["runs"][task] = run.name
     write_json(files["results"], results)
     print(f"\nresults: {files['results']}")
     return 0
+
+
+def _mteb_task_name(task: Any) -> str:
+    return task if isinstance(task, str) else str(task.metadata.name)
+
+
+def _eval_settings(args: argparse.Namespace, groups: list[str], model: Any, loaded: list[Any],
+                   beir_tasks: list[Any], mteb_tasks: list[Any]) -> dict[str, Any]:
+    """What each requested result depends on besides the weights (the folder is keyed by their digest): the
+    settings an earlier result in the same ``eval.json`` must match to be reused. ``beir`` holds one entry a task,
+    ``mteb`` the task names."""
+    from st_hardneg.data.senteval import DataNotFoundError, resolve_senteval_dir
+    from st_hardneg.models import module_stack
+
+    senteval: str | None = None
+    if {"sts", "transfer", "align", "mteb"} & set(groups):
+        try:
+            senteval = str(resolve_senteval_dir(args.data_dir).resolve())
+        except DataNotFoundError:  # an mteb run of BEIR folders only; the groups that need it fail when they run
+            senteval = None
+    modules = module_stack(model)
+    common = {"modules": modules, "data_dir": senteval}
+    settings: dict[str, Any] = {}
+    for group in groups:
+        if group in ("sts", "align"):
+            settings[group] = dict(common)
+        elif group == "transfer":
+            settings[group] = {**common, "fast": bool(args.fast)}
+        elif group == "mteb":
+            settings[group] = {**common, "max_seq_length": args.max_seq_length,
+                               "tasks": [_mteb_task_name(t) for t in mteb_tasks]}
+        elif group == "beir":
+            settings["beir"] = {task.name: {"modules": modules, "data": str(data.root.resolve()), "split": args.split,
+                                            "max_seq_length": args.max_seq_length,
+                                            "query_prompt_name": args.query_prompt_name,
+                                            "document_prompt_name": args.document_prompt_name}
+                                for data, task in zip(loaded, beir_tasks, strict=True)}
+    return settings
+
+
+def _read_previous(path: Path) -> dict[str, Any]:
+    import json
+
+    try:
+        previous = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ValueError(f"{path} exists but cannot be read as an eval.json ({error}); pass --overwrite to replace "
+                         "it") from None
+    if not isinstance(previous, dict):
+        raise ValueError(f"{path} exists but holds no eval.json object; pass --overwrite to replace it")
+    return previous
+
+
+class _EvalPlan:
+    """What ``eval`` computes into an existing folder: ``groups`` (the groups with anything to compute), ``beir``
+    and ``mteb`` (the task names to compute), and ``skipped`` (what the earlier ``eval.json`` already holds)."""
+
+    def __init__(self) -> None:
+        self.groups: list[str] = []
+        self.beir: set[str] = set()
+        self.mteb: set[str] = set()
+        self.skipped: list[str] = []
+
+
+def _plan_eval(previous: dict[str, Any], settings: dict[str, Any], path: Path) -> _EvalPlan:
+    """Compare the request's ``settings`` with an earlier ``eval.json`` (``previous``; empty: none, or
+    ``--overwrite``): a result recorded with the same settings is skipped, a missing one computed, and one recorded
+    with other settings (or by a version that recorded none) is refused, since computing it would replace it."""
+    plan = _EvalPlan()
+    before = previous.get("settings", {}) if isinstance(previous.get("settings"), dict) else {}
+    conflicts: list[str] = []
+    for group, wanted in settings.items():
+        if group == "beir":
+            earlier = before.get("beir", {}) if isinstance(before.get("beir"), dict) else {}
+            for task, task_settings in wanted.items():
+                if task in previous.get("beir", {}):
+                    if earlier.get(task) == task_settings:
+                        plan.skipped.append(f"beir {task}")
+                        continue
+                    conflicts.append(f"beir {task}" + _differs(earlier.get(task), task_settings))
+                plan.beir.add(task)
+            if plan.beir:
+                plan.groups.append("beir")
+        elif group == "mteb":
+            recorded = before.get("mteb")
+            if group in previous:
+                same = isinstance(recorded, dict) and all(
+                    recorded.get(k) == v for k, v in wanted.items() if k != "tasks")
+                if not same:
+                    conflicts.append("mteb" + _differs(recorded, wanted))
+                done = set(recorded.get("tasks", [])) if same and isinstance(recorded, dict) else set()
+            else:
+                done = set()
+            plan.mteb = {t for t in wanted["tasks"] if t not in done}
+            plan.skipped += [f"mteb {t}" for t in wanted["tasks"] if t in done]
+            if plan.mteb:
+                plan.groups.append("mteb")
+        elif group in previous:
+            if before.get(group) == wanted:
+                plan.skipped.append(group)
+            else:
+                conflicts.append(group + _differs(before.get(group), wanted))
+                plan.groups.append(group)
+        else:
+            plan.groups.append(group)
+    if conflicts:
+        raise ValueError(f"{path} exists and holds {'; '.join(conflicts)}; pass --overwrite to replace it")
+    return plan
+
+
+def _differs(recorded: Any, wanted: dict[str, Any]) -> str:
+    if not isinstance(recorded, dict):
+        return " without its settings (an older eval.json)"
+    keys = [k for k in wanted if recorded.get(k) != wanted[k]]
+    return " with other settings (" + ", ".join(f"{k} {recorded.get(k)!r}, now {wanted[k]!r}" for k in keys) + ")"
+
+
+def _merged_settings(previous: dict[str, Any], settings: dict[str, Any]) -> dict[str, Any]:
+    """The settings ``eval.json`` records: the earlier file's, with this run's groups and tasks added (a reused
+    result's settings are equal by :func:`_plan_eval`)."""
+    merged = dict(previous.get("settings", {}))
+    for group, wanted in settings.items():
+        if group == "beir":
+            merged["beir"] = {**merged.get("beir", {}), **wanted}
+        elif group == "mteb" and isinstance(merged.get("mteb"), dict) and "mteb" in previous:
+            merged["mteb"] = {**wanted, "tasks": list(dict.fromkeys([*merged["mteb"].get("tasks", []),
+                                                                     *wanted["tasks"]]))}
+        else:
+            merged[group] = wanted
+    return merged
+
+
+def _merge_mteb(earlier: dict[str, Any] | None, ran: dict[str, Any]) -> dict[str, Any]:
+    """mteb's scores of an earlier run and this one, by task; ``avg`` over all of them."""
+    if not earlier:
+        return ran
+    import numpy as np
+
+    scores = {**earlier.get("scores", {}), **ran["scores"]}
+    main_score = {**earlier.get("main_score", {}), **ran["main_score"]}
+    return {**ran, "scores": scores, "main_score": main_score, "avg": float(np.mean(list(scores.values())))}
+
+
+def _eval_tables(results: dict[str, Any], groups: list[str], beir_names: list[str], name: str) -> list[str]:
+    """The markdown tables of the requested groups, from ``results`` (this run's and the reused ones alike)."""
+    from st_hardneg.reporting import markdown_table
+
+    tables: list[str] = []
+    for group in groups:
+        if group == "sts":
+            from st_hardneg.evaluation import format_sts_table
+
+            tables.append("### STS (Spearman x 100)\n\n" + format_sts_table({name: results["sts"]}))
+        elif group == "transfer":
+            from st_hardneg.evaluation import format_transfer_table
+
+            tables.append("### Transfer (accuracy)\n\n" + format_transfer_table({name: results["transfer"]}))
+        elif group == "mteb":
+            from st_hardneg.evaluation import format_mteb_table
+
+            tables.append("### MTEB (main score x 100)\n\n" + format_mteb_table({name: results["mteb"]}))
+        elif group == "align":
+            from st_hardneg.evaluation import format_alignment_table
+
+            tables.append("### Alignment / uniformity (lower is better)\n\n" +
+                          format_alignment_table({name: results["align"]}))
+        elif group == "beir":
+            for task in beir_names:
+                scores = results["beir"][task]
+                table = markdown_table(["model", "nDCG@10", "MRR@10", "R@100"],
+                                       [[name, *(f"{scores[m]:.2f}" for m in ("ndcg@10", "mrr@10", "recall@100"))]])
+                tables.append(f"### {task} (x 100, {scores['queries']} queries, {scores['corpus']} documents)\n\n"
+                              + table.rstrip("\n"))
+    return tables
 
 
 class OutputOption(argparse.Action):

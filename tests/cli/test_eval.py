@@ -46,12 +46,77 @@ def test_eval_loads_a_saved_model_as_published_and_writes_runs_beside_the_result
     assert np.mean([float(r["ndcg@10"]) for r in rows]) == pytest.approx(results["beir"]["tiny-test"]["ndcg@10"])
     run = (results_file.parent / results["files"]["runs"]["tiny-test"]).read_text().splitlines()
     assert len(run) == len(rows) * min(100, results["beir"]["tiny-test"]["corpus"])
-    # nothing overwritten without --overwrite; with it, the same scores
-    assert app.main(argv) == 2
+    # nothing overwritten without --overwrite: the same request computes nothing (mteb's habit) and leaves the file
+    # as it was; a request that would replace a result (another length) is refused; with --overwrite, the same scores
+    saved = results_file.read_bytes()
+    assert app.main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "already in" in printed and "beir tiny-test" in printed and "nothing to compute" in printed
+    assert f"{results['beir']['tiny-test']['ndcg@10']:.2f}" in printed  # the stored scores' table
+    assert results_file.read_bytes() == saved
+    assert app.main([*argv[:-3], "--max-seq-length", "32", "--quiet"]) == 2
     err = capsys.readouterr().err
-    assert "eval.json exists" in err and "pass --overwrite" in err
+    assert "eval.json exists" in err and "pass --overwrite" in err and "max_seq_length 48, now 32" in err
+    assert results_file.read_bytes() == saved
     assert app.main([*argv, "--overwrite"]) == 0
     assert json.loads(results_file.read_text())["beir"] == results["beir"]
+
+
+def test_eval_into_an_existing_folder_computes_only_what_is_missing(saved_model, tmp_path, capsys, monkeypatch):
+    first, second = make_tiny_beir(tmp_path / "tiny"), make_tiny_beir(tmp_path / "other", seed=1)
+    out = tmp_path / "results"
+    common = ["eval", "--model", str(saved_model), "--tasks", "beir", "--output-dir", str(out), "--quiet"]
+    assert app.main([*common, "--data", str(first)]) == 0
+    [results_file] = list(out.glob("st-hardneg/local__tiny-st/weights-*/eval.json"))
+    alone = json.loads(results_file.read_text())
+    folder = results_file.parent
+    first_rows = (folder / "per_query.tsv").read_text().splitlines()
+    first_run = (folder / "tiny-test.trec").read_bytes()
+    capsys.readouterr()
+    calls: list[list[str]] = []
+    from st_hardneg.evaluation import retrieval
+
+    original = retrieval.retrieve
+
+    def recording(model, tasks, **kwargs):
+        calls.append([task.name for task in tasks])
+        return original(model, tasks, **kwargs)
+
+    monkeypatch.setattr(retrieval, "retrieve", recording)
+    assert app.main([*common, "--data", str(first), "--data", str(second)]) == 0
+    printed = capsys.readouterr().out
+    assert calls == [["other-test"]]  # the first folder is not encoded again
+    assert "already in" in printed and "beir tiny-test" in printed
+    assert "### tiny-test" in printed and "### other-test" in printed  # both tables, the reused one too
+    both = json.loads(results_file.read_text())
+    assert both["beir"]["tiny-test"] == alone["beir"]["tiny-test"] and set(both["beir"]) == {"tiny-test", "other-test"}
+    assert set(both["settings"]["beir"]) == {"tiny-test", "other-test"}
+    assert both["files"]["runs"] == {"tiny-test": "tiny-test.trec", "other-test": "other-test.trec"}
+    assert (folder / "tiny-test.trec").read_bytes() == first_run
+    rows = (folder / "per_query.tsv").read_text().splitlines()
+    assert rows[: len(first_rows)] == first_rows  # the first task's rows kept, byte for byte
+    assert {line.split("\t")[0] for line in rows[1:]} == {"tiny-test", "other-test"}
+    assert len(rows) - 1 == both["beir"]["tiny-test"]["queries"] + both["beir"]["other-test"]["queries"]
+
+
+def test_eval_refuses_an_older_eval_json_without_settings(saved_model, tmp_path, capsys):
+    beir = make_tiny_beir(tmp_path / "tiny")
+    out = tmp_path / "results"
+    argv = ["eval", "--model", str(saved_model), "--tasks", "beir", "--data", str(beir), "--output-dir", str(out),
+            "--quiet"]
+    assert app.main(argv) == 0
+    [results_file] = list(out.glob("st-hardneg/local__tiny-st/weights-*/eval.json"))
+    old = json.loads(results_file.read_text())
+    del old["settings"]  # as written before the settings were recorded
+    results_file.write_text(json.dumps(old))
+    capsys.readouterr()
+    assert app.main(argv) == 2
+    err = capsys.readouterr().err
+    assert "beir tiny-test without its settings" in err and "pass --overwrite" in err
+    assert json.loads(results_file.read_text()) == old
+    results_file.write_text("{not json")
+    assert app.main(argv) == 2
+    assert "cannot be read as an eval.json" in capsys.readouterr().err
 
 
 def test_pooling_flag_builds_a_fresh_pooling_and_says_so(saved_model, tmp_path, capsys):
