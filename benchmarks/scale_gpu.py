@@ -17,12 +17,19 @@ batch 64 and 1024 uncached, and at 8192 and 32768 cached (GradCache, ``mini_batc
 ``MultipleNegativesRankingLoss`` (``mnrl``, uncached) and ``CachedMultipleNegativesRankingLoss`` (``cached_mnrl``)
 are the references; the ratios are to the reference of the same variant and batch.
 
+``tflops`` is the useful work of a step (:func:`step_flops`: the encoder's forward and backward on both columns
+and the B x B similarity, never GradCache's extra forward) over its median time, and ``peak_fraction`` that rate
+over the GPU's dense bf16 peak (:data:`PEAK_BF16`); the FLOP count is written out in
+:func:`encoder_forward_flops`.
+
 ``peak_mb`` is the peak allocated during the timed steps minus what was allocated just before them (weights, AdamW
 state and gradients already exist after the warm-up step), i.e. what the step itself adds; ``base_mb`` is that
 starting point.
 
     python -m benchmarks.scale_gpu --out benchmarks/results/scale_gpu.json     # needs a CUDA device
     python -m benchmarks.scale_gpu --dry-run                                   # tiny grid on the CPU (tested)
+    python -m benchmarks.scale_gpu --batch-sizes 8192 32768 --steps 2 --call 3 --out $OUT/more.json   # a later call
+    python -m benchmarks.scale_gpu --merge more.json                           # its rows into --out's table
 """
 
 from __future__ import annotations
@@ -37,14 +44,32 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.methods import OURS
+from benchmarks.methods import OURS, registry_loss
 
 METHODS = ("mnrl", "cached_mnrl", *OURS)
 GRID = ((64, "uncached"), (1024, "uncached"), (8192, "cached"), (32768, "cached"))
 BERT_BASE = {"hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12, "intermediate_size": 3072,
              "vocab_size": 30522, "max_position_embeddings": 512}
+#: the GPUs' dense bf16 tensor-core peak (datasheets, without sparsity), by a substring of the device name
+PEAK_BF16 = {"H100 PCIe": 756e12, "H100 NVL": 835e12, "H100": 989.4e12, "H200": 989.4e12, "A100": 312e12}
 TINY = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64,
         "vocab_size": 30522, "max_position_embeddings": 128}
+
+
+def encoder_forward_flops(hidden: int, intermediate: int, layers: int, seq_len: int) -> int:
+    """FLOPs of one BERT encoder forward on one sequence of ``seq_len`` tokens (matmuls only, see the docstring)."""
+    per_layer = seq_len * (2 * 4 * hidden * hidden + 2 * 2 * hidden * intermediate) + 2 * 2 * seq_len * seq_len * hidden
+    return layers * per_layer
+
+
+def step_flops(config: dict[str, int], batch: int, seq_len: int, cached: bool) -> tuple[int, int]:
+    """(useful, executed) FLOPs of a step on ``batch`` pairs (2 ``batch`` sequences): forward + backward (3
+    forwards) and the B x B similarity with its backward; a cached step executes a fourth forward."""
+    forward = 2 * batch * encoder_forward_flops(config["hidden_size"], config["intermediate_size"],
+                                                config["num_hidden_layers"], seq_len)
+    similarity = 3 * 2 * batch * batch * config["hidden_size"]
+    useful = 3 * forward + similarity
+    return useful, useful + (forward if cached else 0)
 
 
 def build_model(work: Path, shape: dict[str, int], max_seq_length: int, device: str) -> Any:
@@ -86,7 +111,7 @@ def build(method: str, model: Any, cached: bool, mini_batch_size: int) -> Any:
         return CachedMultipleNegativesRankingLoss(model, scale=20.0, mini_batch_size=mini_batch_size)
     if method == "mnrl" and cached:
         raise ValueError("mnrl is the uncached reference (cached: cached_mnrl)")
-    return build_loss(method, model, **({"mini_batch_size": mini_batch_size} if cached else {}))
+    return build_loss(registry_loss(method), model, **({"mini_batch_size": mini_batch_size} if cached else {}))
 
 
 def tokenised_batches(model: Any, batch: int, steps: int, device: str) -> list[dict[str, Any]]:
@@ -142,10 +167,22 @@ def run_config(model: Any, method: str, batches: list[dict[str, Any]], variant: 
         return {"status": "out of memory", "reason": str(exc).splitlines()[0]}
     if not all(v == v and abs(v) != float("inf") for v in values):
         return {"status": "error", "reason": f"non-finite loss values {values}"}
-    return {"status": "ok", "loss_class": type(loss).__name__, "step_ms": round(1000 * statistics.median(seconds), 2),
+    return {"status": "ok", "loss_class": type(loss).__name__, "seq_len": int(batches[0]["input_ids"].shape[1]),
+            "step_ms": round(1000 * statistics.median(seconds), 2),
             "step_seconds": [round(s, 4) for s in seconds], "warmup_seconds": round(warm_seconds, 3),
             "peak_mb": round(peak / 2**20, 1), "base_mb": round(base / 2**20, 1) if cuda else 0.0,
             "loss_values": [round(v, 4) for v in values]}
+
+
+def add_flops(row: dict[str, Any], shape: dict[str, int], device_name: str) -> None:
+    """``tflops`` and ``peak_fraction`` of an ``ok`` row (see the module docstring)."""
+    if row.get("status") != "ok" or not row.get("step_ms"):
+        return
+    useful, _ = step_flops(shape, row["batch_size"], row["seq_len"], cached=row["variant"] == "cached")
+    rate = useful / (row["step_ms"] / 1000)
+    row["tflops"] = round(rate / 1e12, 1)
+    peak = next((v for k, v in PEAK_BF16.items() if k in device_name), None)
+    row["peak_fraction"] = round(rate / peak, 4) if peak else None
 
 
 def ratios(rows: list[dict[str, Any]]) -> None:
@@ -160,6 +197,10 @@ def ratios(rows: list[dict[str, Any]]) -> None:
             r["peak_ratio"] = round(r["peak_mb"] / base["peak_mb"], 3) if base["peak_mb"] else None
 
 
+def _cell(value: float | None, form: str) -> str:
+    return "" if value is None else form.format(value).replace("%", " %")
+
+
 def markdown(result: dict[str, Any]) -> str:
     env = result["environment"]
     lines = [f"# Scaling on a GPU ({env['device_name']}, {result['model']}, bf16 autocast)", "",
@@ -168,17 +209,19 @@ def markdown(result: dict[str, Any]) -> str:
              "(`max_memory_allocated` minus the allocation before it). Ratios to sentence-transformers' "
              "`MultipleNegativesRankingLoss` (uncached) / `CachedMultipleNegativesRankingLoss` (cached, "
              f"`mini_batch_size` {result['mini_batch_size']}) at the same batch.", "",
-             "| batch | variant | method | call | timed steps | step (ms) | / ST | peak (MB) | / ST | status |",
-             "|---:|---|---|---:|---:|---:|---:|---:|---:|---|"]
+             "| batch | variant | method | call | timed steps | step (ms) | / ST | peak (MB) | / ST | TFLOP/s | of peak "
+             "| status |",
+             "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     for r in result["rows"]:
         if r["status"] == "ok":
             step_ratio, peak_ratio = r.get("step_ratio"), r.get("peak_ratio")
             lines.append(f"| {r['batch_size']} | {r['variant']} | {r['method']} | {r.get('call', 1)} | "
                          f"{len(r['step_seconds'])} | {r['step_ms']:.1f} | "
                          f"{'' if step_ratio is None else f'{step_ratio:.2f}'} | {r['peak_mb']:.0f} | "
-                         f"{'' if peak_ratio is None else f'{peak_ratio:.2f}'} | ok |")
+                         f"{'' if peak_ratio is None else f'{peak_ratio:.2f}'} | "
+                         f"{_cell(r.get('tflops'), '{:.1f}')} | {_cell(r.get('peak_fraction'), '{:.1%}')} | ok |")
         else:
-            lines.append(f"| {r['batch_size']} | {r['variant']} | {r['method']} | {r.get('call', 1)} | | | | | | "
+            lines.append(f"| {r['batch_size']} | {r['variant']} | {r['method']} | {r.get('call', 1)} | | | | | | | | "
                          f"{r['status']} |")
     lines += [""] + [f"- {note}" for note in result.get("notes", [])]
     lines += ["", f"torch {env['torch']}, CUDA {env['cuda']}, sentence-transformers {env['sentence_transformers']}; "
@@ -195,10 +238,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch-sizes", nargs="+", type=int, help="only these batches of the grid")
     parser.add_argument("--report", action="store_true", help="only re-render the markdown from --out's JSON")
     parser.add_argument("--dry-run", action="store_true", help="a tiny encoder and tiny batches on the CPU")
+    parser.add_argument("--call", type=int, default=1, help="the device call these rows come from (ratios compare "
+                        "rows of one call only)")
+    parser.add_argument("--merge", help="append this results JSON's rows (a later call, same model) to --out's")
+    parser.add_argument("--note", action="append", default=[], help="with --merge: a note for the table")
     args = parser.parse_args(argv)
-    if args.report:
+    if args.report or args.merge:
         saved = json.loads(Path(args.out).read_text())
+        if args.merge:
+            more = json.loads(Path(args.merge).read_text())
+            if more["model"] != saved["model"] or more["mini_batch_size"] != saved["mini_batch_size"]:
+                parser.error(f"--merge: {args.merge} measured {more['model']!r} (mini-batch "
+                             f"{more['mini_batch_size']}), --out {saved['model']!r} ({saved['mini_batch_size']})")
+            calls = {r.get("call", 1) for r in saved["rows"]}
+            if {r.get("call", 1) for r in more["rows"]} & calls:
+                parser.error(f"--merge: {args.merge} reuses a call number of --out ({sorted(calls)}); rerun with --call")
+            saved["rows"] += more["rows"]
+            saved["wall_seconds"] = saved["wall_seconds"] + more["wall_seconds"]
+            saved["notes"] = [*saved.get("notes", []), *args.note]
+            saved.setdefault("environments", {})[str(more["rows"][0].get("call", 1))] = more["environment"]
         ratios(saved["rows"])
+        Path(args.out).write_text(json.dumps(saved, indent=1) + "\n") if args.merge else None
         Path(args.out).with_suffix(".md").write_text(markdown(saved))
         return 0
     import sentence_transformers
@@ -232,8 +292,9 @@ def main(argv: list[str] | None = None) -> int:
             methods = [m for m in args.methods if m != ("mnrl" if variant == "cached" else "cached_mnrl")]
             for method in methods:
                 model.load_state_dict(initial)  # every configuration starts from the same weights
-                row = {"method": method, "batch_size": batch, "variant": variant,
+                row = {"method": method, "batch_size": batch, "variant": variant, "call": args.call,
                        **run_config(model, method, batches, variant, mini, device)}
+                add_flops(row, TINY if args.dry_run else BERT_BASE, result["environment"]["device_name"])
                 rows.append(row)
                 print(json.dumps(row), flush=True)
                 gc.collect()

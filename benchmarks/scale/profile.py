@@ -95,10 +95,9 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.harness import RESULTS, WIKI10K
+from benchmarks.scale_gpu import PEAK_BF16, encoder_forward_flops, step_flops  # noqa: F401 (profile.encoder_forward_flops)
 
 CPU_OUT = RESULTS / "scale_profile_cpu.json"
-#: the GPUs' dense bf16 tensor-core peak (datasheets, without sparsity), by a substring of the device name
-PEAK_BF16 = {"H100 PCIe": 756e12, "H100 NVL": 835e12, "H100": 989.4e12, "H200": 989.4e12, "A100": 312e12}
 #: the phases of the split, in table order: key -> what it is
 PHASES = {
     "tokenise": "tokenisation (the collator's, outside the step)",
@@ -115,22 +114,6 @@ PHASES = {
     "other": "the rest: Python and engine glue",
 }
 STEP_PHASES = [key for key in PHASES if key != "tokenise"]  # "other" = the step minus the others
-
-
-def encoder_forward_flops(hidden: int, intermediate: int, layers: int, seq_len: int) -> int:
-    """FLOPs of one BERT encoder forward on one sequence of ``seq_len`` tokens (matmuls only, see the docstring)."""
-    per_layer = seq_len * (2 * 4 * hidden * hidden + 2 * 2 * hidden * intermediate) + 2 * 2 * seq_len * seq_len * hidden
-    return layers * per_layer
-
-
-def step_flops(config: dict[str, int], batch: int, seq_len: int, cached: bool) -> tuple[int, int]:
-    """(useful, executed) FLOPs of a step on ``batch`` pairs (2 ``batch`` sequences): forward + backward (3
-    forwards) and the B x B similarity with its backward; a cached step executes a fourth forward."""
-    forward = 2 * batch * encoder_forward_flops(config["hidden_size"], config["intermediate_size"],
-                                                config["num_hidden_layers"], seq_len)
-    similarity = 3 * 2 * batch * batch * config["hidden_size"]
-    useful = 3 * forward + similarity
-    return useful, useful + (forward if cached else 0)
 
 
 # ------------------------------------------------------------------------------------------------ the phase timer

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from benchmarks import scale_gpu
 
 RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results"
@@ -53,3 +55,29 @@ def test_committed_gpu_table_is_rendered_from_its_json(tmp_path):
     for batch in (64, 1024, 8192):
         for method in ("mixcse", "focal", "hncse_pm", "hncse_hnm", "adcse"):
             assert (batch, method) in measured
+
+
+def test_rows_carry_the_useful_flop_rate_and_a_later_call_merges_with_its_own_number(tmp_path):
+    out, more = tmp_path / "scale_gpu.json", tmp_path / "more.json"
+    assert scale_gpu.main(["--dry-run", "--methods", "cached_mnrl", "focal", "--steps", "1", "--out", str(out)]) == 0
+    first = json.loads(out.read_text())
+    for row in first["rows"]:
+        useful, _ = scale_gpu.step_flops(scale_gpu.TINY, row["batch_size"], row["seq_len"],
+                                         cached=row["variant"] == "cached")
+        assert row["seq_len"] > 1 and row["tflops"] == round(useful / (row["step_ms"] / 1000) / 1e12, 1)
+        assert row["peak_fraction"] is None  # a CPU has no bf16 tensor-core peak in the table
+    # BERT-base at 32 tokens: 3 forwards of 2B sequences plus the B x B similarity, written out
+    forward = 12 * (32 * (8 * 768**2 + 4 * 768 * 3072) + 4 * 32**2 * 768)
+    assert scale_gpu.step_flops(scale_gpu.BERT_BASE, 1024, 32, cached=False)[0] == 3 * 2 * 1024 * forward + 6 * 1024**2 * 768
+    assert scale_gpu.main(["--dry-run", "--methods", "cached_mnrl", "focal", "--steps", "1", "--out", str(more)]) == 0
+    with pytest.raises(SystemExit):  # the same call number twice: its ratios would mix two machines' rows
+        scale_gpu.main(["--out", str(out), "--merge", str(more)])
+    assert scale_gpu.main(["--dry-run", "--methods", "cached_mnrl", "focal", "--steps", "1", "--call", "2",
+                           "--out", str(more)]) == 0
+    assert scale_gpu.main(["--out", str(out), "--merge", str(more), "--note", "call 2: a later machine"]) == 0
+    merged = json.loads(out.read_text())
+    assert [r["call"] for r in merged["rows"]] == [1] * len(first["rows"]) + [2] * len(first["rows"])
+    assert merged["notes"] == ["call 2: a later machine"]
+    assert out.with_suffix(".md").read_text() == scale_gpu.markdown(merged)
+    later = [r for r in merged["rows"] if r["call"] == 2 and r["variant"] == "cached"]
+    assert [r["step_ratio"] for r in later][0] == 1.0  # its own reference, not the first call's
