@@ -81,3 +81,18 @@ def test_rows_carry_the_useful_flop_rate_and_a_later_call_merges_with_its_own_nu
     assert out.with_suffix(".md").read_text() == scale_gpu.markdown(merged)
     later = [r for r in merged["rows"] if r["call"] == 2 and r["variant"] == "cached"]
     assert [r["step_ratio"] for r in later][0] == 1.0  # its own reference, not the first call's
+
+
+def test_committed_call_3_measures_the_current_engine_at_32768():
+    """Call 3 (H200): every loss's cached step at 32,768 against CachedMNRL in the same loop (autocast around the
+    loss's forward, where CachedMNRL re-embeds in float32): a quarter of its step or less, at most its peak."""
+    saved = json.loads((RESULTS / "scale_gpu.json").read_text())
+    scale_gpu.ratios(saved["rows"])
+    rows = {r["method"]: r for r in saved["rows"] if r.get("call") == 3 and r["batch_size"] == 32768}
+    assert set(rows) == {"cached_mnrl", "mixcse", "focal", "hncse_pm", "hncse_hnm", "adcse"}
+    assert saved["environments"]["3"]["device_name"] == "NVIDIA H200"
+    for method, row in rows.items():
+        assert row["status"] == "ok" and row["seq_len"] == 32, method
+        if method != "cached_mnrl":
+            assert row["step_ratio"] <= 0.25 and row["peak_ratio"] <= 1.0, method
+            assert row["peak_fraction"] > 0.15, method  # the useful rate, against CachedMNRL's 4 %
