@@ -136,9 +136,9 @@ class FocalInfoNCELoss(HardNegativeLoss):
         Other ``directions`` get the same modulation (their positive ``s_p²``, every other entry ``s (s + m)``), and
         ``partition_mode`` combines them as in sentence-transformers' ``MultipleNegativesRankingLoss``. The rows of
         ``batch``'s anchors (:attr:`Batch.rows`): each row only reads its own similarities."""
-        blocks = self.ranking_blocks(batch)
+        blocks = self.ranking.blocks(batch)
         self.record_stats(batch, blocks["query_to_doc"].similarity, num_in_batch=batch.size, row_offset=batch.row_range[0])
-        return self.ranking_rows(batch, blocks, focal_m=self.m)
+        return self.ranking.rows(batch, blocks, focal_m=self.m)
 
     def paper_config(self) -> dict[str, Any]:
         return {"m": self.m}

@@ -359,7 +359,7 @@ class HNCSELoss(HardNegativeLoss):
 
         The rows of ``batch``'s anchors (:attr:`Batch.rows`), on the mixed positives of :meth:`begin_batch`."""
         masked = batch.false_negatives
-        blocks = self.ranking_blocks(batch)
+        blocks = self.ranking.blocks(batch)
         q2d = blocks["query_to_doc"]
         num_synthetic = 0
         if self.uses_hnm:
@@ -370,7 +370,7 @@ class HNCSELoss(HardNegativeLoss):
         self.record_stats(batch, q2d.similarity, num_in_batch=batch.size, num_synthetic=num_synthetic,
                           extra={"pm_mixed": batch.state.draws["pm_mixed"]} if "pm_mixed" in batch.state.draws else None,
                           row_offset=batch.row_range[0])
-        return self.ranking_rows(batch, blocks, focal_m=self.focal_m)
+        return self.ranking.rows(batch, blocks, focal_m=self.focal_m)
 
     def cosine_only_reason(self) -> str | None:
         return ("positive mixing compares the ratio (d1 - d2) / d1 of cosines and both mixes weight unit "

@@ -259,7 +259,7 @@ class MixCSELoss(HardNegativeLoss):
         n = batch.size
         start, stop = batch.row_range
         local = torch.arange(stop - start, device=batch.device)
-        blocks = self.ranking_blocks(batch)
+        blocks = self.ranking.blocks(batch)
         q2d = blocks["query_to_doc"]
         in_batch = q2d.similarity[:, :n].detach()  # (R, N): the hardest partner
         masked = batch.false_negatives  # (R, N + N·k) or None
@@ -282,7 +282,7 @@ class MixCSELoss(HardNegativeLoss):
             partners, has_partner = self._allowed_partners(batch, in_batch, in_batch_masked,
                                                                 batch.state.draws.get("partners"))
             partner_rows = positives[partners]
-            if self.queue_as_pool and self.queue_pool(batch) is not None:
+            if self.queue_as_pool and self.queues.pool(batch) is not None:
                 partner_rows, has_partner = self._hardest_of_batch_and_queue(batch, in_batch, partners, has_partner,
                                                                              partner_rows)
             mixed = self._mix(row_positives, partner_rows)
@@ -304,13 +304,13 @@ class MixCSELoss(HardNegativeLoss):
             reverse_no_mix = (~reverse_has_partner).unsqueeze(1) if masked is not None else None
             blocks["doc_to_query"] = d2q.with_columns((row_positives * reverse_mixed).sum(-1, keepdim=True),
                                                       reverse_no_mix)
-        return self.ranking_rows(batch, blocks, focal_m=self.focal_m)
+        return self.ranking.rows(batch, blocks, focal_m=self.focal_m)
 
     def _hardest_of_batch_and_queue(self, batch: Batch, in_batch: Tensor, partners: Tensor, has_partner: Tensor,
                                     partner_rows: Tensor) -> tuple[Tensor, Tensor]:
         """``queue_as_pool``: each row's partner becomes its hardest unmasked queued row where that one scores above
         the hardest in-batch partner (or the row has none); returns the partner rows and whether each row has one."""
-        similarity, exclude, vectors = cast(tuple[Tensor, Tensor | None, Tensor], self.queue_pool(batch))
+        similarity, exclude, vectors = cast(tuple[Tensor, Tensor | None, Tensor], self.queues.pool(batch))
         if exclude is None:
             exclude = torch.zeros_like(similarity, dtype=torch.bool)
         best, valid = fn.top_candidates(similarity, 1, exclude)
@@ -318,7 +318,7 @@ class MixCSELoss(HardNegativeLoss):
         queue_score = similarity.detach().gather(1, best.unsqueeze(1)).squeeze(1)
         batch_score = in_batch.gather(1, partners.unsqueeze(1)).squeeze(1)
         use_queue = valid & (~has_partner | (queue_score > batch_score))
-        self.note_queue_stats(batch, queue_partner_fraction=use_queue.float().mean().detach())
+        self.queues.note_stats(batch, queue_partner_fraction=use_queue.float().mean().detach())
         rows = torch.where(use_queue.unsqueeze(1), vectors[best].to(partner_rows.dtype), partner_rows)
         return rows, has_partner | valid
 
@@ -373,7 +373,7 @@ class MixCSELoss(HardNegativeLoss):
         # the negatives left to each row: every entry but its positive, the zeroed ones and the masked ones (the
         # zeroed entries stay in the denominator as exp(0), as in the released code, but teach nothing)
         keep[rows, rows] = False
-        self.note_unusable_rows(batch, keep.sum(dim=1) if excluded is not None or n <= 1 else None, n,
+        self.ranking.note_unusable_rows(batch, keep.sum(dim=1) if excluded is not None or n <= 1 else None, n,
                                 excluded.sum() if excluded is not None else 0, keep.size(1) - 1)
         return fn.info_nce_rows(logits)
 

@@ -130,12 +130,15 @@ def check_loss_model(loss: Any, model: Any) -> list[str]:
     """
     wrong = [(name, module) for name, module, held in loss_models(loss) if not same_model(held, model)]
     # an st-hardneg loss warns once: here, or when the Trainer re-points it (ModelGuard), whichever comes first
-    fresh = [(name, module) for name, module in wrong if not getattr(module, "_warned_swapped_model", False)]
+    guards = {id(module): getattr(module, "model_guard", None) for _, module in wrong}
+    fresh = [(name, module) for name, module in wrong
+             if not (isinstance(guards[id(module)], ModelGuard) and guards[id(module)].warned)]
     if not fresh:
         return [name for name, _ in wrong]
     for _, module in fresh:
-        if isinstance(module, ModelGuard):
-            object.__setattr__(module, "_warned_swapped_model", True)
+        guard = guards[id(module)]
+        if isinstance(guard, ModelGuard):
+            guard.warned = True
     names = ", ".join(name for name, _ in fresh)
     message = (
         f"{names} was built on another model than the Trainer's model: the Trainer makes its optimizer from the loss's "

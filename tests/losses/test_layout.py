@@ -1,7 +1,8 @@
-"""The loss package's house rules, read from its source: ``base.py`` stays small (the rest of a loss comes from mixins
-in their own modules), no module is over 500 lines, the mixin modules never import ``base.py``, ``text_keys`` lives
-outside ``batch.py`` (no batch <-> relevance circle), and a paper's loss reads only the private attributes it sets
-itself (never the base class's per-batch state)."""
+"""The loss package's house rules, read from its source: ``base.py`` stays small (the rest of a loss comes from the
+parts it owns, in their own modules), no module is over 500 lines, the parts' modules never import ``base.py``,
+``text_keys`` lives outside ``batch.py`` (no batch <-> relevance circle), a paper's loss reads only the private
+attributes it sets itself (never the base class's per-batch state), a paper loss has at most 3 st-hardneg classes in
+its MRO and no private attribute is written by more than one class."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from pathlib import Path
 import pytest
 
 LOSSES = Path(__file__).resolve().parents[2] / "st_hardneg" / "losses"
-MIXIN_MODULES = ("prepare.py", "blocks.py", "queue.py", "gradcache.py", "keys.py", "batch.py", "columns.py",
+PART_MODULES = ("prepare.py", "blocks.py", "queue.py", "gradcache.py", "keys.py", "batch.py", "columns.py",
                  "false_negatives.py", "relevance.py", "options.py")
 PAPERS = ("mixcse.py", "focal.py", "hncse.py", "adcse.py")
 
@@ -34,8 +35,8 @@ def test_base_is_at_most_400_lines_and_no_loss_module_over_500() -> None:
     assert {name: n for name, n in lengths.items() if n > 500} == {}
 
 
-@pytest.mark.parametrize("module", MIXIN_MODULES)
-def test_mixin_and_helper_modules_do_not_import_base(module: str) -> None:
+@pytest.mark.parametrize("module", PART_MODULES)
+def test_part_and_helper_modules_do_not_import_base(module: str) -> None:
     assert "st_hardneg.losses.base" not in _imported_modules(LOSSES / module)
 
 
@@ -49,21 +50,80 @@ def test_relevance_does_not_import_batch() -> None:
     assert "st_hardneg.losses.keys.text_keys" in _imported_modules(LOSSES / "relevance.py")
 
 
-def test_the_mixins_make_up_the_base_class() -> None:
+def test_the_parts_make_up_the_base_class() -> None:
+    """A loss owns its parts (objects with small interfaces), each method in the part that owns its concept; the loss
+    itself keeps forward and the one compute template."""
+    from st_hardneg import MixCSELoss
     from st_hardneg.losses.base import HardNegativeLoss
-    from st_hardneg.losses.blocks import RankingMixin, UnusableMixin
-    from st_hardneg.losses.gradcache import ChunkedLossMixin, GradCacheMixin
-    from st_hardneg.losses.prepare import PrepareMixin
-    from st_hardneg.losses.queue import QueueMixin
+    from st_hardneg.losses.blocks import Ranking
+    from st_hardneg.losses.gradcache import GradCacheEngine
+    from st_hardneg.losses.model_guard import ModelGuard
+    from st_hardneg.losses.prepare import BatchPreparer
+    from st_hardneg.losses.queue import QueueBanks
 
-    for mixin in (RankingMixin, ChunkedLossMixin, GradCacheMixin, PrepareMixin, QueueMixin, UnusableMixin):
-        assert issubclass(HardNegativeLoss, mixin), mixin.__name__
-    owner = {name: cls for cls in reversed(HardNegativeLoss.__mro__) for name in vars(cls)}
-    expected = {"prepare_batch": PrepareMixin, "window": PrepareMixin, "ranking_blocks": RankingMixin,
-                "ranking_rows": RankingMixin, "reduce": UnusableMixin, "note_unusable_rows": UnusableMixin,
-                "chunked_loss": ChunkedLossMixin, "queue_pool": QueueMixin,
-                "compute_loss_from_embeddings": HardNegativeLoss, "forward": HardNegativeLoss}
+    loss = MixCSELoss(None)
+    parts = {"preparer": BatchPreparer, "ranking": Ranking, "queues": QueueBanks, "gradcache": GradCacheEngine,
+             "model_guard": ModelGuard}
+    for name, part in parts.items():
+        assert isinstance(getattr(loss, name), part), name
+        assert not issubclass(HardNegativeLoss, part), part.__name__  # owned, not inherited
+    owner = {name: cls for cls in (BatchPreparer, Ranking, QueueBanks, GradCacheEngine, HardNegativeLoss)
+             for name in vars(cls)}
+    expected = {"prepare": BatchPreparer, "window": BatchPreparer, "blocks": HardNegativeLoss, "rows": Ranking,
+                "usable_sum": Ranking, "mean": Ranking, "reduce": Ranking, "note_unusable_rows": Ranking,
+                "judge": Ranking, "columns": GradCacheEngine, "pool": QueueBanks, "join": QueueBanks,
+                "compute_loss_from_embeddings": HardNegativeLoss, "compute": HardNegativeLoss,
+                "forward": HardNegativeLoss}
     assert {name: owner[name] for name in expected} == expected
+    # the blocks of the ranking are a method of the part (the loss's ``blocks`` is the tuple of block names)
+    assert "blocks" in vars(Ranking) and callable(vars(Ranking)["blocks"])
+
+
+def _st_hardneg_classes(cls: type) -> list[str]:
+    return [k.__name__ for k in cls.__mro__ if k.__module__.startswith("st_hardneg")]
+
+
+def test_a_paper_loss_has_at_most_three_st_hardneg_classes_in_its_mro() -> None:
+    from st_hardneg import AdversarialNegativesLoss, FocalInfoNCELoss, HNCSELoss, MixCSELoss
+
+    found = {cls.__name__: _st_hardneg_classes(cls)
+             for cls in (MixCSELoss, FocalInfoNCELoss, HNCSELoss, AdversarialNegativesLoss)}
+    assert {name: len(mro) for name, mro in found.items() if len(mro) > 3} == {}, found
+    assert found["MixCSELoss"] == ["MixCSELoss", "HardNegativeLoss"]
+    assert found["AdversarialNegativesLoss"] == ["AdversarialNegativesLoss", "OptimizerDrivenLoss", "HardNegativeLoss"]
+
+
+def _private_writes() -> dict[str, set[str]]:
+    """``{private attribute: {module.Class, ...}}`` of every ``self._x = ...`` (also augmented, annotated, tuple
+    targets, ``vars(self)["_x"] = ...`` and ``setattr(self, "_x", ...)``) in the loss package's classes."""
+    writes: dict[str, set[str]] = {}
+    for path in sorted(LOSSES.glob("*.py")):
+        tree = ast.parse(path.read_text(), filename=str(path))
+        for cls in [n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)]:
+            for node in ast.walk(cls):
+                targets: list[ast.expr] = []
+                if isinstance(node, ast.Assign):
+                    targets = list(node.targets)
+                elif isinstance(node, ast.AugAssign | ast.AnnAssign):
+                    targets = [node.target]
+                flat = [e for t in targets for e in (t.elts if isinstance(t, ast.Tuple) else [t])]
+                names = [t.attr for t in flat if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name)
+                         and t.value.id == "self" and t.attr.startswith("_")]
+                names += [t.slice.value for t in flat if isinstance(t, ast.Subscript) and isinstance(t.value, ast.Call)
+                          and getattr(t.value.func, "id", "") == "vars" and isinstance(t.slice, ast.Constant)
+                          and str(t.slice.value).startswith("_")]
+                if (isinstance(node, ast.Call) and getattr(node.func, "id", "") == "setattr" and len(node.args) > 1
+                        and isinstance(node.args[1], ast.Constant) and str(node.args[1].value).startswith("_")):
+                    names.append(str(node.args[1].value))
+                for name in names:
+                    writes.setdefault(str(name), set()).add(f"{path.stem}.{cls.name}")
+    return writes
+
+
+def test_no_private_attribute_is_written_by_more_than_one_class() -> None:
+    writes = _private_writes()
+    assert "_last_stats" in writes and "_step_clock" in writes  # the scan sees plain and vars() writes
+    assert {name: sorted(classes) for name, classes in writes.items() if len(classes) > 1} == {}
 
 
 @pytest.mark.parametrize("module", PAPERS)
@@ -85,8 +145,8 @@ def test_per_batch_state_lives_on_the_batch_not_on_the_loss() -> None:
     from st_hardneg import MixCSELoss
 
     loss = MixCSELoss(None, seed=0)
-    batch = loss.prepare_batch([torch.randn(6, 8), torch.randn(6, 8)], own_rows=True)
-    window = loss.window(batch, 2, 4)
+    batch = loss.preparer.prepare([torch.randn(6, 8), torch.randn(6, 8)])
+    window = loss.preparer.window(batch, 2, 4)
     assert window.state is batch.state and window.rows == (2, 4)  # every window of a batch shares its state
     assert batch.state.local_rows is None and batch.state.zero_rows is not None
     assert batch.state.zero_rows.tolist() == [False] * 6
