@@ -375,7 +375,7 @@ class AdversarialNegativesLoss(stateful.OptimizerDrivenLoss, HardNegativeLoss):
         # adversaries alone do not make a row usable: a row whose every in-batch negative is masked is left out (and
         # a batch of only such rows refused), as in every loss; with in_batch_keys=False they are its only negatives
         rows = self.ranking.rows(batch, blocks, uncounted_columns=self.num_adversaries if self.in_batch_keys else 0)
-        self.record_stats(batch, q2d.similarity, num_in_batch=batch.size, num_synthetic=self.num_adversaries,
+        batch.state.record_stats(q2d.similarity, num_in_batch=batch.size, num_synthetic=self.num_adversaries,
                           row_offset=start)
         summed = batch.state.draws.get("adversary_gradient")
         if summed is not None:

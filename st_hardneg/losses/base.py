@@ -41,7 +41,7 @@ from st_hardneg.functional import ranking as fr
 from st_hardneg.losses import distributed as dist
 from st_hardneg.losses import false_negatives
 from st_hardneg.losses.batch import Batch, SideInputs
-from st_hardneg.losses.blocks import Ranking, combine_chunk_stats
+from st_hardneg.losses.blocks import Ranking, combine_chunk_stats, unusable_stats
 from st_hardneg.losses.gradcache import (
     GradCacheEngine,
     check_cacheable_model,
@@ -192,13 +192,14 @@ class HardNegativeLoss(CachedLossMixin, nn.Module):
         self.preparer = BatchPreparer(
             name, blocks=self.blocks, mask_duplicates=self.mask_duplicates, margin=self.margin,
             margin_strategy=self.margin_strategy, known_positives=self.known_positives, guided=guide is not None,
-            gather_across_devices=self.gather_across_devices, embedding_dimension=self.embedding_dimension,
-            uses_labels=self.uses_labels)
+            gather_across_devices=self.gather_across_devices, uses_labels=self.uses_labels)
         self.queues = QueueBanks(
             name, model, guide, options.queue, directions=self.directions, dot=dot,
             mask_duplicates=self.mask_duplicates, margin=self.margin, margin_strategy=self.margin_strategy,
             known_positives=self.known_positives, chooses_from_pool=self.chooses_from_queue_pool,
             pool_refusal=self.queue_pool_refusal, own_key_encoder=self.queues_own_key_encoder_rows())
+        # the banks are the loss's child modules (stateful parts: the training callbacks find them among its modules)
+        self.queue, self.anchor_queue = self.queues.queue, self.queues.anchor_queue
         self.ranking = Ranking(
             name, blocks=self.blocks, dot=dot, temperature=self.temperature, partition_mode=self.partition_mode,
             hardness_mode=self.hardness_mode, hardness_strength=self.hardness_strength, queues=self.queues,
@@ -277,16 +278,6 @@ class HardNegativeLoss(CachedLossMixin, nn.Module):
         return self.preparer.controls_false_negatives
 
     # ------------------------------------------------------------------ the queue's options, read from loss.options
-    @property
-    def queue(self) -> Any:
-        """The cross-batch queue (:class:`~st_hardneg.losses.queue.CandidateQueue`), or ``None``."""
-        return self.queues.queue
-
-    @property
-    def anchor_queue(self) -> Any:
-        """The anchors' queue (``queue_anchors``), or ``None``."""
-        return self.queues.anchor_queue
-
     @property
     def queue_options(self) -> QueueOptions:
         """The queue's options (``loss.options.queue``)."""
@@ -406,7 +397,7 @@ class HardNegativeLoss(CachedLossMixin, nn.Module):
         :meth:`begin_batch`, then per window of ``chunk_size`` anchor rows of this process (``None``: one window)
         ``preparer.window`` (the false-negative masks) → the paper's :meth:`window_rows` (or, for a loss computed
         whole, :meth:`whole_batch_rows` on one window of every row) → ``ranking.usable_sum``; then the unusable
-        rows judged once (``ranking.judge``), the paper's :meth:`end_batch` and the mean (``ranking.mean``);
+        rows judged once (``ranking.batch_tally``, ``ranking.judge``), the paper's :meth:`end_batch` and the mean (``ranking.mean``);
         :meth:`close_batch` always, also when a step raised. What ``forward`` remembered for the batch is dropped
         afterwards, also when the loss raised.
 
@@ -415,10 +406,10 @@ class HardNegativeLoss(CachedLossMixin, nn.Module):
         time, never the (N, C) matrices; the gradient then flows once through the normalisation (and the
         gathering) into ``embeddings`` and the returned loss is detached. Equal to the one-window loss (loss,
         gradients, diagnostics, warnings and errors), up to float summation order."""
-        self.preparer.check_labels(labels)
         try:
             with fn.autocast_disabled(embeddings):
                 batch = self.preparer.prepare(embeddings, labels, min_batch_size=self.min_batch_size,
+                                              embedding_dimension=self.embedding_dimension,
                                               in_matryoshka=self._in_matryoshka)
                 return self._run(batch, chunk_size, with_backward)
         finally:
@@ -462,12 +453,13 @@ class HardNegativeLoss(CachedLossMixin, nn.Module):
                 count += window_count
                 first, last = window.row_range
                 pieces.append((last - first, {**state.stats, **state.queue_stats}))
-            unusable = self.ranking.judge(state, self.preparer.reports_false_negatives)
+            tally = self.ranking.batch_tally(state)
+            unusable = unusable_stats(tally, self.preparer.reports_false_negatives) if tally is not None else {}
+            self._last_stats = {**(pieces[0][1] if len(pieces) == 1 else combine_chunk_stats(pieces)), **unusable}
+            self.ranking.judge(tally)  # raises on a batch without a usable row
             self.end_batch(batch)
         finally:
             self.close_batch()
-        stats = pieces[0][1] if len(pieces) == 1 else combine_chunk_stats(pieces)
-        self._last_stats = {**stats, **unusable}
         loss, factor = self.ranking.mean(total, count, state, every)
         if graph:
             pairs = [(tensor, leaf.grad.mul_(factor)) for tensor, leaf in graph if leaf.grad is not None]
@@ -527,20 +519,6 @@ class HardNegativeLoss(CachedLossMixin, nn.Module):
         if self._generator is None or self._generator.device != device:
             self._generator = torch.Generator(device=device).manual_seed(self.seed)
         return self._generator
-
-    @staticmethod
-    def record_stats(batch: Batch, cos: Tensor, num_in_batch: int, num_synthetic: int = 0,
-                     extra: dict[str, Tensor] | None = None, row_offset: int = 0) -> None:
-        """Record the window's mean cosines (and ``extra`` scalars) on the batch (``batch.state.stats``; no
-        gradient, no device sync), with the false-negative and queue counts of ``batch``'s rows: the template makes
-        them the loss's :attr:`diagnostics`. ``row_offset``: the batch index of ``cos``'s first row (a chunk of
-        anchors)."""
-        stats = fn.contrastive_stats(cos.detach(), num_in_batch, num_synthetic, row_offset=row_offset)
-        stats.update(batch.state.false_negative_stats)
-        stats.update(batch.state.queue_stats)
-        for key, value in (extra or {}).items():
-            stats[key] = value.detach() if isinstance(value, Tensor) else torch.as_tensor(value)
-        batch.state.stats = stats
 
     @property
     def diagnostics(self) -> dict[str, float]:

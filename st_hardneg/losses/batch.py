@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
+from st_hardneg import functional as fn
+
 if TYPE_CHECKING:
     from st_hardneg.losses.relevance import KnownPositives
 
@@ -45,9 +47,23 @@ class BatchState:
     false_negative_stats: dict[str, Tensor] = field(default_factory=dict)
     #: the queue's counts for the rows being computed (rows read, masked, the loss's own)
     queue_stats: dict[str, Tensor] = field(default_factory=dict)
-    #: the statistics the paper recorded for the window being computed (``HardNegativeLoss.record_stats``: mean
-    #: cosines, with the counts above), which the template turns into the loss's diagnostics
+    #: the statistics the paper recorded for the window being computed (:meth:`record_stats`: mean cosines, with
+    #: the counts above), which the template turns into the loss's diagnostics
     stats: dict[str, Tensor] = field(default_factory=dict)
+
+    def record_stats(self, cos: Tensor, num_in_batch: int, num_synthetic: int = 0,
+                     extra: dict[str, Tensor] | None = None, row_offset: int = 0) -> None:
+        """Record the window's mean cosines (and ``extra`` scalars) as :attr:`stats` (no gradient, no device sync),
+        with the false-negative and queue counts of its rows: the compute template makes them the loss's
+        diagnostics. ``cos``: the (R, C) similarities of the window's rows (in-batch candidates first, then
+        ``num_synthetic`` synthetic columns); ``row_offset``: the batch index of its first row (a chunk of
+        anchors)."""
+        stats = fn.contrastive_stats(cos.detach(), num_in_batch, num_synthetic, row_offset=row_offset)
+        stats.update(self.false_negative_stats)
+        stats.update(self.queue_stats)
+        for key, value in (extra or {}).items():
+            stats[key] = value.detach() if isinstance(value, Tensor) else torch.as_tensor(value)
+        self.stats = stats
 
 
 @dataclass

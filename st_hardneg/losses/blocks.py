@@ -219,7 +219,7 @@ class Ranking:
         has no unmasked negative (``available``, the (n,) count of negatives left to each row, is 0: every candidate
         was masked as a false negative; columns that are not data, AdCSE's adversaries, do not count) or when its
         anchor or positive has a norm below ``NORM_EPS`` (no direction: cosine 0 with everything). The reduction
-        averages the usable rows only; :meth:`judge` (once per batch) refuses a batch with no usable row
+        averages the usable rows only; :meth:`judge` (once per batch, on :meth:`batch_tally`) refuses a batch with no usable row
         (``ValueError``) and warns once per loss about the first batch with some (``warnings`` and ``logging``),
         with the counts, which the diagnostics report as ``rows_without_negatives``, ``zero_norm_rows``,
         ``unusable_fraction`` and ``masked_fraction`` (``masked`` of ``total`` × n candidates). ``available`` is
@@ -253,16 +253,19 @@ class Ranking:
         device = state.zero_rows.device if state.zero_rows is not None else "cpu"
         return UnusableTally.from_values(dist.sum_across(tally.as_tensor(device)).tolist())
 
-    def judge(self, state: BatchState, reports_false_negatives: bool) -> dict[str, Tensor]:
-        """Judge the batch's unusable rows once (the tallies of its windows, of every process): raise when none is
-        usable, warn once per loss when some are; returns their counts for the diagnostics (also added to
-        ``state.false_negative_stats``). ``reports_false_negatives``: whether the masked counts are reported."""
+    def batch_tally(self, state: BatchState) -> UnusableTally | None:
+        """The unusable rows of the whole batch: its windows' tallies added up, of every process (``None``: nothing
+        was counted, e.g. on the meta device)."""
         tallies = state.chunk_tallies
         if not tallies:
-            return {}
-        tally = self.global_tally(state, sum(tallies[1:], tallies[0]))
-        stats = unusable_stats(tally, reports_false_negatives)
-        state.false_negative_stats = {**state.false_negative_stats, **stats}
+            return None
+        return self.global_tally(state, sum(tallies[1:], tallies[0]))
+
+    def judge(self, tally: UnusableTally | None) -> None:
+        """Judge the batch's unusable rows once (:meth:`batch_tally`): raise ``ValueError`` when none is usable, warn
+        once per loss when some are (their counts are the diagnostics of :func:`unusable_stats`)."""
+        if tally is None:
+            return
         name = self.loss_name
         causes = unusable_causes(tally, self.known_positives)
         if tally.unusable == tally.rows:
@@ -275,7 +278,6 @@ class Ranking:
                        "masked_fraction. This warning is shown once.")
             logger.warning(message)
             warnings.warn(message, UserWarning, stacklevel=5)
-        return stats
 
     # ------------------------------------------------------------------ the reduction
     def usable_sum(self, rows: Tensor, batch: Batch) -> tuple[Tensor, int, int | None]:

@@ -137,7 +137,7 @@ class FocalInfoNCELoss(HardNegativeLoss):
         ``partition_mode`` combines them as in sentence-transformers' ``MultipleNegativesRankingLoss``. The rows of
         ``batch``'s anchors (:attr:`Batch.rows`): each row only reads its own similarities."""
         blocks = self.ranking.blocks(batch)
-        self.record_stats(batch, blocks["query_to_doc"].similarity, num_in_batch=batch.size, row_offset=batch.row_range[0])
+        batch.state.record_stats(blocks["query_to_doc"].similarity, num_in_batch=batch.size, row_offset=batch.row_range[0])
         return self.ranking.rows(batch, blocks, focal_m=self.m)
 
     def paper_config(self) -> dict[str, Any]:

@@ -367,7 +367,7 @@ class HNCSELoss(HardNegativeLoss):
             q2d = q2d.with_columns(synthetic, dropped if masked is not None else None)
             num_synthetic = synthetic.size(1)
         blocks["query_to_doc"] = q2d
-        self.record_stats(batch, q2d.similarity, num_in_batch=batch.size, num_synthetic=num_synthetic,
+        batch.state.record_stats(q2d.similarity, num_in_batch=batch.size, num_synthetic=num_synthetic,
                           extra={"pm_mixed": batch.state.draws["pm_mixed"]} if "pm_mixed" in batch.state.draws else None,
                           row_offset=batch.row_range[0])
         return self.ranking.rows(batch, blocks, focal_m=self.focal_m)

@@ -288,7 +288,7 @@ class MixCSELoss(HardNegativeLoss):
             mixed = self._mix(row_positives, partner_rows)
         no_mix = (~has_partner).unsqueeze(1) if masked is not None else None
         blocks["query_to_doc"] = q2d = q2d.with_columns((row_anchors * mixed).sum(-1, keepdim=True), no_mix)
-        self.record_stats(batch, q2d.similarity, num_in_batch=n, num_synthetic=1, row_offset=start)
+        batch.state.record_stats(q2d.similarity, num_in_batch=n, num_synthetic=1, row_offset=start)
         if self.reverse_mix:
             # h'_i as the anchor: mixed negative normalize(λ h_i + (1-λ) h_π(i)); its false negatives are the
             # transposed in-batch mask (the doc_to_query block's)
@@ -369,7 +369,7 @@ class MixCSELoss(HardNegativeLoss):
             logits = fn.mask_columns(logits, excluded)
             keep[:, : excluded.size(1)] &= ~excluded
         own_mix = block2[rows, rows].unsqueeze(1)
-        self.record_stats(batch, torch.cat([cos[:, :num_shared], own_mix], dim=1), num_in_batch=n, num_synthetic=1)
+        batch.state.record_stats(torch.cat([cos[:, :num_shared], own_mix], dim=1), num_in_batch=n, num_synthetic=1)
         # the negatives left to each row: every entry but its positive, the zeroed ones and the masked ones (the
         # zeroed entries stay in the denominator as exp(0), as in the released code, but teach nothing)
         keep[rows, rows] = False

@@ -39,20 +39,18 @@ class BatchPreparer:
         known_positives: the index of ``known_positives``, or ``None``.
         guided: whether a guide model decides the false negatives (then its embeddings are required).
         gather_across_devices: gather every process's rows (under ``torch.distributed``).
-        embedding_dimension: the model's embedding width, or ``None`` (not checked).
         uses_labels: whether the loss reads labels (otherwise labels warn once).
     """
 
     def __init__(self, loss_name: str, *, blocks: tuple[str, ...], mask_duplicates: bool, margin: float | None,
                  margin_strategy: str, known_positives: KnownPositives | None, guided: bool,
-                 gather_across_devices: bool, embedding_dimension: int | None, uses_labels: bool) -> None:
+                 gather_across_devices: bool, uses_labels: bool) -> None:
         self.loss_name = loss_name
         self.blocks = blocks
         self.mask_duplicates, self.margin, self.margin_strategy = mask_duplicates, margin, margin_strategy
         self.known_positives = known_positives
         self.guided = guided
         self.gather_across_devices = gather_across_devices
-        self.embedding_dimension = embedding_dimension
         self.uses_labels = uses_labels
         #: whether the false-negative counts are reported (from the first batch that can mask beyond duplicates or
         #: that masked one on)
@@ -156,13 +154,13 @@ class BatchPreparer:
         return cached
 
     def prepare(self, embeddings: list[Tensor], labels: Tensor | None = None, *, min_batch_size: int = 2,
-                in_matryoshka: Callable[[], bool] = lambda: False) -> Batch:
+                embedding_dimension: int | None = None, in_matryoshka: Callable[[], bool] = lambda: False) -> Batch:
         """Check the columns and return them in float32, normalised once, as a :class:`Batch` (with gathering: of
         every process's rows), with the text keys and guide embeddings that ``forward`` saw (consumed); no masks yet
         (:meth:`window` adds those of the rows a loss computes).
 
         Raises ``ValueError`` for fewer than 2 columns, columns that are not (batch, dim) tensors of one batch size
-        and one width, a width that differs from the model's embedding dimension recorded at construction, a batch
+        and one width, a width that differs from ``embedding_dimension`` (the model's, recorded by the loss), a batch
         smaller than ``min_batch_size`` (the loss's), and NaN / inf entries or a norm beyond float32's range (naming the
         column). Large but finite vectors (entries of 1e20, whose squares overflow) are normalised exactly.
         ``in_matryoshka``: whether ``MatryoshkaLoss`` truncates the embeddings (then a narrower width is accepted).
@@ -170,7 +168,7 @@ class BatchPreparer:
         self.check_labels(labels)
         name = self.loss_name
         raw = columns.checked_columns(list(embeddings), name=name, min_batch_size=min_batch_size,
-                                      embedding_dimension=self.embedding_dimension, in_matryoshka=in_matryoshka)
+                                      embedding_dimension=embedding_dimension, in_matryoshka=in_matryoshka)
         embeddings, n = raw, raw[0].size(0)
         units = [fn.normalize(column) for column in raw]
         local_rows = None

@@ -279,13 +279,13 @@ def queue_columns(queue: CandidateQueue, batch: Batch, rows: Tensor, unit_rows: 
     return similarity, exclude, vectors, stats
 
 
-class QueueBanks(nn.Module):
+class QueueBanks:
     """The queue part a loss owns (``loss.queues``): its options (:class:`~st_hardneg.losses.options.QueueOptions`,
     checked as they were made; what depends on the loss is checked here) and its banks (:attr:`queue`, and
     :attr:`anchor_queue` with ``anchors``), read for the rows being computed (:meth:`read_and_stage`, :meth:`join`,
     :meth:`pool`) and fed with each training batch's candidates. Without a queue (``size=0``) it holds no bank and
-    every call is a no-op. A module, so that the banks (stateful: :class:`CandidateQueue`) are found among the
-    loss's modules.
+    every call is a no-op. The loss registers the banks as its child modules ``queue`` and ``anchor_queue``
+    (stateful: :class:`CandidateQueue`, found among the loss's modules by the training callbacks).
 
     Args:
         loss_name: the loss's class name, for the messages.
@@ -306,7 +306,6 @@ class QueueBanks(nn.Module):
                  directions: tuple[str, ...], dot: bool, mask_duplicates: bool, margin: float | None,
                  margin_strategy: str, known_positives: KnownPositives | None, chooses_from_pool: bool,
                  pool_refusal: str | None, own_key_encoder: bool) -> None:
-        super().__init__()
         name = loss_name
         self.loss_name = loss_name
         self.options = options

@@ -320,13 +320,16 @@ def test_matryoshka_truncation_is_not_a_size_change(tiny_model, tiny_sentences):
 # ---------------------------------------------------------------------------------------------- the base-class contract
 @pytest.mark.parametrize("name", NAMES)
 def test_loss_is_the_reduction_of_per_row_losses(name):
-    """compute_loss_from_embeddings = reduce(per-row losses): a subclass that sums instead of averaging gets N times
+    """compute_loss_from_embeddings = the reduction of the per-row losses: a ranking part that sums instead of
+    averaging gets N times
     the mean (what gathering across devices and GradCache rely on), for every loss and layout."""
     cols = columns()
     mean = make(name).compute_loss_from_embeddings(cols, None)
     rows = []
     summing = make(name)  # a fresh loss: the same seed gives the same random draws (HNM pairs)
-    summing.reduce = lambda r, batch=None: rows.append(r) or r.sum()
+    usable_sum = summing.ranking.usable_sum
+    summing.ranking.usable_sum = lambda r, batch: rows.append(r) or usable_sum(r, batch)
+    summing.ranking.mean = lambda total, count, state, every=None: (total, 1.0)  # the sum instead of the mean
     total = summing.compute_loss_from_embeddings(cols, None)
     assert rows[0].shape == (6,)
     assert total.item() == pytest.approx(6 * mean.item(), rel=1e-5)

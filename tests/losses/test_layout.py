@@ -9,6 +9,7 @@ from __future__ import annotations
 import ast
 import re
 from pathlib import Path
+from typing import cast
 
 import pytest
 
@@ -159,16 +160,73 @@ def test_per_batch_state_lives_on_the_batch_not_on_the_loss() -> None:
     assert [name for name in moved if hasattr(loss, name)] == []
 
 
-def test_one_mixcse_batch_crosses_four_files_and_enters_base_once() -> None:
-    """The loss's own methods one MixCSE batch runs (ARCHITECTURE.md, "One MixCSE batch, file by file") live in four
-    modules, in order: base.py (forward and the template only), prepare.py, mixcse.py, blocks.py."""
+ARCHITECTURE = LOSSES.parents[1] / "ARCHITECTURE.md"
+
+
+def _documented_path() -> tuple[list[str], list[tuple[str, str]]]:
+    """The files and the methods ARCHITECTURE.md states for one MixCSE batch (its "One MixCSE batch" section: the
+    line of files, then one ``file  Class.method`` line per call)."""
+    text = ARCHITECTURE.read_text()
+    section = text.split("## One MixCSE batch", 1)[1].split("\n## ", 1)[0]
+    files = re.search(r"Files entered, in order: (.+)", section)
+    assert files is not None, "ARCHITECTURE.md states no 'Files entered, in order:' line"
+    block = section.split("```text\n", 1)[1].split("```", 1)[0]
+    calls = [tuple(line.split()) for line in block.splitlines() if line.strip()]
+    return re.findall(r"`([a-z_]+\.py)`", files.group(1)), cast(list[tuple[str, str]], calls)
+
+
+def _traced_batch(loss, features) -> list[tuple[str, str]]:
+    """``(file, Class.method)`` of every call one batch makes to a public method (not a property) of the loss or of
+    one of its parts, in order, traced with ``sys.setprofile``."""
+    import inspect
+    import sys
+
+    parts = {id(loss)} | {id(part) for part in (loss.preparer, loss.ranking, loss.queues, loss.gradcache)}
+    calls: list[tuple[str, str]] = []
+
+    def profile(frame, event, arg):
+        code = frame.f_code
+        if event != "call" or not code.co_filename.startswith(str(LOSSES)) or not code.co_name.isidentifier():
+            return
+        owner = frame.f_locals.get("self")
+        if owner is None or id(owner) not in parts or code.co_name.startswith("_"):
+            return
+        if isinstance(inspect.getattr_static(type(owner), code.co_name, None), property):
+            return
+        calls.append((Path(code.co_filename).name, code.co_qualname))
+
+    sys.setprofile(profile)
+    try:
+        loss(features, None).backward()
+    finally:
+        sys.setprofile(None)
+    return calls
+
+
+def test_one_mixcse_batch_takes_the_path_architecture_md_states(tiny_model, tiny_sentences) -> None:
+    """One real MixCSE training batch, traced: the files it enters, in order, and the loss's and its parts' methods
+    it calls are those ARCHITECTURE.md states ("One MixCSE batch"); base.py holds the loss's forward side, the one
+    compute template and the hooks' defaults only; and the batch leaves the loss's attributes as it found them
+    except the one documented stats record."""
     from st_hardneg import MixCSELoss
 
-    path = ("forward", "compute_loss_from_embeddings", "prepare_batch", "window", "begin_batch", "window_rows",
-            "ranking_blocks", "ranking_rows", "note_unusable_rows", "reduce", "end_batch", "close_batch")
-    owner = {name: next(cls.__module__ for cls in MixCSELoss.__mro__ if name in vars(cls)) for name in path}
-    modules = list(dict.fromkeys(owner.values()))
-    assert modules == ["st_hardneg.losses.base", "st_hardneg.losses.prepare", "st_hardneg.losses.mixcse",
-                       "st_hardneg.losses.blocks"]
-    assert [name for name, module in owner.items() if module == "st_hardneg.losses.base"] == [
-        "forward", "compute_loss_from_embeddings"]
+    loss = MixCSELoss(tiny_model, seed=0)
+    features = [dict(tiny_model.preprocess(tiny_sentences[:4])), dict(tiny_model.preprocess(tiny_sentences[4:8]))]
+    loss(features, None).backward()  # a first batch: the generator and the once-per-loss flags exist
+    before = dict(vars(loss))
+    calls = _traced_batch(loss, features)
+    files, documented = _documented_path()
+    assert calls == documented
+    assert [f for i, (f, _) in enumerate(calls) if i == 0 or calls[i - 1][0] != f] == files
+    assert {method.split(".")[-1] for file, method in calls if file == "base.py"} <= {
+        "forward", "remember_side_inputs", "before_embedding", "embed", "compute_loss_from_embeddings", "compute",
+        "end_batch", "close_batch"}
+    after = dict(vars(loss))
+
+    def same(a: object, b: object) -> bool:
+        return a == b if isinstance(a, int | float | bool | str) else a is b
+
+    rebound = sorted(name for name in {*before, *after}
+                     if name not in before or name not in after or not same(before[name], after[name]))
+    assert rebound == ["_last_stats"]
+    assert "rebinds one attribute of the loss, its stats record `_last_stats`" in ARCHITECTURE.read_text()
