@@ -220,7 +220,7 @@ class AdversarialNegativesLoss(stateful.OptimizerDrivenLoss, HardNegativeLoss):
         self.adversary_bank = NegativeAdversaries(
             num_adversaries, self.embedding_dim, lr=adversary_lr, momentum=adversary_momentum,
             weight_decay=adversary_weight_decay, device=param.device if param is not None else None,
-            generator=torch.Generator().manual_seed(self.seed) if self.seed is not None else None)
+            generator=torch.Generator().manual_seed(self.options.seed) if self.options.seed is not None else None)
         # Not child modules (set in __dict__): out of parameters(), state_dict(), override_model_in_loss, optimizers.
         vars(self).update(_online=model, _key_encoder=frozen_copy(model) if untied else None)
         self._start_listening()

@@ -25,9 +25,10 @@ from __future__ import annotations
 
 import functools
 import logging
+import operator
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import replace
-from typing import Any, Literal, cast
+from dataclasses import fields, replace
+from typing import Any, Unpack, cast
 
 import torch
 from sentence_transformers import SentenceTransformer
@@ -37,7 +38,6 @@ from torch import Tensor, nn
 
 from st_hardneg import functional as fn
 from st_hardneg import validation
-from st_hardneg.functional import ranking as fr
 from st_hardneg.losses import distributed as dist
 from st_hardneg.losses import false_negatives
 from st_hardneg.losses.batch import Batch, SideInputs
@@ -49,7 +49,13 @@ from st_hardneg.losses.gradcache import (
     embed_without_grad,
 )
 from st_hardneg.losses.model_guard import ModelGuard, tag_model_card
-from st_hardneg.losses.options import LossOptions, QueueOptions, SharedOptions, not_given
+from st_hardneg.losses.options import (
+    LossOptions,
+    QueueOptions,
+    SharedOptions,
+    constructor_signature,
+    option_attributes,
+)
 from st_hardneg.losses.prepare import BatchPreparer
 from st_hardneg.losses.queue import QueueBanks
 from st_hardneg.losses.relevance import KnownPositives
@@ -107,24 +113,12 @@ class HardNegativeLoss(CachedLossMixin, nn.Module):
     # mini_batch_num_tokens is None)
     mini_batch_size: int | None  # type: ignore[assignment]
 
-    def __init__(self, model: SentenceTransformer, guide: SentenceTransformer | None = None, *,
-                 scale: float | None = None, temperature: float | None = None,
-                 similarity_fct: Callable[[Tensor, Tensor], Tensor] | str = "cos_sim",
-                 directions: tuple[fr.Direction, ...] = ("query_to_doc",),
-                 partition_mode: fr.PartitionMode = "joint", hardness_mode: fr.HardnessMode | None = None,
-                 hardness_strength: float = 0.0, seed: int | None = None, mask_duplicates: bool = True,
-                 known_positives: Mapping[str, Any] | KnownPositives | None = None, margin: float | None = None, margin_strategy: Literal["absolute", "relative"] = "absolute",
-                 contrast_anchors: bool | None = None, contrast_positives: bool | None = None,
-                 gather_across_devices: bool = False, mini_batch_size: int | None = None,
-                 mini_batch_num_tokens: int | None = None, show_progress_bar: bool = False,
-                 queue: QueueOptions | int | None = None, queue_size: int = not_given(0),
-                 queue_warmup_steps: int = not_given(0), queue_max_age: int | None = not_given(None),
-                 queue_checkpoint: bool = not_given(True), queue_source: Literal["online", "ema"] = not_given("online"),
-                 queue_momentum: float = not_given(0.995), queue_anchors: bool = not_given(False),
-                 queue_as_pool: bool = not_given(False), **unknown: Any) -> None:
+    def __init__(self, model: SentenceTransformer, guide: SentenceTransformer | None = None,
+                 **options: Unpack[LossOptions]) -> None:
         name = type(self).__name__
+        unknown = [key for key in options if key not in LossOptions.__annotations__]
         if unknown:
-            key = next(iter(unknown))
+            key = unknown[0]
             renamed = {"false_negative_margin": "margin (GISTEmbedLoss's name)",
                        "symmetric": "directions=('query_to_doc', 'doc_to_query'), partition_mode='per_direction'",
                        }
@@ -140,48 +134,29 @@ class HardNegativeLoss(CachedLossMixin, nn.Module):
             raise TypeError(f"{name}: model must be a SentenceTransformer (or a torch module; None for the functional "
                             f"path compute_loss_from_embeddings), got {type(model).__name__} {model!r:.80}. Load it "
                             "first: SentenceTransformer(name) or st_hardneg.models.load_model(path).")
-        options = SharedOptions.from_keywords(
-            name, scale=scale, temperature=temperature, similarity_fct=similarity_fct, directions=directions,
-            partition_mode=partition_mode, hardness_mode=hardness_mode, hardness_strength=hardness_strength,
-            seed=seed, mask_duplicates=mask_duplicates, known_positives=known_positives, margin=margin,
-            margin_strategy=margin_strategy, contrast_anchors=contrast_anchors,
-            contrast_positives=contrast_positives, gather_across_devices=gather_across_devices,
-            mini_batch_size=mini_batch_size, mini_batch_num_tokens=mini_batch_num_tokens,
-            show_progress_bar=show_progress_bar, queue=queue, queue_size=queue_size,
-            queue_warmup_steps=queue_warmup_steps, queue_max_age=queue_max_age, queue_checkpoint=queue_checkpoint,
-            queue_source=queue_source, queue_momentum=queue_momentum, queue_anchors=queue_anchors,
-            queue_as_pool=queue_as_pool, guided=guide is not None)
+        shared = SharedOptions.from_keywords(name, guided=guide is not None, **options)
         super().__init__()
         self.model_guard = ModelGuard()
         self.model = model
-        #: the checked shared options (the attributes below are their values)
-        self.options = options
-        self.similarity_fct_name = cast(str, options.similarity_fct)
+        #: the checked shared options (:class:`~st_hardneg.losses.options.SharedOptions`; the attributes of the same
+        #: names read them)
+        self.options = shared
+        self.similarity_fct_name = cast(str, shared.similarity_fct)
         cosine_reason = self.cosine_only_reason()
         if self.similarity_fct_name != "cos_sim" and cosine_reason:
             raise ValueError(f"{name} needs similarity_fct=cos_sim: {cosine_reason}")
-        # τ checked for the cosine bound 1; a loss with larger logits (Focal's 1 + m) checks its own with
-        # check_logit_range
-        self.temperature = options.temperature
-        self.directions, self.partition_mode = options.directions, options.partition_mode
-        self.hardness_mode, self.hardness_strength = options.hardness_mode, options.hardness_strength
-        self.seed, self.gather_across_devices = options.seed, options.gather_across_devices
-        self.mini_batch_size, self.mini_batch_num_tokens = options.mini_batch_size, options.mini_batch_num_tokens
-        self.show_progress_bar = options.show_progress_bar
+        # sentence-transformers' CachedLossMixin reads (and a caller may set) these two
+        self.mini_batch_size, self.mini_batch_num_tokens = shared.mini_batch_size, shared.mini_batch_num_tokens
         if self.uses_gradient_cache:
             if model is None:
                 raise ValueError(f"{name}: mini_batch_size / mini_batch_num_tokens need a model to embed "
                                  "the mini-batches, got model=None")
             check_cacheable_model(model, name)
         # false-negative control (the mask: st_hardneg.losses.false_negatives)
-        self.mask_duplicates = options.mask_duplicates
-        self.known_positives = self._known_positives_index(known_positives, model)
-        self.margin, self.margin_strategy = options.margin, options.margin_strategy
+        self.known_positives = self._known_positives_index(shared.known_positives, model)
         self._must_retokenize = validation.check_guide(guide, model) if guide is not None else False
         # kept out of the module tree (as AdCSE's key encoder): not trained, not in state_dict(), not in the optimizer
         vars(self)["guide"] = guide
-        self.contrast_anchors = cast(bool, options.contrast_anchors)
-        self.contrast_positives = cast(bool, options.contrast_positives)
         self._generator: torch.Generator | None = None
         #: the statistics of the last batch (:attr:`diagnostics`): the one attribute a batch rebinds
         self._last_stats: dict[str, Tensor] = {}
@@ -190,19 +165,19 @@ class HardNegativeLoss(CachedLossMixin, nn.Module):
         dot = self.similarity_fct_name == "dot_score"
         #: the parts (see the module docstring)
         self.preparer = BatchPreparer(
-            name, blocks=self.blocks, mask_duplicates=self.mask_duplicates, margin=self.margin,
-            margin_strategy=self.margin_strategy, known_positives=self.known_positives, guided=guide is not None,
-            gather_across_devices=self.gather_across_devices, uses_labels=self.uses_labels)
+            name, blocks=self.blocks, mask_duplicates=shared.mask_duplicates, margin=shared.margin,
+            margin_strategy=shared.margin_strategy, known_positives=self.known_positives, guided=guide is not None,
+            gather_across_devices=shared.gather_across_devices, uses_labels=self.uses_labels)
         self.queues = QueueBanks(
-            name, model, guide, options.queue, directions=self.directions, dot=dot,
-            mask_duplicates=self.mask_duplicates, margin=self.margin, margin_strategy=self.margin_strategy,
+            name, model, guide, shared.queue, directions=shared.directions, dot=dot,
+            mask_duplicates=shared.mask_duplicates, margin=shared.margin, margin_strategy=shared.margin_strategy,
             known_positives=self.known_positives, chooses_from_pool=self.chooses_from_queue_pool,
             pool_refusal=self.queue_pool_refusal, own_key_encoder=self.queues_own_key_encoder_rows())
         # the banks are the loss's child modules (stateful parts: the training callbacks find them among its modules)
         self.queue, self.anchor_queue = self.queues.queue, self.queues.anchor_queue
         self.ranking = Ranking(
-            name, blocks=self.blocks, dot=dot, temperature=self.temperature, partition_mode=self.partition_mode,
-            hardness_mode=self.hardness_mode, hardness_strength=self.hardness_strength, queues=self.queues,
+            name, blocks=self.blocks, dot=dot, temperature=shared.temperature, partition_mode=shared.partition_mode,
+            hardness_mode=shared.hardness_mode, hardness_strength=shared.hardness_strength, queues=self.queues,
             known_positives=self.known_positives is not None)
         self.gradcache = GradCacheEngine()
 
@@ -263,14 +238,15 @@ class HardNegativeLoss(CachedLossMixin, nn.Module):
     def blocks(self) -> tuple[str, ...]:
         """The blocks of the softmax: :attr:`directions` plus ``anchor_to_anchor`` / ``positive_to_positive`` for
         ``contrast_anchors`` / ``contrast_positives`` (GISTEmbedLoss)."""
-        extra = (("anchor_to_anchor",) if self.contrast_anchors else ()) + (
-            ("positive_to_positive",) if self.contrast_positives else ())
-        return self.directions + extra
+        options = self.options
+        extra = (("anchor_to_anchor",) if options.contrast_anchors else ()) + (
+            ("positive_to_positive",) if options.contrast_positives else ())
+        return options.directions + extra
 
     @property
     def scale(self) -> float:
         """sentence-transformers' name of the inverse temperature: the logits are ``similarity · scale``."""
-        return 1.0 / self.temperature
+        return self.options.scale
 
     @property
     def controls_false_negatives(self) -> bool:
@@ -283,20 +259,11 @@ class HardNegativeLoss(CachedLossMixin, nn.Module):
         """The queue's options (``loss.options.queue``)."""
         return self.options.queue
 
-    queue_size = property(lambda self: self.options.queue.size, doc="``loss.options.queue.size``")
-    queue_warmup_steps = property(lambda self: self.options.queue.warmup_steps,
-                                  doc="``loss.options.queue.warmup_steps``")
-    queue_max_age = property(lambda self: self.options.queue.max_age, doc="``loss.options.queue.max_age``")
-    queue_checkpoint = property(lambda self: self.options.queue.checkpoint, doc="``loss.options.queue.checkpoint``")
-    queue_source = property(lambda self: self.options.queue.source, doc="``loss.options.queue.source``")
-    queue_momentum = property(lambda self: self.options.queue.momentum, doc="``loss.options.queue.momentum``")
-    queue_anchors = property(lambda self: self.options.queue.anchors, doc="``loss.options.queue.anchors``")
-    queue_as_pool = property(lambda self: self.options.queue.as_pool, doc="``loss.options.queue.as_pool``")
 
     def check_logit_range(self, max_abs_similarity: float) -> None:
         """Raise if ``max_abs_similarity / temperature`` overflows (e.g. ``1 + m`` for Focal-InfoNCE logits)."""
         if self.similarity_fct_name == "cos_sim":
-            validation.check_temperature(self.temperature, "temperature", max_abs_similarity)
+            validation.check_temperature(self.options.temperature, "temperature", max_abs_similarity)
 
     # ------------------------------------------------------------------ forward
     def forward(self, sentence_features: Iterable[dict[str, Tensor]], labels: Tensor | None) -> Tensor:
@@ -321,7 +288,7 @@ class HardNegativeLoss(CachedLossMixin, nn.Module):
         gradients on, the queue the key encoder's rows of the candidate columns. Returns the features as a list."""
         sentence_features = list(sentence_features)
         self.preparer.remember(false_negatives.side_inputs(
-            sentence_features, mask_duplicates=self.mask_duplicates or self.known_positives is not None,
+            sentence_features, mask_duplicates=self.options.mask_duplicates or self.known_positives is not None,
             guide=self.guide, model=self.model, retokenize=self._must_retokenize))
         embed = (functools.partial(embed_without_grad, mini_batch_size=self.mini_batch_size,
                                    mini_batch_num_tokens=self.mini_batch_num_tokens)
@@ -510,14 +477,15 @@ class HardNegativeLoss(CachedLossMixin, nn.Module):
         by the Trainer's ``seed``) if the loss has no seed. Every random draw of a loss goes through here.
         With ``gather_across_devices`` and no seed: a fresh generator per draw, seeded from rank 0's global RNG, so
         that every process draws the same numbers."""
-        if self.seed is None:
-            if self.gather_across_devices:  # identical draws on every process: a seed from rank 0's global RNG
+        seed = self.options.seed
+        if seed is None:
+            if self.options.gather_across_devices:  # identical draws on every process: a seed from rank 0's global RNG
                 device = torch.device(device)
                 return torch.Generator(device=device).manual_seed(dist.shared_seed(device))
             return None
         device = torch.device(device)
         if self._generator is None or self._generator.device != device:
-            self._generator = torch.Generator(device=device).manual_seed(self.seed)
+            self._generator = torch.Generator(device=device).manual_seed(seed)
         return self._generator
 
     @property
@@ -538,19 +506,24 @@ class HardNegativeLoss(CachedLossMixin, nn.Module):
 
     def get_config_dict(self) -> dict[str, Any]:
         """Every setting that changes the loss, for the model card: the paper's hyperparameters
-        (:meth:`paper_config`), then the shared options (sentence-transformers' names first)."""
-        config = {**self.paper_config(), "scale": self.scale, "temperature": self.temperature,
-                  "similarity_fct": self.similarity_fct_name, "directions": self.directions,
-                  "partition_mode": self.partition_mode, "hardness_mode": self.hardness_mode,
-                  "hardness_strength": self.hardness_strength, "seed": self.seed,
-                  "mask_duplicates": self.mask_duplicates,
-                  **({"known_positives": self.known_positives.num_pairs} if self.known_positives is not None else {}),
-                  "margin": self.margin,
-                  "margin_strategy": self.margin_strategy, "contrast_anchors": self.contrast_anchors,
-                  "contrast_positives": self.contrast_positives}
-        config.update(self.queues.config())
+        (:meth:`paper_config`), then the shared options (:meth:`SharedOptions.config`: sentence-transformers' names
+        first)."""
+        guide = None
         if self.guide is not None:
             card = getattr(self.guide, "model_card_data", None)
-            config["guide"] = getattr(card, "base_model", None) or type(self.guide).__name__
-        return {**config, "gather_across_devices": self.gather_across_devices,
-                "mini_batch_size": self.mini_batch_size, "mini_batch_num_tokens": self.mini_batch_num_tokens}
+            guide = getattr(card, "base_model", None) or type(self.guide).__name__
+        known = self.known_positives.num_pairs if self.known_positives is not None else None
+        return {**self.paper_config(), **self.options.config(known_positives=known, guide=guide)}
+
+
+def _read_only(path: str, doc: str) -> property:
+    return property(operator.attrgetter(path), doc=doc)
+
+
+# the shared options as read-only attributes of the loss, from their one declaration (SharedOptions)
+for _name in option_attributes():
+    setattr(HardNegativeLoss, _name, _read_only(f"options.{_name}", f"``loss.options.{_name}`` (read-only)."))
+for _option in fields(QueueOptions):
+    setattr(HardNegativeLoss, f"queue_{_option.name}",
+            _read_only(f"options.queue.{_option.name}", f"``loss.options.queue.{_option.name}`` (read-only)."))
+HardNegativeLoss.__init__.__signature__ = constructor_signature(HardNegativeLoss.__init__)  # type: ignore[attr-defined]

@@ -123,7 +123,7 @@ class FocalInfoNCELoss(HardNegativeLoss):
         super().__init__(model, guide, **options)
         self.m = validation.check_number(m, "m (the Focal-InfoNCE margin)", minimum=0.0, maximum=1e6)
         # the largest negative logit is (1 + m) / τ: an overflow blames m (the temperature passed for cosines)
-        validation.check_focal_margin_range(self.m, "m (the Focal-InfoNCE margin)", self.temperature)
+        validation.check_focal_margin_range(self.m, "m (the Focal-InfoNCE margin)", self.options.temperature)
 
     def cosine_only_reason(self) -> str | None:
         return "the Focal-InfoNCE logits s_p² and s_n (s_n + m) are defined on cosines"

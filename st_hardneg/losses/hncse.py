@@ -238,7 +238,7 @@ class HNCSELoss(HardNegativeLoss):
                                                          names=fn.ALPHA_FUNCTIONS)
         self.hnm_gradient = validation.check_bool(hnm_gradient, "hnm_gradient")
         self.focal_m = validation.check_optional_non_negative(focal_m, "focal_m (the Focal-InfoNCE margin m)")
-        validation.check_focal_margin_range(self.focal_m, "focal_m (the Focal-InfoNCE margin m)", self.temperature)
+        validation.check_focal_margin_range(self.focal_m, "focal_m (the Focal-InfoNCE margin m)", self.options.temperature)
         self._warned_k = False
         self._warned_num_mixed = False
         #: per batch (begin_batch): the positive-mixing share for the diagnostics, HNM's random pair positions
@@ -337,8 +337,8 @@ class HNCSELoss(HardNegativeLoss):
                 exclude[local, local + start] = True
                 if self.controls_false_negatives:
                     exclude |= false_negatives.candidate_mask(
-                        batch, (start, stop), (0, n), mask_duplicates=self.mask_duplicates, margin=self.margin,
-                        margin_strategy=self.margin_strategy)
+                        batch, (start, stop), (0, n), mask_duplicates=self.options.mask_duplicates, margin=self.options.margin,
+                        margin_strategy=self.options.margin_strategy)
                 best, ok = fn.top_candidates(similarity, 1, exclude)
             partners.append(best.squeeze(1))
             valid.append(ok.squeeze(1))

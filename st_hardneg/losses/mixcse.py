@@ -166,7 +166,7 @@ class MixCSELoss(HardNegativeLoss):
         self.stop_gradient = validation.check_bool(stop_gradient, "stop_gradient")
         self.partner = validation.check_choice(partner, "partner", ("shift", "random", "hardest", "explicit"))
         self.layout = validation.check_choice(layout, "layout", ("paper", "official"))
-        two_way = "doc_to_query" in self.directions
+        two_way = "doc_to_query" in self.options.directions
         if reverse_mix is None:
             reverse_mix = two_way or self.layout == "official"
         self.reverse_mix = validation.check_bool(reverse_mix, "reverse_mix")
@@ -177,10 +177,10 @@ class MixCSELoss(HardNegativeLoss):
                 "'doc_to_query'), partition_mode='per_direction', reverse_mix=False for MixCSE_single.")
         if self.layout == "official":
             changed = [f"{key}={value!r}" for key, value, default in (
-                ("directions", self.directions, ("query_to_doc",)), ("partition_mode", self.partition_mode, "joint"),
-                ("hardness_mode", self.hardness_mode, None), ("similarity_fct", self.similarity_fct_name, "cos_sim"),
-                ("contrast_anchors", self.contrast_anchors, False),
-                ("contrast_positives", self.contrast_positives, False)) if value != default]
+                ("directions", self.options.directions, ("query_to_doc",)), ("partition_mode", self.options.partition_mode, "joint"),
+                ("hardness_mode", self.options.hardness_mode, None), ("similarity_fct", self.similarity_fct_name, "cos_sim"),
+                ("contrast_anchors", self.options.contrast_anchors, False),
+                ("contrast_positives", self.options.contrast_positives, False)) if value != default]
             if changed:
                 raise ValueError(f"layout='official' is the released code's N×3N cross-entropy over cosines and takes "
                                  f"none of {', '.join(changed)} (its block 3 is reverse_mix); use layout='paper'")
@@ -197,7 +197,7 @@ class MixCSELoss(HardNegativeLoss):
         if self.focal_m is not None and self.similarity_fct_name != "cos_sim":
             raise ValueError("MixCSELoss: focal_m needs similarity_fct=cos_sim (the Focal-InfoNCE logits s² and "
                              "s (s + m) are defined on cosines)")
-        validation.check_focal_margin_range(self.focal_m, "focal_m (the Focal-InfoNCE margin m)", self.temperature)
+        validation.check_focal_margin_range(self.focal_m, "focal_m (the Focal-InfoNCE margin m)", self.options.temperature)
 
     # ------------------------------------------------------------------ helpers
     def _partners(self, batch: Batch, similarity: Tensor | None) -> Tensor:
@@ -351,7 +351,7 @@ class MixCSELoss(HardNegativeLoss):
             blocks.append(self._raw_mix(cast(Tensor, batch.raw_anchors), partners) @ z2.T)
             zeroed.append((rows, num_shared + n + partners))
         cos = torch.cat(blocks, dim=1)
-        logits = fn.contrastive_logits(cos, self.temperature, self.focal_m)
+        logits = fn.contrastive_logits(cos, self.options.temperature, self.focal_m)
         keep = torch.ones_like(logits, dtype=torch.bool)
         for r, c in zeroed:
             keep[r, c] = False

@@ -9,6 +9,7 @@ This module imports nothing of :mod:`st_hardneg.losses.base`.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, Literal, TypedDict, TypeVar, cast
@@ -21,10 +22,10 @@ from st_hardneg.functional import ranking as fr
 if TYPE_CHECKING:
     from st_hardneg.losses.relevance import KnownPositives
 
-__all__ = ["LossOptions", "QueueOptions", "SharedOptions", "not_given"]
+__all__ = ["LossOptions", "QueueOptions", "SharedOptions", "constructor_signature", "not_given", "option_attributes"]
 
 _T = TypeVar("_T")
-_OWNER = "QueueOptions"  # the owner a rule between the options names, unless a loss's constructor made them
+_OWNER = "QueueOptions"  # whom a message about a rule between the queue's options names, unless a loss made them
 _SHARED = "SharedOptions"
 
 
@@ -356,6 +357,14 @@ class QueueOptions:
                 raise
             raise owned from None
 
+    def config(self) -> dict[str, Any]:
+        """The options as ``get_config_dict`` records them, under the loss's flat ``queue_*`` names (none without a
+        queue; ``queue_momentum`` only with ``source="ema"``)."""
+        if not self.size:
+            return {}
+        out = {f"queue_{option.name}": getattr(self, option.name) for option in fields(self)
+               if option.name != "momentum"}
+        return {**out, **({"queue_momentum": self.momentum} if self.source == "ema" else {})}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -391,24 +400,25 @@ class SharedOptions:
     """
 
     temperature: float = 0.05
-    similarity_fct: Callable[[Tensor, Tensor], Tensor] | str = "cos_sim"
+    similarity_fct: Callable[[Tensor, Tensor], Tensor] | str = field(default="cos_sim", metadata={"attribute": False})
     directions: tuple[fr.Direction, ...] = ("query_to_doc",)
     partition_mode: fr.PartitionMode = "joint"
     hardness_mode: fr.HardnessMode | None = None
     hardness_strength: float = 0.0
     seed: int | None = None
     mask_duplicates: bool = True
-    known_positives: Mapping[str, Any] | KnownPositives | None = field(default=None, repr=False, hash=False)
+    known_positives: Mapping[str, Any] | KnownPositives | None = field(default=None, repr=False, hash=False,
+                                                                        metadata={"attribute": False})
     margin: float | None = None
     margin_strategy: Literal["absolute", "relative"] = "absolute"
     contrast_anchors: bool | None = None
     contrast_positives: bool | None = None
+    queue: QueueOptions = field(default=QueueOptions(), metadata={"attribute": False})
+    guided: bool = field(default=False, metadata={"attribute": False})
     gather_across_devices: bool = False
-    mini_batch_size: int | None = None
-    mini_batch_num_tokens: int | None = None
-    show_progress_bar: bool = False
-    queue: QueueOptions = QueueOptions()
-    guided: bool = False
+    mini_batch_size: int | None = field(default=None, metadata={"attribute": False})
+    mini_batch_num_tokens: int | None = field(default=None, metadata={"attribute": False})
+    show_progress_bar: bool = field(default=False, metadata={"config": False})
 
     def __post_init__(self) -> None:
         guided = validation.check_bool(self.guided, "guided")
@@ -452,6 +462,28 @@ class SharedOptions:
         """sentence-transformers' ``scale``, 1 / ``temperature``."""
         return 1.0 / self.temperature
 
+    def config(self, *, known_positives: int | None = None, guide: str | None = None) -> dict[str, Any]:
+        """The options as ``get_config_dict`` records them, in their declaration order: ``scale`` before
+        ``temperature``; ``known_positives`` as the number of pairs of the loss's index (``known_positives``, left out
+        when ``None``); the queue's options (:meth:`QueueOptions.config`, none without a queue); ``guide``: the guide
+        model's name (``guide``, left out when ``None``); every other field but those declared out of the config
+        (``show_progress_bar``)."""
+        out: dict[str, Any] = {}
+        for option in fields(self):
+            if option.name == "temperature":
+                out["scale"] = self.scale
+            if not option.metadata.get("config", True):
+                continue
+            if option.name == "known_positives":
+                out.update({"known_positives": known_positives} if known_positives is not None else {})
+            elif option.name == "queue":
+                out.update(self.queue.config())
+            elif option.name == "guided":
+                out.update({"guide": guide} if guide is not None else {})
+            else:
+                out[option.name] = getattr(self, option.name)
+        return out
+
     @classmethod
     def from_keywords(cls, owner: str, *, scale: float | None = None, temperature: float | None = None,
                       queue: QueueOptions | int | None = None, **keywords: Any) -> SharedOptions:
@@ -479,3 +511,25 @@ class SharedOptions:
             if owned is error:
                 raise
             raise owned from None
+
+
+def option_attributes() -> tuple[str, ...]:
+    """The shared options a loss also shows as read-only attributes of the same names (``loss.margin`` is
+    ``loss.options.margin``): every :class:`SharedOptions` field but those the loss holds otherwise (the similarity
+    function, the ``known_positives`` index, the queue, the GradCache sizes sentence-transformers reads)."""
+    return tuple(option.name for option in fields(SharedOptions) if option.metadata.get("attribute", True))
+
+
+def constructor_signature(function: Callable[..., Any]) -> inspect.Signature:
+    """The signature a loss's constructor shows (help, docs): ``self, model, guide=None`` and, keyword-only, every
+    :class:`LossOptions` name with its default (:class:`SharedOptions`'s; ``scale`` / ``temperature`` and ``queue``
+    ``None``; the flat ``queue_*`` keywords :class:`QueueOptions`'s, as :func:`not_given`)."""
+    positional = [parameter for parameter in inspect.signature(function).parameters.values()
+                  if parameter.kind is not inspect.Parameter.VAR_KEYWORD]
+    defaults = {option.name: option.default for option in fields(SharedOptions)}
+    defaults.update({f"queue_{option.name}": not_given(option.default) for option in fields(QueueOptions)})
+    defaults.update(scale=None, temperature=None, queue=None)
+    keywords = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=defaults[name],
+                                  annotation=getattr(annotation, "__forward_arg__", annotation))
+                for name, annotation in LossOptions.__annotations__.items()]
+    return inspect.Signature([*positional, *keywords])
