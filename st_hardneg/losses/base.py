@@ -26,7 +26,7 @@ from __future__ import annotations
 import functools
 import logging
 import operator
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from dataclasses import fields, replace
 from typing import Any, Unpack, cast
 
@@ -38,8 +38,8 @@ from torch import Tensor, nn
 
 from st_hardneg import functional as fn
 from st_hardneg import validation
+from st_hardneg.losses import columns, false_negatives
 from st_hardneg.losses import distributed as dist
-from st_hardneg.losses import false_negatives
 from st_hardneg.losses.batch import Batch, SideInputs
 from st_hardneg.losses.blocks import Ranking, combine_chunk_stats, unusable_stats
 from st_hardneg.losses.gradcache import (
@@ -116,24 +116,8 @@ class HardNegativeLoss(CachedLossMixin, nn.Module):
     def __init__(self, model: SentenceTransformer, guide: SentenceTransformer | None = None,
                  **options: Unpack[LossOptions]) -> None:
         name = type(self).__name__
-        unknown = [key for key in options if key not in LossOptions.__annotations__]
-        if unknown:
-            key = unknown[0]
-            renamed = {"false_negative_margin": "margin (GISTEmbedLoss's name)",
-                       "symmetric": "directions=('query_to_doc', 'doc_to_query'), partition_mode='per_direction'",
-                       }
-            hint = f"; it is now {renamed[key]}" if key in renamed else ""
-            raise TypeError(f"{name}.__init__() got an unexpected keyword argument {key!r}{hint}")
-        if isinstance(guide, int | float | str) and not isinstance(guide, nn.Module):
-            # the one positional slot after `model` is GISTEmbedLoss's guide; MNRL's positional scale lands here
-            hint = (f" Did you mean scale={guide!r} (sentence-transformers' MultipleNegativesRankingLoss(model, "
-                    f"{guide!r})) or temperature={guide!r}?" if isinstance(guide, int | float) else "")
-            raise TypeError(f"{name}: every argument after `model` is keyword-only, except a guide model "
-                            f"(GISTEmbedLoss(model, guide)); got {guide!r} as the second positional argument.{hint}")
-        if model is not None and not isinstance(model, nn.Module):
-            raise TypeError(f"{name}: model must be a SentenceTransformer (or a torch module; None for the functional "
-                            f"path compute_loss_from_embeddings), got {type(model).__name__} {model!r:.80}. Load it "
-                            "first: SentenceTransformer(name) or st_hardneg.models.load_model(path).")
+        validation.check_loss_arguments(name, model, guide,
+                                        [key for key in options if key not in LossOptions.__annotations__])
         shared = SharedOptions.from_keywords(name, guided=guide is not None, **options)
         super().__init__()
         self.model_guard = ModelGuard()
@@ -153,14 +137,14 @@ class HardNegativeLoss(CachedLossMixin, nn.Module):
                                  "the mini-batches, got model=None")
             check_cacheable_model(model, name)
         # false-negative control (the mask: st_hardneg.losses.false_negatives)
-        self.known_positives = self._known_positives_index(shared.known_positives, model)
+        self.known_positives = KnownPositives.for_loss(name, shared.known_positives, model)
         self._must_retokenize = validation.check_guide(guide, model) if guide is not None else False
         # kept out of the module tree (as AdCSE's key encoder): not trained, not in state_dict(), not in the optimizer
         vars(self)["guide"] = guide
         self._generator: torch.Generator | None = None
         #: the statistics of the last batch (:attr:`diagnostics`): the one attribute a batch rebinds
         self._last_stats: dict[str, Tensor] = {}
-        self.embedding_dimension = self._model_embedding_dimension(model)
+        self.embedding_dimension = columns.model_embedding_dimension(model)
         tag_model_card(model)
         dot = self.similarity_fct_name == "dot_score"
         #: the parts (see the module docstring)
@@ -186,24 +170,6 @@ class HardNegativeLoss(CachedLossMixin, nn.Module):
             self.model_guard.check(type(self).__name__, self.__dict__.get("_modules", {}).get("model"), value)
         super().__setattr__(name, value)
 
-    def _known_positives_index(self, known_positives: Any, model: Any) -> KnownPositives | None:
-        """The index of ``known_positives`` (``None``: off, also for an empty mapping, which warns)."""
-        if known_positives is None or isinstance(known_positives, KnownPositives):
-            return known_positives
-        name = type(self).__name__
-        if not isinstance(known_positives, Mapping):
-            raise TypeError(f"{name}: known_positives must map anchor texts to the texts known to be relevant to them "
-                            f"(st_hardneg.data.relevance.known_positives_from_qrels builds one), got "
-                            f"{type(known_positives).__name__}")
-        if not validation.check_known_positives(known_positives):
-            return None
-        preprocess = getattr(model, "preprocess", None)
-        if not callable(preprocess):
-            raise ValueError(f"{name}: known_positives are texts, tokenised with the model's preprocess to match the "
-                             f"batch's token ids; the model {type(model).__name__} has none (pass a "
-                             "st_hardneg.losses.relevance.KnownPositives built from text keys instead)")
-        return KnownPositives.from_mapping(known_positives, preprocess)
-
     def cosine_only_reason(self) -> str | None:
         """Why this loss's equation needs cosine similarities (then ``similarity_fct=dot_score`` is rejected), or
         ``None`` if it works with both. Called by the constructor before the loss's own arguments are set."""
@@ -215,18 +181,6 @@ class HardNegativeLoss(CachedLossMixin, nn.Module):
         from sentence_transformers import util
 
         return util.cos_sim if self.similarity_fct_name == "cos_sim" else util.dot_score
-
-    @staticmethod
-    def _model_embedding_dimension(model: Any) -> int | None:
-        for name in ("get_embedding_dimension", "get_sentence_embedding_dimension"):
-            getter = getattr(model, name, None)
-            if callable(getter):
-                try:
-                    dim = getter()
-                except Exception:  # a model that cannot tell its size: nothing to compare against
-                    return None
-                return int(dim) if dim is not None else None
-        return None
 
     def queues_own_key_encoder_rows(self) -> bool:
         """Whether the loss's candidates already come from its own key encoder (AdCSE untied): the queue then
@@ -377,7 +331,7 @@ class HardNegativeLoss(CachedLossMixin, nn.Module):
             with fn.autocast_disabled(embeddings):
                 batch = self.preparer.prepare(embeddings, labels, min_batch_size=self.min_batch_size,
                                               embedding_dimension=self.embedding_dimension,
-                                              in_matryoshka=self._in_matryoshka)
+                                              in_matryoshka=functools.partial(columns.in_matryoshka, self))
                 return self._run(batch, chunk_size, with_backward)
         finally:
             self.preparer.forget()
@@ -433,15 +387,6 @@ class HardNegativeLoss(CachedLossMixin, nn.Module):
             if pairs:
                 torch.autograd.backward([t for t, _ in pairs], [g for _, g in pairs])
         return loss.detach() if with_backward else loss
-
-    def _in_matryoshka(self) -> bool:
-        """Whether ``MatryoshkaLoss`` / ``Matryoshka2dLoss`` is calling this loss with truncated embeddings: it
-        decorates the model's ``forward`` with its ``ForwardDecorator`` for the duration of the call, or (GradCache)
-        this loss's ``calculate_loss`` with its ``CachedLossDecorator``."""
-        from sentence_transformers.sentence_transformer.losses.matryoshka import CachedLossDecorator, ForwardDecorator
-
-        return (isinstance(getattr(self.model, "forward", None), ForwardDecorator)
-                or isinstance(self.__dict__.get("calculate_loss"), CachedLossDecorator))
 
     # ------------------------------------------------------------------ the paper's hooks
     def begin_batch(self, batch: Batch) -> Batch:

@@ -34,7 +34,7 @@ class BatchState:
     #: the unusable-row counts of each window computed (``blocks.UnusableTally``; not imported here, as blocks.py
     #: imports this module), judged together once the batch's windows are done
     chunk_tallies: list[Any] | None = None
-    #: the queue's columns for the rows being computed (read by ``ranking_blocks``, joined by ``ranking_rows``)
+    #: the queue's columns for the rows being computed (read by ``Ranking.blocks``, joined by ``Ranking.rows``)
     queue_columns: tuple[Tensor, Tensor | None] | None = None
     #: the same for the anchors' bank (``queue_anchors``, joined to ``doc_to_query``)
     anchor_queue_columns: tuple[Tensor, Tensor | None] | None = None

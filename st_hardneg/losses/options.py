@@ -106,7 +106,7 @@ class LossOptions(TypedDict, total=False):
             the guide when given, else by the trained model itself (detached). ``doc_to_query`` uses the transposed
             mask, ``query_to_query`` / ``doc_to_doc`` the same threshold on their own similarities. A row whose
             every negative is masked teaches nothing and is left out of the mean (GISTEmbedLoss counts it as 0: see
-            :meth:`~st_hardneg.HardNegativeLoss.note_unusable_rows`): the first such batch warns, a batch of only such
+            :meth:`~st_hardneg.losses.blocks.Ranking.note_unusable_rows`): the first such batch warns, a batch of only such
             rows is a ``ValueError``,
             and :attr:`~st_hardneg.HardNegativeLoss.diagnostics` reports ``masked_false_negatives`` (mean per anchor),
             ``masked_false_negatives_total``, ``masked_fraction`` and ``rows_without_negatives``.
@@ -138,26 +138,24 @@ class LossOptions(TypedDict, total=False):
         queue_anchors: ``QueueOptions.anchors``.
         queue_as_pool: ``QueueOptions.as_pool``.
 
-    :func:`~st_hardneg.losses.base.float32_loss` runs each ``compute_loss_from_embeddings`` with autocast disabled (the
-    loss math is float32
-    under bf16/fp16 mixed precision too) and warns once if it receives labels it does not use. This class also provides
-    the
-    sentence-transformers ``forward`` (one embedding per input column, merged forwards where ST can), the seeded
-    random generator of the losses' random draws (:meth:`~st_hardneg.HardNegativeLoss.generator`), and
-    :attr:`~st_hardneg.HardNegativeLoss.diagnostics`, the mean positive /
-    negative / synthetic cosines of the last training batch.
+    :meth:`~st_hardneg.HardNegativeLoss.compute`, the one compute template, runs with autocast disabled (the loss math
+    is float32 under bf16/fp16 mixed precision too) and warns once if it receives labels it does not use. Every loss
+    also has the sentence-transformers ``forward`` (one embedding per input column, merged forwards where ST can), the
+    seeded random generator of the losses' random draws (:meth:`~st_hardneg.HardNegativeLoss.generator`), and
+    :attr:`~st_hardneg.HardNegativeLoss.diagnostics`, the mean positive / negative / synthetic cosines of the last
+    training batch.
 
     **Scaling up** (every loss takes both arguments):
 
     ``gather_across_devices=True`` (same name and meaning as in sentence-transformers, built on its
-    ``all_gather_with_grad``): under ``torch.distributed``, :meth:`~st_hardneg.HardNegativeLoss.prepare_batch` gathers
-    every input column of every
-    process (with gradient), so everything that looks across the batch (in-batch negatives, mixing partners, hardest
+    ``all_gather_with_grad``): under ``torch.distributed``, the batch preparer
+    (:meth:`~st_hardneg.losses.prepare.BatchPreparer.prepare`) gathers every input column of every process (with
+    gradient), so everything that looks across the batch (in-batch negatives, mixing partners, hardest
     negatives, top-k pools, keys, the adversaries' gradient, the diagnostics) looks across the global batch. Each
     process computes the rows of its *own* ``n`` anchors only, against the ``W·n`` gathered candidates
-    (``O(n·W·n)`` per process, as sentence-transformers' losses), and :meth:`~st_hardneg.HardNegativeLoss.reduce`
-    weights their sum so that the
-    processes' mean is the global batch's mean; the gather's backward brings every process the gradient of its
+    (``O(n·W·n)`` per process, as sentence-transformers' losses), and the reduction
+    (:meth:`~st_hardneg.losses.blocks.Ranking.mean`) weights their sum so that the processes' mean is the global
+    batch's mean; the gather's backward brings every process the gradient of its
     embeddings from every process's rows, so distributed data parallel's average of the parameter gradients is
     exactly the single-process gradient. AdCSE's adversary gradient is each process's rows' share, averaged across
     processes (all-reduce) at the ascent step, so the bank stays identical everywhere. The one global pass is
@@ -172,18 +170,15 @@ class LossOptions(TypedDict, total=False):
     minimum is a ``ValueError``; a count above what the other arguments or the batch allow (HNCSE's ``num_mixed``
     above the ``k (k - 1)`` pairs of ``k``, ``k`` above a small batch's negatives) is clamped to that limit with a
     warning, never met by repeating or dropping work silently. **Rows that cannot teach** (one rule:
-    :meth:`~st_hardneg.HardNegativeLoss.note_unusable_rows`): a row with no unmasked negative candidate, or a zero-norm
-    anchor or positive, is left
-    out of the mean, counted and warned once; a batch of only such rows is a ``ValueError``.
+    :meth:`~st_hardneg.losses.blocks.Ranking.note_unusable_rows`): a row with no unmasked negative candidate, or a
+    zero-norm anchor or positive, is left out of the mean, counted and warned once; a batch of only such rows is a ``ValueError``.
 
     ``mini_batch_size`` / ``mini_batch_num_tokens``: GradCache (Gao et al., 2021) through sentence-transformers'
-    ``CachedLossMixin`` (:class:`st_hardneg.losses.gradcache.GradCacheMixin`): the encoder sees only mini-batches of
-    that
-    size (or token budget), in two passes, and the loss and gradients are those of the whole batch (the second pass
+    ``CachedLossMixin`` (:class:`st_hardneg.losses.gradcache.GradCacheEngine`): the encoder sees only mini-batches of
+    that size (or token budget), in two passes, and the loss and gradients are those of the whole batch (the second pass
     replays the first pass's random state, so dropout masks match). The loss side is chunked too, as in
-    ``CachedMultipleNegativesRankingLoss``: :meth:`~st_hardneg.HardNegativeLoss.chunked_loss` builds the rows of
-    :attr:`~st_hardneg.HardNegativeLoss.loss_chunk_size` anchors
-    at a time against every candidate (logits, masks, mixed and synthetic negatives, adversaries), back-propagates
+    ``CachedMultipleNegativesRankingLoss``: the one compute template (:meth:`~st_hardneg.HardNegativeLoss.compute`)
+    builds the rows of :attr:`~st_hardneg.HardNegativeLoss.loss_chunk_size` anchors at a time against every candidate (logits, masks, mixed and synthetic negatives, adversaries), back-propagates
     them and frees them before the next chunk, so the loss holds O(chunk × candidates) memory, never the (N, N)
     matrices; whatever a row chooses (partners, hardest negatives, top-k, random pairs) is chosen per row or drawn
     once per batch, so chunking changes nothing (tested at chunk sizes that do not divide the batch). MixCSE's
