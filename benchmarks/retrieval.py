@@ -52,7 +52,6 @@ DEFAULT_OUT = RESULTS / "retrieval.json"
 UNTRAINED_OUT = RESULTS / "retrieval_untrained.json"
 SELECTION_OUT = RESULTS / "retrieval_selection.json"
 DEV_SPLIT = {"fraction": 0.2, "seed": 0}
-STS_TASKS = ("STS12", "STS13", "STS14", "STS15", "STS16", "STSBenchmark", "SICKRelatedness")
 #: label -> (loss name in st_hardneg.training.LOSSES, gist or cached_mnrl; hyperparameters): the baselines, then each
 #: of ours with its best option on the dev split (retrieval_selection.md), the false-negative ablation and the mined
 #: negative as MixCSE's partner (benchmarks.methods.MRPC)

@@ -325,7 +325,7 @@ def test_mining_fewer_than_one_batch_is_an_error(mrpc_dir, model_dir, tmp_path, 
 # --------------------------------------------------------------------------- the real MRPC and STS
 @pytest.mark.integration
 def test_real_mrpc_with_sts_shares_the_benchmark_cache(monkeypatch, shared_data, model_dir, tmp_path, capsys):
-    import importlib.util
+    import importlib
     from argparse import Namespace
 
     from st_hardneg.data import mining
@@ -348,10 +348,7 @@ def test_real_mrpc_with_sts_shares_the_benchmark_cache(monkeypatch, shared_data,
     assert [str(f) for f in files] == [info["cache_file"]]
 
     # benchmarks/retrieval.py with the same model, data and settings reads this very file: nothing is mined again
-    spec = importlib.util.spec_from_file_location("benchmarks_retrieval",
-                                                  Path(__file__).resolve().parents[2] / "benchmarks" / "retrieval.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = importlib.import_module("benchmarks.retrieval")
 
     def refuse(*args, **kwargs):
         raise AssertionError("mined again: the benchmark's cache key differs from the command line's")

@@ -342,13 +342,9 @@ def test_mining_refuses_test_sentences_and_bad_arguments(tmp_path, text_model):
 
 # --------------------------------------------------------------------------- benchmark smoke
 def _load_benchmark():
-    import importlib.util
+    import importlib
 
-    path = Path(__file__).resolve().parents[2] / "benchmarks" / "retrieval.py"
-    spec = importlib.util.spec_from_file_location("benchmarks_retrieval", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return importlib.import_module("benchmarks.retrieval")
 
 
 @pytest.mark.integration
