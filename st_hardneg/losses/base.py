@@ -17,7 +17,7 @@ One batch's path: ``forward`` → ``compute_loss_from_embeddings`` (or GradCache
 :meth:`HardNegativeLoss.compute`, the one template: ``preparer.prepare`` → the paper's ``begin_batch`` → per window of
 rows (one window uncached, a chunk of rows at a time under GradCache) ``preparer.window`` → the paper's
 ``window_rows`` (which asks ``ranking.blocks`` and ``ranking.rows``) → ``ranking.usable_sum``; then
-``ranking.judge``, ``ranking.mean``, the paper's ``end_batch``, and ``close_batch`` in ``finally``. The batch's
+``ranking.judge``, the paper's ``end_batch`` and ``ranking.mean``, with ``close_batch`` in ``finally``. The batch's
 statistics end in the loss's one per-batch record, ``_last_stats`` (:attr:`HardNegativeLoss.diagnostics`).
 """
 
@@ -318,8 +318,8 @@ class HardNegativeLoss(CachedLossMixin, nn.Module):
         :meth:`begin_batch`, then per window of ``chunk_size`` anchor rows of this process (``None``: one window)
         ``preparer.window`` (the false-negative masks) → the paper's :meth:`window_rows` (or, for a loss computed
         whole, :meth:`whole_batch_rows` on one window of every row) → ``ranking.usable_sum``; then the unusable
-        rows judged once (``ranking.batch_tally``, ``ranking.judge``), the paper's :meth:`end_batch` and the mean (``ranking.mean``);
-        :meth:`close_batch` always, also when a step raised. What ``forward`` remembered for the batch is dropped
+        rows judged once (``ranking.batch_tally``, ``ranking.judge``), the paper's :meth:`end_batch` and the mean
+        (``ranking.mean``); :meth:`close_batch` always, also when a step raised. What ``forward`` remembered for the batch is dropped
         afterwards, also when the loss raised.
 
         With ``with_backward`` (GradCache's step (2)) each window's rows are back-propagated to leaf copies of the
