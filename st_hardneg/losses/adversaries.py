@@ -103,7 +103,7 @@ class NegativeAdversaries(nn.Module):
         self.backward_seen = False
 
     def watch_backward(self, tensor: Tensor) -> None:
-        """Mark the window as back-propagated (:attr:`backward_seen`) when a backward runs through ``tensor`` (a
+        """Mark the window as back-propagated (``backward_seen``) when a backward runs through ``tensor`` (a
         micro-batch's anchors)."""
         if not tensor.requires_grad:
             return

@@ -12,7 +12,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
-from typing import TYPE_CHECKING, Any, Literal, TypedDict, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Literal, TypedDict, TypeVar, cast, get_type_hints
 
 from torch import Tensor
 
@@ -524,7 +524,9 @@ def constructor_signature(function: Callable[..., Any]) -> inspect.Signature:
     defaults = {option.name: option.default for option in fields(SharedOptions)}
     defaults.update({f"queue_{option.name}": not_given(option.default) for option in fields(QueueOptions)})
     defaults.update(scale=None, temperature=None, queue=None)
-    keywords = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=defaults[name],
-                                  annotation=getattr(annotation, "__forward_arg__", annotation))
-                for name, annotation in LossOptions.__annotations__.items()]
+    from st_hardneg.losses.relevance import KnownPositives  # named here for type checkers only
+
+    hints = get_type_hints(LossOptions, localns={"KnownPositives": KnownPositives})
+    keywords = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=defaults[name], annotation=hints[name])
+                for name in LossOptions.__annotations__]
     return inspect.Signature([*positional, *keywords])

@@ -34,8 +34,8 @@ class BatchPreparer:
     Args:
         loss_name: the loss's class name, for the messages.
         blocks: the blocks of the loss's softmax (its ``directions`` plus GIST's contrast blocks).
-        mask_duplicates, margin, margin_strategy: the false-negative options (:class:`~st_hardneg.losses.options.
-            LossOptions`).
+        mask_duplicates, margin, margin_strategy: the false-negative options
+            (:class:`~st_hardneg.losses.options.LossOptions`).
         known_positives: the index of ``known_positives``, or ``None``.
         guided: whether a guide model decides the false negatives (then its embeddings are required).
         gather_across_devices: gather every process's rows (under ``torch.distributed``).

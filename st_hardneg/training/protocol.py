@@ -3,6 +3,7 @@
 pair, train with the protocol's settings, score retrieval. (The chosen st-hardneg recipe on top of it, its loss and
 options, is :mod:`st_hardneg.training.recipe`; this module was ``st_hardneg.training.retrieval``, which still
 imports it.)
+
 - :data:`MINING`: the mining settings (``mine_hard_negatives``, TopK-PercPos 95 %).
 - :data:`TRAINING`: the fine-tuning protocol (the model's own mean pooling, 128 tokens, 1 epoch at batch 64,
   lr 2e-5 with 10 % warm-up).
