@@ -51,9 +51,10 @@ from typing import Any
 
 from benchmarks import methods
 from benchmarks.harness import RESULTS, SHARED_DATA, WIKI10K
+from st_hardneg.data.senteval import STS_TASKS
 
 DEFAULT_OUT = RESULTS / "cpu_protocol.json"
-TASKS = ("STS12", "STS13", "STS14", "STS15", "STS16", "STSBenchmark", "SICKRelatedness")
+TASKS = STS_TASKS  # the seven STS tasks the papers report (st_hardneg.data.senteval)
 
 #: the methods at their paper defaults: label → (loss name in st_hardneg.training.LOSSES, hyperparameters)
 METHODS: dict[str, tuple[str, dict[str, Any]]] = methods.table(methods.CPU_PROTOCOL, sts=True)

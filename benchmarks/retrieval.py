@@ -43,7 +43,7 @@ from typing import Any
 
 from benchmarks import methods
 from benchmarks.harness import RESULTS, SHARED_DATA, build, failed_note
-from st_hardneg.training.retrieval import DEFAULT_CACHE_DIR, MINING, TRAINING
+from st_hardneg.training.protocol import DEFAULT_CACHE_DIR, MINING, TRAINING
 
 __all__ = ["BUILTIN", "MINING", "ablation_check", "main", "markdown", "readme_table", "selected", "selection_markdown",
            "summarize", "target_check", "untrained_markdown", "write_report"]
@@ -52,7 +52,6 @@ DEFAULT_OUT = RESULTS / "retrieval.json"
 UNTRAINED_OUT = RESULTS / "retrieval_untrained.json"
 SELECTION_OUT = RESULTS / "retrieval_selection.json"
 DEV_SPLIT = {"fraction": 0.2, "seed": 0}
-STS_TASKS = ("STS12", "STS13", "STS14", "STS15", "STS16", "STSBenchmark", "SICKRelatedness")
 #: label -> (loss name in st_hardneg.training.LOSSES, gist or cached_mnrl; hyperparameters): the baselines, then each
 #: of ours with its best option on the dev split (retrieval_selection.md), the false-negative ablation and the mined
 #: negative as MixCSE's partner (benchmarks.methods.MRPC)
@@ -335,7 +334,7 @@ def untrained_markdown(row: dict[str, Any], data_stats: dict[str, int]) -> str:
 # --------------------------------------------------------------------------- model, data
 def load_model(args):
     """The untrained model (the embedded default, or ``--model``) with the recipe's pooling and length."""
-    from st_hardneg.training.retrieval import load_recipe_model
+    from st_hardneg.training.protocol import load_recipe_model
 
     return load_recipe_model(args.model)
 
@@ -347,7 +346,7 @@ def mined_dataset(args, data=None, dev=None):
     from st_hardneg.data.mining import file_digest
     from st_hardneg.data.mrpc import mrpc_files
     from st_hardneg.models import model_cache_key
-    from st_hardneg.training.retrieval import mined_mrpc_triplets, mined_triplets
+    from st_hardneg.training.protocol import mined_mrpc_triplets, mined_triplets
 
     options = {"mining": mining_settings(args), "cache_dir": args.cache_dir, "limit": args.limit,
                "min_rows": args.batch_size}
@@ -370,8 +369,8 @@ def mining_settings(args) -> dict[str, Any]:
 
 def evaluate(model, args, task=None) -> dict[str, Any]:
     """Retrieval on ``task`` (default: the MRPC test task) and, unless ``--no-sts`` or a ``task`` is given, the STS
-    average (:func:`st_hardneg.training.retrieval.evaluate_recipe`)."""
-    from st_hardneg.training.retrieval import evaluate_recipe
+    average (:func:`st_hardneg.training.protocol.evaluate_recipe`)."""
+    from st_hardneg.training.protocol import evaluate_recipe
 
     return evaluate_recipe(model, args.data_dir, task=task, sts=not (args.no_sts or task is not None), batch_size=128)
 
@@ -381,7 +380,7 @@ def run_one(label: str, loss_name: str, loss_kwargs: dict, seed: int, dataset, a
     from transformers import set_seed
 
     from st_hardneg.training.experiment import run_training
-    from st_hardneg.training.retrieval import train_config
+    from st_hardneg.training.protocol import train_config
 
     work = Path(args.work_dir) / f"{label}-seed{seed}"
     shutil.rmtree(work, ignore_errors=True)

@@ -327,7 +327,7 @@ def run_one(label: str, method: Method, seed: int, prep: Prepared, negatives: An
     from transformers import set_seed
 
     from st_hardneg.training.loop import train
-    from st_hardneg.training.retrieval import train_config
+    from st_hardneg.training.protocol import train_config
     from st_hardneg.training.sampling import known_relevance_sampler
 
     work = Path(args.work_dir) / f"{prep.name}-{label}-seed{seed}"

@@ -37,7 +37,7 @@ from typing import Any
 
 from benchmarks import methods
 from benchmarks.harness import RESULTS, SHARED_DATA, build, failed_note
-from st_hardneg.training.retrieval import BEIR_TRAINING, DEFAULT_CACHE_DIR, MINING
+from st_hardneg.training.protocol import BEIR_TRAINING, DEFAULT_CACHE_DIR, MINING
 
 __all__ = ["BEIR_BUILTIN", "BEIR_PROTOCOL", "QUEUE_ROWS", "SCIFACT_ABLATIONS", "SCIFACT_METHODS", "TASK_FOLDERS",
            "beir_main", "beir_markdown", "beir_selection_markdown", "beir_target_check"]
@@ -102,7 +102,7 @@ def beir_run_one(label: str, loss_name: str, loss_kwargs: dict, seed: int, datas
     from transformers import set_seed
 
     from st_hardneg.training.experiment import run_training
-    from st_hardneg.training.retrieval import evaluate_beir_recipe, train_config
+    from st_hardneg.training.protocol import evaluate_beir_recipe, train_config
 
     kwargs = dict(loss_kwargs)
     factor = int(kwargs.pop("batch_factor", 1))
@@ -135,7 +135,7 @@ def queue_fields(loss) -> dict[str, Any]:
 def beir_untrained(args, beir, split) -> dict[str, Any]:
     from st_hardneg.evaluation.mteb_run import run_mteb
     from st_hardneg.evaluation.mteb_tasks import beir_mteb_task
-    from st_hardneg.training.retrieval import evaluate_beir_recipe
+    from st_hardneg.training.protocol import evaluate_beir_recipe
 
     model = beir_model(args, BEIR_TRAINING["eval_max_seq_length"])
     start = time.perf_counter()
@@ -286,7 +286,7 @@ def beir_main(argv: list[str] | None = None) -> int:
 
     from benchmarks.harness import run_pending
     from st_hardneg.reporting import load_results, write_json
-    from st_hardneg.training.retrieval import beir_split, mined_beir_triplets
+    from st_hardneg.training.protocol import beir_split, mined_beir_triplets
 
     name = args.task if args.task != "beir" else Path(args.data).name
     suffix = "_selection" if args.select else ""

@@ -90,21 +90,6 @@ def write_results(data: dict[str, Any], out: str | Path, markdown: Callable[[dic
             plot(data, out.with_suffix(".png"))
 
 
-def replace_block(text: str, name: str, body: str) -> str:
-    """``text`` with the lines between ``<!-- name:start -->`` and ``<!-- name:end -->`` replaced by ``body``: how a
-    generated table stays in sync inside a hand-written document such as the README.
-
-    Raises:
-        ValueError: the markers are missing, repeated or out of order (the message names them).
-    """
-    start, end = f"<!-- {name}:start -->", f"<!-- {name}:end -->"
-    if text.count(start) != 1 or text.count(end) != 1 or text.index(start) > text.index(end):
-        raise ValueError(f"expected one {start!r} line followed by one {end!r} line")
-    head, rest = text.split(start, 1)
-    _, tail = rest.split(end, 1)
-    return f"{head}{start}\n{body.rstrip()}\n{end}{tail}"
-
-
 def mean_std(values: Sequence[float]) -> tuple[float, float]:
     """Mean and sample standard deviation (0 for a single value).
 

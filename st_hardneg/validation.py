@@ -421,3 +421,31 @@ def check_known_positives(mapping: Any, name: str = "known_positives") -> dict[s
         warnings.warn(f"{name} is empty: no candidate can be masked as known-relevant, the loss is the loss without it",
                       UserWarning, stacklevel=user_stacklevel())
     return out
+
+
+#: the keywords a loss once took under another name: the error names the new one
+RENAMED_LOSS_KEYWORDS = {"false_negative_margin": "margin (GISTEmbedLoss's name)",
+                         "symmetric": "directions=('query_to_doc', 'doc_to_query'), partition_mode='per_direction'"}
+
+
+def check_loss_arguments(name: str, model: Any, guide: Any, unknown: Iterable[str] = ()) -> None:
+    """Check the arguments of the loss ``name``'s constructor besides its options: no ``unknown`` keyword (a renamed
+    one is named, :data:`RENAMED_LOSS_KEYWORDS`), a ``guide`` that is a model (the one positional slot after ``model``
+    is GISTEmbedLoss's guide; sentence-transformers' positional ``scale`` landing there is named), and a ``model``
+    that is a torch module (or ``None``, the functional path).
+
+    Raises:
+        TypeError: any of these, naming the loss.
+    """
+    for key in unknown:
+        hint = f"; it is now {RENAMED_LOSS_KEYWORDS[key]}" if key in RENAMED_LOSS_KEYWORDS else ""
+        raise TypeError(f"{name}.__init__() got an unexpected keyword argument {key!r}{hint}")
+    if isinstance(guide, int | float | str) and not isinstance(guide, nn.Module):
+        hint = (f" Did you mean scale={guide!r} (sentence-transformers' MultipleNegativesRankingLoss(model, "
+                f"{guide!r})) or temperature={guide!r}?" if isinstance(guide, int | float) else "")
+        raise TypeError(f"{name}: every argument after `model` is keyword-only, except a guide model "
+                        f"(GISTEmbedLoss(model, guide)); got {guide!r} as the second positional argument.{hint}")
+    if model is not None and not isinstance(model, nn.Module):
+        raise TypeError(f"{name}: model must be a SentenceTransformer (or a torch module; None for the functional "
+                        f"path compute_loss_from_embeddings), got {type(model).__name__} {model!r:.80}. Load it "
+                        "first: SentenceTransformer(name) or st_hardneg.models.load_model(path).")

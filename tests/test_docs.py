@@ -143,13 +143,13 @@ class _Obj:
 
 
 def test_xref_narrows_a_short_name_by_role_and_class(xref):
-    """A mixin's ``:attr:`diagnostics``` links the loss's property, not the module of the same name; a name two
+    """A subclass's ``:attr:`diagnostics``` links the loss's property, not the module of the same name; a name two
     unrelated classes share stays unresolved (a build error under -W)."""
     objects = {"st_hardneg.evaluation.diagnostics": _Obj("module"),
                "st_hardneg.losses.base.HardNegativeLoss.diagnostics": _Obj("property"),
                "st_hardneg.losses.options.LossOptions.seed": _Obj("attribute"),
                "st_hardneg.training.loop.TrainConfig.seed": _Obj("attribute")}
-    node = {"reftype": "attr", "py:module": "st_hardneg.losses.queue", "py:class": "QueueMixin"}
+    node = {"reftype": "attr", "py:module": "st_hardneg.losses.mixcse", "py:class": "MixCSELoss"}
     assert xref._by_suffix("diagnostics", node, objects) == "st_hardneg.losses.base.HardNegativeLoss.diagnostics"
     node = {"reftype": "attr", "py:module": "st_hardneg.losses.base", "py:class": "HardNegativeLoss"}
     assert xref._by_suffix("seed", node, objects) is None

@@ -21,7 +21,7 @@ LOSS_PAGES = {
     "st_hardneg.losses.options": "options",
 }
 #: modules that hold no API (the ``python -m`` entry point)
-SKIP = {"st_hardneg.cli.__main__"}
+SKIP = {"st_hardneg.cli.__main__", "st_hardneg.training.retrieval"}  # a deprecated alias of .protocol
 #: the order of the pages (lowest layer of the user's view first); others follow alphabetically
 ORDER = ["losses", "functional", "training", "evaluation", "data", "cli", "models", "validation", "reporting",
          "plots", "testing"]

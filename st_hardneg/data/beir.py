@@ -132,7 +132,7 @@ class BEIRRetrieval:
     """An evaluation task and the training data that may be used with it (see :func:`beir_retrieval`).
 
     It has the fields of :class:`~st_hardneg.data.mrpc.MRPCRetrieval` that mining and training read, so
-    :func:`st_hardneg.training.retrieval.mined_triplets` mines it the same way.
+    :func:`st_hardneg.training.protocol.mined_triplets` mines it the same way.
 
     Attributes:
         task: the test task (``eval_split``'s queries against the whole corpus).

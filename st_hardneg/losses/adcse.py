@@ -10,7 +10,6 @@ step post-hook, plus :class:`~st_hardneg.training.callbacks.StatefulLossCallback
 from __future__ import annotations
 
 import functools
-import weakref
 from typing import Any, Unpack, cast
 
 import torch
@@ -121,7 +120,7 @@ class AdversarialNegativesLoss(stateful.OptimizerDrivenLoss, HardNegativeLoss):
                 unit sphere, as in AdCo).
                 Here: a masked key or explicit negative leaves the denominator of the encoder's and of the
                 adversaries' loss (the adversaries are never masked). The adversaries alone do not make a row
-                usable (the rule of every loss, :meth:`~st_hardneg.HardNegativeLoss.note_unusable_rows`): with
+                usable (the rule of every loss, :meth:`~st_hardneg.losses.blocks.Ranking.note_unusable_rows`): with
                 ``in_batch_keys=True`` a row whose every in-batch key and explicit negative is masked is left out of
                 the mean and counted in ``rows_without_negatives`` (the first such batch warns), and a batch of
                 only such rows is a ``ValueError``; the adversaries' ascent gradient still reads every row. The margin's similarities are the online
@@ -196,20 +195,20 @@ class AdversarialNegativesLoss(stateful.OptimizerDrivenLoss, HardNegativeLoss):
                 add_stateful_loss_callback(trainer)  # restores the loss state on resume
                 trainer.train()  # later: trainer.train(resume_from_checkpoint=True)
         """
-        # read by the base class: untied, the candidates (and so the queued rows) already come from the key encoder;
-        # tied with queue_source="ema", the queue keeps its own key encoder (dropout off) as for the other losses
-        vars(self)["_candidates_from_key_encoder"] = bool(untied)
+        # untied, the candidates (and so the queued rows) already come from the key encoder (read by the
+        # constructor of the base class: queues_own_key_encoder_rows); tied with queue_source="ema", the queue keeps
+        # its own key encoder (dropout off) as for the other losses
+        self.untied = validation.check_bool(untied, "untied")
         super().__init__(model, guide, **options)
         if num_adversaries and self.similarity_fct_name != "cos_sim":
             raise ValueError("AdversarialNegativesLoss with num_adversaries > 0 needs similarity_fct=cos_sim: the "
                              "adversaries are points on the unit sphere (AdCo), scored by their cosines")
         self.num_adversaries = validation.check_count(num_adversaries, "num_adversaries (M)", minimum=0)
-        self.untied = validation.check_bool(untied, "untied")
         self.in_batch_keys = validation.check_bool(in_batch_keys, "in_batch_keys")
         if not in_batch_keys and not num_adversaries:
             raise ValueError("in_batch_keys=False (paper Eq. 5) needs num_adversaries > 0: no negatives are left")
         self.momentum = validation.check_momentum(momentum, "momentum (m, the key encoder's EMA momentum)")
-        self._ema_updates, self._backward_seen = 0, False
+        self._ema_updates = 0
         self._state_synced = False
         self.adversary_temperature = validation.check_temperature(adversary_temperature, "adversary_temperature")
         self.min_batch_size = 1 if num_adversaries > 0 else 2  # with adversaries a single pair has negatives
@@ -221,10 +220,14 @@ class AdversarialNegativesLoss(stateful.OptimizerDrivenLoss, HardNegativeLoss):
         self.adversary_bank = NegativeAdversaries(
             num_adversaries, self.embedding_dim, lr=adversary_lr, momentum=adversary_momentum,
             weight_decay=adversary_weight_decay, device=param.device if param is not None else None,
-            generator=torch.Generator().manual_seed(self.seed) if self.seed is not None else None)
+            generator=torch.Generator().manual_seed(self.options.seed) if self.options.seed is not None else None)
         # Not child modules (set in __dict__): out of parameters(), state_dict(), override_model_in_loss, optimizers.
         vars(self).update(_online=model, _key_encoder=frozen_copy(model) if untied else None)
         self._start_listening()
+
+    def queues_own_key_encoder_rows(self) -> bool:
+        """Untied, the candidates come from the key encoder: the queue queues those rows."""
+        return self.untied
 
     # ------------------------------------------------------------------ public state
     @property
@@ -261,7 +264,7 @@ class AdversarialNegativesLoss(stateful.OptimizerDrivenLoss, HardNegativeLoss):
         key = {"key_encoder": self.key_encoder.state_dict()} if self.key_encoder is not None else {}
         return {"format": _STATE_FORMAT, "num_adversaries": self.num_adversaries, "embedding_dim": self.embedding_dim,
                 "untied": self.untied, "adversaries": self.adversaries, "adversary_velocity": self.adversary_velocity,
-                "ema_updates": self._ema_updates, "adversary_updates": self.adversary_updates, "steps": self._steps,
+                "ema_updates": self._ema_updates, "adversary_updates": self.adversary_updates, "steps": self.step_clock.steps,
                 **key}
 
     @torch.no_grad()
@@ -279,7 +282,7 @@ class AdversarialNegativesLoss(stateful.OptimizerDrivenLoss, HardNegativeLoss):
             self.key_encoder.load_state_dict(state["key_encoder"])
         self._ema_updates = int(state["ema_updates"])
         self.adversary_bank.updates = int(state["adversary_updates"])
-        self._steps = int(state.get("steps", max(self._ema_updates, self.adversary_bank.updates)))
+        self.step_clock.steps = int(state.get("steps", max(self._ema_updates, self.adversary_bank.updates)))
         self.adversary_bank.reset_window()
 
     # ------------------------------------------------------------------ forward
@@ -360,7 +363,7 @@ class AdversarialNegativesLoss(stateful.OptimizerDrivenLoss, HardNegativeLoss):
         training, their share of the adversaries' ascent gradient is added up for :meth:`end_batch`."""
         masked = batch.false_negatives
         start, stop = batch.row_range
-        blocks = self.ranking_blocks(batch)
+        blocks = self.ranking.blocks(batch)
         q2d = blocks["query_to_doc"]
         if not self.in_batch_keys:  # paper Eq. 5: drop the other rows' keys and explicit negatives
             q2d = q2d.excluding(~fr.own_pair_mask(batch.size, q2d.similarity.size(1), q2d.similarity.device,
@@ -371,12 +374,12 @@ class AdversarialNegativesLoss(stateful.OptimizerDrivenLoss, HardNegativeLoss):
         blocks["query_to_doc"] = q2d
         # adversaries alone do not make a row usable: a row whose every in-batch negative is masked is left out (and
         # a batch of only such rows refused), as in every loss; with in_batch_keys=False they are its only negatives
-        rows = self.ranking_rows(batch, blocks, uncounted_columns=self.num_adversaries if self.in_batch_keys else 0)
-        self.record_stats(batch, q2d.similarity, num_in_batch=batch.size, num_synthetic=self.num_adversaries,
+        rows = self.ranking.rows(batch, blocks, uncounted_columns=self.num_adversaries if self.in_batch_keys else 0)
+        batch.state.record_stats(q2d.similarity, num_in_batch=batch.size, num_synthetic=self.num_adversaries,
                           row_offset=start)
         summed = batch.state.draws.get("adversary_gradient")
         if summed is not None:
-            own_start, own_stop = self.own_row_range(batch)
+            own_start, own_stop = self.preparer.own_rows(batch)
             grad = self._adversary_gradient(batch.row_anchors, batch.candidates, masked, row_offset=start,
                                             num_pairs=batch.size)
             weighted = grad * ((stop - start) / (own_stop - own_start))  # the chunk's share of the rows' mean
@@ -429,13 +432,10 @@ class AdversarialNegativesLoss(stateful.OptimizerDrivenLoss, HardNegativeLoss):
 
     def _prepare_accumulation(self, anchors: Tensor) -> None:
         bank = self.adversary_bank
-        if bank.pending_micro_batches and self._backward_seen and not any(
+        if bank.pending_micro_batches and bank.backward_seen and not any(
                 p.grad is not None for p in self.online_model.parameters()):
             bank.reset_window()  # gradients cleared without a step reaching us (GradScaler skip): new window
-            self._backward_seen = False
-        if anchors.requires_grad:  # a backward through this micro-batch marks the window as backpropagated
-            ref = weakref.ref(self)
-            anchors.register_hook(lambda grad: setattr(ref(), "_backward_seen", True) if ref() else None)
+        bank.watch_backward(anchors)  # a backward through this micro-batch marks the window as backpropagated
 
     def _adversary_gradient(self, anchors: Tensor, candidates: Tensor, exclude: Tensor | None = None,
                             row_offset: int = 0, num_pairs: int | None = None) -> Tensor:
@@ -453,8 +453,7 @@ class AdversarialNegativesLoss(stateful.OptimizerDrivenLoss, HardNegativeLoss):
         if self.untied:
             update_momentum(self.online_model, cast(nn.Module, self.key_encoder), self.momentum)
             self._ema_updates += 1
-        self.adversary_bank.step()
-        self._backward_seen = False
+        self.adversary_bank.step()  # and a new window
 
     # ------------------------------------------------------------------ config
     def paper_config(self) -> dict[str, Any]:

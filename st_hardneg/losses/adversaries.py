@@ -15,6 +15,7 @@ momentum buffer. It is trained to *maximise* a contrastive loss in which the vec
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 from typing import cast
 
@@ -43,6 +44,8 @@ class NegativeAdversaries(nn.Module):
         velocity: (M, d) buffer, the momentum.
         updates: number of ascent steps taken.
         pending_micro_batches: number of gradients in the current accumulation window.
+        backward_seen: whether a backward has run through a micro-batch of the current window
+            (:meth:`watch_backward`).
     """
 
     weight: Tensor
@@ -63,6 +66,7 @@ class NegativeAdversaries(nn.Module):
         self.updates = 0
         self._grad_sum: Tensor | None = None
         self.pending_micro_batches = 0
+        self.backward_seen = False
 
     def __len__(self) -> int:
         return self.weight.size(0)
@@ -93,9 +97,24 @@ class NegativeAdversaries(nn.Module):
         self.pending_micro_batches += 1
 
     def reset_window(self) -> None:
-        """Forget the gradients accumulated since the last :meth:`step`."""
+        """Forget the gradients accumulated since the last :meth:`step` (a new window: no backward seen yet)."""
         self._grad_sum = None
         self.pending_micro_batches = 0
+        self.backward_seen = False
+
+    def watch_backward(self, tensor: Tensor) -> None:
+        """Mark the window as back-propagated (``backward_seen``) when a backward runs through ``tensor`` (a
+        micro-batch's anchors)."""
+        if not tensor.requires_grad:
+            return
+        ref = weakref.ref(self)
+
+        def seen(grad: Tensor) -> None:
+            bank = ref()
+            if bank is not None:
+                bank.backward_seen = True
+
+        tensor.register_hook(seen)
 
     @torch.no_grad()
     def step(self) -> bool:

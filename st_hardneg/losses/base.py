@@ -1,83 +1,92 @@
-"""What every st-hardneg loss shares: the shared constructor options, the ST forward, the one compute template, random
-draws and the diagnostics it records; the rest comes from mixins that do not import this module.
+"""What every st-hardneg loss shares: the shared options, the sentence-transformers forward, the parts a loss owns and
+the one compute template that runs them.
 
-One batch's path: ``forward`` (here; the paper may give an ``embed`` hook) → ``compute_loss_from_embeddings``, the one
-compute template (here, :func:`float32_loss`) → ``prepare_batch`` (:mod:`~st_hardneg.losses.prepare`: the columns
-checked by :mod:`~st_hardneg.losses.columns`, the mask of :mod:`~st_hardneg.losses.false_negatives`) → the paper's
-``window_rows`` (its own module: its equation), which calls ``ranking_blocks`` / ``ranking_rows``
-(:mod:`~st_hardneg.losses.blocks`, with the queue of :mod:`~st_hardneg.losses.queue`) → ``reduce`` (beside them in
-:mod:`~st_hardneg.losses.blocks`: the unusable rows left out). GradCache's loss side a chunk of rows at a time:
-``chunked_loss`` (:mod:`~st_hardneg.losses.gradcache`).
+A loss is one ``nn.Module`` that owns its parts and passes them what they need (:class:`HardNegativeLoss`):
+
+- ``preparer`` (:class:`~st_hardneg.losses.prepare.BatchPreparer`): the columns checked and normalised, gathered,
+  cut into windows of rows with their false-negative masks and known relevance;
+- ``queues`` (:class:`~st_hardneg.losses.queue.QueueBanks`): the cross-batch queue, read and fed per batch;
+- ``ranking`` (:class:`~st_hardneg.losses.blocks.Ranking`): the blocks, the per-row losses, the unusable-row rule and
+  the reduction;
+- ``gradcache`` (:class:`~st_hardneg.losses.gradcache.GradCacheEngine`): the cached forward on
+  sentence-transformers' ``CachedLossMixin`` (the one mixin, which sentence-transformers' contract asks for);
+- ``model_guard`` (:class:`~st_hardneg.losses.model_guard.ModelGuard`): warns when the Trainer re-points
+  ``loss.model``.
+
+One batch's path: ``forward`` → ``compute_loss_from_embeddings`` (or GradCache's step (2), ``calculate_loss``) →
+:meth:`HardNegativeLoss.compute`, the one template: ``preparer.prepare`` → the paper's ``begin_batch`` → per window of
+rows (one window uncached, a chunk of rows at a time under GradCache) ``preparer.window`` → the paper's
+``window_rows`` (which asks ``ranking.blocks`` and ``ranking.rows``) → ``ranking.usable_sum``; then
+``ranking.judge``, the paper's ``end_batch`` and ``ranking.mean``, with ``close_batch`` in ``finally``. The batch's
+statistics end in the loss's one per-batch record, ``_last_stats`` (:attr:`HardNegativeLoss.diagnostics`).
 """
 
 from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Callable, Iterable, Mapping
-from typing import Any, Literal, TypeVar, cast
+import operator
+from collections.abc import Callable, Iterable
+from dataclasses import fields, replace
+from typing import Any, Unpack, cast
 
 import torch
 from sentence_transformers import SentenceTransformer
+from sentence_transformers.base.losses.gradcache import CachedLossMixin
 from sentence_transformers.base.losses.merged_forward import embed_columns
 from torch import Tensor, nn
 
 from st_hardneg import functional as fn
 from st_hardneg import validation
-from st_hardneg.functional import ranking as fr
+from st_hardneg.losses import columns, false_negatives
 from st_hardneg.losses import distributed as dist
-from st_hardneg.losses import false_negatives
 from st_hardneg.losses.batch import Batch, SideInputs
-from st_hardneg.losses.blocks import RankingMixin
-from st_hardneg.losses.gradcache import ChunkedLossMixin, check_cacheable_model
+from st_hardneg.losses.blocks import Ranking, combine_chunk_stats, unusable_stats
+from st_hardneg.losses.gradcache import (
+    GradCacheEngine,
+    check_cacheable_model,
+    embed_with_replayed_autocast,
+    embed_without_grad,
+)
 from st_hardneg.losses.model_guard import ModelGuard, tag_model_card
-from st_hardneg.losses.options import LossOptions, QueueOptions, SharedOptions, not_given
+from st_hardneg.losses.options import (
+    LossOptions,
+    QueueOptions,
+    SharedOptions,
+    constructor_signature,
+    option_attributes,
+)
+from st_hardneg.losses.prepare import BatchPreparer
+from st_hardneg.losses.queue import QueueBanks
 from st_hardneg.losses.relevance import KnownPositives
 
-__all__ = ["HardNegativeLoss", "LossOptions", "QueueOptions", "SharedOptions", "float32_loss"]
+__all__ = ["HardNegativeLoss", "LossOptions", "QueueOptions", "SharedOptions"]
 
 logger = logging.getLogger(__name__)
 
-_Method = TypeVar("_Method", bound=Callable[..., Tensor])
-
-
-def float32_loss(method: _Method) -> _Method:
-    """Decorator of every loss's ``compute_loss_from_embeddings``: warn once about labels the loss does not read, run
-    the loss math with autocast disabled (float32 under bf16/fp16 mixed precision too), and drop what ``forward``
-    remembered for this call's false-negative mask afterwards, also when the loss raised."""
-
-    @functools.wraps(method)
-    def compute_loss_from_embeddings(self: HardNegativeLoss, embeddings: list[Tensor], labels: Tensor | None = None,
-                                     *args: Any, **kwargs: Any) -> Tensor:
-        self.check_labels(labels)
-        try:
-            with fn.autocast_disabled(embeddings):
-                return method(self, embeddings, labels, *args, **kwargs)
-        finally:
-            self._side_inputs = None
-
-    return compute_loss_from_embeddings  # type: ignore[return-value]
+#: the fields of a :class:`~st_hardneg.losses.batch.Batch` that carry the embeddings (the leaves of a chunked batch)
+_EMBEDDING_FIELDS = ("anchors", "positives", "negatives", "raw_anchors", "raw_positives", "raw_negatives")
 
 
 def _embed_column(module: nn.Module, features: dict[str, Tensor]) -> Tensor:
     return module(features)["sentence_embedding"]  # type: ignore[no-any-return]
 
 
-class HardNegativeLoss(ModelGuard, ChunkedLossMixin, RankingMixin, nn.Module):
+class HardNegativeLoss(CachedLossMixin, nn.Module):
     """Base class of the st-hardneg losses.
 
     Subclasses take their paper's hyperparameters and pass the shared options (:class:`LossOptions`) on, and
-    implement :meth:`window_rows` (the rows of their equation; :meth:`compute_loss_from_embeddings` is the one
-    template that calls it) as::
+    implement :meth:`window_rows` (the rows of their equation; :meth:`compute` is the one template that calls it)
+    as::
 
         def __init__(self, model, *, lam=0.2, **options: Unpack[LossOptions]):
             super().__init__(model, **options)
             self.lam = validation.check_unit_interval(lam, "lam")
 
         def window_rows(self, batch):                        # checked float32 unit rows, false-negative masks
-            blocks = self.ranking_blocks(batch)              # sentence-transformers' blocks, masks applied
+            blocks = self.ranking.blocks(batch)              # sentence-transformers' blocks, masks applied
             ...                                              # the paper's own columns (Block.with_columns)
-            return self.ranking_rows(batch, blocks)          # (R,) loss of each anchor row; reduce() averages
+            return self.ranking.rows(batch, blocks)          # (R,) loss of each anchor row; the template averages
 
         def paper_config(self):
             return {"lam": self.lam}                         # get_config_dict() adds the shared options
@@ -90,111 +99,76 @@ class HardNegativeLoss(ModelGuard, ChunkedLossMixin, RankingMixin, nn.Module):
     model or the guide is checked here.
     """
 
+    #: smallest batch the loss accepts (in-batch mixing needs a partner)
+    min_batch_size: int = 2
+    #: whether the loss reads labels (the st-hardneg losses do not; a labelled dataset triggers a warning)
+    uses_labels: bool = False
+    #: whether the loss has a hardest-negative choice that can take queued rows (``queue_as_pool``)
+    chooses_from_queue_pool: bool = False
+    #: why a loss with such a choice still refuses ``queue_as_pool`` (None: it has no such choice)
+    queue_pool_refusal: str | None = None
     #: set in __dict__ by __init__ (kept out of the module tree)
     guide: SentenceTransformer | None
+    # optional here (sentence-transformers' CachedLossMixin declares int, but reads it only when
+    # mini_batch_num_tokens is None)
+    mini_batch_size: int | None  # type: ignore[assignment]
 
-    def __init__(self, model: SentenceTransformer, guide: SentenceTransformer | None = None, *,
-                 scale: float | None = None, temperature: float | None = None,
-                 similarity_fct: Callable[[Tensor, Tensor], Tensor] | str = "cos_sim",
-                 directions: tuple[fr.Direction, ...] = ("query_to_doc",),
-                 partition_mode: fr.PartitionMode = "joint", hardness_mode: fr.HardnessMode | None = None,
-                 hardness_strength: float = 0.0, seed: int | None = None, mask_duplicates: bool = True,
-                 known_positives: Mapping[str, Any] | KnownPositives | None = None, margin: float | None = None, margin_strategy: Literal["absolute", "relative"] = "absolute",
-                 contrast_anchors: bool | None = None, contrast_positives: bool | None = None,
-                 gather_across_devices: bool = False, mini_batch_size: int | None = None,
-                 mini_batch_num_tokens: int | None = None, show_progress_bar: bool = False,
-                 queue: QueueOptions | int | None = None, queue_size: int = not_given(0),
-                 queue_warmup_steps: int = not_given(0), queue_max_age: int | None = not_given(None),
-                 queue_checkpoint: bool = not_given(True), queue_source: Literal["online", "ema"] = not_given("online"),
-                 queue_momentum: float = not_given(0.995), queue_anchors: bool = not_given(False),
-                 queue_as_pool: bool = not_given(False), **unknown: Any) -> None:
+    def __init__(self, model: SentenceTransformer, guide: SentenceTransformer | None = None,
+                 **options: Unpack[LossOptions]) -> None:
         name = type(self).__name__
-        if unknown:
-            key = next(iter(unknown))
-            renamed = {"false_negative_margin": "margin (GISTEmbedLoss's name)",
-                       "symmetric": "directions=('query_to_doc', 'doc_to_query'), partition_mode='per_direction'",
-                       }
-            hint = f"; it is now {renamed[key]}" if key in renamed else ""
-            raise TypeError(f"{name}.__init__() got an unexpected keyword argument {key!r}{hint}")
-        if isinstance(guide, int | float | str) and not isinstance(guide, nn.Module):
-            # the one positional slot after `model` is GISTEmbedLoss's guide; MNRL's positional scale lands here
-            hint = (f" Did you mean scale={guide!r} (sentence-transformers' MultipleNegativesRankingLoss(model, "
-                    f"{guide!r})) or temperature={guide!r}?" if isinstance(guide, int | float) else "")
-            raise TypeError(f"{name}: every argument after `model` is keyword-only, except a guide model "
-                            f"(GISTEmbedLoss(model, guide)); got {guide!r} as the second positional argument.{hint}")
-        if model is not None and not isinstance(model, nn.Module):
-            raise TypeError(f"{name}: model must be a SentenceTransformer (or a torch module; None for the functional "
-                            f"path compute_loss_from_embeddings), got {type(model).__name__} {model!r:.80}. Load it "
-                            "first: SentenceTransformer(name) or st_hardneg.models.load_model(path).")
-        options = SharedOptions.from_keywords(
-            name, scale=scale, temperature=temperature, similarity_fct=similarity_fct, directions=directions,
-            partition_mode=partition_mode, hardness_mode=hardness_mode, hardness_strength=hardness_strength,
-            seed=seed, mask_duplicates=mask_duplicates, known_positives=known_positives, margin=margin,
-            margin_strategy=margin_strategy, contrast_anchors=contrast_anchors,
-            contrast_positives=contrast_positives, gather_across_devices=gather_across_devices,
-            mini_batch_size=mini_batch_size, mini_batch_num_tokens=mini_batch_num_tokens,
-            show_progress_bar=show_progress_bar, queue=queue, queue_size=queue_size,
-            queue_warmup_steps=queue_warmup_steps, queue_max_age=queue_max_age, queue_checkpoint=queue_checkpoint,
-            queue_source=queue_source, queue_momentum=queue_momentum, queue_anchors=queue_anchors,
-            queue_as_pool=queue_as_pool, guided=guide is not None)
+        validation.check_loss_arguments(name, model, guide,
+                                        [key for key in options if key not in LossOptions.__annotations__])
+        shared = SharedOptions.from_keywords(name, guided=guide is not None, **options)
         super().__init__()
+        self.model_guard = ModelGuard()
         self.model = model
-        #: the checked shared options (the attributes below are their values)
-        self.options = options
-        self.similarity_fct_name = cast(str, options.similarity_fct)
+        #: the checked shared options (:class:`~st_hardneg.losses.options.SharedOptions`; the attributes of the same
+        #: names read them)
+        self.options = shared
+        self.similarity_fct_name = cast(str, shared.similarity_fct)
         cosine_reason = self.cosine_only_reason()
         if self.similarity_fct_name != "cos_sim" and cosine_reason:
             raise ValueError(f"{name} needs similarity_fct=cos_sim: {cosine_reason}")
-        # τ checked for the cosine bound 1; a loss with larger logits (Focal's 1 + m) checks its own with
-        # check_logit_range
-        self.temperature = options.temperature
-        self.directions, self.partition_mode = options.directions, options.partition_mode
-        self.hardness_mode, self.hardness_strength = options.hardness_mode, options.hardness_strength
-        self.seed, self.gather_across_devices = options.seed, options.gather_across_devices
-        self.mini_batch_size, self.mini_batch_num_tokens = options.mini_batch_size, options.mini_batch_num_tokens
-        self.show_progress_bar = options.show_progress_bar
+        # sentence-transformers' CachedLossMixin reads (and a caller may set) these two
+        self.mini_batch_size, self.mini_batch_num_tokens = shared.mini_batch_size, shared.mini_batch_num_tokens
         if self.uses_gradient_cache:
             if model is None:
                 raise ValueError(f"{name}: mini_batch_size / mini_batch_num_tokens need a model to embed "
                                  "the mini-batches, got model=None")
             check_cacheable_model(model, name)
         # false-negative control (the mask: st_hardneg.losses.false_negatives)
-        self.mask_duplicates = options.mask_duplicates
-        self.known_positives = self._known_positives_index(known_positives, model)
-        self.margin, self.margin_strategy = options.margin, options.margin_strategy
+        self.known_positives = KnownPositives.for_loss(name, shared.known_positives, model)
         self._must_retokenize = validation.check_guide(guide, model) if guide is not None else False
         # kept out of the module tree (as AdCSE's key encoder): not trained, not in state_dict(), not in the optimizer
         vars(self)["guide"] = guide
-        self.contrast_anchors = cast(bool, options.contrast_anchors)
-        self.contrast_positives = cast(bool, options.contrast_positives)
-        self._reports_false_negatives = False
-        self._warned_unusable = False
-        #: what forward saw for the next compute_loss_from_embeddings call (text keys, guide embeddings)
-        self._side_inputs: SideInputs | None = None
         self._generator: torch.Generator | None = None
+        #: the statistics of the last batch (:attr:`diagnostics`): the one attribute a batch rebinds
         self._last_stats: dict[str, Tensor] = {}
-        self._warned_labels = False
-        self.embedding_dimension = self._model_embedding_dimension(model)
+        self.embedding_dimension = columns.model_embedding_dimension(model)
         tag_model_card(model)
-        self.init_queue(name, model, guide, options.queue)
+        dot = self.similarity_fct_name == "dot_score"
+        #: the parts (see the module docstring)
+        self.preparer = BatchPreparer(
+            name, blocks=self.blocks, mask_duplicates=shared.mask_duplicates, margin=shared.margin,
+            margin_strategy=shared.margin_strategy, known_positives=self.known_positives, guided=guide is not None,
+            gather_across_devices=shared.gather_across_devices, uses_labels=self.uses_labels)
+        self.queues = QueueBanks(
+            name, model, guide, shared.queue, directions=shared.directions, dot=dot,
+            mask_duplicates=shared.mask_duplicates, margin=shared.margin, margin_strategy=shared.margin_strategy,
+            known_positives=self.known_positives, chooses_from_pool=self.chooses_from_queue_pool,
+            pool_refusal=self.queue_pool_refusal, own_key_encoder=self.queues_own_key_encoder_rows())
+        # the banks are the loss's child modules (stateful parts: the training callbacks find them among its modules)
+        self.queue, self.anchor_queue = self.queues.queue, self.queues.anchor_queue
+        self.ranking = Ranking(
+            name, blocks=self.blocks, dot=dot, temperature=shared.temperature, partition_mode=shared.partition_mode,
+            hardness_mode=shared.hardness_mode, hardness_strength=shared.hardness_strength, queues=self.queues,
+            known_positives=self.known_positives is not None)
+        self.gradcache = GradCacheEngine()
 
-    def _known_positives_index(self, known_positives: Any, model: Any) -> KnownPositives | None:
-        """The index of ``known_positives`` (``None``: off, also for an empty mapping, which warns)."""
-        if known_positives is None or isinstance(known_positives, KnownPositives):
-            return known_positives
-        name = type(self).__name__
-        if not isinstance(known_positives, Mapping):
-            raise TypeError(f"{name}: known_positives must map anchor texts to the texts known to be relevant to them "
-                            f"(st_hardneg.data.relevance.known_positives_from_qrels builds one), got "
-                            f"{type(known_positives).__name__}")
-        if not validation.check_known_positives(known_positives):
-            return None
-        preprocess = getattr(model, "preprocess", None)
-        if not callable(preprocess):
-            raise ValueError(f"{name}: known_positives are texts, tokenised with the model's preprocess to match the "
-                             f"batch's token ids; the model {type(model).__name__} has none (pass a "
-                             "st_hardneg.losses.relevance.KnownPositives built from text keys instead)")
-        return KnownPositives.from_mapping(known_positives, preprocess)
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name == "model" and "model_guard" in self.__dict__:
+            self.model_guard.check(type(self).__name__, self.__dict__.get("_modules", {}).get("model"), value)
+        super().__setattr__(name, value)
 
     def cosine_only_reason(self) -> str | None:
         """Why this loss's equation needs cosine similarities (then ``similarity_fct=dot_score`` is rejected), or
@@ -208,23 +182,44 @@ class HardNegativeLoss(ModelGuard, ChunkedLossMixin, RankingMixin, nn.Module):
 
         return util.cos_sim if self.similarity_fct_name == "cos_sim" else util.dot_score
 
-    @staticmethod
-    def _model_embedding_dimension(model: Any) -> int | None:
-        for name in ("get_embedding_dimension", "get_sentence_embedding_dimension"):
-            getter = getattr(model, name, None)
-            if callable(getter):
-                try:
-                    dim = getter()
-                except Exception:  # a model that cannot tell its size: nothing to compare against
-                    return None
-                return int(dim) if dim is not None else None
-        return None
+    def queues_own_key_encoder_rows(self) -> bool:
+        """Whether the loss's candidates already come from its own key encoder (AdCSE untied): the queue then
+        queues those rows, and ``queue_source="ema"`` keeps no second key encoder. Called by the constructor
+        before the parts are built."""
+        return False
+
+    @property
+    def blocks(self) -> tuple[str, ...]:
+        """The blocks of the softmax: :attr:`directions` plus ``anchor_to_anchor`` / ``positive_to_positive`` for
+        ``contrast_anchors`` / ``contrast_positives`` (GISTEmbedLoss)."""
+        options = self.options
+        extra = (("anchor_to_anchor",) if options.contrast_anchors else ()) + (
+            ("positive_to_positive",) if options.contrast_positives else ())
+        return options.directions + extra
+
+    @property
+    def scale(self) -> float:
+        """sentence-transformers' name of the inverse temperature: the logits are ``similarity · scale``."""
+        return self.options.scale
+
+    @property
+    def controls_false_negatives(self) -> bool:
+        """Whether any candidate can be masked (``mask_duplicates``, ``known_positives`` or a ``margin``)."""
+        return self.preparer.controls_false_negatives
+
+    # ------------------------------------------------------------------ the queue's options, read from loss.options
+    @property
+    def queue_options(self) -> QueueOptions:
+        """The queue's options (``loss.options.queue``)."""
+        return self.options.queue
+
 
     def check_logit_range(self, max_abs_similarity: float) -> None:
         """Raise if ``max_abs_similarity / temperature`` overflows (e.g. ``1 + m`` for Focal-InfoNCE logits)."""
         if self.similarity_fct_name == "cos_sim":
-            validation.check_temperature(self.temperature, "temperature", max_abs_similarity)
+            validation.check_temperature(self.options.temperature, "temperature", max_abs_similarity)
 
+    # ------------------------------------------------------------------ forward
     def forward(self, sentence_features: Iterable[dict[str, Tensor]], labels: Tensor | None) -> Tensor:
         sentence_features = self.remember_side_inputs(sentence_features)
         self.before_embedding(sentence_features)
@@ -242,21 +237,17 @@ class HardNegativeLoss(ModelGuard, ChunkedLossMixin, RankingMixin, nn.Module):
         return embed_columns(self.model, sentence_features)
 
     def remember_side_inputs(self, sentence_features: Iterable[dict[str, Tensor]]) -> list[dict[str, Tensor]]:
-        """Called by ``forward`` before the model runs: keep each row's text key (for ``mask_duplicates``), the
-        guide's embeddings (no gradient) and, with ``queue_source="ema"`` and gradients on, the key encoder's rows of the
-        candidate columns for the next :meth:`prepare_batch`. Returns the features as a list."""
+        """Called by ``forward`` before the model runs: hand the preparer each row's text key (for
+        ``mask_duplicates``) and the guide's embeddings (no gradient), and, with ``queue_source="ema"`` and
+        gradients on, the queue the key encoder's rows of the candidate columns. Returns the features as a list."""
         sentence_features = list(sentence_features)
-        self._side_inputs = false_negatives.side_inputs(
-            sentence_features, mask_duplicates=self.mask_duplicates or self.known_positives is not None,
-            guide=self.guide, model=self.model,
-            retokenize=self._must_retokenize)
-        self._queue_key_columns = None
-        if self.queue is not None and self.queue.key_encoder is not None and torch.is_grad_enabled():
-            # (the queue stages rows exactly when gradients are on: a training forward)
-            embed = self._embed_without_grad if self.uses_gradient_cache else _embed_column
-            self._queue_key_columns = [
-                self.queue.embed_keys(features, embed) if column or self.anchor_queue is not None else None
-                for column, features in enumerate(sentence_features)]
+        self.preparer.remember(false_negatives.side_inputs(
+            sentence_features, mask_duplicates=self.options.mask_duplicates or self.known_positives is not None,
+            guide=self.guide, model=self.model, retokenize=self._must_retokenize))
+        embed = (functools.partial(embed_without_grad, mini_batch_size=self.mini_batch_size,
+                                   mini_batch_num_tokens=self.mini_batch_num_tokens)
+                 if self.uses_gradient_cache else _embed_column)
+        self.queues.remember_key_columns(sentence_features, embed)
         return sentence_features
 
     def set_false_negative_inputs(self, text_keys: Tensor | None = None,
@@ -267,33 +258,162 @@ class HardNegativeLoss(ModelGuard, ChunkedLossMixin, RankingMixin, nn.Module):
         inputs = SideInputs(
             text_keys=torch.as_tensor(text_keys, dtype=torch.long) if text_keys is not None else None,
             guide=[g.detach() for g in guide_embeddings] if guide_embeddings is not None else None)
-        self._side_inputs = inputs if inputs.text_keys is not None or inputs.guide is not None else None
+        self.preparer.remember(inputs if inputs.text_keys is not None or inputs.guide is not None else None)
 
-    @float32_loss
-    def compute_loss_from_embeddings(self, embeddings: list[Tensor], labels: Tensor | None) -> Tensor:
-        """The loss of a batch of embeddings, one per column ``[anchors, positives, negatives...]``: the one compute
-        template of every loss. :meth:`prepare_batch` (this process's rows), :meth:`begin_batch`, the paper's
-        :meth:`window_rows` (its equation), :meth:`reduce`, :meth:`end_batch`; :meth:`close_batch` always, also when
-        a step raised. A loss computed whole (:attr:`supports_row_chunks` false) gives :meth:`whole_batch_rows`.
-        GradCache's :meth:`chunked_loss` runs the same hooks a chunk of rows at a time."""
-        if not self.supports_row_chunks:
-            try:
-                whole = self.prepare_batch(embeddings, labels)
-                return self.reduce(self.whole_batch_rows(whole), whole)
-            finally:
-                self.close_batch()
+    # ------------------------------------------------------------------ GradCache (sentence-transformers' contract)
+    @property
+    def uses_gradient_cache(self) -> bool:  # type: ignore[override]  # per instance: caching is optional here
+        return self.mini_batch_size is not None or self.mini_batch_num_tokens is not None
+
+    def frozen_columns(self, sentence_features: list[dict[str, Tensor]]) -> dict[int, nn.Module]:
+        """``{column: module}`` of the columns of this batch that GradCache embeds without gradient by another
+        module (none by default; AdCSE's key encoder embeds its key columns)."""
+        return {}
+
+    def cached_forward(self, sentence_features: Iterable[dict[str, Tensor]], labels: Tensor | None) -> Tensor:
+        """The GradCache forward pass (:meth:`GradCacheEngine.forward`): returns the (detached, hooked) loss;
+        ``loss.backward()`` fills the gradients."""
+        sentence_features = list(sentence_features)
+        return self.gradcache.forward(self, sentence_features, labels, self.frozen_columns(sentence_features),
+                                      self.mini_batch_size, self.mini_batch_num_tokens)
+
+    def embed_minibatch(self, sentence_feature: dict[str, Tensor], begin: int, end: int, with_grad: bool,
+                        copy_random_state: bool, random_state: Any = None) -> tuple[Tensor, Any]:
+        """sentence-transformers' ``embed_minibatch`` with step (1)'s autocast replayed in step (3)
+        (:func:`~st_hardneg.losses.gradcache.embed_with_replayed_autocast`)."""
+        return embed_with_replayed_autocast(super().embed_minibatch, sentence_feature, begin, end, with_grad,
+                                            copy_random_state, random_state)
+
+    def calculate_loss(self, reps: list[list[Tensor]], labels: Tensor | None = None, *,
+                       with_backward: bool = False) -> Tensor:
+        """Step (2) of sentence-transformers' ``CachedLossMixin``: the loss of the whole batch from the
+        per-mini-batch embeddings, by :meth:`compute` a chunk of :attr:`loss_chunk_size` rows at a time; with
+        ``with_backward``, back-propagated to the embeddings chunk by chunk and detached."""
+        return self.compute(self.gradcache.columns(reps), labels, chunk_size=self.loss_chunk_size,
+                            with_backward=with_backward)
+
+    @property
+    def supports_row_chunks(self) -> bool:
+        """Whether the loss computes its rows a window of anchors at a time (:meth:`window_rows`; else it computes
+        them whole, :meth:`whole_batch_rows`)."""
+        return True
+
+    @property
+    def loss_chunk_size(self) -> int:
+        """Anchor rows per chunk under GradCache: ``mini_batch_size`` (as in CachedMNRL), or 32 with only
+        ``mini_batch_num_tokens``."""
+        return self.mini_batch_size or 32
+
+    # ------------------------------------------------------------------ the one compute template
+    def compute_loss_from_embeddings(self, embeddings: list[Tensor], labels: Tensor | None = None) -> Tensor:
+        """The loss of a batch of embeddings, one per column ``[anchors, positives, negatives...]``
+        (:meth:`compute` with this process's rows as one window; under GradCache the same template runs a chunk of
+        rows at a time)."""
+        return self.compute(embeddings, labels)
+
+    def compute(self, embeddings: list[Tensor], labels: Tensor | None = None, *, chunk_size: int | None = None,
+                with_backward: bool = False) -> Tensor:
+        """The one compute template of every loss. With autocast disabled (float32 under bf16/fp16 mixed precision
+        too): ``preparer.prepare`` (the columns checked and normalised, labels warned about once), the paper's
+        :meth:`begin_batch`, then per window of ``chunk_size`` anchor rows of this process (``None``: one window)
+        ``preparer.window`` (the false-negative masks) → the paper's :meth:`window_rows` (or, for a loss computed
+        whole, :meth:`whole_batch_rows` on one window of every row) → ``ranking.usable_sum``; then the unusable
+        rows judged once (``ranking.batch_tally``, ``ranking.judge``), the paper's :meth:`end_batch` and the mean
+        (``ranking.mean``); :meth:`close_batch` always, also when a step raised. What ``forward`` remembered for the batch is dropped
+        afterwards, also when the loss raised.
+
+        With ``with_backward`` (GradCache's step (2)) each window's rows are back-propagated to leaf copies of the
+        normalised embeddings and freed before the next window, so the loss side holds O(chunk × candidates) at a
+        time, never the (N, C) matrices; the gradient then flows once through the normalisation (and the
+        gathering) into ``embeddings`` and the returned loss is detached. Equal to the one-window loss (loss,
+        gradients, diagnostics, warnings and errors), up to float summation order."""
         try:
-            batch = self.begin_batch(self.prepare_batch(embeddings, labels, own_rows=True))
-            loss = self.reduce(self.window_rows(batch), batch)
+            with fn.autocast_disabled(embeddings):
+                batch = self.preparer.prepare(embeddings, labels, min_batch_size=self.min_batch_size,
+                                              embedding_dimension=self.embedding_dimension,
+                                              in_matryoshka=functools.partial(columns.in_matryoshka, self))
+                return self._run(batch, chunk_size, with_backward)
+        finally:
+            self.preparer.forget()
+
+    def _run(self, batch: Batch, chunk_size: int | None, with_backward: bool) -> Tensor:
+        """:meth:`compute` after the preparer: the hooks, the windows, the reduction."""
+        try:
+            batch = self.begin_batch(batch)
+            graph: list[tuple[Tensor, Tensor]] = []  # (tensor with a graph, its leaf copy)
+            if with_backward:
+                leaves: dict[str, Tensor] = {}
+                for name in _EMBEDDING_FIELDS:
+                    value = getattr(batch, name)
+                    if value is not None and value.requires_grad:
+                        leaf = value.detach().requires_grad_(True)
+                        graph.append((value, leaf))
+                        leaves[name] = leaf
+                    elif value is not None:
+                        leaves[name] = value.detach()
+                batch = replace(batch, **cast(dict[str, Any], leaves))
+            state = batch.state  # shared by every window cut from the batch
+            state.chunk_tallies = []
+            start, stop = self.preparer.own_rows(batch)
+            whole = not self.supports_row_chunks
+            windows = [(None, None)] if whole else [
+                (begin, min(begin + (chunk_size or stop - start), stop))
+                for begin in range(start, stop, chunk_size or max(stop - start, 1))]
+            total = torch.zeros((), dtype=batch.anchors.dtype, device=batch.device)
+            count, every = 0, None
+            pieces: list[tuple[int, dict[str, Tensor]]] = []
+            for begin, end in windows:
+                window = self.preparer.window(batch, begin, end)
+                state.stats = {}
+                rows = self.whole_batch_rows(window) if whole else self.window_rows(window)
+                window_sum, window_count, every = self.ranking.usable_sum(rows, window)
+                if with_backward and window_sum.requires_grad:
+                    window_sum.backward()
+                    window_sum = window_sum.detach()
+                total = total + window_sum
+                count += window_count
+                first, last = window.row_range
+                pieces.append((last - first, {**state.stats, **state.queue_stats}))
+            tally = self.ranking.batch_tally(state)
+            unusable = unusable_stats(tally, self.preparer.reports_false_negatives) if tally is not None else {}
+            self._last_stats = {**(pieces[0][1] if len(pieces) == 1 else combine_chunk_stats(pieces)), **unusable}
+            self.ranking.judge(tally)  # raises on a batch without a usable row
             self.end_batch(batch)
-            return loss
         finally:
             self.close_batch()
+        loss, factor = self.ranking.mean(total, count, state, every)
+        if graph:
+            pairs = [(tensor, leaf.grad.mul_(factor)) for tensor, leaf in graph if leaf.grad is not None]
+            if pairs:
+                torch.autograd.backward([t for t, _ in pairs], [g for _, g in pairs])
+        return loss.detach() if with_backward else loss
+
+    # ------------------------------------------------------------------ the paper's hooks
+    def begin_batch(self, batch: Batch) -> Batch:
+        """Called once per batch before its rows (all windows) are computed; returns the batch the rows are
+        computed on. A loss with per-batch state puts it on the batch (``batch.state.draws``: random partners
+        drawn once, AdCSE's adversary gradient) and a loss that replaces rows of the batch (HNCSE's mixed
+        positives) does so here."""
+        return batch
+
+    def window_rows(self, batch: Batch) -> Tensor:
+        """The (R,) per-row losses of the anchor rows of ``batch`` (:attr:`Batch.rows`) against all its candidates:
+        the paper's equation. Under GradCache it is computed a chunk of anchors at a time; whatever it chooses per row
+        (partners, hardest negatives, top-k, random draws) must not depend on which other rows share the chunk."""
+        raise NotImplementedError
 
     def whole_batch_rows(self, batch: Batch) -> Tensor:
         """The (N,) rows of a loss computed whole (every row of the gathered batch), when it has no
         :meth:`window_rows` for chunks of rows (MixCSE's official layout)."""
         raise NotImplementedError(f"{type(self).__name__} computes its rows with window_rows")
+
+    def end_batch(self, batch: Batch) -> None:
+        """Called once per batch after its rows were computed without error (see :meth:`begin_batch`): a loss that
+        commits per-batch work (AdCSE's adversary gradient) does it here."""
+
+    def close_batch(self) -> None:
+        """Called after every batch, also one that raised: drop what :meth:`begin_batch` prepared outside the
+        batch."""
 
     # ------------------------------------------------------------------ shared machinery
     def generator(self, device: torch.device | str) -> torch.Generator | None:
@@ -302,27 +422,16 @@ class HardNegativeLoss(ModelGuard, ChunkedLossMixin, RankingMixin, nn.Module):
         by the Trainer's ``seed``) if the loss has no seed. Every random draw of a loss goes through here.
         With ``gather_across_devices`` and no seed: a fresh generator per draw, seeded from rank 0's global RNG, so
         that every process draws the same numbers."""
-        if self.seed is None:
-            if self.gather_across_devices:  # identical draws on every process: a seed from rank 0's global RNG
+        seed = self.options.seed
+        if seed is None:
+            if self.options.gather_across_devices:  # identical draws on every process: a seed from rank 0's global RNG
                 device = torch.device(device)
                 return torch.Generator(device=device).manual_seed(dist.shared_seed(device))
             return None
         device = torch.device(device)
         if self._generator is None or self._generator.device != device:
-            self._generator = torch.Generator(device=device).manual_seed(self.seed)
+            self._generator = torch.Generator(device=device).manual_seed(seed)
         return self._generator
-
-    def record_stats(self, batch: Batch, cos: Tensor, num_in_batch: int, num_synthetic: int = 0,
-                     extra: dict[str, Tensor] | None = None, row_offset: int = 0) -> None:
-        """Remember the batch's mean cosines (and ``extra`` scalars) for :attr:`diagnostics` (no gradient, no device
-        sync), with the false-negative and queue counts of ``batch``'s rows. ``row_offset``: the batch index of
-        ``cos``'s first row (a chunk of anchors)."""
-        stats = fn.contrastive_stats(cos.detach(), num_in_batch, num_synthetic, row_offset=row_offset)
-        stats.update(batch.state.false_negative_stats)
-        stats.update(batch.state.queue_stats)
-        for key, value in (extra or {}).items():
-            stats[key] = value.detach() if isinstance(value, Tensor) else torch.as_tensor(value)
-        self._last_stats = stats
 
     @property
     def diagnostics(self) -> dict[str, float]:
@@ -334,7 +443,7 @@ class HardNegativeLoss(ModelGuard, ChunkedLossMixin, RankingMixin, nn.Module):
         denominator), ``queue_rows_masked`` (per anchor, mean), ``queue_filled`` and ``queue_memory_bytes`` (with
         ``queue_source="ema"`` also ``queue_key_encoder_bytes``)."""
         out = {key: float(value) for key, value in self._last_stats.items()}
-        return {**out, **self.queue_diagnostics()}
+        return {**out, **self.queues.diagnostics()}
 
     def paper_config(self) -> dict[str, Any]:
         """The paper's own hyperparameters: each loss returns its constructor's own arguments."""
@@ -342,19 +451,24 @@ class HardNegativeLoss(ModelGuard, ChunkedLossMixin, RankingMixin, nn.Module):
 
     def get_config_dict(self) -> dict[str, Any]:
         """Every setting that changes the loss, for the model card: the paper's hyperparameters
-        (:meth:`paper_config`), then the shared options (sentence-transformers' names first)."""
-        config = {**self.paper_config(), "scale": self.scale, "temperature": self.temperature,
-                  "similarity_fct": self.similarity_fct_name, "directions": self.directions,
-                  "partition_mode": self.partition_mode, "hardness_mode": self.hardness_mode,
-                  "hardness_strength": self.hardness_strength, "seed": self.seed,
-                  "mask_duplicates": self.mask_duplicates,
-                  **({"known_positives": self.known_positives.num_pairs} if self.known_positives is not None else {}),
-                  "margin": self.margin,
-                  "margin_strategy": self.margin_strategy, "contrast_anchors": self.contrast_anchors,
-                  "contrast_positives": self.contrast_positives}
-        config.update(self.queue_config())
+        (:meth:`paper_config`), then the shared options (:meth:`SharedOptions.config`: sentence-transformers' names
+        first)."""
+        guide = None
         if self.guide is not None:
             card = getattr(self.guide, "model_card_data", None)
-            config["guide"] = getattr(card, "base_model", None) or type(self.guide).__name__
-        return {**config, "gather_across_devices": self.gather_across_devices,
-                "mini_batch_size": self.mini_batch_size, "mini_batch_num_tokens": self.mini_batch_num_tokens}
+            guide = getattr(card, "base_model", None) or type(self.guide).__name__
+        known = self.known_positives.num_pairs if self.known_positives is not None else None
+        return {**self.paper_config(), **self.options.config(known_positives=known, guide=guide)}
+
+
+def _read_only(path: str, doc: str) -> property:
+    return property(operator.attrgetter(path), doc=doc)
+
+
+# the shared options as read-only attributes of the loss, from their one declaration (SharedOptions)
+for _name in option_attributes():
+    setattr(HardNegativeLoss, _name, _read_only(f"options.{_name}", f"``loss.options.{_name}`` (read-only)."))
+for _option in fields(QueueOptions):
+    setattr(HardNegativeLoss, f"queue_{_option.name}",
+            _read_only(f"options.queue.{_option.name}", f"``loss.options.queue.{_option.name}`` (read-only)."))
+HardNegativeLoss.__init__.__signature__ = constructor_signature(HardNegativeLoss.__init__)  # type: ignore[attr-defined]

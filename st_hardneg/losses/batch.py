@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
+from st_hardneg import functional as fn
+
 if TYPE_CHECKING:
     from st_hardneg.losses.relevance import KnownPositives
 
@@ -21,18 +23,18 @@ __all__ = ["Batch", "BatchState", "SideInputs", "column_name"]
 @dataclass
 class BatchState:
     """What a loss learns about one batch while computing it, kept with the batch (every window of it shares one):
-    made by ``prepare_batch``, read by the ranking, the queue, the unusable-row rule and ``reduce``."""
+    made by the preparer, read by the ranking, the queue, the unusable-row rule and the reduction."""
 
-    #: (this process's rows, global rows) after a gathering ``prepare_batch``, else ``None``
+    #: (this process's rows, global rows) after a gathering preparer, else ``None``
     local_rows: tuple[slice, int] | None = None
     #: (N,) bool: the rows whose anchor or positive has a (near-)zero norm (unusable), or ``None``
     zero_rows: Tensor | None = None
-    #: the usable rows of the window just ranked, for ``reduce`` (``None``: every row)
+    #: the usable rows of the window just ranked, for the reduction (``None``: every row)
     usable: Tensor | None = None
-    #: while ``chunked_loss`` runs: the unusable-row counts of each chunk (``blocks.UnusableTally``; not imported
-    #: here, as blocks.py imports this module), judged together at the end
+    #: the unusable-row counts of each window computed (``blocks.UnusableTally``; not imported here, as blocks.py
+    #: imports this module), judged together once the batch's windows are done
     chunk_tallies: list[Any] | None = None
-    #: the queue's columns for the rows being computed (read by ``ranking_blocks``, joined by ``ranking_rows``)
+    #: the queue's columns for the rows being computed (read by ``Ranking.blocks``, joined by ``Ranking.rows``)
     queue_columns: tuple[Tensor, Tensor | None] | None = None
     #: the same for the anchors' bank (``queue_anchors``, joined to ``doc_to_query``)
     anchor_queue_columns: tuple[Tensor, Tensor | None] | None = None
@@ -45,6 +47,23 @@ class BatchState:
     false_negative_stats: dict[str, Tensor] = field(default_factory=dict)
     #: the queue's counts for the rows being computed (rows read, masked, the loss's own)
     queue_stats: dict[str, Tensor] = field(default_factory=dict)
+    #: the statistics the paper recorded for the window being computed (:meth:`record_stats`: mean cosines, with
+    #: the counts above), which the template turns into the loss's diagnostics
+    stats: dict[str, Tensor] = field(default_factory=dict)
+
+    def record_stats(self, cos: Tensor, num_in_batch: int, num_synthetic: int = 0,
+                     extra: dict[str, Tensor] | None = None, row_offset: int = 0) -> None:
+        """Record the window's mean cosines (and ``extra`` scalars) as :attr:`stats` (no gradient, no device sync),
+        with the false-negative and queue counts of its rows: the compute template makes them the loss's
+        diagnostics. ``cos``: the (R, C) similarities of the window's rows (in-batch candidates first, then
+        ``num_synthetic`` synthetic columns); ``row_offset``: the batch index of its first row (a chunk of
+        anchors)."""
+        stats = fn.contrastive_stats(cos.detach(), num_in_batch, num_synthetic, row_offset=row_offset)
+        stats.update(self.false_negative_stats)
+        stats.update(self.queue_stats)
+        for key, value in (extra or {}).items():
+            stats[key] = value.detach() if isinstance(value, Tensor) else torch.as_tensor(value)
+        self.stats = stats
 
 
 @dataclass
@@ -105,11 +124,6 @@ class Batch:
         return self.rows if self.rows is not None else (0, self.size)
 
     @property
-    def row_count(self) -> int:
-        start, stop = self.row_range
-        return stop - start
-
-    @property
     def row_anchors(self) -> Tensor:
         """The unit anchors of the rows computed (the query side of ``query_to_doc``)."""
         start, stop = self.row_range
@@ -120,11 +134,6 @@ class Batch:
         """The unit positives of the rows computed (the query side of ``doc_to_query`` / ``doc_to_doc``)."""
         start, stop = self.row_range
         return self.positives[start:stop]
-
-    def row_index(self) -> Tensor:
-        """(R,) the global index of each row computed (its positive's column in ``query_to_doc``)."""
-        start, stop = self.row_range
-        return torch.arange(start, stop, device=self.device)
 
     def raw_rows(self) -> tuple[Tensor, Tensor]:
         """``(raw anchors, raw positives)`` of the rows computed (for ``dot_score``)."""

@@ -1,9 +1,11 @@
-"""Sentence-transformers' ranking of a batch and the one rule for the rows it cannot rank: the blocks
-(:func:`ranking_blocks`: the similarities of ``MultipleNegativesRankingLoss``'s directions and ``GISTEmbedLoss``'s
-contrast blocks, with their exclusions and the hardness penalty, for the anchor rows a loss computes), the per-row
-losses (:meth:`RankingMixin.ranking_rows`), the rows left without a negative or with a zero-norm embedding (counted,
-warned, a batch of none refused: :meth:`UnusableMixin.note_unusable_rows`) and the batch's loss, the mean of the usable
-rows (:meth:`UnusableMixin.reduce`); and the diagnostics of a batch computed a chunk of rows at a time.
+"""The ranking part of every loss (:class:`Ranking`): sentence-transformers' ranking of a batch and the one rule for
+the rows it cannot rank. The blocks (:func:`ranking_blocks`: the similarities of ``MultipleNegativesRankingLoss``'s
+directions and ``GISTEmbedLoss``'s contrast blocks, with their exclusions and the hardness penalty, for the anchor
+rows a loss computes; :meth:`Ranking.blocks` adds the queue's columns), the per-row losses (:meth:`Ranking.rows`), the
+rows left without a negative or with a zero-norm embedding (counted per window: :meth:`Ranking.note_unusable_rows`;
+judged once per batch, warned, a batch of none refused: :meth:`Ranking.judge`) and the reduction, the mean of the
+usable rows (:meth:`Ranking.usable_sum`, :meth:`Ranking.mean`); and the diagnostics of a batch computed a chunk of
+rows at a time (:func:`combine_chunk_stats`).
 
 This module imports nothing of :mod:`st_hardneg.losses.base`.
 """
@@ -22,10 +24,9 @@ from st_hardneg import functional as fn
 from st_hardneg.functional import ranking as fr
 from st_hardneg.losses import distributed as dist
 from st_hardneg.losses.batch import Batch, BatchState
-from st_hardneg.losses.prepare import PrepareMixin
-from st_hardneg.losses.queue import QueueMixin
+from st_hardneg.losses.queue import QueueBanks
 
-__all__ = ["RankingMixin", "UnusableMixin", "UnusableTally", "combine_chunk_stats", "count_negatives",
+__all__ = ["Ranking", "UnusableTally", "combine_chunk_stats", "count_negatives",
            "ranking_blocks", "unusable_causes", "unusable_stats", "usable_rows"]
 
 logger = logging.getLogger(__name__)
@@ -147,40 +148,84 @@ def combine_chunk_stats(pieces: list[tuple[int, dict[str, Tensor]]]) -> dict[str
     return out
 
 
-class UnusableMixin:
-    """The one rule for unusable rows of :class:`~st_hardneg.losses.base.HardNegativeLoss`: counted per window
-    (:meth:`note_unusable_rows`), judged per batch, left out of the mean by :meth:`reduce`."""
+class Ranking:
+    """The ranking part a loss owns (``loss.ranking``): the blocks of a batch's rows, their per-row losses, the
+    unusable-row rule and the reduction. A paper's ``window_rows`` asks it for the blocks (:meth:`blocks`), appends
+    its own columns and hands them back for the rows (:meth:`rows`).
 
-    known_positives: Any
-    _reports_false_negatives: bool
-    _last_stats: dict[str, Tensor]
-    _warned_unusable: bool
+    Args:
+        loss_name: the loss's class name, for the messages.
+        blocks: the blocks of the softmax (``directions`` plus GIST's contrast blocks).
+        dot: score with ``dot_score`` on the raw rows (else cosines of the unit rows).
+        temperature: τ; the logits are ``similarity / τ`` (sentence-transformers' ``scale`` = 1 / τ).
+        partition_mode, hardness_mode, hardness_strength: sentence-transformers' options of the same names.
+        queues: the loss's queue part (read for the rows' extra columns, fed with the batch's candidates).
+        known_positives: whether the loss masks known relevance (named in the unusable-row message).
+    """
 
-    def _window_zero_rows(self, state: BatchState, start: int, n: int) -> Tensor | None:
+    def __init__(self, loss_name: str, *, blocks: tuple[str, ...], dot: bool, temperature: float,
+                 partition_mode: fr.PartitionMode, hardness_mode: fr.HardnessMode | None, hardness_strength: float,
+                 queues: QueueBanks, known_positives: bool) -> None:
+        self.loss_name = loss_name
+        self.names = blocks
+        self.dot = dot
+        self.temperature = temperature
+        self.partition_mode, self.hardness_mode, self.hardness_strength = (partition_mode, hardness_mode,
+                                                                           hardness_strength)
+        self.queues = queues
+        self.known_positives = known_positives
+        self._warned_unusable = False
+
+    @property
+    def scale(self) -> float:
+        """sentence-transformers' name of the inverse temperature: the logits are ``similarity · scale``."""
+        return 1.0 / self.temperature
+
+    def blocks(self, batch: Batch) -> dict[str, fr.Block]:
+        """The blocks of the loss for the rows of ``batch`` (:func:`ranking_blocks` with the loss's similarity and
+        hardness options); then the queue's columns for these rows are read and this batch's candidates staged
+        (:meth:`QueueBanks.read_and_stage`). A loss appends its own columns with :meth:`Block.with_columns`."""
+        local = batch.state.local_rows
+        out = ranking_blocks(batch, self.names, dot=self.dot, hardness_mode=self.hardness_mode,
+                             hardness_strength=self.hardness_strength,
+                             rows_per_process=local[0].stop - local[0].start if local is not None else None)
+        self.queues.read_and_stage(batch, batch.raw_rows()[0] if self.dot else batch.row_anchors)
+        return out
+
+    def rows(self, batch: Batch, blocks: dict[str, fr.Block], focal_m: float | None = None,
+             uncounted_columns: int = 0) -> Tensor:
+        """The (R,) per-row losses of the blocks of ``batch``'s rows (:func:`st_hardneg.functional.ranking.ranking_rows`
+        with the loss's scale and partition mode). With a queue its readable rows join ``query_to_doc`` here, after
+        the loss chose its own negatives from the batch; the negatives left to each row are counted
+        (:meth:`note_unusable_rows`). ``uncounted_columns``: columns of ``query_to_doc`` that are negatives in the
+        loss but do not make a row usable (AdCSE's adversaries: learned vectors, not data; they are never masked)."""
+        blocks = self.queues.join(batch, blocks)
+        available, n, masked, total = count_negatives(blocks, uncounted_columns)
+        self.note_unusable_rows(batch, available, n, masked, total, start=blocks["query_to_doc"].row_offset)
+        return fr.ranking_rows(blocks, self.scale, self.partition_mode, focal_m)
+
+    # ------------------------------------------------------------------ the unusable-row rule
+    @staticmethod
+    def _window_zero_rows(state: BatchState, start: int, n: int) -> Tensor | None:
         """(n,) bool: the rows ``start .. start + n`` whose anchor or positive has a (near-)zero norm, or ``None``."""
         zero = state.zero_rows
         if zero is None or zero.device.type == "meta" or zero.size(0) < start + n:
             return None
         return zero[start:start + n]
 
-    def _count_unusable_rows(self, batch: Batch, blocks: dict[str, fr.Block], uncounted_columns: int = 0) -> None:
-        """Count the negatives left to each row of the ranking ``blocks``
-        (:func:`count_negatives`) and hand them to :meth:`note_unusable_rows`."""
-        available, n, masked, total = count_negatives(blocks, uncounted_columns)
-        self.note_unusable_rows(batch, available, n, masked, total, start=blocks["query_to_doc"].row_offset)
-
-    def note_unusable_rows(self, batch: Batch, available: Tensor | None, n: int, masked: Tensor | int = 0, total: int = 0,
-                           start: int = 0) -> None:
+    def note_unusable_rows(self, batch: Batch, available: Tensor | None, n: int, masked: Tensor | int = 0,
+                           total: int = 0, start: int = 0) -> None:
         """The one rule for rows that cannot teach anything, for every loss and layout. A row is unusable when it
         has no unmasked negative (``available``, the (n,) count of negatives left to each row, is 0: every candidate
-        was masked as a false negative; columns that are not data, AdCSE's adversaries, do not count) or when its anchor or positive has a norm below ``NORM_EPS`` (no direction:
-        cosine 0 with everything). :meth:`reduce` averages the usable rows only; a batch with no usable row raises
-        ``ValueError``; the first batch with some unusable rows warns once per loss (``warnings`` and ``logging``),
-        with the counts, which :attr:`diagnostics` reports as ``rows_without_negatives``, ``zero_norm_rows``,
+        was masked as a false negative; columns that are not data, AdCSE's adversaries, do not count) or when its
+        anchor or positive has a norm below ``NORM_EPS`` (no direction: cosine 0 with everything). The reduction
+        averages the usable rows only; :meth:`judge` (once per batch, on :meth:`batch_tally`) refuses a batch with no usable row
+        (``ValueError``) and warns once per loss about the first batch with some (``warnings`` and ``logging``),
+        with the counts, which the diagnostics report as ``rows_without_negatives``, ``zero_norm_rows``,
         ``unusable_fraction`` and ``masked_fraction`` (``masked`` of ``total`` × n candidates). ``available`` is
         ``None`` when nothing was masked and every row has negatives. The rows are ``start .. start + n`` of the
-        batch (a chunk of anchors, or this process's rows); the usable rows are kept in ``batch.state`` for
-        :meth:`reduce`."""
+        batch (a chunk of anchors, or this process's rows); the usable rows are kept in ``batch.state`` for the
+        reduction, the window's tally in ``batch.state.chunk_tallies``."""
         state = batch.state
         state.usable = None
         device = available.device if available is not None else None
@@ -195,12 +240,12 @@ class UnusableMixin:
             state.usable = usable
         tally = UnusableTally(n, count_empty, count_zero, count_unusable, float(masked), total * n,
                               available is not None)
-        if state.chunk_tallies is not None:  # chunked rows: judged once for the whole batch (chunked_loss)
-            state.chunk_tallies.append(tally)
-            return
-        self._judge_unusable(self._global_tally(state, tally), state)
+        if state.chunk_tallies is None:
+            state.chunk_tallies = []
+        state.chunk_tallies.append(tally)
 
-    def _global_tally(self, state: BatchState, tally: UnusableTally) -> UnusableTally:
+    @staticmethod
+    def global_tally(state: BatchState, tally: UnusableTally) -> UnusableTally:
         """With a gathered batch of which this process computed its own rows only: the counts of every process
         (one all-reduce), so that every process judges the same global batch."""
         if state.local_rows is None or tally.rows == state.local_rows[1]:
@@ -208,13 +253,21 @@ class UnusableMixin:
         device = state.zero_rows.device if state.zero_rows is not None else "cpu"
         return UnusableTally.from_values(dist.sum_across(tally.as_tensor(device)).tolist())
 
-    def _judge_unusable(self, tally: UnusableTally, state: BatchState) -> None:
-        """Record the counts of a batch's unusable rows in the diagnostics, raise when none is usable, warn once."""
-        stats = unusable_stats(tally, self._reports_false_negatives)
-        state.false_negative_stats = {**state.false_negative_stats, **stats}
-        self._last_stats = {**self._last_stats, **stats}
-        name = type(self).__name__
-        causes = unusable_causes(tally, self.known_positives is not None)
+    def batch_tally(self, state: BatchState) -> UnusableTally | None:
+        """The unusable rows of the whole batch: its windows' tallies added up, of every process (``None``: nothing
+        was counted, e.g. on the meta device)."""
+        tallies = state.chunk_tallies
+        if not tallies:
+            return None
+        return self.global_tally(state, sum(tallies[1:], tallies[0]))
+
+    def judge(self, tally: UnusableTally | None) -> None:
+        """Judge the batch's unusable rows once (:meth:`batch_tally`): raise ``ValueError`` when none is usable, warn
+        once per loss when some are (their counts are the diagnostics of :func:`unusable_stats`)."""
+        if tally is None:
+            return
+        name = self.loss_name
+        causes = unusable_causes(tally, self.known_positives)
         if tally.unusable == tally.rows:
             raise ValueError(f"{name}: no usable row in this batch: " + "; ".join(causes) + ". There is nothing to "
                              "learn from it.")
@@ -226,38 +279,60 @@ class UnusableMixin:
             logger.warning(message)
             warnings.warn(message, UserWarning, stacklevel=5)
 
-    def reduce(self, rows: Tensor, batch: Batch | None = None) -> Tensor:
-        """The loss of the batch from the (N,) per-anchor losses: the mean of the usable rows (all of them unless
-        :meth:`note_unusable_rows` found some without a negative or with a zero-norm embedding). After a gathering
-        :meth:`prepare_batch`, ``rows`` covers the global batch and the mean is over this process's own rows. ``batch``:
-        the batch the rows were computed on (its usable rows and gathering; ``None``: every row, one process)."""
-        state = batch.state if batch is not None else BatchState()
+    # ------------------------------------------------------------------ the reduction
+    def usable_sum(self, rows: Tensor, batch: Batch) -> tuple[Tensor, int, int | None]:
+        """``(sum, count, global count)``: the sum of the losses of this process's usable rows among ``rows`` (the
+        (R,) rows of ``batch``'s window, or the (N,) rows of a gathered batch computed whole), how many they are, and
+        for rows computed whole after a gathering the usable rows of every process (else ``None``: :meth:`mean`
+        adds the processes' counts up). The usable rows are those :meth:`note_unusable_rows` kept (taken off
+        ``batch.state``)."""
+        state = batch.state
         usable, state.usable = state.usable, None
         if usable is not None and usable.size(0) != rows.size(0):
             usable = None
+        start, stop = batch.row_range
+        every: int | None = None
         if state.local_rows is not None:
             own, total = state.local_rows
-            world = total // (own.stop - own.start)
-            if rows.size(0) == own.stop - own.start and rows.size(0) != total:
-                # this process's own rows only: the mean over every process's usable rows, weighted so that the
-                # processes' mean (what DDP averages) is that global mean (one all-reduce of the count)
-                count = usable.sum() if usable is not None else torch.tensor(rows.size(0), device=rows.device)
-                global_count = dist.sum_across(count.to(rows.dtype))
-                mine = (rows * usable).sum() if usable is not None else rows.sum()
-                return mine * world / global_count.clamp_min(1)
-            if rows.size(0) != total:
-                raise ValueError(f"{type(self).__name__}.reduce: expected one loss per row of the gathered batch "
+            if rows.size(0) == total and total != own.stop - own.start and (start, stop) == (0, total):
+                # every process's rows: this process's share, over the usable rows of the global batch
+                every = int(usable.sum()) if usable is not None else total
+                rows, usable = rows[own], (usable[own] if usable is not None else None)
+            elif rows.size(0) != stop - start:
+                raise ValueError(f"{self.loss_name}.reduce: expected one loss per row of the gathered batch "
                                  f"({total}) or of this process ({own.stop - own.start}), got {rows.size(0)}")
-            if usable is not None:
-                # the mean over every process's usable rows: this process's sum, weighted so that the processes'
-                # mean (what DDP averages) is that global mean
-                return (rows[own] * usable[own]).sum() * world / usable.sum().clamp_min(1)
-            rows = rows[own]
+        elif rows.size(0) != stop - start:
+            raise ValueError(f"{self.loss_name}.reduce: expected one loss per row computed ({stop - start}), got "
+                             f"{rows.size(0)}")
         if usable is not None:
-            return rows[usable].mean()
-        return rows.mean()
+            return rows[usable].sum(), int(usable.sum()), every
+        return rows.sum(), rows.size(0), every
 
+    def mean(self, total: Tensor, count: int, state: BatchState, every: int | None = None
+             ) -> tuple[Tensor, Tensor | float]:
+        """The batch's loss from :meth:`usable_sum`'s totals of this process's rows, and the factor each row's loss
+        (so its gradient) takes in it: the mean over the usable rows. After a gathering it is weighted so that the
+        processes' mean (what DDP averages) is the mean over every process's usable rows (``every``, or the
+        processes' counts added up: one all-reduce)."""
+        if state.local_rows is not None:
+            own, rows = state.local_rows
+            world = rows // (own.stop - own.start)
+            counted = torch.tensor(float(every if every is not None else count), dtype=total.dtype,
+                                   device=total.device)
+            global_count = (counted if every is not None else dist.sum_across(counted)).clamp_min(1)
+            return total * world / global_count, world / global_count
+        count = max(count, 1)
+        return total / count, 1.0 / count
 
+    def reduce(self, rows: Tensor, batch: Batch | None = None) -> Tensor:
+        """The loss of a batch from the per-row losses of its rows: the mean of the usable rows (:meth:`usable_sum`,
+        then :meth:`mean`). ``batch``: the batch the rows were computed on (its window, usable rows and gathering;
+        ``None``: every row, one process)."""
+        if batch is None:
+            total, count, every = rows.sum(), rows.size(0), None
+            return self.mean(total, count, BatchState(), every)[0]
+        total, count, every = self.usable_sum(rows, batch)
+        return self.mean(total, count, batch.state, every)[0]
 
 
 def ranking_blocks(batch: Batch, names: Iterable[str], *, dot: bool, hardness_mode: fr.HardnessMode | None,
@@ -306,41 +381,3 @@ def ranking_blocks(batch: Batch, names: Iterable[str], *, dot: bool, hardness_mo
     return out
 
 
-class RankingMixin(PrepareMixin, QueueMixin, UnusableMixin):
-    """Sentence-transformers' ranking of :class:`~st_hardneg.losses.base.HardNegativeLoss`: a paper's
-    ``window_rows`` builds the blocks of its rows (:meth:`ranking_blocks`), appends its own columns and turns them
-    into per-row losses (:meth:`ranking_rows`), the queue's columns and the unusable-row count included."""
-
-    temperature: float
-    partition_mode: fr.PartitionMode
-    hardness_mode: fr.HardnessMode | None
-    hardness_strength: float
-
-    @property
-    def scale(self) -> float:
-        """sentence-transformers' name of the inverse temperature: the logits are ``similarity · scale``."""
-        return 1.0 / self.temperature
-
-    def ranking_blocks(self, batch: Batch) -> dict[str, fr.Block]:
-        """The blocks of :attr:`blocks` for the rows of ``batch`` (:func:`st_hardneg.losses.blocks.ranking_blocks`
-        with this loss's similarity and hardness options); then the queue's columns for these rows are read and this
-        batch's candidates staged. A loss appends its own columns with :meth:`Block.with_columns`."""
-        dot = self.similarity_fct_name == "dot_score"
-        local = batch.state.local_rows
-        out = ranking_blocks(batch, self.blocks, dot=dot, hardness_mode=self.hardness_mode,
-                             hardness_strength=self.hardness_strength,
-                             rows_per_process=local[0].stop - local[0].start if local is not None else None)
-        row_queries = batch.raw_rows()[0] if dot else batch.row_anchors
-        batch.state.queue_columns = self._read_and_stage_queue(batch, row_queries)
-        return out
-
-    def ranking_rows(self, batch: Batch, blocks: dict[str, fr.Block], focal_m: float | None = None,
-                     uncounted_columns: int = 0) -> Tensor:
-        """The (N,) per-row losses of the blocks of ``batch``'s rows (:func:`st_hardneg.functional.ranking.ranking_rows` with this
-        loss's scale and partition mode); warns once when rows have no negative left (every candidate masked).
-        With a queue its readable rows join ``query_to_doc`` here, after the loss chose its own negatives from the
-        batch. ``uncounted_columns``: columns of ``query_to_doc`` that are negatives in the loss but do not make a
-        row usable (AdCSE's adversaries: learned vectors, not data; they are never masked)."""
-        blocks = self.join_queue_columns(batch, blocks)
-        self._count_unusable_rows(batch, blocks, uncounted_columns)
-        return fr.ranking_rows(blocks, self.scale, self.partition_mode, focal_m)

@@ -7,6 +7,7 @@ This module imports nothing of :mod:`st_hardneg.losses.base`.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -99,3 +100,27 @@ def check_finite(column: Tensor, index: int, name: str) -> None:
             f"{name}: the norm of the {column_name(index)} embeddings (column {index}, rows "
             f"{bad[:5]}) exceeds float32's range (3.4e38); the model's output has exploded."
         )
+
+
+def model_embedding_dimension(model: Any) -> int | None:
+    """The width of ``model``'s embeddings (``get_embedding_dimension`` or sentence-transformers' older name), or
+    ``None`` for a model that cannot tell it (then the columns' width is not checked against it)."""
+    for name in ("get_embedding_dimension", "get_sentence_embedding_dimension"):
+        getter = getattr(model, name, None)
+        if callable(getter):
+            try:
+                dim = getter()
+            except Exception:  # a model that cannot tell its size: nothing to compare against
+                return None
+            return int(dim) if dim is not None else None
+    return None
+
+
+def in_matryoshka(loss: Any) -> bool:
+    """Whether ``MatryoshkaLoss`` / ``Matryoshka2dLoss`` is calling ``loss`` with truncated embeddings: it decorates
+    the model's ``forward`` with its ``ForwardDecorator`` for the duration of the call, or (GradCache) the loss's
+    ``calculate_loss`` with its ``CachedLossDecorator``."""
+    from sentence_transformers.sentence_transformer.losses.matryoshka import CachedLossDecorator, ForwardDecorator
+
+    return (isinstance(getattr(loss.model, "forward", None), ForwardDecorator)
+            or isinstance(loss.__dict__.get("calculate_loss"), CachedLossDecorator))

@@ -123,7 +123,7 @@ class FocalInfoNCELoss(HardNegativeLoss):
         super().__init__(model, guide, **options)
         self.m = validation.check_number(m, "m (the Focal-InfoNCE margin)", minimum=0.0, maximum=1e6)
         # the largest negative logit is (1 + m) / τ: an overflow blames m (the temperature passed for cosines)
-        validation.check_focal_margin_range(self.m, "m (the Focal-InfoNCE margin)", self.temperature)
+        validation.check_focal_margin_range(self.m, "m (the Focal-InfoNCE margin)", self.options.temperature)
 
     def cosine_only_reason(self) -> str | None:
         return "the Focal-InfoNCE logits s_p² and s_n (s_n + m) are defined on cosines"
@@ -136,9 +136,9 @@ class FocalInfoNCELoss(HardNegativeLoss):
         Other ``directions`` get the same modulation (their positive ``s_p²``, every other entry ``s (s + m)``), and
         ``partition_mode`` combines them as in sentence-transformers' ``MultipleNegativesRankingLoss``. The rows of
         ``batch``'s anchors (:attr:`Batch.rows`): each row only reads its own similarities."""
-        blocks = self.ranking_blocks(batch)
-        self.record_stats(batch, blocks["query_to_doc"].similarity, num_in_batch=batch.size, row_offset=batch.row_range[0])
-        return self.ranking_rows(batch, blocks, focal_m=self.m)
+        blocks = self.ranking.blocks(batch)
+        batch.state.record_stats(blocks["query_to_doc"].similarity, num_in_batch=batch.size, row_offset=batch.row_range[0])
+        return self.ranking.rows(batch, blocks, focal_m=self.m)
 
     def paper_config(self) -> dict[str, Any]:
         return {"m": self.m}

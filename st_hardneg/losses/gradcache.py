@@ -8,14 +8,17 @@ the replayed RNG state and back-propagate the cached gradient through it. Only o
 at a time, so any batch fits in the memory of a ``mini_batch_size`` batch, and the gradients are those of the full
 batch (exactly, up to float summation order, when the replay reproduces the embeddings).
 
-:class:`GradCacheMixin` plugs a loss into that machinery: the mixin's ``calculate_loss`` concatenates the
-mini-batch embeddings column by column and calls the loss's own ``compute_loss_from_embeddings(embeddings, labels)``,
-so the cached and the uncached loss share one implementation. Cross-device gathering composes for free: the gather
+:class:`GradCacheEngine` is that machinery's st-hardneg side, a part a loss owns (``loss.gradcache``): the columns
+embedded without gradient, the mini-batch embeddings put back together column by column for step (2), and step (1)'s
+autocast replayed in step (3). :class:`~st_hardneg.losses.base.HardNegativeLoss` uses it on sentence-transformers'
+``CachedLossMixin`` directly (its step (2) is its one compute template, a chunk of rows at a time);
+:class:`GradCacheMixin` plugs any other loss into it: its ``calculate_loss`` calls the loss's own
+``compute_loss_from_embeddings(embeddings, labels)``, so the cached and the uncached loss share one implementation. Cross-device gathering composes for free: the gather
 happens inside ``compute_loss_from_embeddings``, step (2) back-propagates through it (each process receives the
 gradient of its own embeddings from every process's loss), and step (3) is purely local.
 
 Columns embedded without gradient by another module (AdCSE's momentum key encoder) are declared through
-:meth:`GradCacheMixin.frozen_column_model`; they are embedded once, mini-batch by mini-batch under ``no_grad``, and
+:meth:`GradCacheMixin.frozen_column_model` (a loss of st-hardneg: ``frozen_columns``); they are embedded once, mini-batch by mini-batch under ``no_grad``, and
 only the other columns go through the cache.
 
 A loss that cannot use the mixin directly wraps itself in :class:`GradCached`::
@@ -26,7 +29,7 @@ A loss that cannot use the mixin directly wraps itself in :class:`GradCached`::
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any, cast
 
 import torch
@@ -39,14 +42,9 @@ from sentence_transformers.base.losses.gradcache import (
 )
 from torch import Tensor, nn
 
-from st_hardneg import functional as fn
 from st_hardneg import validation
-from st_hardneg.losses import distributed as dist
-from st_hardneg.losses.batch import Batch
-from st_hardneg.losses.blocks import UnusableMixin, combine_chunk_stats
-from st_hardneg.losses.prepare import PrepareMixin
 
-__all__ = ["ChunkedLossMixin", "GradCacheMixin", "GradCached", "check_cacheable_model"]
+__all__ = ["GradCacheEngine", "GradCacheMixin", "GradCached", "check_cacheable_model"]
 
 
 def check_cacheable_model(model: Any, loss_name: str) -> None:
@@ -63,38 +61,115 @@ def check_cacheable_model(model: Any, loss_name: str) -> None:
         )
 
 
+def embed_with_replayed_autocast(embed: Callable[..., tuple[Tensor, Any]], sentence_feature: dict[str, Tensor],
+                                 begin: int, end: int, with_grad: bool, copy_random_state: bool,
+                                 random_state: Any = None) -> tuple[Tensor, Any]:
+    """sentence-transformers' ``embed_minibatch`` (``embed``), with step (1)'s autocast state replayed in step (3),
+    as its RNG state is: step (3) runs inside ``backward()``, where a ``torch.autocast`` around the loss's forward is
+    no longer active, and would re-embed in float32 what step (1) embedded in bf16 (slower, and not the embeddings
+    whose gradients were cached). The state rides on the mini-batch's ``RandContext``."""
+    replay = getattr(random_state, "autocast", None)
+    with torch.autocast(*replay) if replay is not None else contextlib.nullcontext():
+        reps, state = embed(sentence_feature, begin, end, with_grad, copy_random_state, random_state)
+    if state is not None and torch.is_autocast_enabled(reps.device.type):
+        device = reps.device.type
+        state.autocast = (device, torch.get_autocast_dtype(device), True,  # type: ignore[attr-defined]
+                          torch.is_autocast_cache_enabled())
+    return reps, state
+
+
+class GradCacheEngine:
+    """GradCache's st-hardneg side, a part a loss owns: one cached forward (:meth:`forward`: the frozen columns
+    embedded without gradient, the others through sentence-transformers' ``forward_cached``) and step (2)'s columns
+    put back together (:meth:`columns`). The loss keeps ``mini_batch_size`` / ``mini_batch_num_tokens`` (the names
+    sentence-transformers' ``CachedLossMixin`` reads) and gives them here with each call."""
+
+    def __init__(self) -> None:
+        #: during one :meth:`forward`: (the number of columns, {column: its embeddings without gradient})
+        self._frozen: tuple[int, dict[int, Tensor]] | None = None
+
+    def forward(self, loss: CachedLossMixin, sentence_features: Iterable[dict[str, Tensor]], labels: Tensor | None,
+                frozen: dict[int, nn.Module], mini_batch_size: int | None, mini_batch_num_tokens: int | None,
+                ) -> Tensor:
+        """The GradCache forward pass of ``loss``: the columns ``frozen`` names embedded by their module without
+        gradient, the others cached by ``loss.forward_cached``; returns the (detached, hooked) loss, whose
+        ``backward()`` fills the gradients."""
+        name = type(loss).__name__
+        if mini_batch_size is None and mini_batch_num_tokens is None:
+            raise RuntimeError(f"{name}: cached_forward needs mini_batch_size or mini_batch_num_tokens")
+        validation.check_optional_count(mini_batch_size, "mini_batch_size")
+        _validate_mini_batch_num_tokens(mini_batch_num_tokens)
+        sentence_features = list(sentence_features)
+        embedded = {column: embed_without_grad(module, sentence_features[column], mini_batch_size,
+                                               mini_batch_num_tokens)
+                    for column, module in frozen.items()}
+        cached = [features for column, features in enumerate(sentence_features) if column not in embedded]
+        if not cached:
+            raise ValueError(f"{name}: every input column is frozen; nothing to train")
+        self._frozen = (len(sentence_features), embedded)
+        try:
+            # ST's range splitter reads mini_batch_size only when mini_batch_num_tokens is None.
+            return loss.forward_cached(cached, labels)
+        finally:
+            self._frozen = None
+
+    def columns(self, reps: list[list[Tensor]]) -> list[Tensor]:
+        """Step (2)'s embeddings, one per input column in column order: the cached mini-batches concatenated, the
+        frozen columns of the running :meth:`forward` in their places."""
+        cached = [torch.cat(mini_batches) for mini_batches in reps]
+        if self._frozen is None:
+            return cached
+        num_columns, frozen = self._frozen
+        it = iter(cached)
+        return [frozen[column] if column in frozen else next(it) for column in range(num_columns)]
+
+
+def embed_without_grad(module: nn.Module, features: dict[str, Tensor], mini_batch_size: int | None,
+                       mini_batch_num_tokens: int | None) -> Tensor:
+    """``module``'s embeddings of one input column without gradient, in GradCache's mini-batches."""
+    ranges = _minibatch_ranges(features, mini_batch_size, mini_batch_num_tokens)  # type: ignore[arg-type]
+    with torch.no_grad():
+        parts = [module(_create_minibatch(features, begin, end))["sentence_embedding"] for begin, end in ranges]
+    return torch.cat(parts).detach()
+
+
 class GradCacheMixin(CachedLossMixin):
     """GradCache for a loss ``nn.Module`` with a ``model`` and ``compute_loss_from_embeddings(embeddings, labels)``.
 
     The loss sets ``self.mini_batch_size`` (and optionally ``self.mini_batch_num_tokens``) and calls
     :meth:`cached_forward` from its ``forward`` when :attr:`uses_gradient_cache` is true. Put the mixin before
-    ``nn.Module`` in the bases.
+    ``nn.Module`` in the bases. (The st-hardneg losses use :class:`GradCacheEngine` on ``CachedLossMixin``
+    themselves.)
 
     ``compute_loss_from_embeddings`` receives detached leaf embeddings (float as the model returns them), one per
     input column, in column order, with the full batch; it must return the scalar loss of the batch. It runs once
-    per forward (step 2), so any side effect there (statistics, the adversary gradient of AdCSE, random draws)
-    happens once per batch, as in the uncached forward. With ``gather_across_devices`` the gather stays inside it.
+    per forward (step 2), so any side effect there (statistics, random draws) happens once per batch, as in the
+    uncached forward. With ``gather_across_devices`` the gather stays inside it.
     """
 
     # optional here (ST declares int, but reads it only when mini_batch_num_tokens is None)
     mini_batch_size: int | None = None  # type: ignore[assignment]
     mini_batch_num_tokens: int | None = None
-    _gradcache_frozen: tuple[int, dict[int, Tensor]] | None = None
 
     @property
     def uses_gradient_cache(self) -> bool:  # type: ignore[override]  # per instance: caching is optional here
         return self.mini_batch_size is not None or self.mini_batch_num_tokens is not None
 
+    @property
+    def _engine(self) -> GradCacheEngine:
+        engine = vars(self).get("_gradcache_engine")
+        if engine is None:
+            engine = vars(self)["_gradcache_engine"] = GradCacheEngine()
+        return engine  # type: ignore[no-any-return]
+
     def frozen_column_model(self, column: int) -> nn.Module | None:
         """The module that embeds input column ``column`` without gradient, or ``None`` (default) for a column
-        embedded by ``self.model`` and cached with gradient. AdCSE with an untied key encoder returns the key encoder
-        for every column but the first."""
+        embedded by ``self.model`` and cached with gradient."""
         return None
 
     def frozen_columns(self, sentence_features: list[dict[str, Tensor]]) -> dict[int, nn.Module]:
         """``{column: module}`` of the columns of this batch embedded without gradient (default: the columns for
-        which :meth:`frozen_column_model` names a module). A loss whose choice depends on the features (AdCSE on a
-        ``Router`` model: the columns on the anchors' route) overrides this."""
+        which :meth:`frozen_column_model` names a module)."""
         frozen = {column: self.frozen_column_model(column) for column in range(len(sentence_features))}
         return {column: module for column, module in frozen.items() if module is not None}
 
@@ -103,59 +178,23 @@ class GradCacheMixin(CachedLossMixin):
 
     def cached_forward(self, sentence_features: Iterable[dict[str, Tensor]], labels: Tensor | None) -> Tensor:
         """The GradCache forward pass: returns the (detached, hooked) loss; ``loss.backward()`` fills the gradients."""
-        if not self.uses_gradient_cache:
-            raise RuntimeError(f"{type(self).__name__}: cached_forward needs mini_batch_size or mini_batch_num_tokens")
-        validation.check_optional_count(self.mini_batch_size, "mini_batch_size")
-        _validate_mini_batch_num_tokens(self.mini_batch_num_tokens)
         sentence_features = list(sentence_features)
-        frozen = {column: self._embed_without_grad(module, sentence_features[column])
-                  for column, module in self.frozen_columns(sentence_features).items()}
-        cached = [features for column, features in enumerate(sentence_features) if column not in frozen]
-        if not cached:
-            raise ValueError(f"{type(self).__name__}: every input column is frozen; nothing to train")
-        self._gradcache_frozen = (len(sentence_features), frozen)
-        try:
-            # ST's range splitter reads mini_batch_size only when mini_batch_num_tokens is None.
-            return self.forward_cached(cached, labels)
-        finally:
-            self._gradcache_frozen = None
+        return self._engine.forward(self, sentence_features, labels, self.frozen_columns(sentence_features),
+                                    self.mini_batch_size, self.mini_batch_num_tokens)
 
     def embed_minibatch(self, sentence_feature: dict[str, Tensor], begin: int, end: int, with_grad: bool,
                         copy_random_state: bool, random_state: Any = None) -> tuple[Tensor, Any]:
-        """sentence-transformers' ``embed_minibatch``, with step (1)'s autocast state replayed in step (3), as its RNG
-        state is: step (3) runs inside ``backward()``, where a ``torch.autocast`` around the loss's forward is no
-        longer active, and would re-embed in float32 what step (1) embedded in bf16 (slower, and not the
-        embeddings whose gradients were cached). The state rides on the mini-batch's ``RandContext``."""
-        replay = getattr(random_state, "autocast", None)
-        with torch.autocast(*replay) if replay is not None else contextlib.nullcontext():
-            reps, state = super().embed_minibatch(sentence_feature, begin, end, with_grad, copy_random_state,
-                                                  random_state)
-        if state is not None and torch.is_autocast_enabled(reps.device.type):
-            device = reps.device.type
-            state.autocast = (device, torch.get_autocast_dtype(device), True,  # type: ignore[attr-defined]
-                              torch.is_autocast_cache_enabled())
-        return reps, state
-
-    def _embed_without_grad(self, module: nn.Module, features: dict[str, Tensor]) -> Tensor:
-        ranges = _minibatch_ranges(features, self.mini_batch_size, self.mini_batch_num_tokens)  # type: ignore[arg-type]
-        with torch.no_grad():
-            parts = [module(_create_minibatch(features, begin, end))["sentence_embedding"] for begin, end in ranges]
-        return torch.cat(parts).detach()
+        """sentence-transformers' ``embed_minibatch`` with step (1)'s autocast replayed in step (3)
+        (:func:`embed_with_replayed_autocast`)."""
+        return embed_with_replayed_autocast(super().embed_minibatch, sentence_feature, begin, end, with_grad,
+                                            copy_random_state, random_state)
 
     def calculate_loss(
         self, reps: list[list[Tensor]], labels: Tensor | None = None, *, with_backward: bool = False
     ) -> Tensor:
         """Step (2) of ``CachedLossMixin``: the loss of the whole batch from the per-mini-batch embeddings, through
         ``compute_loss_from_embeddings``; with ``with_backward``, back-propagated to the embeddings and detached."""
-        cached = [torch.cat(mini_batches) for mini_batches in reps]
-        embeddings = cached
-        if self._gradcache_frozen is not None:
-            num_columns, frozen = self._gradcache_frozen
-            it = iter(cached)
-            embeddings = [frozen[column] if column in frozen else next(it) for column in range(num_columns)]
-        if getattr(self, "supports_row_chunks", False):  # the loss side in chunks of anchor rows too
-            return cast(Any, self).chunked_loss(embeddings, labels, with_backward=with_backward)
-        loss = self.compute_loss_from_embeddings(embeddings, labels)
+        loss = self.compute_loss_from_embeddings(self._engine.columns(reps), labels)
         if loss.dim() != 0:
             raise ValueError(f"{type(self).__name__}.compute_loss_from_embeddings must return a scalar loss")
         if with_backward:
@@ -222,99 +261,3 @@ class GradCached(GradCacheMixin, nn.Module):
         config = dict(cast(Any, self.loss).get_config_dict()) if hasattr(self.loss, "get_config_dict") else {}
         config.update(mini_batch_size=self.mini_batch_size, mini_batch_num_tokens=self.mini_batch_num_tokens)
         return config
-
-
-class ChunkedLossMixin(PrepareMixin, UnusableMixin, GradCacheMixin):
-    """The rows hook of :class:`~st_hardneg.losses.base.HardNegativeLoss` (:meth:`window_rows`; the batch's other
-    hooks are :class:`~st_hardneg.losses.prepare.PrepareMixin`'s) and GradCache's loss side a chunk of anchor rows
-    at a time (:meth:`chunked_loss`)."""
-
-    def window_rows(self, batch: Batch) -> Tensor:
-        """The (R,) per-row losses of the anchor rows of ``batch`` (:attr:`Batch.rows`) against all its candidates.
-        A loss that implements it computes its rows a chunk of anchors at a time under GradCache
-        (:meth:`chunked_loss`); whatever it chooses per row (partners, hardest negatives, top-k, random draws) must
-        not depend on which other rows share the chunk."""
-        raise NotImplementedError
-
-    @property
-    def supports_row_chunks(self) -> bool:
-        """Whether the loss implements :meth:`window_rows` (then GradCache computes it in chunks of anchors)."""
-        return type(self).window_rows is not ChunkedLossMixin.window_rows
-
-    @property
-    def loss_chunk_size(self) -> int:
-        """Anchor rows per chunk of :meth:`chunked_loss`: ``mini_batch_size`` (as in CachedMNRL), or 32 with only
-        ``mini_batch_num_tokens``."""
-        return self.mini_batch_size or 32
-
-    def chunked_loss(self, embeddings: list[Tensor], labels: Tensor | None, with_backward: bool = False) -> Tensor:
-        """The batch's loss computed a chunk of :attr:`loss_chunk_size` anchor rows at a time, as
-        ``CachedMultipleNegativesRankingLoss`` does: each chunk's rows (against every candidate of the global batch)
-        are built, back-propagated to the normalised embeddings and freed before the next chunk, so the loss side
-        holds O(chunk × candidates) at a time, never the (N, C) matrices. With ``with_backward`` the gradient then
-        flows once through the normalisation (and the gathering) into ``embeddings``; the returned loss is detached.
-        Equal to :meth:`compute_loss_from_embeddings` (loss, gradients, diagnostics, warnings and errors), up to
-        float summation order."""
-        from dataclasses import replace
-
-        self.check_labels(labels)
-        with fn.autocast_disabled(embeddings):
-            try:
-                batch = self.prepare_columns(embeddings, labels)
-            finally:
-                self._side_inputs = None
-            try:
-                batch = self.begin_batch(batch)
-            except BaseException:
-                self.close_batch()
-                raise
-            fields = ("anchors", "positives", "negatives", "raw_anchors", "raw_positives", "raw_negatives")
-            graph: list[tuple[Tensor, Tensor]] = []  # (tensor with a graph, its leaf copy)
-            leaves: dict[str, Tensor] = {}
-            for name in fields:
-                value = getattr(batch, name)
-                if value is not None and with_backward and value.requires_grad:
-                    leaf = value.detach().requires_grad_(True)
-                    graph.append((value, leaf))
-                    leaves[name] = leaf
-                elif value is not None:
-                    leaves[name] = value.detach() if with_backward else value
-            leaf_batch = replace(batch, **cast(dict[str, Any], leaves))
-            start, stop = self.own_row_range(batch)
-            total = torch.zeros((), dtype=batch.anchors.dtype, device=batch.device)
-            pieces: list[tuple[int, dict[str, Tensor]]] = []
-            state = batch.state  # shared by leaf_batch and every window cut from it
-            state.chunk_tallies = []
-            try:
-                for begin in range(start, stop, self.loss_chunk_size):
-                    end = min(begin + self.loss_chunk_size, stop)
-                    rows = self.window_rows(self.window(leaf_batch, begin, end))
-                    usable, state.usable = state.usable, None
-                    chunk = (rows * usable).sum() if usable is not None else rows.sum()
-                    if with_backward and chunk.requires_grad:
-                        chunk.backward()
-                    total = total + chunk.detach()
-                    pieces.append((end - begin, dict(self._last_stats)))
-                tallies = state.chunk_tallies
-                self.end_batch(leaf_batch)
-            finally:
-                state.chunk_tallies = None
-                self.close_batch()
-            self._last_stats = combine_chunk_stats(pieces)
-            tally = self._global_tally(state, sum(tallies[1:], tallies[0])) if tallies else None
-            if tally is not None:
-                self._judge_unusable(tally, state)  # raises on a batch without a usable row
-            local_usable = (stop - start) - (sum(t.unusable for t in tallies) if tallies else 0)
-            if state.local_rows is not None:
-                world = state.local_rows[1] // (stop - start)
-                count = dist.sum_across(torch.tensor(float(local_usable), dtype=total.dtype, device=batch.device))
-                factor = world / count.clamp_min(1)
-            else:
-                factor = torch.tensor(1.0 / max(local_usable, 1), dtype=total.dtype, device=batch.device)
-            loss = total * factor
-            if with_backward and graph:
-                pairs = [(tensor, leaf.grad.mul_(factor)) for tensor, leaf in graph if leaf.grad is not None]
-                if pairs:
-                    torch.autograd.backward([t for t, _ in pairs], [g for _, g in pairs])
-            return loss.detach() if with_backward else loss
-

@@ -238,7 +238,7 @@ class HNCSELoss(HardNegativeLoss):
                                                          names=fn.ALPHA_FUNCTIONS)
         self.hnm_gradient = validation.check_bool(hnm_gradient, "hnm_gradient")
         self.focal_m = validation.check_optional_non_negative(focal_m, "focal_m (the Focal-InfoNCE margin m)")
-        validation.check_focal_margin_range(self.focal_m, "focal_m (the Focal-InfoNCE margin m)", self.temperature)
+        validation.check_focal_margin_range(self.focal_m, "focal_m (the Focal-InfoNCE margin m)", self.options.temperature)
         self._warned_k = False
         self._warned_num_mixed = False
         #: per batch (begin_batch): the positive-mixing share for the diagnostics, HNM's random pair positions
@@ -337,8 +337,8 @@ class HNCSELoss(HardNegativeLoss):
                 exclude[local, local + start] = True
                 if self.controls_false_negatives:
                     exclude |= false_negatives.candidate_mask(
-                        batch, (start, stop), (0, n), mask_duplicates=self.mask_duplicates, margin=self.margin,
-                        margin_strategy=self.margin_strategy)
+                        batch, (start, stop), (0, n), mask_duplicates=self.options.mask_duplicates, margin=self.options.margin,
+                        margin_strategy=self.options.margin_strategy)
                 best, ok = fn.top_candidates(similarity, 1, exclude)
             partners.append(best.squeeze(1))
             valid.append(ok.squeeze(1))
@@ -359,7 +359,7 @@ class HNCSELoss(HardNegativeLoss):
 
         The rows of ``batch``'s anchors (:attr:`Batch.rows`), on the mixed positives of :meth:`begin_batch`."""
         masked = batch.false_negatives
-        blocks = self.ranking_blocks(batch)
+        blocks = self.ranking.blocks(batch)
         q2d = blocks["query_to_doc"]
         num_synthetic = 0
         if self.uses_hnm:
@@ -367,10 +367,10 @@ class HNCSELoss(HardNegativeLoss):
             q2d = q2d.with_columns(synthetic, dropped if masked is not None else None)
             num_synthetic = synthetic.size(1)
         blocks["query_to_doc"] = q2d
-        self.record_stats(batch, q2d.similarity, num_in_batch=batch.size, num_synthetic=num_synthetic,
+        batch.state.record_stats(q2d.similarity, num_in_batch=batch.size, num_synthetic=num_synthetic,
                           extra={"pm_mixed": batch.state.draws["pm_mixed"]} if "pm_mixed" in batch.state.draws else None,
                           row_offset=batch.row_range[0])
-        return self.ranking_rows(batch, blocks, focal_m=self.focal_m)
+        return self.ranking.rows(batch, blocks, focal_m=self.focal_m)
 
     def cosine_only_reason(self) -> str | None:
         return ("positive mixing compares the ratio (d1 - d2) / d1 of cosines and both mixes weight unit "

@@ -166,7 +166,7 @@ class MixCSELoss(HardNegativeLoss):
         self.stop_gradient = validation.check_bool(stop_gradient, "stop_gradient")
         self.partner = validation.check_choice(partner, "partner", ("shift", "random", "hardest", "explicit"))
         self.layout = validation.check_choice(layout, "layout", ("paper", "official"))
-        two_way = "doc_to_query" in self.directions
+        two_way = "doc_to_query" in self.options.directions
         if reverse_mix is None:
             reverse_mix = two_way or self.layout == "official"
         self.reverse_mix = validation.check_bool(reverse_mix, "reverse_mix")
@@ -177,10 +177,10 @@ class MixCSELoss(HardNegativeLoss):
                 "'doc_to_query'), partition_mode='per_direction', reverse_mix=False for MixCSE_single.")
         if self.layout == "official":
             changed = [f"{key}={value!r}" for key, value, default in (
-                ("directions", self.directions, ("query_to_doc",)), ("partition_mode", self.partition_mode, "joint"),
-                ("hardness_mode", self.hardness_mode, None), ("similarity_fct", self.similarity_fct_name, "cos_sim"),
-                ("contrast_anchors", self.contrast_anchors, False),
-                ("contrast_positives", self.contrast_positives, False)) if value != default]
+                ("directions", self.options.directions, ("query_to_doc",)), ("partition_mode", self.options.partition_mode, "joint"),
+                ("hardness_mode", self.options.hardness_mode, None), ("similarity_fct", self.similarity_fct_name, "cos_sim"),
+                ("contrast_anchors", self.options.contrast_anchors, False),
+                ("contrast_positives", self.options.contrast_positives, False)) if value != default]
             if changed:
                 raise ValueError(f"layout='official' is the released code's N×3N cross-entropy over cosines and takes "
                                  f"none of {', '.join(changed)} (its block 3 is reverse_mix); use layout='paper'")
@@ -197,7 +197,7 @@ class MixCSELoss(HardNegativeLoss):
         if self.focal_m is not None and self.similarity_fct_name != "cos_sim":
             raise ValueError("MixCSELoss: focal_m needs similarity_fct=cos_sim (the Focal-InfoNCE logits s² and "
                              "s (s + m) are defined on cosines)")
-        validation.check_focal_margin_range(self.focal_m, "focal_m (the Focal-InfoNCE margin m)", self.temperature)
+        validation.check_focal_margin_range(self.focal_m, "focal_m (the Focal-InfoNCE margin m)", self.options.temperature)
 
     # ------------------------------------------------------------------ helpers
     def _partners(self, batch: Batch, similarity: Tensor | None) -> Tensor:
@@ -259,7 +259,7 @@ class MixCSELoss(HardNegativeLoss):
         n = batch.size
         start, stop = batch.row_range
         local = torch.arange(stop - start, device=batch.device)
-        blocks = self.ranking_blocks(batch)
+        blocks = self.ranking.blocks(batch)
         q2d = blocks["query_to_doc"]
         in_batch = q2d.similarity[:, :n].detach()  # (R, N): the hardest partner
         masked = batch.false_negatives  # (R, N + N·k) or None
@@ -282,13 +282,13 @@ class MixCSELoss(HardNegativeLoss):
             partners, has_partner = self._allowed_partners(batch, in_batch, in_batch_masked,
                                                                 batch.state.draws.get("partners"))
             partner_rows = positives[partners]
-            if self.queue_as_pool and self.queue_pool(batch) is not None:
+            if self.queue_as_pool and self.queues.pool(batch) is not None:
                 partner_rows, has_partner = self._hardest_of_batch_and_queue(batch, in_batch, partners, has_partner,
                                                                              partner_rows)
             mixed = self._mix(row_positives, partner_rows)
         no_mix = (~has_partner).unsqueeze(1) if masked is not None else None
         blocks["query_to_doc"] = q2d = q2d.with_columns((row_anchors * mixed).sum(-1, keepdim=True), no_mix)
-        self.record_stats(batch, q2d.similarity, num_in_batch=n, num_synthetic=1, row_offset=start)
+        batch.state.record_stats(q2d.similarity, num_in_batch=n, num_synthetic=1, row_offset=start)
         if self.reverse_mix:
             # h'_i as the anchor: mixed negative normalize(λ h_i + (1-λ) h_π(i)); its false negatives are the
             # transposed in-batch mask (the doc_to_query block's)
@@ -304,13 +304,13 @@ class MixCSELoss(HardNegativeLoss):
             reverse_no_mix = (~reverse_has_partner).unsqueeze(1) if masked is not None else None
             blocks["doc_to_query"] = d2q.with_columns((row_positives * reverse_mixed).sum(-1, keepdim=True),
                                                       reverse_no_mix)
-        return self.ranking_rows(batch, blocks, focal_m=self.focal_m)
+        return self.ranking.rows(batch, blocks, focal_m=self.focal_m)
 
     def _hardest_of_batch_and_queue(self, batch: Batch, in_batch: Tensor, partners: Tensor, has_partner: Tensor,
                                     partner_rows: Tensor) -> tuple[Tensor, Tensor]:
         """``queue_as_pool``: each row's partner becomes its hardest unmasked queued row where that one scores above
         the hardest in-batch partner (or the row has none); returns the partner rows and whether each row has one."""
-        similarity, exclude, vectors = cast(tuple[Tensor, Tensor | None, Tensor], self.queue_pool(batch))
+        similarity, exclude, vectors = cast(tuple[Tensor, Tensor | None, Tensor], self.queues.pool(batch))
         if exclude is None:
             exclude = torch.zeros_like(similarity, dtype=torch.bool)
         best, valid = fn.top_candidates(similarity, 1, exclude)
@@ -318,7 +318,7 @@ class MixCSELoss(HardNegativeLoss):
         queue_score = similarity.detach().gather(1, best.unsqueeze(1)).squeeze(1)
         batch_score = in_batch.gather(1, partners.unsqueeze(1)).squeeze(1)
         use_queue = valid & (~has_partner | (queue_score > batch_score))
-        self.note_queue_stats(batch, queue_partner_fraction=use_queue.float().mean().detach())
+        self.queues.note_stats(batch, queue_partner_fraction=use_queue.float().mean().detach())
         rows = torch.where(use_queue.unsqueeze(1), vectors[best].to(partner_rows.dtype), partner_rows)
         return rows, has_partner | valid
 
@@ -351,7 +351,7 @@ class MixCSELoss(HardNegativeLoss):
             blocks.append(self._raw_mix(cast(Tensor, batch.raw_anchors), partners) @ z2.T)
             zeroed.append((rows, num_shared + n + partners))
         cos = torch.cat(blocks, dim=1)
-        logits = fn.contrastive_logits(cos, self.temperature, self.focal_m)
+        logits = fn.contrastive_logits(cos, self.options.temperature, self.focal_m)
         keep = torch.ones_like(logits, dtype=torch.bool)
         for r, c in zeroed:
             keep[r, c] = False
@@ -369,11 +369,11 @@ class MixCSELoss(HardNegativeLoss):
             logits = fn.mask_columns(logits, excluded)
             keep[:, : excluded.size(1)] &= ~excluded
         own_mix = block2[rows, rows].unsqueeze(1)
-        self.record_stats(batch, torch.cat([cos[:, :num_shared], own_mix], dim=1), num_in_batch=n, num_synthetic=1)
+        batch.state.record_stats(torch.cat([cos[:, :num_shared], own_mix], dim=1), num_in_batch=n, num_synthetic=1)
         # the negatives left to each row: every entry but its positive, the zeroed ones and the masked ones (the
         # zeroed entries stay in the denominator as exp(0), as in the released code, but teach nothing)
         keep[rows, rows] = False
-        self.note_unusable_rows(batch, keep.sum(dim=1) if excluded is not None or n <= 1 else None, n,
+        self.ranking.note_unusable_rows(batch, keep.sum(dim=1) if excluded is not None or n <= 1 else None, n,
                                 excluded.sum() if excluded is not None else 0, keep.size(1) - 1)
         return fn.info_nce_rows(logits)
 

@@ -12,7 +12,7 @@ Two places can see it (sentence-transformers hands a loss neither the Trainer no
   :class:`st_hardneg.training.callbacks.LossModelCheck` (a ``TrainerCallback``: at ``on_train_begin`` it also checks
   that the optimizer holds the Trainer's model's parameters);
 - in a plain ``SentenceTransformerTrainer`` without that callback: the moment the Trainer re-points ``loss.model``,
-  which :class:`ModelGuard` (a base of every st-hardneg loss) notices. That is at the first training step, after the
+  which :class:`ModelGuard` (a part of every st-hardneg loss) notices. That is at the first training step, after the
   optimizer was made: the warning comes one step in, and the run goes on (untrained) unless the user stops it.
   The Trainer's ``model_init`` (hyperparameter search) also re-points the loss, on purpose and before it makes the
   optimizer; there the warning is a false alarm, which its text says.
@@ -99,21 +99,24 @@ def swapped_model_message(loss_name: str) -> str:
         "re-points on purpose before making its optimizer; then this warning does not apply.) Shown once per loss.")
 
 
-class ModelGuard(nn.Module):
-    """A base of every st-hardneg loss: warns (``warnings`` and ``logging``, once per loss) when ``loss.model`` is
-    re-pointed from the model it holds to another model that is not a wrapper of it (see the module docstring)."""
+class ModelGuard:
+    """The part of every st-hardneg loss (``loss.model_guard``) that warns (``warnings`` and ``logging``, once per
+    loss) when ``loss.model`` is re-pointed from the model it holds to another model that is not a wrapper of it (see
+    the module docstring). The loss calls :meth:`check` from its ``__setattr__``."""
 
-    _warned_swapped_model: bool = False
+    def __init__(self) -> None:
+        #: whether the loss was named already (here, or by :func:`st_hardneg.training.callbacks.check_loss_model`)
+        self.warned = False
 
-    def __setattr__(self, name: str, value: Any) -> None:
-        if name == "model" and isinstance(value, nn.Module) and not self._warned_swapped_model:
-            current = self.__dict__.get("_modules", {}).get("model")
-            if isinstance(current, nn.Module) and not same_model(current, value):
-                object.__setattr__(self, "_warned_swapped_model", True)
-                message = swapped_model_message(type(self).__name__)
-                logger.warning(message)
-                warnings.warn(message, UserWarning, stacklevel=2)
-        super().__setattr__(name, value)
+    def check(self, loss_name: str, current: Any, value: Any) -> None:
+        """Warn once if ``value``, about to replace ``current`` as ``loss.model``, is another model."""
+        if self.warned or not isinstance(value, nn.Module) or not isinstance(current, nn.Module):
+            return
+        if not same_model(current, value):
+            self.warned = True
+            message = swapped_model_message(loss_name)
+            logger.warning(message)
+            warnings.warn(message, UserWarning, stacklevel=3)
 
 
 def tag_model_card(model: Any) -> None:

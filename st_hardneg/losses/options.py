@@ -9,9 +9,10 @@ This module imports nothing of :mod:`st_hardneg.losses.base`.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
-from typing import TYPE_CHECKING, Any, Literal, TypedDict, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Literal, TypedDict, TypeVar, cast, get_type_hints
 
 from torch import Tensor
 
@@ -21,10 +22,10 @@ from st_hardneg.functional import ranking as fr
 if TYPE_CHECKING:
     from st_hardneg.losses.relevance import KnownPositives
 
-__all__ = ["LossOptions", "QueueOptions", "SharedOptions", "not_given"]
+__all__ = ["LossOptions", "QueueOptions", "SharedOptions", "constructor_signature", "not_given", "option_attributes"]
 
 _T = TypeVar("_T")
-_OWNER = "QueueOptions"  # the owner a rule between the options names, unless a loss's constructor made them
+_OWNER = "QueueOptions"  # whom a message about a rule between the queue's options names, unless a loss made them
 _SHARED = "SharedOptions"
 
 
@@ -105,7 +106,7 @@ class LossOptions(TypedDict, total=False):
             the guide when given, else by the trained model itself (detached). ``doc_to_query`` uses the transposed
             mask, ``query_to_query`` / ``doc_to_doc`` the same threshold on their own similarities. A row whose
             every negative is masked teaches nothing and is left out of the mean (GISTEmbedLoss counts it as 0: see
-            :meth:`~st_hardneg.HardNegativeLoss.note_unusable_rows`): the first such batch warns, a batch of only such
+            :meth:`~st_hardneg.losses.blocks.Ranking.note_unusable_rows`): the first such batch warns, a batch of only such
             rows is a ``ValueError``,
             and :attr:`~st_hardneg.HardNegativeLoss.diagnostics` reports ``masked_false_negatives`` (mean per anchor),
             ``masked_false_negatives_total``, ``masked_fraction`` and ``rows_without_negatives``.
@@ -137,26 +138,24 @@ class LossOptions(TypedDict, total=False):
         queue_anchors: ``QueueOptions.anchors``.
         queue_as_pool: ``QueueOptions.as_pool``.
 
-    :func:`~st_hardneg.losses.base.float32_loss` runs each ``compute_loss_from_embeddings`` with autocast disabled (the
-    loss math is float32
-    under bf16/fp16 mixed precision too) and warns once if it receives labels it does not use. This class also provides
-    the
-    sentence-transformers ``forward`` (one embedding per input column, merged forwards where ST can), the seeded
-    random generator of the losses' random draws (:meth:`~st_hardneg.HardNegativeLoss.generator`), and
-    :attr:`~st_hardneg.HardNegativeLoss.diagnostics`, the mean positive /
-    negative / synthetic cosines of the last training batch.
+    :meth:`~st_hardneg.HardNegativeLoss.compute`, the one compute template, runs with autocast disabled (the loss math
+    is float32 under bf16/fp16 mixed precision too) and warns once if it receives labels it does not use. Every loss
+    also has the sentence-transformers ``forward`` (one embedding per input column, merged forwards where ST can), the
+    seeded random generator of the losses' random draws (:meth:`~st_hardneg.HardNegativeLoss.generator`), and
+    :attr:`~st_hardneg.HardNegativeLoss.diagnostics`, the mean positive / negative / synthetic cosines of the last
+    training batch.
 
     **Scaling up** (every loss takes both arguments):
 
     ``gather_across_devices=True`` (same name and meaning as in sentence-transformers, built on its
-    ``all_gather_with_grad``): under ``torch.distributed``, :meth:`~st_hardneg.HardNegativeLoss.prepare_batch` gathers
-    every input column of every
-    process (with gradient), so everything that looks across the batch (in-batch negatives, mixing partners, hardest
+    ``all_gather_with_grad``): under ``torch.distributed``, the batch preparer
+    (:meth:`~st_hardneg.losses.prepare.BatchPreparer.prepare`) gathers every input column of every process (with
+    gradient), so everything that looks across the batch (in-batch negatives, mixing partners, hardest
     negatives, top-k pools, keys, the adversaries' gradient, the diagnostics) looks across the global batch. Each
     process computes the rows of its *own* ``n`` anchors only, against the ``W·n`` gathered candidates
-    (``O(n·W·n)`` per process, as sentence-transformers' losses), and :meth:`~st_hardneg.HardNegativeLoss.reduce`
-    weights their sum so that the
-    processes' mean is the global batch's mean; the gather's backward brings every process the gradient of its
+    (``O(n·W·n)`` per process, as sentence-transformers' losses), and the reduction
+    (:meth:`~st_hardneg.losses.blocks.Ranking.mean`) weights their sum so that the processes' mean is the global
+    batch's mean; the gather's backward brings every process the gradient of its
     embeddings from every process's rows, so distributed data parallel's average of the parameter gradients is
     exactly the single-process gradient. AdCSE's adversary gradient is each process's rows' share, averaged across
     processes (all-reduce) at the ascent step, so the bank stays identical everywhere. The one global pass is
@@ -171,18 +170,15 @@ class LossOptions(TypedDict, total=False):
     minimum is a ``ValueError``; a count above what the other arguments or the batch allow (HNCSE's ``num_mixed``
     above the ``k (k - 1)`` pairs of ``k``, ``k`` above a small batch's negatives) is clamped to that limit with a
     warning, never met by repeating or dropping work silently. **Rows that cannot teach** (one rule:
-    :meth:`~st_hardneg.HardNegativeLoss.note_unusable_rows`): a row with no unmasked negative candidate, or a zero-norm
-    anchor or positive, is left
-    out of the mean, counted and warned once; a batch of only such rows is a ``ValueError``.
+    :meth:`~st_hardneg.losses.blocks.Ranking.note_unusable_rows`): a row with no unmasked negative candidate, or a
+    zero-norm anchor or positive, is left out of the mean, counted and warned once; a batch of only such rows is a ``ValueError``.
 
     ``mini_batch_size`` / ``mini_batch_num_tokens``: GradCache (Gao et al., 2021) through sentence-transformers'
-    ``CachedLossMixin`` (:class:`st_hardneg.losses.gradcache.GradCacheMixin`): the encoder sees only mini-batches of
-    that
-    size (or token budget), in two passes, and the loss and gradients are those of the whole batch (the second pass
+    ``CachedLossMixin`` (:class:`st_hardneg.losses.gradcache.GradCacheEngine`): the encoder sees only mini-batches of
+    that size (or token budget), in two passes, and the loss and gradients are those of the whole batch (the second pass
     replays the first pass's random state, so dropout masks match). The loss side is chunked too, as in
-    ``CachedMultipleNegativesRankingLoss``: :meth:`~st_hardneg.HardNegativeLoss.chunked_loss` builds the rows of
-    :attr:`~st_hardneg.HardNegativeLoss.loss_chunk_size` anchors
-    at a time against every candidate (logits, masks, mixed and synthetic negatives, adversaries), back-propagates
+    ``CachedMultipleNegativesRankingLoss``: the one compute template (:meth:`~st_hardneg.HardNegativeLoss.compute`)
+    builds the rows of :attr:`~st_hardneg.HardNegativeLoss.loss_chunk_size` anchors at a time against every candidate (logits, masks, mixed and synthetic negatives, adversaries), back-propagates
     them and frees them before the next chunk, so the loss holds O(chunk × candidates) memory, never the (N, N)
     matrices; whatever a row chooses (partners, hardest negatives, top-k, random pairs) is chosen per row or drawn
     once per batch, so chunking changes nothing (tested at chunk sizes that do not divide the batch). MixCSE's
@@ -356,6 +352,14 @@ class QueueOptions:
                 raise
             raise owned from None
 
+    def config(self) -> dict[str, Any]:
+        """The options as ``get_config_dict`` records them, under the loss's flat ``queue_*`` names (none without a
+        queue; ``queue_momentum`` only with ``source="ema"``)."""
+        if not self.size:
+            return {}
+        out = {f"queue_{option.name}": getattr(self, option.name) for option in fields(self)
+               if option.name != "momentum"}
+        return {**out, **({"queue_momentum": self.momentum} if self.source == "ema" else {})}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -391,24 +395,25 @@ class SharedOptions:
     """
 
     temperature: float = 0.05
-    similarity_fct: Callable[[Tensor, Tensor], Tensor] | str = "cos_sim"
+    similarity_fct: Callable[[Tensor, Tensor], Tensor] | str = field(default="cos_sim", metadata={"attribute": False})
     directions: tuple[fr.Direction, ...] = ("query_to_doc",)
     partition_mode: fr.PartitionMode = "joint"
     hardness_mode: fr.HardnessMode | None = None
     hardness_strength: float = 0.0
     seed: int | None = None
     mask_duplicates: bool = True
-    known_positives: Mapping[str, Any] | KnownPositives | None = field(default=None, repr=False, hash=False)
+    known_positives: Mapping[str, Any] | KnownPositives | None = field(default=None, repr=False, hash=False,
+                                                                        metadata={"attribute": False})
     margin: float | None = None
     margin_strategy: Literal["absolute", "relative"] = "absolute"
     contrast_anchors: bool | None = None
     contrast_positives: bool | None = None
+    queue: QueueOptions = field(default=QueueOptions(), metadata={"attribute": False})
+    guided: bool = field(default=False, metadata={"attribute": False})
     gather_across_devices: bool = False
-    mini_batch_size: int | None = None
-    mini_batch_num_tokens: int | None = None
-    show_progress_bar: bool = False
-    queue: QueueOptions = QueueOptions()
-    guided: bool = False
+    mini_batch_size: int | None = field(default=None, metadata={"attribute": False})
+    mini_batch_num_tokens: int | None = field(default=None, metadata={"attribute": False})
+    show_progress_bar: bool = field(default=False, metadata={"config": False})
 
     def __post_init__(self) -> None:
         guided = validation.check_bool(self.guided, "guided")
@@ -452,6 +457,28 @@ class SharedOptions:
         """sentence-transformers' ``scale``, 1 / ``temperature``."""
         return 1.0 / self.temperature
 
+    def config(self, *, known_positives: int | None = None, guide: str | None = None) -> dict[str, Any]:
+        """The options as ``get_config_dict`` records them, in their declaration order: ``scale`` before
+        ``temperature``; ``known_positives`` as the number of pairs of the loss's index (``known_positives``, left out
+        when ``None``); the queue's options (:meth:`QueueOptions.config`, none without a queue); ``guide``: the guide
+        model's name (``guide``, left out when ``None``); every other field but those declared out of the config
+        (``show_progress_bar``)."""
+        out: dict[str, Any] = {}
+        for option in fields(self):
+            if option.name == "temperature":
+                out["scale"] = self.scale
+            if not option.metadata.get("config", True):
+                continue
+            if option.name == "known_positives":
+                out.update({"known_positives": known_positives} if known_positives is not None else {})
+            elif option.name == "queue":
+                out.update(self.queue.config())
+            elif option.name == "guided":
+                out.update({"guide": guide} if guide is not None else {})
+            else:
+                out[option.name] = getattr(self, option.name)
+        return out
+
     @classmethod
     def from_keywords(cls, owner: str, *, scale: float | None = None, temperature: float | None = None,
                       queue: QueueOptions | int | None = None, **keywords: Any) -> SharedOptions:
@@ -479,3 +506,27 @@ class SharedOptions:
             if owned is error:
                 raise
             raise owned from None
+
+
+def option_attributes() -> tuple[str, ...]:
+    """The shared options a loss also shows as read-only attributes of the same names (``loss.margin`` is
+    ``loss.options.margin``): every :class:`SharedOptions` field but those the loss holds otherwise (the similarity
+    function, the ``known_positives`` index, the queue, the GradCache sizes sentence-transformers reads)."""
+    return tuple(option.name for option in fields(SharedOptions) if option.metadata.get("attribute", True))
+
+
+def constructor_signature(function: Callable[..., Any]) -> inspect.Signature:
+    """The signature a loss's constructor shows (help, docs): ``self, model, guide=None`` and, keyword-only, every
+    :class:`LossOptions` name with its default (:class:`SharedOptions`'s; ``scale`` / ``temperature`` and ``queue``
+    ``None``; the flat ``queue_*`` keywords :class:`QueueOptions`'s, as :func:`not_given`)."""
+    positional = [parameter for parameter in inspect.signature(function).parameters.values()
+                  if parameter.kind is not inspect.Parameter.VAR_KEYWORD]
+    defaults = {option.name: option.default for option in fields(SharedOptions)}
+    defaults.update({f"queue_{option.name}": not_given(option.default) for option in fields(QueueOptions)})
+    defaults.update(scale=None, temperature=None, queue=None)
+    from st_hardneg.losses.relevance import KnownPositives  # named here for type checkers only
+
+    hints = get_type_hints(LossOptions, localns={"KnownPositives": KnownPositives})
+    keywords = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=defaults[name], annotation=hints[name])
+                for name in LossOptions.__annotations__]
+    return inspect.Signature([*positional, *keywords])

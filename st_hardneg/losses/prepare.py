@@ -1,6 +1,7 @@
-"""The input side of every loss: the columns checked, in float32, normalised once (:class:`PrepareMixin`), as a
-:class:`~st_hardneg.losses.batch.Batch` of the rows a loss computes, with their false-negative masks
-(:mod:`~st_hardneg.losses.false_negatives`) and the text keys and guide embeddings ``forward`` saw.
+"""The input side of every loss, one part (:class:`BatchPreparer`): the columns checked, in float32, normalised once,
+as a :class:`~st_hardneg.losses.batch.Batch` of the rows a loss computes (:meth:`BatchPreparer.window`), with their
+false-negative masks (:mod:`~st_hardneg.losses.false_negatives`), known relevance and the text keys and guide
+embeddings that ``forward`` saw (:meth:`BatchPreparer.remember`).
 
 This module imports nothing of :mod:`st_hardneg.losses.base`.
 """
@@ -8,7 +9,8 @@ This module imports nothing of :mod:`st_hardneg.losses.base`.
 from __future__ import annotations
 
 import warnings
-from typing import Any
+from collections.abc import Callable
+from dataclasses import replace
 
 import torch
 from torch import Tensor
@@ -19,77 +21,77 @@ from st_hardneg.losses import distributed as dist
 from st_hardneg.losses.batch import Batch, BatchState, SideInputs
 from st_hardneg.losses.relevance import KnownPositives
 
-__all__ = ["PrepareMixin"]
+__all__ = ["BatchPreparer"]
 
 
-class PrepareMixin:
-    """:meth:`prepare_batch` and its parts for :class:`~st_hardneg.losses.base.HardNegativeLoss` (the options it
-    reads are set by the loss's constructor), and the hooks of the batch's life after it (:meth:`begin_batch`,
-    :meth:`end_batch`, :meth:`close_batch`: a loss with per-batch state overrides them)."""
+class BatchPreparer:
+    """The batch preparer a loss owns (``loss.preparer``): turns the embeddings of one call into a :class:`Batch`.
 
-    #: smallest batch the loss accepts (in-batch mixing needs a partner)
-    min_batch_size: int = 2
-    #: whether the loss reads labels (the st-hardneg losses do not; a labelled dataset triggers a warning)
-    uses_labels: bool = False
-    model: Any
-    guide: Any
-    directions: tuple[str, ...]
-    contrast_anchors: bool
-    contrast_positives: bool
-    mask_duplicates: bool
-    margin: float | None
-    margin_strategy: str
-    known_positives: KnownPositives | None
-    gather_across_devices: bool
-    embedding_dimension: int | None
-    _warned_labels: bool
-    _reports_false_negatives: bool
-    _side_inputs: SideInputs | None
+    It holds what it needs from the loss's options (given to it, never read back from the loss) and the little it
+    learns across batches: whether false-negative counts are reported yet, whether the label warning was shown, and
+    what ``forward`` saw for the next call (:meth:`remember`, consumed by :meth:`prepare`).
 
-    @property
-    def blocks(self) -> tuple[str, ...]:
-        """The blocks of the softmax: :attr:`directions` plus ``anchor_to_anchor`` / ``positive_to_positive`` for
-        ``contrast_anchors`` / ``contrast_positives`` (GISTEmbedLoss)."""
-        extra = (("anchor_to_anchor",) if self.contrast_anchors else ()) + (
-            ("positive_to_positive",) if self.contrast_positives else ())
-        return self.directions + extra
+    Args:
+        loss_name: the loss's class name, for the messages.
+        blocks: the blocks of the loss's softmax (its ``directions`` plus GIST's contrast blocks).
+        mask_duplicates, margin, margin_strategy: the false-negative options
+            (:class:`~st_hardneg.losses.options.LossOptions`).
+        known_positives: the index of ``known_positives``, or ``None``.
+        guided: whether a guide model decides the false negatives (then its embeddings are required).
+        gather_across_devices: gather every process's rows (under ``torch.distributed``).
+        uses_labels: whether the loss reads labels (otherwise labels warn once).
+    """
 
+    def __init__(self, loss_name: str, *, blocks: tuple[str, ...], mask_duplicates: bool, margin: float | None,
+                 margin_strategy: str, known_positives: KnownPositives | None, guided: bool,
+                 gather_across_devices: bool, uses_labels: bool) -> None:
+        self.loss_name = loss_name
+        self.blocks = blocks
+        self.mask_duplicates, self.margin, self.margin_strategy = mask_duplicates, margin, margin_strategy
+        self.known_positives = known_positives
+        self.guided = guided
+        self.gather_across_devices = gather_across_devices
+        self.uses_labels = uses_labels
+        #: whether the false-negative counts are reported (from the first batch that can mask beyond duplicates or
+        #: that masked one on)
+        self.reports_false_negatives = False
+        self.warned_labels = False
+        #: what forward saw for the next prepare call (text keys, guide embeddings)
+        self._side_inputs: SideInputs | None = None
 
     @property
     def controls_false_negatives(self) -> bool:
         """Whether any candidate can be masked (``mask_duplicates``, ``known_positives`` or a ``margin``)."""
         return self.mask_duplicates or self.margin is not None or self.known_positives is not None
 
+    def remember(self, inputs: SideInputs | None) -> None:
+        """Keep what ``forward`` saw (text keys, guide embeddings) for the next :meth:`prepare`."""
+        self._side_inputs = inputs
+
+    def forget(self) -> None:
+        """Drop what :meth:`remember` kept (after every call, also one that raised)."""
+        self._side_inputs = None
 
     def check_labels(self, labels: Tensor | None) -> None:
         """Warn once per loss if it receives labels it ignores. ``None`` and an all-zeros tensor (what
         sentence-transformers passes for a dataset without a label column: ``None`` in the Trainer, zeros from
         ``InputExample``'s default label in the legacy ``fit``) are silent."""
-        if self.uses_labels or self._warned_labels or labels is None:
+        if self.uses_labels or self.warned_labels or labels is None:
             return
         if isinstance(labels, Tensor):
             if labels.numel() == 0 or labels.device.type == "meta" or not bool(labels.ne(0).any()):
                 return
-        self._warned_labels = True
+        self.warned_labels = True
         warnings.warn(
-            f"{type(self).__name__} does not use labels but received some (the dataset has a 'label'/'score' "
+            f"{self.loss_name} does not use labels but received some (the dataset has a 'label'/'score' "
             "column). They are ignored; if they are similarity scores you probably want a loss that reads them, "
             "e.g. CoSENTLoss. This warning is shown once per loss.",
             UserWarning,
-            stacklevel=3,
+            stacklevel=4,
         )
 
-    def prepare_batch(self, embeddings: list[Tensor], labels: Tensor | None = None, own_rows: bool = False) -> Batch:
-        """Check the columns and return them in float32, normalised once, as a :class:`Batch` with the
-        false-negative masks of its rows: every row of the (gathered) batch, or with ``own_rows`` this process's
-        own rows (:meth:`prepare_columns`, then :meth:`window`)."""
-        batch = self.prepare_columns(embeddings, labels)
-        if own_rows and batch.state.local_rows is not None:
-            own = batch.state.local_rows[0]
-            return self.window(batch, own.start, own.stop)
-        return self.window(batch, None)
-
-    def own_row_range(self, batch: Batch) -> tuple[int, int]:
+    @staticmethod
+    def own_rows(batch: Batch) -> tuple[int, int]:
         """``[start, stop)`` of this process's rows in ``batch`` (all of them without a gathering)."""
         if batch.state.local_rows is not None:
             own = batch.state.local_rows[0]
@@ -98,9 +100,7 @@ class PrepareMixin:
 
     def window(self, batch: Batch, start: int | None, stop: int | None = None) -> Batch:
         """``batch`` restricted to the anchor rows ``[start, stop)`` (``None``: every row), with the false-negative
-        masks of those rows (``false_negatives``, ``block_masks``) and their counts in the diagnostics."""
-        from dataclasses import replace
-
+        masks of those rows (``false_negatives``, ``block_masks``) and their counts on ``batch.state``."""
         rows = None if start is None else (int(start), int(stop if stop is not None else batch.size))
         if self.mask_duplicates:  # computed once on the batch the windows are cut from, not once per window
             false_negatives.duplicate_ids(batch)
@@ -110,7 +110,7 @@ class PrepareMixin:
         if not self.controls_false_negatives:
             return batch
         if nothing_to_mask:
-            if self._reports_false_negatives:  # reported as 0 once reporting started
+            if self.reports_false_negatives:  # reported as 0 once reporting started
                 zero = torch.zeros((), device=batch.device)
                 batch.state.false_negative_stats = {"masked_false_negatives": zero,
                                                     "masked_false_negatives_total": zero}
@@ -124,10 +124,10 @@ class PrepareMixin:
         # Reported once anything can be masked beyond exact duplicates (a threshold is set), or from the first batch
         # in which a duplicate was masked on: on duplicate-free data the default diagnostics stay as they were.
         total = stats["masked_false_negatives_total"]
-        if not self._reports_false_negatives and (
+        if not self.reports_false_negatives and (
                 self.margin is not None or (total.device.type != "meta" and bool(total > 0))):
-            self._reports_false_negatives = True
-        if self._reports_false_negatives:
+            self.reports_false_negatives = True
+        if self.reports_false_negatives:
             batch.state.false_negative_stats = stats
         return batch
 
@@ -153,27 +153,28 @@ class PrepareMixin:
             cached = batch.nothing_to_mask = distinct
         return cached
 
-    def prepare_columns(self, embeddings: list[Tensor], labels: Tensor | None = None) -> Batch:
+    def prepare(self, embeddings: list[Tensor], labels: Tensor | None = None, *, min_batch_size: int = 2,
+                embedding_dimension: int | None = None, in_matryoshka: Callable[[], bool] = lambda: False) -> Batch:
         """Check the columns and return them in float32, normalised once, as a :class:`Batch` (with gathering: of
-        every process's rows), with the text keys and guide embeddings that ``forward`` saw; no masks yet
+        every process's rows), with the text keys and guide embeddings that ``forward`` saw (consumed); no masks yet
         (:meth:`window` adds those of the rows a loss computes).
 
         Raises ``ValueError`` for fewer than 2 columns, columns that are not (batch, dim) tensors of one batch size
-        and one width, a width that differs from the model's embedding dimension recorded at construction, a batch
-        smaller than :attr:`min_batch_size`, and NaN / inf entries or a norm beyond float32's range (naming the
+        and one width, a width that differs from ``embedding_dimension`` (the model's, recorded by the loss), a batch
+        smaller than ``min_batch_size`` (the loss's), and NaN / inf entries or a norm beyond float32's range (naming the
         column). Large but finite vectors (entries of 1e20, whose squares overflow) are normalised exactly.
+        ``in_matryoshka``: whether ``MatryoshkaLoss`` truncates the embeddings (then a narrower width is accepted).
         """
         self.check_labels(labels)
-        name = type(self).__name__
-        raw = columns.checked_columns(list(embeddings), name=name, min_batch_size=self.min_batch_size,
-                                      embedding_dimension=self.embedding_dimension,
-                                      in_matryoshka=self._in_matryoshka)
+        name = self.loss_name
+        raw = columns.checked_columns(list(embeddings), name=name, min_batch_size=min_batch_size,
+                                      embedding_dimension=embedding_dimension, in_matryoshka=in_matryoshka)
         embeddings, n = raw, raw[0].size(0)
         units = [fn.normalize(column) for column in raw]
         local_rows = None
         if self.gather_across_devices and dist.is_distributed():
             # Every column of every process, in rank order (with gradient), normalised again row by row (the same
-            # float operations on the same rows); reduce() then averages this process's own rows.
+            # float operations on the same rows); the reduction then averages this process's own rows.
             dist.check_equal_local_batches(n, raw[0].device)
             raw = [dist.gather_with_grad(column) for column in raw]
             units = [fn.normalize(column) for column in raw]
@@ -187,8 +188,8 @@ class PrepareMixin:
         if not self.controls_false_negatives:
             return batch
         batch = false_negatives.attach_side_inputs(
-            batch, inputs, len(embeddings), needs_guide=self.guide is not None,
-            gathered=local_rows is not None, loss_name=type(self).__name__)
+            batch, inputs, len(embeddings), needs_guide=self.guided,
+            gathered=local_rows is not None, loss_name=name)
         if self.known_positives is not None and batch.device.type != "meta":
             if batch.text_keys is None:
                 raise ValueError(f"{name}: known_positives needs the rows' texts (their token ids), which only forward() "
@@ -197,26 +198,3 @@ class PrepareMixin:
             batch.known = self.known_positives
             self.known_positives.note_batch(batch.text_keys[0], name)
         return batch
-
-    def _in_matryoshka(self) -> bool:
-        """Whether ``MatryoshkaLoss`` / ``Matryoshka2dLoss`` is calling this loss with truncated embeddings: it
-        decorates the model's ``forward`` with its ``ForwardDecorator`` for the duration of the call, or (GradCache)
-        this loss's ``calculate_loss`` with its ``CachedLossDecorator``."""
-        from sentence_transformers.sentence_transformer.losses.matryoshka import CachedLossDecorator, ForwardDecorator
-
-        return (isinstance(getattr(self.model, "forward", None), ForwardDecorator)
-                or isinstance(self.__dict__.get("calculate_loss"), CachedLossDecorator))
-
-    # ------------------------------------------------------------------ a batch's hooks, after prepare_batch
-    def begin_batch(self, batch: Batch) -> Batch:
-        """Called once per batch before its rows (all windows) are computed; returns the batch the rows are
-        computed on. A loss with per-batch state prepares it here (random partners drawn once, AdCSE's adversary
-        gradient) and a loss that replaces rows of the batch (HNCSE's mixed positives) does so here."""
-        return batch
-
-    def end_batch(self, batch: Batch) -> None:
-        """Called once per batch after its rows were computed without error (see :meth:`begin_batch`): a loss that
-        commits per-batch work (AdCSE's adversary gradient) does it here."""
-
-    def close_batch(self) -> None:
-        """Called after every batch, also one that raised: drop what :meth:`begin_batch` prepared."""

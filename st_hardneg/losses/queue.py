@@ -55,7 +55,7 @@ if TYPE_CHECKING:
     from st_hardneg.losses.batch import Batch
     from st_hardneg.losses.relevance import KnownPositives
 
-__all__ = ["CandidateQueue", "QueueMixin", "queue_columns"]
+__all__ = ["CandidateQueue", "QueueBanks", "queue_columns"]
 
 logger = logging.getLogger(__name__)
 
@@ -146,7 +146,7 @@ class CandidateQueue(OptimizerDrivenLoss, nn.Module):
             update_momentum(self.online_model, self.key_encoder, cast(float, self.momentum))
         pending, self._pending = self._pending, []
         for vectors, keys in pending:
-            self._enqueue(vectors, keys, step=self._steps)
+            self._enqueue(vectors, keys, step=self.step_clock.steps)
 
     def _enqueue(self, vectors: Tensor, keys: Tensor, step: int) -> None:
         if self.vectors is None or self.vectors.size(1) != vectors.size(1):
@@ -174,12 +174,12 @@ class CandidateQueue(OptimizerDrivenLoss, nn.Module):
     # ------------------------------------------------------------------ reading
     def readable(self) -> tuple[Tensor, Tensor] | None:
         """``(vectors, keys)`` of the rows a forward may read now, or ``None`` (warm-up, empty, all too old)."""
-        if self.vectors is None or self.filled == 0 or self._steps < self.warmup_steps:
+        if self.vectors is None or self.filled == 0 or self.step_clock.steps < self.warmup_steps:
             return None
         mask = torch.zeros(self.size, dtype=torch.bool, device=self.vectors.device)
         mask[: self.filled] = True
         if self.max_age is not None:
-            mask &= (self._steps - self.produced_at.to(mask.device)) <= self.max_age
+            mask &= (self.step_clock.steps - self.produced_at.to(mask.device)) <= self.max_age
         if not bool(mask.any()):
             return None
         return self.vectors[mask], self.keys.to(mask.device)[mask]
@@ -201,15 +201,15 @@ class CandidateQueue(OptimizerDrivenLoss, nn.Module):
     # ------------------------------------------------------------------ checkpoints
     def training_state_dict(self) -> dict[str, Any]:
         if not self.checkpoint:
-            return {"steps": self._steps, "saved": False}
+            return {"steps": self.step_clock.steps, "saved": False}
         key = ({"key_encoder": {k: v.detach().cpu().clone() for k, v in self.key_encoder.state_dict().items()}}
                if self.key_encoder is not None else {})
-        return {"steps": self._steps, "saved": True, "pointer": self.pointer, "filled": self.filled, **key,
+        return {"steps": self.step_clock.steps, "saved": True, "pointer": self.pointer, "filled": self.filled, **key,
                 "vectors": None if self.vectors is None else self.vectors.detach().cpu().clone(),
                 "keys": self.keys.cpu().clone(), "produced_at": self.produced_at.cpu().clone()}
 
     def load_training_state_dict(self, state: dict[str, Any]) -> None:
-        self._steps = int(state["steps"])
+        self.step_clock.steps = int(state["steps"])
         if not state.get("saved", True):
             logger.warning("the checkpoint holds no queue rows (checkpoint=False): the queue refills from empty%s",
                            " and its key encoder starts again from the resumed model" if self.key_encoder is not None
@@ -232,7 +232,7 @@ class CandidateQueue(OptimizerDrivenLoss, nn.Module):
 
     def extra_repr(self) -> str:
         return (f"size={self.size}, filled={self.filled}, warmup_steps={self.warmup_steps}, "
-                f"max_age={self.max_age}, steps={self._steps}"
+                f"max_age={self.max_age}, steps={self.step_clock.steps}"
                 + (f", key encoder momentum={self.momentum}" if self.key_encoder is not None else ""))
 
 
@@ -279,103 +279,108 @@ def queue_columns(queue: CandidateQueue, batch: Batch, rows: Tensor, unit_rows: 
     return similarity, exclude, vectors, stats
 
 
-class QueueMixin:
-    """The cross-batch queue of :class:`~st_hardneg.losses.base.HardNegativeLoss`: its options
-    (:class:`~st_hardneg.losses.options.QueueOptions`, checked as they were made; what depends on the loss checked
-    here) and its banks (:meth:`init_queue`), read for the rows being computed and fed with this batch's
-    candidates."""
+class QueueBanks:
+    """The queue part a loss owns (``loss.queues``): its options (:class:`~st_hardneg.losses.options.QueueOptions`,
+    checked as they were made; what depends on the loss is checked here) and its banks (:attr:`queue`, and
+    :attr:`anchor_queue` with ``anchors``), read for the rows being computed (:meth:`read_and_stage`, :meth:`join`,
+    :meth:`pool`) and fed with each training batch's candidates. Without a queue (``size=0``) it holds no bank and
+    every call is a no-op. The loss registers the banks as its child modules ``queue`` and ``anchor_queue``
+    (stateful: :class:`CandidateQueue`, found among the loss's modules by the training callbacks).
 
-    #: whether the loss has a hardest-negative choice that can take queued rows (``queue_as_pool``)
-    chooses_from_queue_pool: bool = False
-    #: why a loss with such a choice still refuses ``queue_as_pool`` (None: it has no such choice)
-    queue_pool_refusal: str | None = None
-    directions: tuple[str, ...]
-    similarity_fct_name: str
-    mask_duplicates: bool
-    margin: float | None
-    margin_strategy: str
-    known_positives: KnownPositives | None
-    _last_stats: dict[str, Tensor]
+    Args:
+        loss_name: the loss's class name, for the messages.
+        model: the online model (whose optimizer steps commit the staged rows).
+        guide: the loss's guide model, or ``None`` (a queue with a guide is refused).
+        options: the checked queue options.
+        directions: the loss's ranking directions (``anchors`` needs ``doc_to_query``).
+        dot: the loss scores with ``dot_score`` (raw rows) rather than cosines.
+        mask_duplicates, margin, margin_strategy, known_positives: the loss's false-negative options, applied to the
+            queued rows too.
+        chooses_from_pool: whether the loss has a hardest-negative choice that can take queued rows (``as_pool``).
+        pool_refusal: why a loss with such a choice still refuses ``as_pool`` (``None``: it has no such choice).
+        own_key_encoder: the loss's candidates already come from its own key encoder (AdCSE untied): those are
+            queued, and ``source="ema"`` keeps no second one.
+    """
 
-    def init_queue(self, name: str, model: Any, guide: Any, options: QueueOptions) -> None:
-        """Take the queue's checked ``options`` (:class:`~st_hardneg.losses.options.QueueOptions`), check what
-        depends on the loss ``name`` and build the banks."""
-        self.queue_options = options
-        self.queue_size, self.queue_warmup_steps, self.queue_max_age = options.size, options.warmup_steps, options.max_age
-        self.queue_checkpoint, self.queue_source, self.queue_momentum = options.checkpoint, options.source, options.momentum
-        self.queue_anchors, self.queue_as_pool = options.anchors, options.as_pool
-        # a loss whose candidates already come from its own key encoder (AdCSE untied) queues those
-        own_candidates = bool(vars(self).get("_candidates_from_key_encoder", False))
-        if own_candidates and self.queue_source == "ema" and self.queue_momentum != 0.995:
+    def __init__(self, loss_name: str, model: Any, guide: Any, options: QueueOptions, *,
+                 directions: tuple[str, ...], dot: bool, mask_duplicates: bool, margin: float | None,
+                 margin_strategy: str, known_positives: KnownPositives | None, chooses_from_pool: bool,
+                 pool_refusal: str | None, own_key_encoder: bool) -> None:
+        name = loss_name
+        self.loss_name = loss_name
+        self.options = options
+        self.dot = dot
+        self.mask_duplicates, self.margin, self.margin_strategy = mask_duplicates, margin, margin_strategy
+        self.known_positives = known_positives
+        if own_key_encoder and options.source == "ema" and options.momentum != 0.995:
             raise ValueError(f"{name}: with queue_source='ema' the queue is fed by the loss's own key encoder, which "
                              "moves with `momentum`; queue_momentum does not apply, leave it unset")
-        if self.queue_anchors and "doc_to_query" not in self.directions:
+        if options.anchors and "doc_to_query" not in directions:
             raise ValueError(f"{name}: queue_anchors=True queues anchors for the doc_to_query direction, which "
-                             f"directions={self.directions} does not have; add 'doc_to_query' or leave "
+                             f"directions={directions} does not have; add 'doc_to_query' or leave "
                              "queue_anchors off")
-        if self.queue_as_pool and not self.chooses_from_queue_pool:
-            reason = self.queue_pool_refusal or (f"{name} makes no such choice from the candidates, so the queue is its "
-                                                 "denominator only")
+        if options.as_pool and not chooses_from_pool:
+            reason = pool_refusal or (f"{name} makes no such choice from the candidates, so the queue is its "
+                                      "denominator only")
             raise ValueError(f"{name}: queue_as_pool=True lets a hardest-negative choice pick queued rows; {reason}. "
                              "Only MixCSELoss(partner='hardest') takes it.")
-        #: with queue_source="ema": the key encoder's rows of the next batch's columns (one per column; the anchors'
-        #: only with queue_anchors, else None in their place)
-        self._queue_key_columns: list[Tensor | None] | None = None
+        #: with source="ema": the key encoder's rows of the next batch's columns (one per column; the anchors' only
+        #: with anchors, else None in their place)
+        self._key_columns: list[Tensor | None] | None = None
         self.queue: CandidateQueue | None = None
         self.anchor_queue: CandidateQueue | None = None
-        if self.queue_size:
+        if options.size:
             if model is None:
                 raise ValueError(f"{name}: queue_size needs the model whose optimizer steps fill the queue, got "
                                  "model=None")
             if guide is not None:
                 raise ValueError(f"{name}: queue_size with a guide is not supported (the queued rows have no guide "
                                  "embeddings to apply its margin to); use margin without a guide")
-            own_encoder = self.queue_source == "ema" and not own_candidates
-            self.queue = CandidateQueue(model, self.queue_size, warmup_steps=self.queue_warmup_steps,
-                                        max_age=self.queue_max_age, checkpoint=self.queue_checkpoint,
-                                        momentum=self.queue_momentum if own_encoder else None)
-            if self.queue_anchors:  # the second bank: fed with the first's rows' source, by the same key encoder
-                self.anchor_queue = CandidateQueue(model, self.queue_size, warmup_steps=self.queue_warmup_steps,
-                                                   max_age=self.queue_max_age, checkpoint=self.queue_checkpoint)
-            elif "doc_to_query" in self.directions:
+            own_encoder = options.source == "ema" and not own_key_encoder
+            self.queue = CandidateQueue(model, options.size, warmup_steps=options.warmup_steps,
+                                        max_age=options.max_age, checkpoint=options.checkpoint,
+                                        momentum=options.momentum if own_encoder else None)
+            if options.anchors:  # the second bank: fed with the first's rows' source, by the same key encoder
+                self.anchor_queue = CandidateQueue(model, options.size, warmup_steps=options.warmup_steps,
+                                                   max_age=options.max_age, checkpoint=options.checkpoint)
+            elif "doc_to_query" in directions:
                 logger.info("%s: the queued rows join query_to_doc only; queue_anchors=True also queues the anchors "
                             "for doc_to_query", name)
 
-    def queue_pool(self, batch: Batch) -> tuple[Tensor, Tensor | None, Tensor] | None:
-        """``queue_as_pool``: the main queue's readable rows for the rows of ``batch`` being computed, as
-        ``(similarity (R, Q), exclude (R, Q) or None, rows (Q, d))`` (read by :meth:`ranking_blocks`), or ``None``."""
-        state = batch.state
-        if state.queue_columns is None or state.queue_vectors is None:
-            return None
-        similarity, exclude = state.queue_columns
-        return similarity, exclude, state.queue_vectors
+    # ------------------------------------------------------------------ before the model runs
+    def remember_key_columns(self, sentence_features: list[dict[str, Tensor]],
+                             embed: Callable[[nn.Module, dict[str, Tensor]], Tensor]) -> None:
+        """``source="ema"``, in a training forward (gradients on: the queue stages rows exactly then): keep the key
+        encoder's rows of the candidate columns (and the anchors' with ``anchors``) for this batch, embedded by
+        ``embed(encoder, features)``. Otherwise forget any."""
+        self._key_columns = None
+        if self.queue is not None and self.queue.key_encoder is not None and torch.is_grad_enabled():
+            self._key_columns = [
+                self.queue.embed_keys(features, embed) if column or self.anchor_queue is not None else None
+                for column, features in enumerate(sentence_features)]
 
-    def note_queue_stats(self, batch: Batch, **stats: Tensor) -> None:
-        """Add the loss's own queue statistics for the rows of ``batch`` (e.g. MixCSE's ``queue_partner_fraction``)
-        to :attr:`diagnostics`."""
-        batch.state.queue_stats = {**batch.state.queue_stats, **stats}
-
-    def _read_and_stage_queue(self, batch: Batch, queries: Tensor) -> tuple[Tensor, Tensor | None] | None:
-        """The queue's columns for the rows of this batch, ``(similarity (R, Q), exclude (R, Q) or None)``, or
-        ``None``; then (once per batch: at its first window) this batch's candidates are staged (they enter the
-        queue after the optimizer step, so a batch never reads itself). With ``queue_anchors`` the same for the
-        anchors' bank, whose columns for ``doc_to_query`` are kept in ``batch.state``."""
+    # ------------------------------------------------------------------ one batch
+    def read_and_stage(self, batch: Batch, queries: Tensor) -> None:
+        """The queue's columns for the rows of this batch (``queries``: the rows as the loss scores them) onto
+        ``batch.state`` (``queue_columns``, ``queue_vectors``, and with ``anchors`` ``anchor_queue_columns``); then
+        (once per batch: at its first window) this batch's candidates are staged (they enter the queue after the
+        optimizer step, so a batch never reads itself)."""
         if self.queue is None:
-            return None
-        dot = self.similarity_fct_name == "dot_score"
-        batch.state.queue_stats = {}
-        read = self._queue_columns_for(self.queue, batch, queries, batch.row_anchors)
+            return
+        dot = self.dot
         state = batch.state
-        columns, state.queue_vectors = (read[:2], read[2]) if read is not None else (None, None)
+        state.queue_stats = {}
+        read = self._columns_for(self.queue, batch, queries, batch.row_anchors)
+        state.queue_columns, state.queue_vectors = (read[:2], read[2]) if read is not None else (None, None)
         state.anchor_queue_columns = None
         if self.anchor_queue is not None:
             row_positives = batch.raw_rows()[1] if dot else batch.row_positives
-            anchors_read = self._queue_columns_for(self.anchor_queue, batch, row_positives, batch.row_positives)
+            anchors_read = self._columns_for(self.anchor_queue, batch, row_positives, batch.row_positives)
             state.anchor_queue_columns = anchors_read[:2] if anchors_read is not None else None
         own_start = state.local_rows[0].start if state.local_rows is not None else 0
         if batch.rows is None or batch.rows[0] == own_start:  # once per batch: its first window
             ema = self.queue.key_encoder is not None and torch.is_grad_enabled()
-            key_rows = self._key_encoder_rows(dot, state.local_rows is not None) if ema else None
+            key_rows = self._key_encoder_rows(state.local_rows is not None) if ema else None
             candidates = batch.raw_candidates if dot else batch.candidates
             if key_rows is not None:
                 candidates = torch.cat(key_rows[1:])
@@ -385,30 +390,28 @@ class QueueMixin:
                 anchors = key_rows[0] if key_rows is not None else (batch.raw_anchors if dot else batch.anchors)
                 self.anchor_queue.stage(cast(Tensor, anchors),
                                         batch.text_keys[0] if batch.text_keys is not None else None)
-        return columns
 
-    def _queue_columns_for(self, queue: CandidateQueue, batch: Batch, rows: Tensor, unit_rows: Tensor
-                           ) -> tuple[Tensor, Tensor | None, Tensor] | None:
-        """:func:`~st_hardneg.losses.queue.queue_columns` with this loss's false-negative options (its counts join
-        the queue's diagnostics)."""
-        read = queue_columns(queue, batch, rows, unit_rows, dot=self.similarity_fct_name == "dot_score",
-                             mask_duplicates=self.mask_duplicates, known_positives=self.known_positives,
-                             anchor_bank=queue is not self.queue, margin=self.margin,
-                             margin_strategy=self.margin_strategy)
+    def _columns_for(self, queue: CandidateQueue, batch: Batch, rows: Tensor, unit_rows: Tensor
+                     ) -> tuple[Tensor, Tensor | None, Tensor] | None:
+        """:func:`queue_columns` with the loss's false-negative options (its counts join the batch's queue
+        counts)."""
+        read = queue_columns(queue, batch, rows, unit_rows, dot=self.dot, mask_duplicates=self.mask_duplicates,
+                             known_positives=self.known_positives, anchor_bank=queue is not self.queue,
+                             margin=self.margin, margin_strategy=self.margin_strategy)
         if read is None:
             return None
         similarity, exclude, vectors, stats = read
         batch.state.queue_stats = {**batch.state.queue_stats, **stats}
         return similarity, exclude, vectors
 
-    def _key_encoder_rows(self, dot: bool, gathered: bool) -> list[Tensor]:
-        """``queue_source="ema"``: the key encoder's rows of this batch, one tensor per column (the anchors' only
-        with ``queue_anchors``, else an empty tensor), gathered from every process like the batch, normalised
-        unless ``dot_score``."""
-        columns, self._queue_key_columns = self._queue_key_columns, None
+    def _key_encoder_rows(self, gathered: bool) -> list[Tensor]:
+        """``source="ema"``: the key encoder's rows of this batch, one tensor per column (the anchors' only with
+        ``anchors``, else an empty tensor), gathered from every process like the batch, normalised unless
+        ``dot_score``."""
+        columns, self._key_columns = self._key_columns, None
         if columns is None:
             raise ValueError(
-                f"{type(self).__name__}: queue_source='ema' queues the key encoder's embeddings of the input texts, "
+                f"{self.loss_name}: queue_source='ema' queues the key encoder's embeddings of the input texts, "
                 "so it needs forward(sentence_features, labels) in training; compute_loss_from_embeddings alone "
                 "cannot feed it (use queue_source='online', or call the loss on the features)")
         out = []
@@ -419,12 +422,13 @@ class QueueMixin:
             column = column.float()
             if gathered:  # the batch was gathered: so are the keys, in rank order
                 column = dist.gather(column)
-            out.append(column if dot else fn.normalize(column))
+            out.append(column if self.dot else fn.normalize(column))
         return out
 
-    def join_queue_columns(self, batch: Batch, blocks: dict[str, fr.Block]) -> dict[str, fr.Block]:
+    def join(self, batch: Batch, blocks: dict[str, fr.Block]) -> dict[str, fr.Block]:
         """``blocks`` with the queue's readable rows for the rows being computed appended to ``query_to_doc`` (and
-        the anchors' bank to ``doc_to_query``), after the loss chose its own negatives from the batch."""
+        the anchors' bank to ``doc_to_query``), after the loss chose its own negatives from the batch; their counts
+        join ``batch.state.queue_stats``."""
         state = batch.state
         if state.queue_columns is not None:
             similarity, exclude = state.queue_columns
@@ -433,17 +437,32 @@ class QueueMixin:
             state.queue_stats = {**state.queue_stats, "queue_rows_read": torch.tensor(float(similarity.size(1))),
                                  **({"queue_rows_masked": exclude.sum(dim=1).float().mean().detach()}
                                     if exclude is not None else {})}
-            self._last_stats = {**self._last_stats, **state.queue_stats}  # whether stats come before or after
         if state.anchor_queue_columns is not None and "doc_to_query" in blocks:
             similarity, exclude = state.anchor_queue_columns
             state.anchor_queue_columns = None
             blocks = {**blocks, "doc_to_query": blocks["doc_to_query"].with_columns(similarity, exclude)}
             state.queue_stats = {**state.queue_stats, "anchor_queue_rows_read": torch.tensor(float(similarity.size(1)))}
-            self._last_stats = {**self._last_stats, **state.queue_stats}
         return blocks
 
-    def queue_diagnostics(self) -> dict[str, float]:
-        """The queue's fill and memory for :attr:`diagnostics`."""
+    @staticmethod
+    def pool(batch: Batch) -> tuple[Tensor, Tensor | None, Tensor] | None:
+        """``as_pool``: the main queue's readable rows for the rows of ``batch`` being computed, as
+        ``(similarity (R, Q), exclude (R, Q) or None, rows (Q, d))`` (read by :meth:`read_and_stage`), or ``None``."""
+        state = batch.state
+        if state.queue_columns is None or state.queue_vectors is None:
+            return None
+        similarity, exclude = state.queue_columns
+        return similarity, exclude, state.queue_vectors
+
+    @staticmethod
+    def note_stats(batch: Batch, **stats: Tensor) -> None:
+        """Add the loss's own queue statistics for the rows of ``batch`` (e.g. MixCSE's ``queue_partner_fraction``)
+        to the batch's queue counts (and so to the diagnostics)."""
+        batch.state.queue_stats = {**batch.state.queue_stats, **stats}
+
+    # ------------------------------------------------------------------ reporting
+    def diagnostics(self) -> dict[str, float]:
+        """The queue's fill and memory for the loss's diagnostics (none without a queue)."""
         out: dict[str, float] = {}
         if self.queue is not None:
             out["queue_filled"] = float(self.queue.filled)
@@ -455,12 +474,13 @@ class QueueMixin:
             out["queue_memory_bytes"] += float(self.anchor_queue.memory_bytes)
         return out
 
-    def queue_config(self) -> dict[str, Any]:
+    def config(self) -> dict[str, Any]:
         """The ``queue_*`` options for ``get_config_dict`` (none without a queue)."""
-        if not self.queue_size:
+        options = self.options
+        if not options.size:
             return {}
-        return {"queue_size": self.queue_size, "queue_warmup_steps": self.queue_warmup_steps,
-                "queue_max_age": self.queue_max_age, "queue_checkpoint": self.queue_checkpoint,
-                "queue_source": self.queue_source, "queue_anchors": self.queue_anchors,
-                "queue_as_pool": self.queue_as_pool,
-                **({"queue_momentum": self.queue_momentum} if self.queue_source == "ema" else {})}
+        return {"queue_size": options.size, "queue_warmup_steps": options.warmup_steps,
+                "queue_max_age": options.max_age, "queue_checkpoint": options.checkpoint,
+                "queue_source": options.source, "queue_anchors": options.anchors,
+                "queue_as_pool": options.as_pool,
+                **({"queue_momentum": options.momentum} if options.source == "ema" else {})}

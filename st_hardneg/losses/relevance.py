@@ -57,6 +57,25 @@ class KnownPositives:
         self._warned_unmatched = False
 
     @classmethod
+    def for_loss(cls, loss_name: str, known_positives: Any, model: Any) -> KnownPositives | None:
+        """The index of a loss's ``known_positives`` option (``None``: off, also for an empty mapping, which warns):
+        an index as given, or a mapping of texts tokenised with ``model``'s ``preprocess``."""
+        if known_positives is None or isinstance(known_positives, KnownPositives):
+            return known_positives
+        if not isinstance(known_positives, Mapping):
+            raise TypeError(f"{loss_name}: known_positives must map anchor texts to the texts known to be relevant to "
+                            f"them (st_hardneg.data.relevance.known_positives_from_qrels builds one), got "
+                            f"{type(known_positives).__name__}")
+        if not validation.check_known_positives(known_positives):
+            return None
+        preprocess = getattr(model, "preprocess", None)
+        if not callable(preprocess):
+            raise ValueError(f"{loss_name}: known_positives are texts, tokenised with the model's preprocess to match "
+                             f"the batch's token ids; the model {type(model).__name__} has none (pass a "
+                             "st_hardneg.losses.relevance.KnownPositives built from text keys instead)")
+        return cls.from_mapping(known_positives, preprocess)
+
+    @classmethod
     def from_mapping(cls, mapping: Mapping[str, Any], preprocess: Callable[[list[str]], dict[str, Tensor]], *,
                      name: str = "known_positives", show_progress_bar: bool = False) -> KnownPositives:
         """The index of ``mapping`` (anchor text → texts relevant to it; checked with

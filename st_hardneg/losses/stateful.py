@@ -56,6 +56,7 @@ from __future__ import annotations
 import logging
 import warnings
 import weakref
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import torch
@@ -194,6 +195,16 @@ def is_flattened_parameter(param: Any) -> bool:
 
 
 # --------------------------------------------------------------------------- the mixin a stateful loss uses
+@dataclass
+class StepClock:
+    """The optimizer steps a stateful part (a loss, a queue) has acted on and the training forwards since the last
+    one: cross-batch state that the part owns and changes in place."""
+
+    steps: int = 0
+    forwards_since_step: int = 0
+
+
+
 _FLAT_MESSAGE = (
     "the model's parameters are flattened (FSDP / DeepSpeed ZeRO-3), which {name} does not support: it matches the "
     "model's own parameters (EMA, optimizer test). Use DDP or a single device."
@@ -207,12 +218,11 @@ class OptimizerDrivenLoss:
     The subclass provides ``checkpoint_name``, ``model``, ``online_model``, ``training_state_dict``,
     ``load_training_state_dict`` and ``update_state()`` (the update itself); it calls :meth:`_start_listening`
     at the end of ``__init__``, and :meth:`_check_online_model` and :meth:`_count_forward` in every ``forward``.
-    The mixin counts the steps it acted on in ``_steps`` (the subclass saves and restores it).
+    The mixin counts the steps it acted on and the training forwards since the last one in :attr:`step_clock`
+    (changed in place; the subclass saves and restores its ``steps``).
     """
 
     checkpoint_name: str
-    _steps: int = 0
-    _forwards_since_step: int = 0
 
     if TYPE_CHECKING:  # provided by nn.Module and the subclass
         training: bool
@@ -227,10 +237,15 @@ class OptimizerDrivenLoss:
 
         def update_state(self) -> None: ...
 
+    @property
+    def step_clock(self) -> StepClock:
+        """The optimizer steps acted on and the training forwards since the last one."""
+        return cast(StepClock, vars(self)["_step_clock"])
+
     def _count_forward(self) -> None:
         """Note a training forward (one whose step is still to come)."""
         if self.training and torch.is_grad_enabled():
-            self._forwards_since_step += 1
+            self.step_clock.forwards_since_step += 1
 
     def _check_online_model(self) -> None:
         """``self.model`` may be a wrapper of the online model (DDP, compile), never another model (or shards)."""
@@ -246,6 +261,8 @@ class OptimizerDrivenLoss:
         self._checked_model_id = id(self.model)
 
     def _start_listening(self) -> None:
+        if "_step_clock" not in vars(self):  # kept by a copy (deepcopy, unpickling)
+            vars(self)["_step_clock"] = StepClock()
         self._owned_optimizers: Any = weakref.WeakSet()
         add_step_listener(self)
 
@@ -293,7 +310,7 @@ class OptimizerDrivenLoss:
             raise RuntimeError(
                 f"{type(self).__name__} cannot follow this optimizer: it holds none of the online model's parameters "
                 "(an optimizer of another model?), so the loss state would never be updated.")
-        if not self.attach_optimizer(optimizer) and global_step > 0 and self._steps == 0:
+        if not self.attach_optimizer(optimizer) and global_step > 0 and self.step_clock.steps == 0:
             warnings.warn(
                 f"Resuming at step {global_step} without a saved {self.checkpoint_name} state in the optimizer "
                 "checkpoint (saved with save_only_model=True, or the entry was removed): the loss state restarts "
@@ -303,7 +320,7 @@ class OptimizerDrivenLoss:
     def _after_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
         """Called after every completed ``step()`` of any optimizer; acts on those of the online model."""
         if not self._owns(optimizer):
-            if self._forwards_since_step and any(
+            if self.step_clock.forwards_since_step and any(
                     is_flattened_parameter(p) for group in optimizer.param_groups for p in group["params"]):
                 raise self._flat_error()
             return
@@ -314,5 +331,5 @@ class OptimizerDrivenLoss:
                 "loss.attach_optimizer(optimizer) before optimizer.load_state_dict(...) in a custom loop.",
                 type(self).__name__)
         self.update_state()
-        self._steps += 1
-        self._forwards_since_step = 0
+        self.step_clock.steps += 1
+        self.step_clock.forwards_since_step = 0

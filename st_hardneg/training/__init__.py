@@ -1,11 +1,13 @@
-"""Training: the Trainer recipe, the losses by name, the experiment runner, the retrieval recipe and every callback.
+"""Training: the Trainer recipe, the losses by name, the experiment runner, the retrieval protocol and recipe, and
+every callback.
 
 - :mod:`~st_hardneg.training.loop`: :class:`TrainConfig`, :func:`train` (the papers' protocol on the
   sentence-transformers Trainer);
 - :mod:`~st_hardneg.training.registry`: :data:`LOSSES`, :func:`build_loss`, :func:`parse_loss_args`;
 - :mod:`~st_hardneg.training.experiment`: train → evaluate → one result record, for the CLI and every benchmark;
-- :mod:`~st_hardneg.training.retrieval`: the retrieval protocol (mined triplets, pair sampling, known-relevance
-  batches, settings, scores);
+- :mod:`~st_hardneg.training.protocol`: the retrieval protocol (mined triplets, settings, scores; formerly
+  ``st_hardneg.training.retrieval``), with :mod:`~st_hardneg.training.sampling` (pair sampling, known-relevance
+  batches);
 - :mod:`~st_hardneg.training.recipe`: the st-hardneg retrieval recipe (:func:`retrieval_recipe`, :func:`recipe_loss`);
 - :mod:`~st_hardneg.training.callbacks`: every ``TrainerCallback`` of the package.
 

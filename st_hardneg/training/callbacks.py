@@ -130,12 +130,14 @@ def check_loss_model(loss: Any, model: Any) -> list[str]:
     """
     wrong = [(name, module) for name, module, held in loss_models(loss) if not same_model(held, model)]
     # an st-hardneg loss warns once: here, or when the Trainer re-points it (ModelGuard), whichever comes first
-    fresh = [(name, module) for name, module in wrong if not getattr(module, "_warned_swapped_model", False)]
+    guards = {id(module): guard for _, module in wrong
+              if isinstance(guard := getattr(module, "model_guard", None), ModelGuard)}
+    fresh = [(name, module) for name, module in wrong if not (id(module) in guards and guards[id(module)].warned)]
     if not fresh:
         return [name for name, _ in wrong]
     for _, module in fresh:
-        if isinstance(module, ModelGuard):
-            object.__setattr__(module, "_warned_swapped_model", True)
+        if id(module) in guards:
+            guards[id(module)].warned = True
     names = ", ".join(name for name, _ in fresh)
     message = (
         f"{names} was built on another model than the Trainer's model: the Trainer makes its optimizer from the loss's "

@@ -19,7 +19,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from st_hardneg.training.retrieval import train_config
+from st_hardneg.training.protocol import train_config
 
 if TYPE_CHECKING:
     from sentence_transformers import SentenceTransformer
@@ -96,7 +96,7 @@ def recipe_loss(model: SentenceTransformer, known_relevant: dict[str, set[str]] 
         ::
 
             from st_hardneg.training.recipe import RETRIEVAL_RECIPE, recipe_loss
-            from st_hardneg.training.retrieval import beir_split, mined_beir_triplets
+            from st_hardneg.training.protocol import beir_split, mined_beir_triplets
 
             data, split = beir_split("path/to/scifact")
             triplets, _ = mined_beir_triplets(data, split, mining=RETRIEVAL_RECIPE["mining"])
@@ -126,7 +126,7 @@ def retrieval_recipe(model: SentenceTransformer, known_relevant: dict[str, set[s
     :data:`RETRIEVAL_RECIPE` for ``model``.
 
     Args:
-        model: the SentenceTransformer to fine-tune (e.g. :func:`~st_hardneg.training.retrieval.load_recipe_model`).
+        model: the SentenceTransformer to fine-tune (e.g. :func:`~st_hardneg.training.protocol.load_recipe_model`).
         known_relevant: query text → texts of its known relevant documents (e.g. a BEIR split's
             ``known_paraphrases``, or :func:`st_hardneg.data.relevance.known_positives_from_qrels`): the loss's
             ``known_positives``, so no such document is ever a negative of that query. ``None``: no masking beyond
@@ -147,7 +147,7 @@ def retrieval_recipe(model: SentenceTransformer, known_relevant: dict[str, set[s
 
             from st_hardneg.training.loop import train
             from st_hardneg.training.recipe import RETRIEVAL_RECIPE, retrieval_recipe
-            from st_hardneg.training.retrieval import beir_split, load_recipe_model, mined_beir_triplets
+            from st_hardneg.training.protocol import beir_split, load_recipe_model, mined_beir_triplets
 
             data, split = beir_split("path/to/scifact")
             triplets, _ = mined_beir_triplets(data, split, mining=RETRIEVAL_RECIPE["mining"])  # the recipe's negatives

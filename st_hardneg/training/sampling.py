@@ -2,7 +2,7 @@
 training pairs by a stated, seeded rule, :data:`PAIR_SAMPLING`) and :class:`KnownRelevanceBatchSampler`
 (sentence-transformers' no-duplicates batches that also keep a query's known relevant documents out of its batch;
 :func:`known_relevance_sampler` makes it a ``batch_sampler`` training argument). Used by the retrieval recipe
-(:mod:`st_hardneg.training.retrieval`) and ``benchmarks.retrieval_beir``.
+(:mod:`st_hardneg.training.protocol`) and ``benchmarks.retrieval_beir``.
 """
 
 from __future__ import annotations
@@ -112,7 +112,7 @@ class KnownRelevanceBatchSampler:
         ::
 
             from functools import partial
-            from st_hardneg.training.retrieval import train_config
+            from st_hardneg.training.protocol import train_config
             from st_hardneg.training.sampling import KnownRelevanceBatchSampler
 
             sampler = partial(KnownRelevanceBatchSampler, known_relevant=split.known_paraphrases)

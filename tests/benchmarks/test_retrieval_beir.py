@@ -433,7 +433,7 @@ def test_the_gist_candidate_is_gist_with_the_untrained_guide_and_known_relevance
 
 
 def test_each_loss_keeps_its_scifact_dev_chosen_row():
-    """Issue 34 item 3: each of the four losses keeps a row with its dev-chosen configuration, the best dev nDCG@10
+    """Each of the four losses keeps a row with its dev-chosen configuration, the best dev nDCG@10
     of its family in scifact_selection.json, under the label its imported SciFact rows have."""
     from benchmarks.methods import METHODS
 

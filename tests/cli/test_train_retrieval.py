@@ -14,7 +14,7 @@ import pytest
 from st_hardneg import cli
 from st_hardneg.cli.checks import resolve_train_args
 from st_hardneg.data.mrpc import MRPC_HEADER
-from st_hardneg.training.retrieval import DEFAULT_CACHE_DIR, TRAINING
+from st_hardneg.training.protocol import DEFAULT_CACHE_DIR, TRAINING
 
 ADJECTIVES = ("red", "blue", "green", "old", "new", "big")
 NOUNS = ("cat", "dog", "car", "house", "tree", "boat", "bird", "lamp")
@@ -211,7 +211,7 @@ def test_train_file_rows_are_the_training_data(mrpc_dir, model_dir, tmp_path, li
 
 
 def test_training_file_formats_read_alike(tmp_path):
-    from st_hardneg.training.retrieval import read_training_file
+    from st_hardneg.training.protocol import read_training_file
 
     keys = ("anchor", "positive", "negative")
     _write_jsonl(tmp_path / "t.jsonl", OWN[:6])
@@ -325,7 +325,7 @@ def test_mining_fewer_than_one_batch_is_an_error(mrpc_dir, model_dir, tmp_path, 
 # --------------------------------------------------------------------------- the real MRPC and STS
 @pytest.mark.integration
 def test_real_mrpc_with_sts_shares_the_benchmark_cache(monkeypatch, shared_data, model_dir, tmp_path, capsys):
-    import importlib.util
+    import importlib
     from argparse import Namespace
 
     from st_hardneg.data import mining
@@ -348,10 +348,7 @@ def test_real_mrpc_with_sts_shares_the_benchmark_cache(monkeypatch, shared_data,
     assert [str(f) for f in files] == [info["cache_file"]]
 
     # benchmarks/retrieval.py with the same model, data and settings reads this very file: nothing is mined again
-    spec = importlib.util.spec_from_file_location("benchmarks_retrieval",
-                                                  Path(__file__).resolve().parents[2] / "benchmarks" / "retrieval.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = importlib.import_module("benchmarks.retrieval")
 
     def refuse(*args, **kwargs):
         raise AssertionError("mined again: the benchmark's cache key differs from the command line's")
@@ -369,8 +366,8 @@ def test_the_recipe_trains_on_a_beir_folder_with_its_training_qrels(tiny_model_d
     from st_hardneg.cli.checks import json_safe
     from st_hardneg.models import load_model
     from st_hardneg.testing.beir import make_tiny_beir
+    from st_hardneg.training.protocol import BEIR_TRAINING, beir_split
     from st_hardneg.training.recipe import RETRIEVAL_RECIPE, recipe_loss
-    from st_hardneg.training.retrieval import BEIR_TRAINING, beir_split
 
     folder, out = make_tiny_beir(tmp_path / "tiny"), tmp_path / "out"
     argv = ["train", "--task", "beir", "--data", str(folder), "--model", str(tiny_model_dir), "--loss", "recipe",

@@ -271,7 +271,7 @@ def test_mteb_path_agrees_with_the_sentence_transformers_evaluator(beir_dir, bei
 
 # --------------------------------------------------------------------------- mining and the command line
 def test_mined_negatives_are_never_relevant_nor_evaluated(beir_dir, beir_model, tmp_path, monkeypatch):
-    from st_hardneg.training import retrieval as recipe
+    from st_hardneg.training import protocol as recipe
 
     data = load_beir(beir_dir)
     split = beir_retrieval(data)

@@ -342,13 +342,9 @@ def test_mining_refuses_test_sentences_and_bad_arguments(tmp_path, text_model):
 
 # --------------------------------------------------------------------------- benchmark smoke
 def _load_benchmark():
-    import importlib.util
+    import importlib
 
-    path = Path(__file__).resolve().parents[2] / "benchmarks" / "retrieval.py"
-    spec = importlib.util.spec_from_file_location("benchmarks_retrieval", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return importlib.import_module("benchmarks.retrieval")
 
 
 @pytest.mark.integration
@@ -422,7 +418,7 @@ def test_retrieval_benchmark_selection_on_the_dev_split(shared_data, text_model_
 @pytest.mark.parametrize("kwargs, match", [({"limit": -1}, "limit"), ({"limit": 2.5}, "limit"),
                                            ({"min_rows": 0}, "min_rows"), ({"min_rows": True}, "min_rows")])
 def test_recipe_counts_are_checked_before_mining_or_reading(tmp_path, kwargs, match):
-    from st_hardneg.training.retrieval import mined_triplets, read_training_file
+    from st_hardneg.training.protocol import mined_triplets, read_training_file
 
     data = build_mrpc_retrieval(write_mrpc(tmp_path))
 
@@ -540,16 +536,6 @@ def test_methods_run_the_dev_selected_option_of_each_family():
         _, loss, kwargs = bench.SELECTION[label]
         assert bench.METHODS[label] == (loss, kwargs), family
     assert bench.selection_markdown(data, bench.SELECTION) == Path(bench.SELECTION_OUT).with_suffix(".md").read_text()
-
-
-def test_replace_block_needs_one_pair_of_markers():
-    from st_hardneg.reporting import replace_block
-
-    text = "intro\n<!-- t:start -->\nold\nlines\n<!-- t:end -->\noutro\n"
-    assert replace_block(text, "t", "new\n") == "intro\n<!-- t:start -->\nnew\n<!-- t:end -->\noutro\n"
-    for bad in ("no markers", "<!-- t:end -->\n<!-- t:start -->", "<!-- t:start -->\n<!-- t:start -->\n<!-- t:end -->"):
-        with pytest.raises(ValueError, match="t:start"):
-            replace_block(bad, "t", "x")
 
 
 def test_mean_std_text_is_the_sample_std_cell():

@@ -1,6 +1,6 @@
 """Bad inputs across the losses: each case asserts a clear error or the exact correct result, never a silent NaN.
 
-The checks live in the base class (``HardNegativeLoss.prepare_batch``), so they are run for every loss, including
+The checks live in the batch preparer every loss owns (``BatchPreparer.prepare``), so they are run for every loss, including
 AdversarialNegativesLoss for the input checks (NaN, embedding sizes, labels).
 """
 
@@ -145,8 +145,8 @@ def test_zero_norm_rows_are_left_out_of_the_mean_with_a_warning(name, scale):
     cols[1][4] = scale * cols[1][4]
     loss = make(name)
     rows_seen = []
-    original = loss.reduce
-    loss.reduce = lambda rows, batch=None: rows_seen.append(rows.detach().clone()) or original(rows, batch)
+    original = loss.ranking.usable_sum
+    loss.ranking.usable_sum = lambda rows, batch: rows_seen.append(rows.detach().clone()) or original(rows, batch)
     with pytest.warns(UserWarning, match=r"2 of 6 rows have an anchor or positive embedding of norm below 1e-06"):
         value = loss.compute_loss_from_embeddings(cols, None)
     rows = rows_seen[-1]
@@ -295,7 +295,7 @@ def test_trainer_without_label_column_does_not_warn(tiny_model, tiny_sentences, 
                                                 num_train_epochs=1, report_to=[], save_strategy="no", seed=0)
     loss = MixCSELoss(tiny_model)
     SentenceTransformerTrainer(model=tiny_model, args=args, train_dataset=dataset, loss=loss).train()
-    assert loss._warned_labels is False
+    assert loss.preparer.warned_labels is False
     scored = Dataset.from_dict({"anchor": tiny_sentences[:8], "positive": tiny_sentences[:8],
                                 "score": [0.5] * 8})
     with pytest.warns(UserWarning, match="does not use labels"):
@@ -320,13 +320,16 @@ def test_matryoshka_truncation_is_not_a_size_change(tiny_model, tiny_sentences):
 # ---------------------------------------------------------------------------------------------- the base-class contract
 @pytest.mark.parametrize("name", NAMES)
 def test_loss_is_the_reduction_of_per_row_losses(name):
-    """compute_loss_from_embeddings = reduce(per-row losses): a subclass that sums instead of averaging gets N times
+    """compute_loss_from_embeddings = the reduction of the per-row losses: a ranking part that sums instead of
+    averaging gets N times
     the mean (what gathering across devices and GradCache rely on), for every loss and layout."""
     cols = columns()
     mean = make(name).compute_loss_from_embeddings(cols, None)
     rows = []
     summing = make(name)  # a fresh loss: the same seed gives the same random draws (HNM pairs)
-    summing.reduce = lambda r, batch=None: rows.append(r) or r.sum()
+    usable_sum = summing.ranking.usable_sum
+    summing.ranking.usable_sum = lambda r, batch: rows.append(r) or usable_sum(r, batch)
+    summing.ranking.mean = lambda total, count, state, every=None: (total, 1.0)  # the sum instead of the mean
     total = summing.compute_loss_from_embeddings(cols, None)
     assert rows[0].shape == (6,)
     assert total.item() == pytest.approx(6 * mean.item(), rel=1e-5)

@@ -63,7 +63,7 @@ def test_a_batch_that_raises_leaves_no_per_batch_state(monkeypatch, chunked):
         _raise_in_rows(loss, monkeypatch)
         with pytest.raises(Boom):
             if chunked:
-                loss.chunked_loss(columns(), None)
+                loss.compute(columns(), None, chunk_size=loss.loss_chunk_size)
             else:
                 loss.compute_loss_from_embeddings(columns(), None)
         assert seen["prepared"] and getattr(loss, attribute, None) is None

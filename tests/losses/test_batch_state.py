@@ -1,13 +1,14 @@
 """A batch leaves the loss as it found it, except the one stats record (``_last_stats``): the paper's draws, the
 false-negative counts and the queue's counts live on the batch (``batch.state``), cross-batch state inside the part
-that owns it (the queue's rows inside the queue)."""
+that owns it (the queue's rows inside the queue, AdCSE's adversary window in its bank, the forward counts in each
+stateful part's step clock)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from st_hardneg import FocalInfoNCELoss, HNCSELoss, MixCSELoss
+from st_hardneg import AdversarialNegativesLoss, FocalInfoNCELoss, HNCSELoss, MixCSELoss
 
 
 class Linear(torch.nn.Module):
@@ -19,6 +20,9 @@ class Linear(torch.nn.Module):
 
     def forward(self, features):
         return {"sentence_embedding": features["x"] @ self.weight}
+
+    def get_embedding_dimension(self) -> int:
+        return 6
 
 
 def _features(seed: int) -> list[dict[str, torch.Tensor]]:
@@ -42,7 +46,9 @@ def _rebound(before: dict[str, object], after: dict[str, object]) -> list[str]:
     lambda m: MixCSELoss(m, seed=0, partner="random", queue_size=16, mini_batch_size=3),
     lambda m: FocalInfoNCELoss(m, seed=0, queue_size=16, margin=0.9),
     lambda m: HNCSELoss(m, seed=0, mode="both", k=3, num_mixed=4, queue_size=16),
-], ids=["mixcse", "mixcse-gradcache", "focal-margin", "hncse-both"])
+    lambda m: AdversarialNegativesLoss(m, seed=0, num_adversaries=4, queue_size=16),
+    lambda m: AdversarialNegativesLoss(m, seed=0, num_adversaries=4, untied=False, queue_size=16, mini_batch_size=3),
+], ids=["mixcse", "mixcse-gradcache", "focal-margin", "hncse-both", "adcse", "adcse-tied-gradcache"])
 def test_a_training_batch_rebinds_only_the_stats_record(make_loss):
     model = Linear()
     loss = make_loss(model)

@@ -372,11 +372,10 @@ def test_gradcache_equals_uncached(tiny_model_dir, tiny_sentences, case_id, name
     cached = build_for_model(name, kwargs, model, mini_batch_size=2)
     assert cached.uses_gradient_cache and cached.get_config_dict()["mini_batch_size"] == 2
     calls, windows = [], []
-    # the batch enters the loss once: through compute_loss_from_embeddings, or (a loss that computes its rows a chunk
-    # of anchors at a time) through prepare_columns, followed by one window_rows per chunk
-    entry = "prepare_columns" if cached.supports_row_chunks else "compute_loss_from_embeddings"
-    inner = getattr(cached, entry)
-    setattr(cached, entry, lambda e, lab=None: calls.append(e[0].size(0)) or inner(e, lab))
+    # the batch enters the loss once, through the one compute template, followed (a loss that computes its rows a
+    # chunk of anchors at a time) by one window_rows per chunk
+    inner = cached.compute
+    cached.compute = lambda e, lab=None, **kw: calls.append(e[0].size(0)) or inner(e, lab, **kw)
     if cached.supports_row_chunks:
         inner_rows = cached.window_rows
         cached.window_rows = lambda batch: windows.append(batch.row_range) or inner_rows(batch)
@@ -440,13 +439,13 @@ def test_adcse_cache_counts_one_forward_and_updates_once_per_step(tiny_model_dir
     run(full, columns)
     cached = AdversarialNegativesLoss(model, num_adversaries=4, seed=0, mini_batch_size=2)
     run(cached, columns)
-    assert cached.adversary_bank.pending_micro_batches == 1 and cached._forwards_since_step == 1
+    assert cached.adversary_bank.pending_micro_batches == 1 and cached.step_clock.forwards_since_step == 1
     torch.testing.assert_close(cached.adversary_bank._grad_sum, full.adversary_bank._grad_sum, rtol=1e-5, atol=1e-8)
     assert all(p.grad is None for p in cached.key_encoder.parameters())
     before = copy.deepcopy(cached.adversaries)
     torch.optim.SGD(model.parameters(), lr=0.1).step()
     assert cached.ema_updates == 1 and cached.adversary_updates == 1
-    assert cached.adversary_bank.pending_micro_batches == 0 and cached._forwards_since_step == 0
+    assert cached.adversary_bank.pending_micro_batches == 0 and cached.step_clock.forwards_since_step == 0
     assert not torch.equal(before, cached.adversaries)
 
 
@@ -475,10 +474,10 @@ def test_reduce_refuses_rows_of_another_batch():
     batch = Batch(units, units, units[:0])
     batch.state = BatchState(local_rows=(slice(4, 8), 8))  # what a gathering prepare_batch on rank 1 of 2 leaves
     rows = torch.arange(8, dtype=torch.float64)
-    assert loss.reduce(rows, batch).item() == pytest.approx((4 + 5 + 6 + 7) / 4)
-    assert loss.reduce(rows).item() == pytest.approx(3.5)  # without the batch: one process, every row
+    assert loss.ranking.reduce(rows, batch).item() == pytest.approx((4 + 5 + 6 + 7) / 4)
+    assert loss.ranking.reduce(rows).item() == pytest.approx(3.5)  # without the batch: one process, every row
     with pytest.raises(ValueError, match="gathered batch"):
-        loss.reduce(rows[:6], batch)
+        loss.ranking.reduce(rows[:6], batch)
 
 
 def test_duplicate_text_across_processes_is_masked_like_in_one_process(spawned, tiny_model_dir):

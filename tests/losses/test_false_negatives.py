@@ -285,7 +285,7 @@ def test_mixcse_shift_partner_moves_past_a_masked_one():
         return partner
 
     loss = MixCSELoss(None, lam=0.2, partner="shift", **two_way(True))
-    batch = loss.prepare_batch(cols)
+    batch = loss.preparer.window(loss.preparer.prepare(cols), None)
     for i, c in removed:  # a masked false negative leaves both directions, as the loss's own masks do
         batch.false_negatives[i, c] = True
         batch.block_masks["doc_to_query"][c, i] = True
@@ -518,16 +518,16 @@ def test_a_batch_without_duplicates_carries_no_mask_and_the_same_loss(make, chun
         if chunk is not None:
             loss.mini_batch_size = chunk  # the loss side in chunks of rows, as under GradCache
         if not skip:
-            loss._nothing_to_mask = lambda batch: False
+            loss.preparer._nothing_to_mask = lambda batch: False
         leaves = [c.clone().requires_grad_() for c in columns]
         loss.set_false_negative_inputs(text_keys=keys)
-        batch = loss.prepare_batch(leaves, None)
-        window = loss.window(batch, 0, 4)
+        batch = loss.preparer.prepare(leaves, None)
+        window = loss.preparer.window(batch, 0, 4)
         assert (window.false_negatives is None) is skip
         loss.set_false_negative_inputs(text_keys=keys)
         if chunk is not None:
             assert loss.supports_row_chunks
-            value = loss.chunked_loss(leaves, None, with_backward=True)  # back-propagated chunk by chunk
+            value = loss.compute(leaves, None, chunk_size=chunk, with_backward=True)  # back-propagated chunk by chunk
         else:
             value = loss.compute_loss_from_embeddings(leaves, None)
             value.backward()
@@ -543,7 +543,7 @@ def test_a_repeated_text_still_masks(directions):
     loss = FocalInfoNCELoss(None, directions=directions)
     columns = [torch.randn(5, 8) for _ in range(2)]
     loss.set_false_negative_inputs(text_keys=torch.tensor([[1, 2, 3, 4, 5], [6, 7, 8, 7, 9]]))  # positive 3 = 1
-    window = loss.window(loss.prepare_batch(columns, None), None)
+    window = loss.preparer.window(loss.preparer.prepare(columns, None), None)
     assert window.false_negatives is not None and bool(window.false_negatives[1, 3]) and bool(
         window.false_negatives[3, 1])
 

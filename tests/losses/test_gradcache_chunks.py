@@ -1,5 +1,5 @@
 """The loss side in chunks of anchor rows: with ``mini_batch_size`` every loss that implements
-``window_rows`` computes its rows a chunk of anchors at a time against all candidates (``HardNegativeLoss.chunked_loss``,
+``window_rows`` computes its rows a chunk of anchors at a time against all candidates (``HardNegativeLoss.compute`` with a ``chunk_size``,
 what GradCache calls), and that changes nothing: loss, gradients, diagnostics, warnings and errors equal the whole
 batch's, for chunk sizes that do not divide the batch; and no tensor of the batch's N × N size is ever built.
 
@@ -84,7 +84,7 @@ def chunked(loss, cols, chunk):
     windows = []
     inner = loss.window_rows
     loss.window_rows = lambda batch: windows.append(batch.row_range) or inner(batch)
-    value = loss.chunked_loss(leaves, None, with_backward=True)
+    value = loss.compute(leaves, None, chunk_size=loss.loss_chunk_size, with_backward=True)
     return value, [leaf.grad for leaf in leaves], loss.diagnostics, windows
 
 

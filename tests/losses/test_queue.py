@@ -244,7 +244,7 @@ def test_checkpoint_round_trip_is_bit_exact():
     q1, q2 = loss.queue, loss2.queue
     assert torch.equal(q1.vectors, q2.vectors) and torch.equal(q1.keys, q2.keys)
     assert torch.equal(q1.produced_at, q2.produced_at)
-    assert (q1.pointer, q1.filled, q1._steps) == (q2.pointer, q2.filled, q2._steps) == (4, 5, 3)
+    assert (q1.pointer, q1.filled, q1.step_clock.steps) == (q2.pointer, q2.filled, q2.step_clock.steps) == (4, 5, 3)
     batch = _batch(9)
     assert torch.equal(loss.compute_loss_from_embeddings(batch, None), loss2.compute_loss_from_embeddings(batch, None))
 
@@ -257,7 +257,7 @@ def test_checkpoint_can_leave_the_rows_out(caplog):
     assert state == {"steps": 1, "saved": False}
     _, fresh = _loss(queue_size=5, queue_checkpoint=False)
     fresh.queue.load_training_state_dict(state)
-    assert fresh.queue._steps == 1 and fresh.queue.filled == 0 and "refills from empty" in caplog.text
+    assert fresh.queue.step_clock.steps == 1 and fresh.queue.filled == 0 and "refills from empty" in caplog.text
 
 
 @pytest.mark.parametrize("kwargs, error, message", [
@@ -322,7 +322,7 @@ def test_trainer_resume_restores_the_queue_and_the_next_losses(tiny_model_dir, t
     loss_b, losses_b = run(resume_from=str(tmp_path / "run" / "checkpoint-2"))
     assert len(losses_a) == 4 and len(losses_b) == 2
     assert losses_b == pytest.approx(losses_a[2:], rel=1e-6, abs=1e-7)  # step 3 reads the restored queue
-    assert loss_b.queue.filled == loss_a.queue.filled == 12 and loss_b.queue._steps == 4
+    assert loss_b.queue.filled == loss_a.queue.filled == 12 and loss_b.queue.step_clock.steps == 4
     torch.testing.assert_close(loss_b.queue.vectors, loss_a.queue.vectors)
     assert torch.equal(loss_b.queue.keys, loss_a.queue.keys)
 
