@@ -166,6 +166,10 @@ class HardNegativeLoss(CachedLossMixin, nn.Module):
         self.gradcache = GradCacheEngine()
 
     def __setattr__(self, name: str, value: Any) -> None:
+        if name in _FIXED_OPTIONS:  # a clear message, not "property has no setter"
+            raise AttributeError(
+                f"{type(self).__name__}.{name} is fixed when the loss is built (loss.options holds it and the "
+                f"loss's parts were built from it); build a new loss with {name}=... instead")
         if name == "model" and "model_guard" in self.__dict__:
             self.model_guard.check(type(self).__name__, self.__dict__.get("_modules", {}).get("model"), value)
         super().__setattr__(name, value)
@@ -471,4 +475,8 @@ for _name in option_attributes():
 for _option in fields(QueueOptions):
     setattr(HardNegativeLoss, f"queue_{_option.name}",
             _read_only(f"options.queue.{_option.name}", f"``loss.options.queue.{_option.name}`` (read-only)."))
+#: the options a built loss shows but never takes a new value of (``mini_batch_size`` / ``mini_batch_num_tokens``,
+#: which sentence-transformers sets, stay writable)
+_FIXED_OPTIONS = frozenset({*option_attributes(), *(f"queue_{o.name}" for o in fields(QueueOptions)), "scale",
+                            "queue_options"}) - {"mini_batch_size", "mini_batch_num_tokens"}
 HardNegativeLoss.__init__.__signature__ = constructor_signature(HardNegativeLoss.__init__)  # type: ignore[attr-defined]

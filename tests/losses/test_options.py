@@ -274,3 +274,17 @@ def test_warnings_of_options_made_by_hand_and_of_a_clamped_count_point_at_the_ca
     assert len(caught) == 1 and caught[0].filename == __file__
     caught = _warnings_of(lambda: HNCSELoss(None, mode="hnm", k=2, num_mixed=40))
     assert len(caught) == 1 and "num_mixed=40" in str(caught[0].message) and caught[0].filename == __file__
+
+
+def test_a_built_loss_refuses_a_new_option_value_with_what_to_do_instead(tiny_model):
+    """The options are fixed when the loss is built (its parts were built from them): assigning one says so and
+    changes nothing; the GradCache sizes sentence-transformers sets stay writable."""
+    loss = MixCSELoss(tiny_model, temperature=0.05, queue_size=8)
+    before = loss.get_config_dict()
+    for name, value in (("temperature", 0.1), ("margin", 0.2), ("scale", 10.0), ("queue_size", 16)):
+        with pytest.raises(AttributeError, match=rf"MixCSELoss\.{name} is fixed when the loss is built.*"
+                                                 rf"build a new loss with {name}="):
+            setattr(loss, name, value)
+    assert loss.get_config_dict() == before and loss.temperature == 0.05 and loss.options.queue.size == 8
+    loss.mini_batch_size = 4
+    assert loss.mini_batch_size == 4
