@@ -69,7 +69,9 @@ tool's command line (``carry: [".whl"]``, ``timeout_s`` 600; it runs in the repo
 
 (one line, joined). Then copy ``scale_profile_gpu.json`` and the two ``scale_profile_gpu_*.trace.json.gz`` from the
 returned files to ``benchmarks/results/`` and re-render with
-``python -m benchmarks.scale profile --report --out benchmarks/results/scale_profile_gpu.json``.
+``python -m benchmarks.scale profile --report --out benchmarks/results/scale_profile_gpu.json``; the committed
+GPU traces were pruned once more, to stay under 2 MiB each, with ``--reprune-traces --trace-min-us 50`` (flow arrows
+and CPU events under 50 us dropped; kernels and phase ranges kept).
 
 Dry run (a tiny random BERT on the CPU, bf16 autocast, both modes, tested)::
 
@@ -389,20 +391,49 @@ def split_step(runner: Runner, config: dict[str, Any], features: dict[str, Any])
         runner.timer = PhaseTimer()
 
 
+#: flow events: the profiler's arrows (CPU launch -> GPU kernel, forward op -> its backward), a third of a GPU
+#: trace's events and none of its time; the operators and kernels they join stay
+FLOW_CATEGORIES = ("ac2g", "fwdbwd")
+
+
 def prune_trace(raw: Path, min_us: float) -> tuple[int, int]:
-    """Drop the complete (``X``) CPU events shorter than ``min_us`` from the Chrome trace ``raw`` (views, detaches,
-    empty allocations: thousands of them, none of the time; they stay in ``top_ops``' statistics); GPU kernels and
-    the ``phase:`` ranges are kept. Returns (events kept, events dropped)."""
-    data = json.loads(raw.read_text())
+    """Drop from the Chrome trace ``raw`` (JSON, or gzipped JSON when its name ends in ``.gz``) the complete (``X``)
+    CPU operator, Python and CUDA runtime events shorter than ``min_us`` (views, detaches, empty allocations, kernel
+    launches: thousands of them, little of the time; they stay in ``top_ops``' statistics) and the flow arrows
+    (:data:`FLOW_CATEGORIES`); GPU kernels and the ``phase:`` ranges are kept. Returns (events kept, events
+    dropped)."""
+    packed = raw.name.endswith(".gz")
+    data = json.loads(gzip.decompress(raw.read_bytes()) if packed else raw.read_text())
     events = data.get("traceEvents", [])
 
     def keep(e: dict[str, Any]) -> bool:
-        return (e.get("ph") != "X" or e.get("cat") not in ("cpu_op", "python_function") or e.get("dur", 0) >= min_us
-                or str(e.get("name", "")).startswith("phase: "))
+        if e.get("cat") in FLOW_CATEGORIES:
+            return False
+        return (e.get("ph") != "X" or e.get("cat") not in ("cpu_op", "python_function", "cuda_runtime")
+                or e.get("dur", 0) >= min_us or str(e.get("name", "")).startswith("phase: "))
     kept = [e for e in events if keep(e)]
     data["traceEvents"] = kept
-    raw.write_text(json.dumps(data, separators=(",", ":")))
+    text = json.dumps(data, separators=(",", ":"))
+    if packed:
+        raw.write_bytes(gzip.compress(text.encode(), compresslevel=9))
+    else:
+        raw.write_text(text)
     return len(kept), len(events) - len(kept)
+
+
+def reprune_traces(result: dict[str, Any], folder: Path, min_us: float) -> None:
+    """Prune every committed trace of ``result`` again (:func:`prune_trace`, in place, in ``folder``) and update
+    its entry: the events kept and dropped, the threshold, the size."""
+    for batch in result["batches"]:
+        for info in batch.get("profiled", {}).values():
+            if "trace" not in info:
+                continue
+            path = folder / info["trace"]
+            kept, dropped = prune_trace(path, min_us)
+            info["trace_events"] = kept
+            info["trace_events_dropped"] = info.get("trace_events_dropped", 0) + dropped
+            info["trace_min_us"] = max(min_us, info.get("trace_min_us", 0.0))
+            info["trace_kb"] = round(path.stat().st_size / 1024)
 
 
 def profiled_step(runner: Runner, config: dict[str, Any], features: dict[str, Any], trace: Path | None,
@@ -619,12 +650,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--append", help="append this results JSON's rounds (and profiled steps) to --out's, made "
                         "by the same command in another process, and re-render; nothing is run")
     parser.add_argument("--report", action="store_true", help="only re-render the markdown from --out's JSON")
+    parser.add_argument("--reprune-traces", action="store_true", help="prune --out's committed traces again at "
+                        "--trace-min-us (they sit beside it) and re-render")
     parser.add_argument("--dry-run", action="store_true", help="a tiny random BERT on the CPU, bf16 autocast, "
                         "both modes, batch 16, mini-batch 8, 1 round")
     args = parser.parse_args(argv)
     out = Path(args.out) if args.out else CPU_OUT
-    if args.report or args.append:
+    if args.report or args.append or args.reprune_traces:
         result = json.loads(out.read_text())
+        if args.reprune_traces:
+            reprune_traces(result, out.parent, args.trace_min_us)
         if args.append:
             append(result, json.loads(Path(args.append).read_text()))
         write(result, out)

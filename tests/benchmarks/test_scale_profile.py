@@ -152,4 +152,29 @@ def test_committed_gpu_tables_are_rendered_from_their_json_and_meet_the_issue_ta
     for batch in main["batches"]:
         for info in batch.get("profiled", {}).values():
             trace = RESULTS / info["trace"]
-            assert trace.is_file() and trace.stat().st_size < 4 * 2**20, info["trace"]
+            assert trace.is_file() and trace.stat().st_size < 2 * 2**20, info["trace"]
+            assert info["trace_min_us"] == 50.0  # re-pruned: flows and short CPU events dropped
+
+
+def test_pruning_drops_flows_and_short_cpu_events_and_keeps_kernels_and_phases(tmp_path):
+    """A gzipped trace is pruned in place: the flow arrows and the CPU operator / runtime events shorter than the
+    threshold go; GPU kernels, phase ranges and long events stay; a committed result's entry is updated."""
+    import gzip
+
+    events = [{"ph": "X", "cat": "cpu_op", "name": "aten::view", "dur": 3},
+              {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "dur": 80},
+              {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "dur": 4},
+              {"ph": "X", "cat": "kernel", "name": "gemm", "dur": 1},
+              {"ph": "X", "cat": "user_annotation", "name": "phase: loss", "dur": 2},
+              {"ph": "X", "cat": "cpu_op", "name": "phase: slice", "dur": 1},
+              {"ph": "s", "cat": "ac2g", "name": "launch"}, {"ph": "f", "cat": "fwdbwd", "name": "fwdbwd"}]
+    trace = tmp_path / "t.trace.json.gz"
+    trace.write_bytes(gzip.compress(json.dumps({"traceEvents": events}).encode()))
+    result = {"batches": [{"profiled": {"x": {"trace": trace.name, "trace_events_dropped": 10,
+                                               "trace_min_us": 20.0}}}]}
+    profile.reprune_traces(result, tmp_path, 50.0)
+    kept = json.loads(gzip.decompress(trace.read_bytes()))["traceEvents"]
+    assert [e["name"] for e in kept] == ["aten::mm", "gemm", "phase: loss", "phase: slice"]
+    info = result["batches"][0]["profiled"]["x"]
+    assert info["trace_events"] == 4 and info["trace_events_dropped"] == 14 and info["trace_min_us"] == 50.0
+    assert info["trace_kb"] == round(trace.stat().st_size / 1024)
