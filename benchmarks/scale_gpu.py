@@ -243,6 +243,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--merge", help="append this results JSON's rows (a later call, same model) to --out's")
     parser.add_argument("--note", action="append", default=[], help="with --merge: a note for the table")
     args = parser.parse_args(argv)
+    if args.call < 1:
+        parser.error(f"--call must be >= 1, got {args.call}")
+    if args.merge and not Path(args.merge).is_file():
+        parser.error(f"--merge: no results file at {args.merge}")
+    if args.note and not args.merge:
+        parser.error("--note goes with --merge (a note on the merged call)")
     if args.report or args.merge:
         saved = json.loads(Path(args.out).read_text())
         if args.merge:

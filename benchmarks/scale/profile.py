@@ -656,7 +656,11 @@ def main(argv: list[str] | None = None) -> int:
                         "both modes, batch 16, mini-batch 8, 1 round")
     args = parser.parse_args(argv)
     out = Path(args.out) if args.out else CPU_OUT
+    if not args.trace_min_us >= 0:
+        parser.error(f"--trace-min-us must be >= 0, got {args.trace_min_us}")
     if args.report or args.append or args.reprune_traces:
+        if not out.is_file():
+            parser.error(f"--report / --append / --reprune-traces read the results file, and there is none at {out}")
         result = json.loads(out.read_text())
         if args.reprune_traces:
             reprune_traces(result, out.parent, args.trace_min_us)

@@ -96,3 +96,14 @@ def test_committed_call_3_measures_the_current_engine_at_32768():
         if method != "cached_mnrl":
             assert row["step_ratio"] <= 0.25 and row["peak_ratio"] <= 1.0, method
             assert row["peak_fraction"] > 0.15, method  # the useful rate, against CachedMNRL's 4 %
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--call", "0"], "--call must be >= 1, got 0"),
+    (["--merge", "missing.json"], "--merge: no results file at missing.json"),
+    (["--report", "--note", "x"], "--note goes with --merge"),
+])
+def test_bad_call_merge_and_note_values_are_refused_before_anything_runs(argv, message, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        scale_gpu.main(argv)
+    assert exit_info.value.code == 2 and message in capsys.readouterr().err

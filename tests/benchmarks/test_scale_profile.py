@@ -178,3 +178,14 @@ def test_pruning_drops_flows_and_short_cpu_events_and_keeps_kernels_and_phases(t
     info = result["batches"][0]["profiled"]["x"]
     assert info["trace_events"] == 4 and info["trace_events_dropped"] == 14 and info["trace_min_us"] == 50.0
     assert info["trace_kb"] == round(trace.stat().st_size / 1024)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--reprune-traces", "--trace-min-us", "-1"], "--trace-min-us must be >= 0, got -1.0"),
+    (["--reprune-traces", "--trace-min-us", "nan"], "--trace-min-us must be >= 0, got nan"),
+    (["--reprune-traces", "--out", "none.json"], "there is none at none.json"),
+])
+def test_bad_reprune_values_are_refused(argv, message, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        profile.main(argv)
+    assert exit_info.value.code == 2 and message in capsys.readouterr().err
