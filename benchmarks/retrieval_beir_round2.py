@@ -55,22 +55,30 @@ from benchmarks.retrieval_beir_rows import (
     ROUND2_LOSSES,
     ROUND2_MINING,
     ROUND2_TEMPERATURES,
+    TIE_SEEDS,
     Method,
     pooled_dev,
     round2_best_temperature,
+    round2_dev_sd,
     round2_key,
     round2_label,
     round2_loss_choice,
     round2_loss_configs,
     round2_mining_choice,
+    round2_recipe_choice,
     round2_rows,
     round2_screened,
+    round2_settled,
+    round2_side_labels,
     round2_side_ranking,
+    round2_tied,
     round2_twin,
     sampling,
 )
 
 DEFAULT_OUT = RESULTS / "retrieval_beir_round2.json"
+#: the seeds of the recipe, the best built-in and MNRL on the chosen mining (issue 51: "5 paired seeds")
+PAIRED_SEEDS = (0, 1, 2, 3, 4)
 #: the first round's file whose untrained rows (the same evaluation) this file imports
 UNTRAINED_SOURCE = RESULTS / "retrieval_beir_screened.json"
 MAIN = ("scifact", "nfcorpus")
@@ -405,15 +413,25 @@ def plan(data: dict[str, Any]) -> Iterator[tuple[str, str, int]]:
 
     1. the seed-0 screen on both datasets: :data:`FIRST`, each loss with the control at temperature 0.01, then its
        own option at its better temperature;
-    2. the built-ins on the dev-chosen mining (seed 0) and each loss's chosen configuration without the control;
-    3. seeds 1-2 of the best three rows of each side (pooled dev, seed 0), then of every other chosen row;
-    4. the longer NFCorpus protocol: the best two rows of each side, seeds 0-2.
+    2. ties: where a loss's configurations, or MNRL's mining settings, are closer on pooled dev at seed 0 than two
+       dev standard deviations (:func:`~benchmarks.retrieval_beir_rows.round2_tied`), the tied rows at seeds 1-2,
+       and the choice is made on the three seeds;
+    3. the built-ins on the dev-chosen mining (seed 0) and each loss's chosen configuration without the control;
+    4. the recipe (st-hardneg's best row) and the best built-in, ties on each side to seeds 1-2 as in 2;
+    5. 5 paired seeds (0-4) of the recipe, the best built-in and MNRL on the chosen mining;
+    6. the longer NFCorpus protocol: the best two rows of each side (the chosen one first), seeds 0-2.
 
     :data:`BARRIER` comes before each step that chooses from the runs of the steps before it.
     """
     def both(label: str, seed: int = 0) -> Iterator[tuple[str, str, int]]:
         for name in MAIN:
             yield name, label, seed
+
+    def settle(labels: list[str]) -> Iterator[tuple[str, str, int]]:
+        tied = round2_tied(data, labels)
+        for seed in TIE_SEEDS[1:] if len(tied) > 1 else ():
+            for label in tied:
+                yield from both(label, seed)
 
     for label in FIRST:
         yield from both(label)
@@ -423,6 +441,10 @@ def plan(data: dict[str, Any]) -> Iterator[tuple[str, str, int]]:
     for key in ROUND2_LOSSES:
         yield from both(round2_label(key, temperature=round2_best_temperature(data, key), option=True))
     yield BARRIER
+    for key in ROUND2_LOSSES:
+        yield from settle(round2_loss_configs(key))
+    yield from settle([f"mnrl@{s}" for s in ROUND2_MINING])
+    yield BARRIER
     setting = round2_mining_choice(data) or OURS_MINING
     for name in ROUND2_BUILTINS:
         yield from both(f"{name}@{setting}")
@@ -431,17 +453,22 @@ def plan(data: dict[str, Any]) -> Iterator[tuple[str, str, int]]:
         if chosen:
             yield from both(round2_twin(chosen))
     yield BARRIER
-    ours = [label for label, _ in round2_side_ranking(data, builtin=False)]
-    builtins = [label for label, _ in round2_side_ranking(data, builtin=True)]
-    chosen = [c for key in ROUND2_LOSSES if (c := round2_loss_choice(data, key))]
-    for seed in (1, 2):
-        for label in dict.fromkeys([*ours[:3], *builtins[:3], f"mnrl@{setting}", *chosen]):
+    for builtin in (False, True):
+        yield from settle(round2_side_labels(data, builtin))
+    yield BARRIER
+    finalists = [c for c in (round2_recipe_choice(data, builtin=False), round2_recipe_choice(data, builtin=True),
+                             f"mnrl@{setting}") if c]
+    for seed in PAIRED_SEEDS:
+        for label in dict.fromkeys(finalists):
             yield from both(label, seed)
     yield BARRIER
-    ours = [label for label, _ in round2_side_ranking(data, builtin=False)]
-    builtins = [label for label, _ in round2_side_ranking(data, builtin=True)]
+    long: list[str] = []
+    for builtin in (False, True):
+        chosen = round2_recipe_choice(data, builtin)
+        ranked = [label for label, _ in round2_side_ranking(data, builtin)]
+        long += list(dict.fromkeys([*([chosen] if chosen else []), *ranked]))[:2]
     for seed in (0, 1, 2):
-        for label in [*ours[:2], *builtins[:2]]:
+        for label in long:
             yield "nfcorpus_long", label, seed
 
 
@@ -509,6 +536,35 @@ def summary(data: dict[str, Any]) -> str:
     return markdown_table(["row", "side", "SciFact test nDCG@10", "NFCorpus test nDCG@10", "mean",
                            "pooled dev (seed 0)", "seeds (SciFact / NFCorpus)", "step cost (median step, train s)"],
                           body).rstrip("\n")
+
+
+def tie_table(data: dict[str, Any]) -> str:
+    """Each choice whose rows were tied at seed 0 (:func:`~benchmarks.retrieval_beir_rows.round2_tied`): the tied
+    rows' pooled dev at seed 0 and over the tie seeds, and the choice; empty when no choice had a tie."""
+    from st_hardneg.reporting import markdown_table
+
+    sd = round2_dev_sd()
+    choices = {f"{key} (configuration)": (round2_loss_configs(key), round2_loss_choice(data, key))
+               for key in ROUND2_LOSSES}
+    choices["mining of the built-ins"] = ([f"mnrl@{s}" for s in ROUND2_MINING],
+                                          f"mnrl@{round2_mining_choice(data)}")
+    choices["the recipe"] = (round2_side_labels(data, False), round2_recipe_choice(data, False))
+    choices["the best built-in"] = (round2_side_labels(data, True), round2_recipe_choice(data, True))
+    body = []
+    for choice, (labels, chosen) in choices.items():
+        tied = round2_tied(data, labels, sd)
+        if len(tied) < 2:
+            continue
+        for label in tied:
+            at0, settled = pooled_dev(data, "main", label, (0,)), round2_settled(data, label)
+            body.append([choice, f"`{label}`", f"{at0:.2f}" if at0 is not None else "–",
+                         f"{settled:.2f}" if settled is not None else "not yet run",
+                         "chosen" if label == chosen else ""])
+    if not body:
+        return ""
+    return (f"Two dev standard deviations: {2 * sd:.2f} (the median seed-to-seed standard deviation of pooled dev "
+            f"over the first round's rows run at 3 or more seeds, {sd:.3f}).\n\n"
+            + markdown_table(["choice", "row", "pooled dev, seed 0", "pooled dev, seeds 0-2", ""], body).rstrip("\n"))
 
 
 def dataset_table(data: dict[str, Any], name: str) -> str:
@@ -583,9 +639,18 @@ def markdown(data: dict[str, Any], per_query: list[dict[str, Any]] | None = None
               f"- mining of the built-ins (MNRL's pooled dev): `{round2_mining_choice(data) or 'not chosen yet'}`; "
               f"st-hardneg's rows: `{OURS_MINING}`", ""]
     by = per_query_by_row(per_query or [])
-    if ours and builtins:
-        lines += ["## Best of st-hardneg against the best built-in (per-query test nDCG@10)", "",
-                  *paired_section(by, ours[0][0], builtins[0][0], f"{ours[0][0]} vs {builtins[0][0]}")]
+    recipe, best = round2_recipe_choice(data, builtin=False), round2_recipe_choice(data, builtin=True)
+    if recipe and best:
+        mnrl = f"mnrl@{round2_mining_choice(data) or OURS_MINING}"
+        lines += ["## The recipe against the best built-in and MNRL on the chosen mining (per-query test nDCG@10; "
+                  "Holm across the two datasets)", "",
+                  f"The recipe (st-hardneg's best row on pooled dev) is `{recipe}`; the best built-in `{best}`.", "",
+                  *paired_section(by, recipe, best, f"{recipe} vs {best}")]
+        if mnrl != best:
+            lines += paired_section(by, recipe, mnrl, f"{recipe} vs {mnrl}")
+    ties = tie_table(data)
+    if ties:
+        lines += ["## Ties (closer than two dev standard deviations at seed 0: settled on seeds 0-2)", "", ties, ""]
     control = [(c, round2_twin(c)) for key in ROUND2_LOSSES if (c := round2_loss_choice(data, key))]
     pairs = [(a, b) for a, b in control if any(k[1] == a for k in by) and any(k[1] == b for k in by)]
     if pairs:

@@ -259,3 +259,46 @@ def test_two_runner_processes_finish_the_plan_between_them_and_choose_from_the_s
     assert {r["runners"] for r in data["runs"] if "test" in r} <= {1, 2}
     assert any(r["runners"] == 2 for r in data["runs"] if "test" in r)  # they did run side by side
     assert not out.with_name("r_claims.json").exists()
+
+
+def test_a_tie_is_settled_on_three_seeds_and_the_recipe_gets_five_paired_seeds(tmp_path):
+    import numpy as np
+
+    # the dev spread: per row, the standard deviation over seeds of the two dev tasks' mean; the median over rows
+    first = {"runs": [{"stage": "main", "dataset": name, "method": m, "seed": s, "dev": {"ndcg@10": v + d}}
+                      for m, values in (("a", (40.0, 41.0, 43.0)), ("b", (50.0, 50.5, 50.0)), ("c", (1.0, 9.0)))
+                      for s, v in enumerate(values) for name, d in (("scifact", 1.0), ("nfcorpus", -1.0))]}
+    (tmp_path / "first.json").write_text(json.dumps(first))
+    spreads = [np.std([40.0, 41.0, 43.0], ddof=1), np.std([50.0, 50.5, 50.0], ddof=1)]  # "c": 2 seeds, left out
+    assert rows.round2_dev_sd(tmp_path / "first.json") == pytest.approx(np.median(spreads))
+    sd = rows.round2_dev_sd()
+    configs = rows.round2_loss_configs("focal")
+    # seed 0: focal+ctl@t0.01 leads focal+ctl by less than two dev standard deviations, the option by more
+    runs = [_run(n, configs[0], 45.0) for n in r2.MAIN] + [_run(n, configs[2], 45.0 + sd) for n in r2.MAIN]
+    runs += [_run(n, configs[3], 45.0 - 3 * sd) for n in r2.MAIN]
+    runs += [_run(n, f"mnrl@{s}", 40.0 - i) for n in r2.MAIN for i, s in enumerate(rows.ROUND2_MINING)]
+    data = {"runs": runs}
+    assert rows.round2_tied(data, configs) == [configs[2], configs[0]]
+    assert rows.round2_loss_choice(data, "focal") == configs[2]  # seed 0 until the tie is settled
+    items = list(r2.plan(data))
+    assert [i for i in items if i[1] in configs and i[2]][:8] == [(n, label, seed) for seed in (1, 2) for label in
+                                                                  (configs[2], configs[0]) for n in r2.MAIN]
+    assert ("scifact", configs[3], 1) not in items  # not tied
+    # MNRL's mining settings are 1 apart at seed 0 (more than two dev standard deviations): no tie, no seeds 1-2
+    assert not [i for i in items if i[1].startswith("mnrl@") and i[0] in r2.MAIN and i[2] and i[1] != "mnrl@rel0.05"]
+    # seeds 1-2: the runner-up at seed 0 is better over the three seeds, so it is chosen
+    data["runs"] += [_run(n, configs[0], 46.0, seed=s) for n in r2.MAIN for s in (1, 2)]
+    data["runs"] += [_run(n, configs[2], 44.0, seed=s) for n in r2.MAIN for s in (1, 2)]
+    assert rows.round2_settled(data, configs[0]) == pytest.approx((45.0 + 46.0 + 46.0) / 3)
+    assert rows.round2_loss_choice(data, "focal") == configs[0]
+    items = list(r2.plan(data))
+    assert ("scifact", "focal", 0) in items  # the chosen configuration without the control
+    # the recipe (st-hardneg's best, here the only loss run), the best built-in and MNRL on the mining: seeds 0-4
+    recipe, best = rows.round2_recipe_choice(data, False), rows.round2_recipe_choice(data, True)
+    assert (recipe, best) == (configs[0], "mnrl@rel0.05")
+    for label in (recipe, best):
+        assert {i[2] for i in items if i[1] == label and i[0] in r2.MAIN} >= set(r2.PAIRED_SEEDS)
+    long = [i for i in items if i[0] == "nfcorpus_long"]
+    # each side's best two (st-hardneg's side holds each loss's chosen configuration: here one row), the chosen first
+    assert long[:3] == [("nfcorpus_long", label, 0) for label in (recipe, best, "mnrl@skip10_rel0.05")]
+    assert items[-1][0] == "nfcorpus_long"
