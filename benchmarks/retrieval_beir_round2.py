@@ -29,6 +29,7 @@ of the best rows; the longer NFCorpus protocol. The results record the commit th
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import os
@@ -36,6 +37,7 @@ import statistics
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -53,22 +55,30 @@ from benchmarks.retrieval_beir_rows import (
     ROUND2_LOSSES,
     ROUND2_MINING,
     ROUND2_TEMPERATURES,
+    TIE_SEEDS,
     Method,
     pooled_dev,
     round2_best_temperature,
+    round2_dev_sd,
     round2_key,
     round2_label,
     round2_loss_choice,
     round2_loss_configs,
     round2_mining_choice,
+    round2_recipe_choice,
     round2_rows,
     round2_screened,
+    round2_settled,
+    round2_side_labels,
     round2_side_ranking,
+    round2_tied,
     round2_twin,
     sampling,
 )
 
 DEFAULT_OUT = RESULTS / "retrieval_beir_round2.json"
+#: the seeds of the recipe, the best built-in and MNRL on the chosen mining (issue 51: "5 paired seeds")
+PAIRED_SEEDS = (0, 1, 2, 3, 4)
 #: the first round's file whose untrained rows (the same evaluation) this file imports
 UNTRAINED_SOURCE = RESULTS / "retrieval_beir_screened.json"
 MAIN = ("scifact", "nfcorpus")
@@ -98,6 +108,18 @@ def commit() -> str:
 
     head = git("rev-parse", "HEAD") or "unknown"
     return head + ("+dirty" if git("status", "--porcelain", "--untracked-files=no") else "")
+
+
+def library_tree(rev: str) -> str:
+    """The git tree of the library (``st_hardneg/``) at ``rev``: runs from commits that differ only outside the
+    library (the benchmark driver) trained with the same code. ``+dirty`` when ``rev`` is ``HEAD`` and the library's
+    tracked files differ from it; ``unknown`` when git cannot tell."""
+    def git(*argv: str) -> str:
+        return subprocess.run(["git", "-C", str(REPO), *argv], capture_output=True, text=True).stdout.strip()
+
+    tree = git("rev-parse", f"{rev}:st_hardneg") or "unknown"
+    dirty = rev == "HEAD" and git("status", "--porcelain", "--untracked-files=no", "--", "st_hardneg")
+    return tree + ("+dirty" if dirty else "")
 
 
 def mine(prep: Prepared, setting: str, model: Any, cache_dir: Path) -> tuple[Any, dict[str, Any]]:
@@ -162,31 +184,139 @@ def mine(prep: Prepared, setting: str, model: Any, cache_dir: Path) -> tuple[Any
 
 
 class Runner:
-    """The resumable second round: every finished (dataset, row, seed) is in the JSON and skipped."""
+    """The resumable second round, safe to run as several processes on one results file (each with one torch thread:
+    on 2 cores, two runners finish twice the runs in the same time).
+
+    Every read-modify-write of the results is made under an exclusive lock (``<out>.lock``) on the file as it is on
+    disk, so runners never overwrite each other's runs. A runner claims an item (dataset, row, seed) in
+    ``<out stem>_claims.json`` before it starts it and releases it when it ends; an item finished, failed or claimed by
+    a live runner is skipped. Where the plan chooses from finished runs (:data:`BARRIER`), a runner first waits until
+    the items it left to others have finished (:meth:`settle`), so every runner chooses from the same runs."""
+
+    #: seconds between two looks at the claims while waiting at a barrier
+    poll_seconds = 30.0
 
     def __init__(self, args: argparse.Namespace) -> None:
-        from st_hardneg.reporting import load_results
-
         self.args = args
         self.out = Path(args.out)
         self.out.parent.mkdir(parents=True, exist_ok=True)
         self.per_query_path = self.out.with_name(self.out.stem + "_per_query.jsonl")
+        self.claims_path = self.out.with_name(self.out.stem + "_claims.json")
+        self.lock_path = self.out.with_name(self.out.name + ".lock")
+        self.token = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self.start = time.perf_counter()
-        self.data = load_results(self.out, round2_protocol())
-        if self.data.get("protocol") != round2_protocol():
-            raise ValueError(f"the results file {self.out} was made under another protocol; move it away")
+        self.data: dict[str, Any] = {}
         self.commit = commit()
-        if self.commit not in self.data.setdefault("commits", []):
-            self.data["commits"].append(self.commit)
+        self.library = library_tree("HEAD")
+        with self.locked():
+            self._refresh()
+            if self.commit not in self.data.setdefault("commits", []):
+                self.data["commits"].append(self.commit)
+            self.data.setdefault("library_trees", {}).update(
+                {c: t for c in self.data["commits"] if c not in self.data["library_trees"]
+                 and (t := library_tree(c.removesuffix("+dirty")) if c != self.commit else self.library)})
+            self._write()
         self.prepared: dict[str, Prepared] = {}
         self.mined: dict[tuple[str, str], Any] = {}
         self.rows = round2_rows()
 
+    # ---------------------------------------------------------------- the shared files, under the lock
+    @contextlib.contextmanager
+    def locked(self) -> Iterator[None]:
+        """An exclusive lock on the results (``fcntl.flock``: released by the OS if the process dies)."""
+        import fcntl
+
+        with self.lock_path.open("a") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(handle, fcntl.LOCK_UN)
+
+    def _refresh(self) -> None:
+        """Read the results as they are on disk into :attr:`data`, in place (the plan holds that dict)."""
+        from st_hardneg.reporting import load_results
+
+        disk = load_results(self.out, round2_protocol())
+        if disk.get("protocol") != round2_protocol():
+            raise ValueError(f"the results file {self.out} was made under another protocol; move it away")
+        self.data.clear()
+        self.data.update(disk)
+
+    def _write(self) -> None:
+        write_report(self.data, self.out)
+
+    def update(self, change: Any) -> None:
+        """Apply ``change(data)`` to the results as they are on disk and write them, under the lock."""
+        with self.locked():
+            self._refresh()
+            change(self.data)
+            self._write()
+
+    def refresh(self) -> None:
+        with self.locked():
+            self._refresh()
+
+    def _claims(self) -> dict[str, dict[str, Any]]:
+        """The live claims (a claim whose process is gone is dropped)."""
+        claims = json.loads(self.claims_path.read_text()) if self.claims_path.is_file() else {}
+        return {item: claim for item, claim in claims.items() if _alive(claim["pid"])}
+
+    def _write_claims(self, claims: dict[str, dict[str, Any]]) -> None:
+        if claims:
+            tmp = self.claims_path.with_suffix(f".{self.token}.tmp")
+            tmp.write_text(json.dumps(claims, indent=1) + "\n")
+            tmp.replace(self.claims_path)
+        else:
+            self.claims_path.unlink(missing_ok=True)
+
+    def claim(self, name: str, label: str, seed: int) -> int | str:
+        """Claim the item: ``"done"`` when it is finished (or failed), ``"claimed"`` when a live runner holds it,
+        else how many runners hold a claim now (this one included)."""
+        item = f"{name}/{label}/{seed}"
+        with self.locked():
+            self._refresh()
+            claims = self._claims()
+            if self.done(name, label, seed):
+                return "done"
+            if item in claims:
+                return "claimed"
+            claims[item] = {"pid": os.getpid(), "runner": self.token, "started": time.strftime("%Y-%m-%d %H:%M:%S")}
+            self._write_claims(claims)
+            return len({c["runner"] for c in claims.values()})
+
+    def release(self, name: str, label: str, seed: int) -> None:
+        with self.locked():
+            claims = self._claims()
+            if claims.get(f"{name}/{label}/{seed}", {}).get("runner") == self.token:
+                del claims[f"{name}/{label}/{seed}"]
+            self._write_claims(claims)
+
+    def settle(self, items: list[tuple[str, str, int]]) -> bool:
+        """At a barrier: every item of ``items`` (those this runner left to another) finished; an item whose runner
+        died unfinished is run here. Waits while another runner holds one; then reads the results again. ``False``
+        when the time budget ends first."""
+        shown: list[tuple[str, str, int]] | None = None
+        while True:
+            waiting = []
+            for name, label, seed in items:
+                if not self.time_left():
+                    return False
+                if self.run(name, label, seed) == "claimed":
+                    waiting.append((name, label, seed))
+            if not waiting:
+                self.refresh()
+                return True
+            if waiting != shown:
+                print(f"    waiting for {', '.join('/'.join(map(str, w)) for w in waiting)} (another runner) "
+                      "before choosing", flush=True)
+                shown = waiting
+            items = waiting
+            time.sleep(self.poll_seconds)
+
+    # ---------------------------------------------------------------- the runs
     def time_left(self) -> bool:
         return not self.args.budget_seconds or time.perf_counter() - self.start < self.args.budget_seconds
-
-    def save(self) -> None:
-        write_report(self.data, self.out)
 
     def prep(self, name: str) -> Prepared:
         if name not in self.prepared:
@@ -194,14 +324,15 @@ class Runner:
             spec = DATASETS[folder]
             self.prepared[name] = prepare(name, Path(self.args.data_dir) / spec["folder"], spec["dev_fraction"],
                                           dict(LONG_SAMPLING) if name == "nfcorpus_long" else sampling())
-            self.data.setdefault("datasets", {})[name] = self.prepared[name].stats
+            stats = self.prepared[name].stats
+            self.update(lambda data: data.setdefault("datasets", {}).__setitem__(name, stats))
         return self.prepared[name]
 
     def training_data(self, name: str, setting: str) -> Any:
         if (name, setting) not in self.mined:
             model = load_model(self.args, PROTOCOL["eval_max_seq_length"])
             dataset, info = mine(self.prep(name), setting, model, Path(self.args.cache_dir))
-            self.data.setdefault("negatives", {})[f"{name}/{setting}"] = info
+            self.update(lambda data: data.setdefault("negatives", {}).__setitem__(f"{name}/{setting}", info))
             self.mined[(name, setting)] = dataset
         return self.mined[(name, setting)]
 
@@ -209,33 +340,57 @@ class Runner:
         return any(r["dataset"] == name and r["method"] == label and r["seed"] == seed for r in self.data["runs"])
 
     def append(self, record: dict[str, Any], per_query: dict[str, Any]) -> None:
-        record["per_query"] = f"{self.per_query_path.name}#{len(self.data['runs'])}"
-        with self.per_query_path.open("a") as handle:
-            handle.write(json.dumps({"run": len(self.data["runs"]), "dataset": record["dataset"],
-                                     "method": record["method"], "seed": record["seed"], "stage": "main",
-                                     "ndcg@10": per_query}) + "\n")
-        self.data["runs"].append(record)
-        self.save()
+        """Add a finished run to the results and its per-query scores to the per-query file (numbered by its place
+        in the results as they are on disk)."""
+        def change(data: dict[str, Any]) -> None:
+            record["per_query"] = f"{self.per_query_path.name}#{len(data['runs'])}"
+            with self.per_query_path.open("a") as handle:
+                handle.write(json.dumps({"run": len(data["runs"]), "dataset": record["dataset"],
+                                         "method": record["method"], "seed": record["seed"], "stage": "main",
+                                         "ndcg@10": per_query}) + "\n")
+            data["runs"].append(record)
 
-    def run(self, name: str, label: str, seed: int) -> None:
-        if self.done(name, label, seed) or not self.time_left():
-            return
+        self.update(change)
+
+    def run(self, name: str, label: str, seed: int) -> str:
+        """Run the item unless it is finished or another runner holds it: ``"ran"``, ``"done"`` or ``"claimed"``."""
+        runners = self.claim(name, label, seed)
+        if isinstance(runners, str):
+            return runners
+        try:
+            self._run(name, label, seed, runners)
+        finally:
+            self.release(name, label, seed)
+        return "ran"
+
+    def _run(self, name: str, label: str, seed: int, runners: int) -> None:
         method, setting = self.rows[label]
         print(f"=== {name} {label} seed {seed} (mining {setting})", flush=True)
+        provenance = {"commit": self.commit, "library": self.library, "runners": runners}
         try:
             record, per_query = run_one(label, method, seed, self.prep(name), self.training_data(name, setting),
                                         ("dev", "test"), self.args)
         except (ValueError, RuntimeError) as error:  # recorded, never retried silently; the plan goes on
             print(f"    failed: {error}", flush=True)
-            self.data["runs"].append({"stage": "main", "dataset": name, "method": label, "seed": seed,
-                                      "failed": f"{type(error).__name__}: {error}", "commit": self.commit})
-            self.save()
+            failed = {"stage": "main", "dataset": name, "method": label, "seed": seed,
+                      "failed": f"{type(error).__name__}: {error}", **provenance}
+            self.update(lambda data: data["runs"].append(failed))
             return
-        record.update(stage="main", mining=setting, commit=self.commit)
+        record.update(stage="main", mining=setting, **provenance)
         print(f"    dev {record['dev']['ndcg@10']:.2f} test {record['test']['ndcg@10']:.2f} train "
               f"{record['train_seconds']} s, median step {record['median_step_seconds']} s, eval "
               f"{record['eval_seconds']} s", flush=True)
         self.append(record, per_query)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process: alive
+        return True
+    return True
 
 
 def import_untrained(data: dict[str, Any], path: Path) -> None:
@@ -248,25 +403,48 @@ def import_untrained(data: dict[str, Any], path: Path) -> None:
                                 | {"source": f"{path.name} (the same evaluation)"})
 
 
+#: what :func:`plan` yields where its next items are chosen from finished runs: a runner waits there until no other
+#: item it left to another runner has finished (:meth:`Runner.settle`), so that every runner chooses from the same runs
+BARRIER = ("", "", -1)
+
+
 def plan(data: dict[str, Any]) -> Iterator[tuple[str, str, int]]:
     """``(dataset, row, seed)`` in order, read lazily: each choice is made from the runs finished when it is reached.
 
     1. the seed-0 screen on both datasets: :data:`FIRST`, each loss with the control at temperature 0.01, then its
        own option at its better temperature;
-    2. the built-ins on the dev-chosen mining (seed 0) and each loss's chosen configuration without the control;
-    3. seeds 1-2 of the best three rows of each side (pooled dev, seed 0), then of every other chosen row;
-    4. the longer NFCorpus protocol: the best two rows of each side, seeds 0-2.
+    2. ties: where a loss's configurations, or MNRL's mining settings, are closer on pooled dev at seed 0 than two
+       dev standard deviations (:func:`~benchmarks.retrieval_beir_rows.round2_tied`), the tied rows at seeds 1-2,
+       and the choice is made on the three seeds;
+    3. the built-ins on the dev-chosen mining (seed 0) and each loss's chosen configuration without the control;
+    4. the recipe (st-hardneg's best row) and the best built-in, ties on each side to seeds 1-2 as in 2;
+    5. 5 paired seeds (0-4) of the recipe, the best built-in and MNRL on the chosen mining;
+    6. the longer NFCorpus protocol: the best two rows of each side (the chosen one first), seeds 0-2.
+
+    :data:`BARRIER` comes before each step that chooses from the runs of the steps before it.
     """
     def both(label: str, seed: int = 0) -> Iterator[tuple[str, str, int]]:
         for name in MAIN:
             yield name, label, seed
 
+    def settle(labels: list[str]) -> Iterator[tuple[str, str, int]]:
+        tied = round2_tied(data, labels)
+        for seed in TIE_SEEDS[1:] if len(tied) > 1 else ():
+            for label in tied:
+                yield from both(label, seed)
+
     for label in FIRST:
         yield from both(label)
     for key in ROUND2_LOSSES:
         yield from both(round2_label(key, temperature=0.01))
+    yield BARRIER
     for key in ROUND2_LOSSES:
         yield from both(round2_label(key, temperature=round2_best_temperature(data, key), option=True))
+    yield BARRIER
+    for key in ROUND2_LOSSES:
+        yield from settle(round2_loss_configs(key))
+    yield from settle([f"mnrl@{s}" for s in ROUND2_MINING])
+    yield BARRIER
     setting = round2_mining_choice(data) or OURS_MINING
     for name in ROUND2_BUILTINS:
         yield from both(f"{name}@{setting}")
@@ -274,30 +452,44 @@ def plan(data: dict[str, Any]) -> Iterator[tuple[str, str, int]]:
         chosen = round2_loss_choice(data, key)
         if chosen:
             yield from both(round2_twin(chosen))
-    ours = [label for label, _ in round2_side_ranking(data, builtin=False)]
-    builtins = [label for label, _ in round2_side_ranking(data, builtin=True)]
-    chosen = [c for key in ROUND2_LOSSES if (c := round2_loss_choice(data, key))]
-    for seed in (1, 2):
-        for label in dict.fromkeys([*ours[:3], *builtins[:3], f"mnrl@{setting}", *chosen]):
+    yield BARRIER
+    for builtin in (False, True):
+        yield from settle(round2_side_labels(data, builtin))
+    yield BARRIER
+    finalists = [c for c in (round2_recipe_choice(data, builtin=False), round2_recipe_choice(data, builtin=True),
+                             f"mnrl@{setting}") if c]
+    for seed in PAIRED_SEEDS:
+        for label in dict.fromkeys(finalists):
             yield from both(label, seed)
-    ours = [label for label, _ in round2_side_ranking(data, builtin=False)]
-    builtins = [label for label, _ in round2_side_ranking(data, builtin=True)]
+    yield BARRIER
+    long: list[str] = []
+    for builtin in (False, True):
+        chosen = round2_recipe_choice(data, builtin)
+        ranked = [label for label, _ in round2_side_ranking(data, builtin)]
+        long += list(dict.fromkeys([*([chosen] if chosen else []), *ranked]))[:2]
     for seed in (0, 1, 2):
-        for label in [*ours[:2], *builtins[:2]]:
+        for label in long:
             yield "nfcorpus_long", label, seed
 
 
 def run_all(args: argparse.Namespace) -> dict[str, Any]:
     runner = Runner(args)
-    import_untrained(runner.data, Path(args.untrained_from))
-    runner.save()
-    for name, label, seed in plan(runner.data):
+    runner.update(lambda data: import_untrained(data, Path(args.untrained_from)))
+    left: list[tuple[str, str, int]] = []  # items another runner held, since the last barrier
+    for item in plan(runner.data):
         if not runner.time_left():
             break
+        if item == BARRIER:
+            if not runner.settle(left):
+                break
+            left = []
+            continue
+        name, label, seed = item
         if args.datasets and name not in args.datasets:
             continue
-        runner.run(name, label, seed)
-    runner.save()
+        if runner.run(name, label, seed) == "claimed":
+            left.append(item)
+    runner.refresh()
     return runner.data
 
 
@@ -344,6 +536,35 @@ def summary(data: dict[str, Any]) -> str:
     return markdown_table(["row", "side", "SciFact test nDCG@10", "NFCorpus test nDCG@10", "mean",
                            "pooled dev (seed 0)", "seeds (SciFact / NFCorpus)", "step cost (median step, train s)"],
                           body).rstrip("\n")
+
+
+def tie_table(data: dict[str, Any]) -> str:
+    """Each choice whose rows were tied at seed 0 (:func:`~benchmarks.retrieval_beir_rows.round2_tied`): the tied
+    rows' pooled dev at seed 0 and over the tie seeds, and the choice; empty when no choice had a tie."""
+    from st_hardneg.reporting import markdown_table
+
+    sd = round2_dev_sd()
+    choices = {f"{key} (configuration)": (round2_loss_configs(key), round2_loss_choice(data, key))
+               for key in ROUND2_LOSSES}
+    choices["mining of the built-ins"] = ([f"mnrl@{s}" for s in ROUND2_MINING],
+                                          f"mnrl@{round2_mining_choice(data)}")
+    choices["the recipe"] = (round2_side_labels(data, False), round2_recipe_choice(data, False))
+    choices["the best built-in"] = (round2_side_labels(data, True), round2_recipe_choice(data, True))
+    body = []
+    for choice, (labels, chosen) in choices.items():
+        tied = round2_tied(data, labels, sd)
+        if len(tied) < 2:
+            continue
+        for label in tied:
+            at0, settled = pooled_dev(data, "main", label, (0,)), round2_settled(data, label)
+            body.append([choice, f"`{label}`", f"{at0:.2f}" if at0 is not None else "–",
+                         f"{settled:.2f}" if settled is not None else "not yet run",
+                         "chosen" if label == chosen else ""])
+    if not body:
+        return ""
+    return (f"Two dev standard deviations: {2 * sd:.2f} (the median seed-to-seed standard deviation of pooled dev "
+            f"over the first round's rows run at 3 or more seeds, {sd:.3f}).\n\n"
+            + markdown_table(["choice", "row", "pooled dev, seed 0", "pooled dev, seeds 0-2", ""], body).rstrip("\n"))
 
 
 def dataset_table(data: dict[str, Any], name: str) -> str:
@@ -407,7 +628,8 @@ def markdown(data: dict[str, Any], per_query: list[dict[str, Any]] | None = None
     builtins = round2_side_ranking(data, builtin=True)
     lines = ["# Two-dataset retrieval benchmark, second round (issue 51): SciFact + NFCorpus (all-MiniLM-L6-v2, x 100)",
              "", f"Runs from commit(s) {', '.join(f'`{c}`' for c in data.get('commits', []))}; "
-             f"{sum(1 for r in data['runs'] if 'test' in r and 'source' not in r)} runs finished.", ""]
+             f"{sum(1 for r in data['runs'] if 'test' in r and 'source' not in r)} runs finished. "
+             f"{library_line(data)}", ""]
     if data.get("reading"):
         lines += ["## Reading", "", *data["reading"], ""]
     lines += ["## Summary (test nDCG@10; rows by pooled dev nDCG@10 at seed 0, the choosing score)", "",
@@ -417,9 +639,18 @@ def markdown(data: dict[str, Any], per_query: list[dict[str, Any]] | None = None
               f"- mining of the built-ins (MNRL's pooled dev): `{round2_mining_choice(data) or 'not chosen yet'}`; "
               f"st-hardneg's rows: `{OURS_MINING}`", ""]
     by = per_query_by_row(per_query or [])
-    if ours and builtins:
-        lines += ["## Best of st-hardneg against the best built-in (per-query test nDCG@10)", "",
-                  *paired_section(by, ours[0][0], builtins[0][0], f"{ours[0][0]} vs {builtins[0][0]}")]
+    recipe, best = round2_recipe_choice(data, builtin=False), round2_recipe_choice(data, builtin=True)
+    if recipe and best:
+        mnrl = f"mnrl@{round2_mining_choice(data) or OURS_MINING}"
+        lines += ["## The recipe against the best built-in and MNRL on the chosen mining (per-query test nDCG@10; "
+                  "Holm across the two datasets)", "",
+                  f"The recipe (st-hardneg's best row on pooled dev) is `{recipe}`; the best built-in `{best}`.", "",
+                  *paired_section(by, recipe, best, f"{recipe} vs {best}")]
+        if mnrl != best:
+            lines += paired_section(by, recipe, mnrl, f"{recipe} vs {mnrl}")
+    ties = tie_table(data)
+    if ties:
+        lines += ["## Ties (closer than two dev standard deviations at seed 0: settled on seeds 0-2)", "", ties, ""]
     control = [(c, round2_twin(c)) for key in ROUND2_LOSSES if (c := round2_loss_choice(data, key))]
     pairs = [(a, b) for a, b in control if any(k[1] == a for k in by) and any(k[1] == b for k in by)]
     if pairs:
@@ -442,6 +673,20 @@ def markdown(data: dict[str, Any], per_query: list[dict[str, Any]] | None = None
     return "\n".join(lines)
 
 
+def library_line(data: dict[str, Any]) -> str:
+    """Which library code trained the runs: the ``st_hardneg/`` tree of each run's commit (commits that differ only in
+    the benchmark driver share it), and how many ran beside another runner (one torch thread each)."""
+    trees = data.get("library_trees", {})
+    finished = [r for r in data["runs"] if "test" in r and "source" not in r]
+    used = sorted({r.get("library") or trees.get(r.get("commit", ""), "unknown") for r in finished})
+    side_by_side = sum(1 for r in finished if (r.get("runners") or 1) > 1)
+    text = (f"Library (`st_hardneg/` tree) of every run: `{used[0]}`." if len(used) == 1 else
+            f"Library trees of the runs: {', '.join(f'`{t}`' for t in used)} (runs from different trees are not "
+            "paired)." if used else "")
+    return text + (f" {side_by_side} run(s) ran beside another runner (one torch thread each, on 2 cores)."
+                   if side_by_side else "")
+
+
 def write_report(data: dict[str, Any], out: Path) -> None:
     from st_hardneg.reporting import write_json
 
@@ -449,7 +694,7 @@ def write_report(data: dict[str, Any], out: Path) -> None:
     out.with_suffix(".md").write_text(markdown(data, per_query_runs(out.with_name(out.stem + "_per_query.jsonl"))))
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data-dir", default=str(SHARED_DATA))
     parser.add_argument("--datasets", nargs="*", default=None, choices=list(ROUND2_DATASETS),
@@ -463,6 +708,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-steps", type=int, default=-1, help="smoke runs only (changes the protocol's length)")
     parser.add_argument("--budget-seconds", type=float, default=0, help="start no run after this many seconds")
     parser.add_argument("--report", action="store_true", help="only rewrite the tables from the JSON")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
     args = parser.parse_args(argv)
     out = Path(args.out)
     if args.report:
@@ -479,7 +729,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-__all__ = ["DEFAULT_OUT", "FIRST", "ROUND2_TEMPERATURES", "Method", "Runner", "evaluate", "import_untrained", "main",
+__all__ = ["BARRIER", "DEFAULT_OUT", "FIRST", "build_parser", "library_tree", "ROUND2_TEMPERATURES", "Method", "Runner", "evaluate", "import_untrained", "main",
            "markdown", "mine", "plan", "round2_protocol", "summary", "write_report"]
 
 if __name__ == "__main__":

@@ -417,10 +417,65 @@ def round2_loss_configs(key: str, control: bool = True) -> list[str]:
             for o in (False, True)]
 
 
+#: the first round's results, whose seed-to-seed spread of pooled dev sets what a tie is
+ROUND1_RESULTS = "retrieval_beir_screened.json"
+#: seeds a tie is settled on (issue 51: "ties closer than two dev standard deviations go to 3 seeds before choosing")
+TIE_SEEDS = (0, 1, 2)
+
+
+def round2_dev_sd(path: Any = None) -> float:
+    """The seed-to-seed standard deviation of pooled dev nDCG@10: the median over the first round's rows run at 3 or
+    more seeds (each seed's mean of the two dev tasks) of their standard deviation over seeds."""
+    import json
+    from pathlib import Path
+
+    from benchmarks.harness import RESULTS
+
+    data = json.loads(Path(path or RESULTS / ROUND1_RESULTS).read_text())
+    by: dict[str, dict[int, dict[str, float]]] = {}
+    for run in data["runs"]:
+        if run.get("stage") == "main" and "dev" in run:
+            by.setdefault(run["method"], {}).setdefault(run["seed"], {})[run["dataset"]] = run["dev"]["ndcg@10"]
+    spreads = [statistics.stdev(pooled) for seeds in by.values()
+               if len(pooled := [statistics.fmean(v.values()) for v in seeds.values() if len(v) == len(DATASETS)]) >= 3]
+    if not spreads:
+        raise ValueError(f"{path or ROUND1_RESULTS} has no row with 3 seeds on both datasets")
+    return statistics.median(spreads)
+
+
+def round2_tied(data: dict[str, Any], labels: list[str], sd: float | None = None) -> list[str]:
+    """The rows of ``labels`` within two dev standard deviations (:func:`round2_dev_sd`) of the best pooled dev at
+    seed 0, best first (one row when nothing is tied; none before any has run)."""
+    scored = round2_screened(data, labels)
+    if not scored:
+        return []
+    best = max(scored.values())
+    width = 2 * (round2_dev_sd() if sd is None else sd)
+    return sorted((k for k, v in scored.items() if best - v < width), key=lambda k: -scored[k])
+
+
+def round2_settled(data: dict[str, Any], label: str) -> float | None:
+    """The row's pooled dev nDCG@10 averaged over :data:`TIE_SEEDS` (``None`` until it has run at all of them on
+    both datasets)."""
+    for name in DATASETS:
+        if len(dev_values(data, "main", name, label, TIE_SEEDS)) < len(TIE_SEEDS):
+            return None
+    return pooled_dev(data, "main", label, TIE_SEEDS)
+
+
+def round2_choose(data: dict[str, Any], labels: list[str], sd: float | None = None) -> str | None:
+    """The best of ``labels`` on pooled dev: at seed 0, or, when rows are tied there (:func:`round2_tied`) and every
+    tied row has run at :data:`TIE_SEEDS` (:func:`round2_settled`), the best tied row over those seeds."""
+    tied = round2_tied(data, labels, sd)
+    settled = {label: round2_settled(data, label) for label in tied}
+    if len(tied) > 1 and None not in settled.values():
+        return max(tied, key=lambda k: settled[k])
+    return tied[0] if tied else None
+
+
 def round2_loss_choice(data: dict[str, Any], key: str) -> str | None:
-    """The loss's configuration with the control chosen on pooled dev at seed 0 among those run."""
-    scored = round2_screened(data, round2_loss_configs(key))
-    return max(scored, key=lambda k: scored[k]) if scored else None
+    """The loss's configuration with the control chosen on pooled dev among those run (:func:`round2_choose`)."""
+    return round2_choose(data, round2_loss_configs(key))
 
 
 def round2_best_temperature(data: dict[str, Any], key: str) -> float:
@@ -434,21 +489,30 @@ def round2_best_temperature(data: dict[str, Any], key: str) -> float:
 
 
 def round2_mining_choice(data: dict[str, Any]) -> str | None:
-    """The mining setting of the built-ins: MNRL's best pooled dev at seed 0."""
-    scored = round2_screened(data, [f"mnrl@{s}" for s in ROUND2_MINING])
-    return max(scored, key=lambda k: scored[k]).split("@", 1)[1] if scored else None
+    """The mining setting of the built-ins: MNRL's best pooled dev (:func:`round2_choose`)."""
+    chosen = round2_choose(data, [f"mnrl@{s}" for s in ROUND2_MINING])
+    return chosen.split("@", 1)[1] if chosen else None
+
+
+def round2_recipe_choice(data: dict[str, Any], builtin: bool) -> str | None:
+    """The best row of one side on pooled dev (:func:`round2_choose`): st-hardneg's (each loss's chosen configuration
+    with the control, and every row without it) is the recipe; sentence-transformers' is the best built-in."""
+    return round2_choose(data, round2_side_labels(data, builtin))
+
+
+def round2_side_labels(data: dict[str, Any], builtin: bool) -> list[str]:
+    """The rows of one side: the built-ins on every mining setting, or each loss's chosen configuration with the
+    control and every configuration without it."""
+    if builtin:
+        return [f"{b}@{s}" for b in ROUND2_BUILTINS for s in ROUND2_MINING]
+    labels = [c for key in ROUND2_LOSSES if (c := round2_loss_choice(data, key))]
+    return labels + [round2_label(key, control=False, temperature=t, option=o) for key in ROUND2_LOSSES
+                     for t in ROUND2_TEMPERATURES for o in (False, True)]
 
 
 def round2_side_ranking(data: dict[str, Any], builtin: bool) -> list[tuple[str, float]]:
-    """The rows of one side by pooled dev at seed 0, best first: the built-ins (every mining run), or each loss's
-    chosen configuration with the control and every row without it."""
-    if builtin:
-        labels = [f"{b}@{s}" for b in ROUND2_BUILTINS for s in ROUND2_MINING]
-    else:
-        labels = [c for key in ROUND2_LOSSES if (c := round2_loss_choice(data, key))]
-        labels += [round2_label(key, control=False, temperature=t, option=o) for key in ROUND2_LOSSES
-                   for t in ROUND2_TEMPERATURES for o in (False, True)]
-    scored = round2_screened(data, labels)
+    """The rows of one side (:func:`round2_side_labels`) by pooled dev at seed 0, best first."""
+    scored = round2_screened(data, round2_side_labels(data, builtin))
     return sorted(scored.items(), key=lambda kv: -kv[1])
 
 

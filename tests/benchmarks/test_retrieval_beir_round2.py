@@ -125,3 +125,180 @@ def test_the_committed_round2_report_is_its_json():
     assert data["protocol"] == r2.round2_protocol()
     finished = [r for r in data["runs"] if "test" in r and "source" not in r]
     assert all(r.get("commit") and r.get("train_seconds") and r.get("median_step_seconds") for r in finished)
+
+
+def _fake_runs(monkeypatch, tmp_path, sleep=0.0):
+    """The round's runner on two small BEIR folders with ``run_one`` replaced by a quick fake (dev nDCG@10 from the
+    row: ``b`` rows score above ``a`` rows)."""
+    import time
+
+    write_beir(tmp_path / "data" / "retrieval" / "scifact", dev=False)
+    write_beir(tmp_path / "data" / "retrieval" / "nfcorpus", dev=True)
+
+    def fake_run_one(label, method, seed, prep, negatives, roles, args):
+        if sleep:
+            time.sleep(sleep)
+        score = 40.0 + (5.0 if label.startswith("focal+ctl@t0.01") else 0.0) + seed
+        scores = {role: {"ndcg@10": score, "mrr@10": 1.0, "recall@100": 2.0} for role in roles}
+        return ({"dataset": prep.name, "method": label, "seed": seed, "train_seconds": 1.0,
+                 "median_step_seconds": 0.1, "steps": 1, "eval_seconds": 1.0, **scores},
+                {role: {f"{prep.name}-{label}-{seed}": score} for role in roles})
+
+    monkeypatch.setattr(r2, "run_one", fake_run_one)
+    monkeypatch.setattr(r2.Runner, "training_data", lambda self, name, setting: None)
+    monkeypatch.setattr(r2.Runner, "poll_seconds", 0.05)
+    out = tmp_path / "r.json"
+    argv = ["--data-dir", str(tmp_path / "data"), "--out", str(out), "--untrained-from", str(tmp_path / "none")]
+    return out, argv
+
+
+def _two_step_plan(data):
+    """A plan with a choice after a barrier: each loss at two temperatures, then the better one at seed 1."""
+    for label in ("focal+ctl", "focal+ctl@t0.01", "mixcse+ctl", "mixcse+ctl@t0.01"):
+        for name in r2.MAIN:
+            yield name, label, 0
+    yield r2.BARRIER
+    for key in ("focal", "mixcse"):
+        for name in r2.MAIN:
+            yield name, rows.round2_label(key, temperature=rows.round2_best_temperature(data, key)), 1
+
+
+def _check_consistent(out):
+    """Every item ran once; each per-query line is the run its record names."""
+    data = json.loads(out.read_text())
+    runs = [r for r in data["runs"] if "test" in r]
+    items = [(r["dataset"], r["method"], r["seed"]) for r in runs]
+    assert len(items) == len(set(items))
+    lines = r2.per_query_runs(out.with_name(out.stem + "_per_query.jsonl"))
+    assert len(lines) == len(runs)
+    for line in lines:
+        record = data["runs"][line["run"]]
+        assert record["per_query"].endswith(f"#{line['run']}")
+        assert (line["dataset"], line["method"], line["seed"]) == (record["dataset"], record["method"],
+                                                                     record["seed"])
+        assert line["ndcg@10"]["dev"] == {f"{record['dataset']}-{record['method']}-{record['seed']}":
+                                          record["dev"]["ndcg@10"]}
+    return data, items
+
+
+def test_two_runners_share_one_results_file_and_never_run_an_item_twice(tmp_path, monkeypatch):
+    out, argv = _fake_runs(monkeypatch, tmp_path)
+    args = r2.build_parser().parse_args(argv)
+    first, second = r2.Runner(args), r2.Runner(args)
+    assert first.claim("scifact", "focal+ctl", 0) == 1
+    assert second.run("scifact", "focal+ctl", 0) == "claimed"  # held by the first runner: left to it
+    assert second.run("nfcorpus", "focal+ctl", 0) == "ran"  # recorded while the first still holds its item
+    first._run("scifact", "focal+ctl", 0, 2)
+    first.release("scifact", "focal+ctl", 0)
+    assert second.run("scifact", "focal+ctl", 0) == "done" and first.run("nfcorpus", "focal+ctl", 0) == "done"
+    data, items = _check_consistent(out)
+    assert items == [("nfcorpus", "focal+ctl", 0), ("scifact", "focal+ctl", 0)]  # neither overwrote the other
+    assert [r["runners"] for r in data["runs"] if "test" in r] == [2, 2]
+    assert {r["library"] for r in data["runs"] if "test" in r} == {r2.library_tree("HEAD")}
+    assert data["library_trees"][r2.commit()] == r2.library_tree("HEAD")
+    assert not out.with_name("r_claims.json").exists()  # every claim released
+
+
+def test_a_barrier_waits_for_the_items_left_to_another_runner_and_runs_those_of_a_dead_one(tmp_path, monkeypatch):
+    import subprocess
+    import sys
+
+    out, argv = _fake_runs(monkeypatch, tmp_path)
+    args = r2.build_parser().parse_args(argv)
+    runner = r2.Runner(args)
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True).stdout.strip()
+    out.with_name("r_claims.json").write_text(json.dumps(
+        {"scifact/focal+ctl/0": {"pid": int(dead), "runner": "gone", "started": "x"}}))
+    assert runner.run("scifact", "focal+ctl", 0) == "ran"  # a dead runner's claim holds nothing
+    other = r2.Runner(args)
+    assert other.claim("nfcorpus", "focal+ctl", 0) == 1
+    waited = []
+
+    def sleep(seconds):  # while the runner waits, the other one finishes its item
+        waited.append(seconds)
+        other._run("nfcorpus", "focal+ctl", 0, 1)
+        other.release("nfcorpus", "focal+ctl", 0)
+
+    monkeypatch.setattr(r2.time, "sleep", sleep)
+    assert runner.settle([("nfcorpus", "focal+ctl", 0)]) is True
+    assert waited == [r2.Runner.poll_seconds]  # it waited once, until the other runner's item was recorded
+    assert sum(1 for r in runner.data["runs"] if r["method"] == "focal+ctl") == 2  # and chooses from it
+
+
+def _run_all_in_child(argv):
+    r2.run_all(r2.build_parser().parse_args(argv))
+
+
+def test_two_runner_processes_finish_the_plan_between_them_and_choose_from_the_same_runs(tmp_path, monkeypatch):
+    import multiprocessing
+    import time
+
+    out, argv = _fake_runs(monkeypatch, tmp_path, sleep=0.2)
+    monkeypatch.setattr(r2, "plan", _two_step_plan)
+    write_report = r2.write_report
+
+    def slow_write_report(data, path):  # a wide window between reading the file and writing it back
+        time.sleep(0.05)
+        write_report(data, path)
+
+    monkeypatch.setattr(r2, "write_report", slow_write_report)
+    context = multiprocessing.get_context("fork")  # the children keep this test's replacements
+    children = [context.Process(target=_run_all_in_child, args=(argv,)) for _ in range(2)]
+    for child in children:
+        child.start()
+    for child in children:
+        child.join(60)
+        assert child.exitcode == 0
+    data, items = _check_consistent(out)
+    expected = [(name, label, 0) for label in ("focal+ctl", "focal+ctl@t0.01", "mixcse+ctl", "mixcse+ctl@t0.01")
+                for name in r2.MAIN]
+    # after the barrier both chose from all eight screen runs: focal at 0.01 (dev 45), mixcse at 0.05 (a tie: the first)
+    expected += [(name, label, 1) for label in ("focal+ctl@t0.01", "mixcse+ctl") for name in r2.MAIN]
+    assert sorted(items) == sorted(expected)
+    assert {r["runners"] for r in data["runs"] if "test" in r} <= {1, 2}
+    assert any(r["runners"] == 2 for r in data["runs"] if "test" in r)  # they did run side by side
+    assert not out.with_name("r_claims.json").exists()
+
+
+def test_a_tie_is_settled_on_three_seeds_and_the_recipe_gets_five_paired_seeds(tmp_path):
+    import numpy as np
+
+    # the dev spread: per row, the standard deviation over seeds of the two dev tasks' mean; the median over rows
+    first = {"runs": [{"stage": "main", "dataset": name, "method": m, "seed": s, "dev": {"ndcg@10": v + d}}
+                      for m, values in (("a", (40.0, 41.0, 43.0)), ("b", (50.0, 50.5, 50.0)), ("c", (1.0, 9.0)))
+                      for s, v in enumerate(values) for name, d in (("scifact", 1.0), ("nfcorpus", -1.0))]}
+    (tmp_path / "first.json").write_text(json.dumps(first))
+    spreads = [np.std([40.0, 41.0, 43.0], ddof=1), np.std([50.0, 50.5, 50.0], ddof=1)]  # "c": 2 seeds, left out
+    assert rows.round2_dev_sd(tmp_path / "first.json") == pytest.approx(np.median(spreads))
+    sd = rows.round2_dev_sd()
+    configs = rows.round2_loss_configs("focal")
+    # seed 0: focal+ctl@t0.01 leads focal+ctl by less than two dev standard deviations, the option by more
+    runs = [_run(n, configs[0], 45.0) for n in r2.MAIN] + [_run(n, configs[2], 45.0 + sd) for n in r2.MAIN]
+    runs += [_run(n, configs[3], 45.0 - 3 * sd) for n in r2.MAIN]
+    runs += [_run(n, f"mnrl@{s}", 40.0 - i) for n in r2.MAIN for i, s in enumerate(rows.ROUND2_MINING)]
+    data = {"runs": runs}
+    assert rows.round2_tied(data, configs) == [configs[2], configs[0]]
+    assert rows.round2_loss_choice(data, "focal") == configs[2]  # seed 0 until the tie is settled
+    items = list(r2.plan(data))
+    assert [i for i in items if i[1] in configs and i[2]][:8] == [(n, label, seed) for seed in (1, 2) for label in
+                                                                  (configs[2], configs[0]) for n in r2.MAIN]
+    assert ("scifact", configs[3], 1) not in items  # not tied
+    # MNRL's mining settings are 1 apart at seed 0 (more than two dev standard deviations): no tie, no seeds 1-2
+    assert not [i for i in items if i[1].startswith("mnrl@") and i[0] in r2.MAIN and i[2] and i[1] != "mnrl@rel0.05"]
+    # seeds 1-2: the runner-up at seed 0 is better over the three seeds, so it is chosen
+    data["runs"] += [_run(n, configs[0], 46.0, seed=s) for n in r2.MAIN for s in (1, 2)]
+    data["runs"] += [_run(n, configs[2], 44.0, seed=s) for n in r2.MAIN for s in (1, 2)]
+    assert rows.round2_settled(data, configs[0]) == pytest.approx((45.0 + 46.0 + 46.0) / 3)
+    assert rows.round2_loss_choice(data, "focal") == configs[0]
+    items = list(r2.plan(data))
+    assert ("scifact", "focal", 0) in items  # the chosen configuration without the control
+    # the recipe (st-hardneg's best, here the only loss run), the best built-in and MNRL on the mining: seeds 0-4
+    recipe, best = rows.round2_recipe_choice(data, False), rows.round2_recipe_choice(data, True)
+    assert (recipe, best) == (configs[0], "mnrl@rel0.05")
+    for label in (recipe, best):
+        assert {i[2] for i in items if i[1] == label and i[0] in r2.MAIN} >= set(r2.PAIRED_SEEDS)
+    long = [i for i in items if i[0] == "nfcorpus_long"]
+    # each side's best two (st-hardneg's side holds each loss's chosen configuration: here one row), the chosen first
+    assert long[:3] == [("nfcorpus_long", label, 0) for label in (recipe, best, "mnrl@skip10_rel0.05")]
+    assert items[-1][0] == "nfcorpus_long"
