@@ -77,6 +77,8 @@ from benchmarks.retrieval_beir_rows import (
 )
 
 DEFAULT_OUT = RESULTS / "retrieval_beir_round2.json"
+#: the markers around the summary table in the report, where the docs' "which loss" page includes it from
+SUMMARY_START, SUMMARY_END = "<!-- summary -->", "<!-- /summary -->"
 #: the seeds of the recipe, the best built-in and MNRL on the chosen mining (issue 51: "5 paired seeds")
 PAIRED_SEEDS = (0, 1, 2, 3, 4)
 #: the first round's file whose untrained rows (the same evaluation) this file imports
@@ -633,7 +635,7 @@ def markdown(data: dict[str, Any], per_query: list[dict[str, Any]] | None = None
     if data.get("reading"):
         lines += ["## Reading", "", *data["reading"], ""]
     lines += ["## Summary (test nDCG@10; rows by pooled dev nDCG@10 at seed 0, the choosing score)", "",
-              summary(data), "",
+              SUMMARY_START, summary(data), SUMMARY_END, "",
               f"- best of st-hardneg on pooled dev: {', '.join(f'`{k}` {v:.2f}' for k, v in ours[:3]) or 'none yet'}",
               f"- best built-in on pooled dev: {', '.join(f'`{k}` {v:.2f}' for k, v in builtins[:3]) or 'none yet'}",
               f"- mining of the built-ins (MNRL's pooled dev): `{round2_mining_choice(data) or 'not chosen yet'}`; "

@@ -113,6 +113,9 @@ def test_runs_resume_record_their_commit_and_render_from_the_json(tmp_path, monk
     assert out.with_suffix(".md").read_text() == r2.markdown(data, r2.per_query_runs(
         out.with_name("r_per_query.jsonl")))
     assert "| focal+ctl | st-hardneg + control | 31.00 | 32.00 | 31.50 | 31.50 | 1 / 1 |" in r2.summary(data)
+    # the docs' "which loss" page includes the summary table from between these markers
+    text = out.with_suffix(".md").read_text()
+    assert text.split(r2.SUMMARY_START)[1].split(r2.SUMMARY_END)[0].strip() == r2.summary(data)
 
 
 def test_the_committed_round2_report_is_its_json():
