@@ -44,7 +44,7 @@ def no_duplicate_batches(rows: list[tuple[str, str]], batch_size: int, seed: int
 
 def share(folder: Path, seed: int, batch_size: int = BATCH_SIZE) -> dict[str, Any]:
     from benchmarks.retrieval_beir import prepare
-    from st_hardneg.training.retrieval import BEIR_TRAINING
+    from st_hardneg.training.protocol import BEIR_TRAINING
     from st_hardneg.training.sampling import PAIR_SAMPLING
 
     # the benchmark's own split: its dev task (NFCorpus's official one, SciFact's carved 20 %), its sampled pairs and

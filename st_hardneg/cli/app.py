@@ -77,7 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="sts: unsupervised sentences (--corpus), STS-B dev selection, 7-task STS table (the papers' "
                         "protocol); retrieval: (anchor, positive, mined hard negative) triplets of the MRPC train "
                         "pairs (or --train-file), the final model scored on MRPC paraphrase retrieval and STS "
-                        "(st_hardneg.training.retrieval); beir: the BEIR folder --data, negatives mined from its "
+                        "(st_hardneg.training.protocol); beir: the BEIR folder --data, negatives mined from its "
                         "corpus, dev and test nDCG@10 (BEIR_TRAINING)")
     t.add_argument("--data", default=None,
                    help="--task beir: a BEIR folder (corpus.jsonl, queries.jsonl, qrels/{train,test}.tsv)")
@@ -106,7 +106,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="--task retrieval: your own training rows instead of the mined MRPC triplets, a .jsonl, "
                         ".json, .csv or .tsv file whose text columns are, in order, anchor, positive[, negative ...]")
     t.add_argument("--mining-arg", action="append", metavar="KEY=VALUE",
-                   help="--task retrieval / beir: a mining setting of st_hardneg.training.retrieval.MINING (--loss "
+                   help="--task retrieval / beir: a mining setting of st_hardneg.training.protocol.MINING (--loss "
                         "recipe: of RETRIEVAL_RECIPE['mining']), repeatable, e.g. --mining-arg relative_margin=None "
                         "(the mining model is --model with mean pooling)")
     t.add_argument("--cache-dir", default=None,

@@ -17,7 +17,7 @@ TRAIN_TASKS = ("sts", "retrieval", "beir")
 #: ``--loss`` of the retrieval recipe (:func:`st_hardneg.training.recipe.recipe_loss`), for ``--task beir``
 RECIPE = "recipe"
 #: ``train`` defaults of ``--task sts`` (the papers' unsupervised protocol) for the options whose default depends on
-#: the task; ``--task retrieval`` takes them from :data:`st_hardneg.training.retrieval.TRAINING` (see
+#: the task; ``--task retrieval`` takes them from :data:`st_hardneg.training.protocol.TRAINING` (see
 #: :func:`task_defaults`)
 STS_DEFAULTS: dict[str, Any] = {"pooling": "cls", "max_seq_length": 32, "batch_size": 64, "lr": 3e-5,
                                 "warmup_ratio": 0.0, "epochs": 1.0, "eval_steps": 50}
@@ -47,12 +47,12 @@ WRONG_TASK_HINTS = {
 
 def task_defaults(task: str) -> dict[str, Any]:
     """The defaults of the ``train`` options left unset, per ``--task``: :data:`STS_DEFAULTS`, or for ``retrieval``
-    :data:`st_hardneg.training.retrieval.TRAINING` (``beir``: ``BEIR_TRAINING``; no STS-B dev selection:
+    :data:`st_hardneg.training.protocol.TRAINING` (``beir``: ``BEIR_TRAINING``; no STS-B dev selection:
     ``eval_steps`` 0) and the mined-set cache
-    :data:`~st_hardneg.training.retrieval.DEFAULT_CACHE_DIR`."""
+    :data:`~st_hardneg.training.protocol.DEFAULT_CACHE_DIR`."""
     if task == "sts":
         return dict(STS_DEFAULTS)
-    from st_hardneg.training.retrieval import BEIR_TRAINING, DEFAULT_CACHE_DIR, TRAINING
+    from st_hardneg.training.protocol import BEIR_TRAINING, DEFAULT_CACHE_DIR, TRAINING
 
     recipe = BEIR_TRAINING if task == "beir" else TRAINING
     return {"pooling": recipe["pooling"], "max_seq_length": recipe["max_seq_length"],

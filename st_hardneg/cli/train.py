@@ -1,9 +1,9 @@
 """``st-hardneg train``: the two training tasks behind the command line (see :mod:`st_hardneg.cli.app`).
 
 - ``--task sts`` (:func:`cmd_train`): the papers' unsupervised protocol, STS-B dev selection, the 7-task STS table;
-- ``--task retrieval`` (:func:`cmd_train_retrieval`): the recipe of :mod:`st_hardneg.training.retrieval`;
+- ``--task retrieval`` (:func:`cmd_train_retrieval`): the recipe of :mod:`st_hardneg.training.protocol`;
 - ``--task beir --data PATH`` (:func:`cmd_train_beir`): any BEIR folder: mined negatives from the whole corpus, dev and
-  test nDCG@10 (:data:`st_hardneg.training.retrieval.BEIR_TRAINING`).
+  test nDCG@10 (:data:`st_hardneg.training.protocol.BEIR_TRAINING`).
 
 Options whose default depends on the task are ``None`` in the parser and filled by
 :func:`st_hardneg.cli.checks.resolve_train_args`, which also refuses options of the other task; the other checks that
@@ -177,7 +177,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 def _recipe_config(args: argparse.Namespace) -> Any:
     """The :class:`~st_hardneg.training.loop.TrainConfig` of ``--task retrieval`` / ``beir`` from ``args``."""
-    from st_hardneg.training import retrieval as recipe
+    from st_hardneg.training import protocol as recipe
 
     return recipe.train_config(Path(args.output_dir) / "checkpoints", seed=args.seed, batch_size=args.batch_size,
                                learning_rate=args.lr, epochs=args.epochs, warmup_ratio=args.warmup_ratio,
@@ -245,10 +245,10 @@ def _train_and_save(args: argparse.Namespace, dataset: Any, config: Any, score: 
 
 
 def cmd_train_retrieval(args: argparse.Namespace) -> int:
-    """``train --task retrieval`` (``args`` resolved): the recipe of :mod:`st_hardneg.training.retrieval`."""
+    """``train --task retrieval`` (``args`` resolved): the recipe of :mod:`st_hardneg.training.protocol`."""
     from st_hardneg.data.mrpc import build_mrpc_retrieval
     from st_hardneg.data.senteval import STS_TASKS, check_sts_data, resolve_senteval_dir
-    from st_hardneg.training import retrieval as recipe
+    from st_hardneg.training import protocol as recipe
 
     mining = parse_loss_args(args.mining_arg, "--mining-arg")
     config = _recipe_config(args)
@@ -283,7 +283,7 @@ def cmd_train_retrieval(args: argparse.Namespace) -> int:
 
 def cmd_train_beir(args: argparse.Namespace) -> int:
     """``train --task beir --data PATH`` (``args`` resolved): mine from the whole corpus, train, score dev and test."""
-    from st_hardneg.training import retrieval as recipe
+    from st_hardneg.training import protocol as recipe
 
     mining = parse_loss_args(args.mining_arg, "--mining-arg")
     if args.loss == RECIPE:  # the recipe's negatives (RETRIEVAL_RECIPE["mining"]), --mining-arg on top
