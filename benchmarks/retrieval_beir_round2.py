@@ -1,6 +1,6 @@
 """Two-dataset retrieval benchmark, second round (issue 51): every st-hardneg loss with the recipe's false-negative
 control beside the same loss without it, sentence-transformers' built-ins on their own dev-chosen mining, and a
-longer NFCorpus protocol; resumable, one process.
+longer NFCorpus protocol; resumable, and safe to run as several processes on one results file (:class:`Runner`).
 
 The first round's protocol (:data:`~benchmarks.retrieval_beir_rows.PROTOCOL`: all-MiniLM-L6-v2 as published, 128 /
 256 tokens, batch 32, lr 2e-5, 10 % warm-up, 1 epoch, graded nDCG@10 on SciFact and NFCorpus, options chosen on pooled
@@ -18,10 +18,13 @@ dev at seed 0) with these changes:
 - **Longer NFCorpus** (dataset ``nfcorpus_long``): ~5,000 pairs (156 steps) for the best rows of each side.
 
 Order (a finished (dataset, row, seed) is skipped; each item runs on both datasets): the seed-0 screens, most
-informative first (:func:`plan`); the built-ins on the chosen mining; each chosen loss without the control; seeds 1-2
-of the best rows; the longer NFCorpus protocol. The results record the commit they ran from.
+informative first (:func:`plan`); ties closer than two dev standard deviations settled on seeds 0-2; the built-ins on
+the chosen mining; each chosen loss without the control; the recipe and the best built-in (ties settled likewise);
+their 5 paired seeds and MNRL's on the chosen mining; the longer NFCorpus protocol. The results record the commit
+and the library tree each run ran from.
 
     python -m benchmarks.retrieval_beir_round2                      # -> results/retrieval_beir_round2.*
+    python -m benchmarks.retrieval_beir_round2 &                    # a second runner: it takes the next free item
     python -m benchmarks.retrieval_beir_round2 --budget-seconds 3000
     python -m benchmarks.retrieval_beir_round2 --report             # tables from the JSON only
 """
