@@ -692,11 +692,97 @@ def library_line(data: dict[str, Any]) -> str:
                    if side_by_side else "")
 
 
-def write_report(data: dict[str, Any], out: Path) -> None:
+def control_points(data: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
+    """Per dataset, each loss's chosen configuration with the control and the same configuration without it: test
+    nDCG@10 averaged over each row's seeds (``None`` where a row has not run), with the seeds; and the references:
+    the untrained model, the best built-in and MNRL on the chosen mining."""
+    out: dict[str, list[dict[str, Any]]] = {}
+    for name in MAIN:
+        points = []
+        for key in ROUND2_LOSSES:
+            chosen = round2_loss_choice(data, key)
+            if chosen is None:
+                continue
+            point: dict[str, Any] = {"loss": key, "label": chosen}
+            for side_, label in (("with", chosen), ("without", round2_twin(chosen))):
+                values = [r["test"]["ndcg@10"] for r in _runs(data, name, label)]
+                point[side_] = _mean(values)
+                point[f"{side_}_seeds"] = len(values)
+            points.append(point)
+        out[name] = points
+    return out
+
+
+def reference_lines(data: dict[str, Any], name: str) -> dict[str, float]:
+    """The vertical lines of :func:`plot` on ``name``: test nDCG@10 of the untrained model, of the best built-in and
+    of MNRL on the chosen mining (mean over their seeds; those run)."""
+    rows = {"untrained": "untrained", "best built-in": round2_recipe_choice(data, builtin=True),
+            "MNRL, chosen mining": f"mnrl@{round2_mining_choice(data)}" if round2_mining_choice(data) else None}
+    lines: dict[str, float] = {}
+    drawn: dict[str, str] = {}
+    for title, label in rows.items():
+        values = [r["test"]["ndcg@10"] for r in _runs(data, name, label)] if label else []
+        if not values:
+            continue
+        if label in drawn:  # the best built-in is MNRL on the chosen mining: one line, both titles
+            key = drawn[label]
+            lines[key.replace(f" ({label})", f", {title} ({label})")] = lines.pop(key)
+            drawn[label] = key.replace(f" ({label})", f", {title} ({label})")
+            continue
+        drawn[label] = f"{title} ({label})" if label != "untrained" else title
+        lines[drawn[label]] = statistics.fmean(values)
+    return lines
+
+
+def plot(data: dict[str, Any], path: Path) -> bool:
+    """``path``: per dataset, each loss's chosen configuration with the false-negative control (filled) and without
+    it (open), test nDCG@10, against the untrained model, the best built-in and MNRL on the chosen mining; ``False``
+    (nothing written) before any loss has a chosen configuration."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    points = control_points(data)
+    if not any(points.values()):
+        return False
+    fig, axes = plt.subplots(1, len(MAIN), figsize=(11, 2.6 + 0.45 * max(len(v) for v in points.values())))
+    styles = ("grey", ":"), ("tab:red", "--"), ("tab:purple", "-.")
+    for ax, name in zip(axes, MAIN, strict=True):
+        rows = points[name]
+        for i, point in enumerate(rows):
+            xs = [v for v in (point["with"], point["without"]) if v is not None]
+            if len(xs) == 2:
+                ax.plot(xs, [i, i], color="tab:blue", lw=1, zorder=1)
+            if point["with"] is not None:
+                ax.scatter([point["with"]], [i], color="tab:blue", zorder=2,
+                           label="with the control" if i == 0 else None)
+            if point["without"] is not None:
+                ax.scatter([point["without"]], [i], facecolors="white", edgecolors="tab:blue", zorder=2,
+                           label="without" if i == 0 else None)
+        for (title, value), (color, style) in zip(reference_lines(data, name).items(), styles, strict=False):
+            ax.axvline(value, color=color, ls=style, lw=1, label=f"{title} {value:.2f}")
+        ax.set_yticks(range(len(rows)), [f"{p['label']}\n({p['with_seeds']} / {p['without_seeds']} seeds)"
+                                         for p in rows], fontsize=8)
+        ax.set_ylim(len(rows) - 0.5, -0.5)
+        ax.set_xlabel(f"{name} test nDCG@10")
+        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.22), ncol=2, frameon=False)
+    fig.suptitle("Each loss's chosen configuration with (filled) and without (open) the false-negative control",
+                 fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100, metadata={"Software": None})
+    plt.close(fig)
+    return True
+
+
+def write_report(data: dict[str, Any], out: Path, figure: bool = False) -> None:
+    """The JSON, its Markdown report, and with ``figure`` the figure (:func:`plot`, ``<out stem>.png``)."""
     from st_hardneg.reporting import write_json
 
     write_json(out, data)
     out.with_suffix(".md").write_text(markdown(data, per_query_runs(out.with_name(out.stem + "_per_query.jsonl"))))
+    if figure:
+        plot(data, out.with_suffix(".png"))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -723,7 +809,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.report:
         if not out.is_file():
             parser.error(f"--report reads the results file, and there is none at {out}")
-        write_report(json.loads(out.read_text()), out)
+        write_report(json.loads(out.read_text()), out, figure=True)
         print(out.with_suffix(".md").read_text())
         return 0
     if os.environ.get("OMP_NUM_THREADS") is None:

@@ -305,3 +305,23 @@ def test_a_tie_is_settled_on_three_seeds_and_the_recipe_gets_five_paired_seeds(t
     # each side's best two (st-hardneg's side holds each loss's chosen configuration: here one row), the chosen first
     assert long[:3] == [("nfcorpus_long", label, 0) for label in (recipe, best, "mnrl@skip10_rel0.05")]
     assert items[-1][0] == "nfcorpus_long"
+
+
+def test_the_figure_shows_each_chosen_configuration_with_and_without_the_control(tmp_path):
+    runs = [_run(n, "focal+ctl", 40.0, test=t) for n, t in zip(r2.MAIN, (60.0, 30.0), strict=True)]
+    runs += [_run(n, "focal+ctl@t0.01", 45.0, test=t, seed=s) for n, t in zip(r2.MAIN, (62.0, 31.0), strict=True)
+             for s in (0, 1)]
+    runs += [_run("scifact", "focal@t0.01", 44.0, test=61.0)]  # its twin, on SciFact only so far
+    runs += [_run(n, "mnrl@pairs", 42.0, test=t) for n, t in zip(r2.MAIN, (63.0, 29.0), strict=True)]
+    runs += [{"stage": "untrained", "dataset": n, "method": "untrained", "seed": None, "dev": {"ndcg@10": 1.0},
+              "test": {"ndcg@10": t}} for n, t in zip(r2.MAIN, (64.5, 31.6), strict=True)]
+    data = {"runs": runs}
+    assert not r2.plot({"runs": []}, tmp_path / "none.png") and not (tmp_path / "none.png").exists()
+    points = r2.control_points(data)
+    assert points["scifact"] == [{"loss": "focal", "label": "focal+ctl@t0.01", "with": 62.0, "with_seeds": 2,
+                                  "without": 61.0, "without_seeds": 1}]
+    assert points["nfcorpus"][0]["without"] is None and points["nfcorpus"][0]["with"] == 31.0
+    # the best built-in is MNRL on the chosen mining: one line with both titles
+    assert r2.reference_lines(data, "nfcorpus") == {
+        "untrained": 31.6, "best built-in, MNRL, chosen mining (mnrl@pairs)": 29.0}
+    assert r2.plot(data, tmp_path / "f.png") and (tmp_path / "f.png").read_bytes()[:4] == b"\x89PNG"
