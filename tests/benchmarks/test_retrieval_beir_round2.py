@@ -325,3 +325,29 @@ def test_the_figure_shows_each_chosen_configuration_with_and_without_the_control
     assert r2.reference_lines(data, "nfcorpus") == {
         "untrained": 31.6, "best built-in, MNRL, chosen mining (mnrl@pairs)": 29.0}
     assert r2.plot(data, tmp_path / "f.png") and (tmp_path / "f.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_the_target_line_judges_the_mean_each_dataset_and_holm():
+    import random
+
+    rng = random.Random(0)
+    base = {name: {f"q{i}": rng.uniform(20, 80) for i in range(60)} for name in r2.MAIN}
+
+    def by(gain, seeds=r2.PAIRED_SEEDS):
+        out = {}
+        for name in r2.MAIN:
+            out[(name, "best")] = {s: dict(base[name]) for s in seeds}
+            out[(name, "recipe")] = {s: {q: v + gain[name] + rng.uniform(-0.5, 0.5) for q, v in base[name].items()}
+                                     for s in seeds}
+        return out
+
+    met = r2.target_line(by({"scifact": 2.0, "nfcorpus": 1.5}), "recipe", "best")
+    assert met.endswith("**met**") and "5 paired seed(s)" in met
+    short = r2.target_line(by({"scifact": 0.6, "nfcorpus": 0.6}), "recipe", "best")
+    mean = float(short.split("mean ")[1].split(";")[0])
+    assert abs(mean - 0.6) < 0.1 and f"not met: {1.0 - mean:.2f} short on the mean" in short
+    behind = r2.target_line(by({"scifact": 3.0, "nfcorpus": -0.5}), "recipe", "best")  # mean +1.25, behind on one
+    assert "not met: not ahead, or not significant, on each dataset" in behind
+    provisional = r2.target_line(by({"scifact": 2.0, "nfcorpus": 1.5}, seeds=(0,)), "recipe", "best")
+    assert "1 paired seed(s)" in provisional and "provisional: 5 seeds planned" in provisional
+    assert "not judged yet" in r2.target_line({}, "recipe", "best")
