@@ -265,7 +265,7 @@ class Runner:
     def _claims(self) -> dict[str, dict[str, Any]]:
         """The live claims (a claim whose process is gone is dropped)."""
         claims = json.loads(self.claims_path.read_text()) if self.claims_path.is_file() else {}
-        return {item: claim for item, claim in claims.items() if _alive(claim["pid"])}
+        return {item: claim for item, claim in claims.items() if _alive(claim["pid"], claim.get("process_start"))}
 
     def _write_claims(self, claims: dict[str, dict[str, Any]]) -> None:
         if claims:
@@ -286,7 +286,8 @@ class Runner:
                 return "done"
             if item in claims:
                 return "claimed"
-            claims[item] = {"pid": os.getpid(), "runner": self.token, "started": time.strftime("%Y-%m-%d %H:%M:%S")}
+            claims[item] = {"pid": os.getpid(), "process_start": process_start(os.getpid()), "runner": self.token,
+                            "started": time.strftime("%Y-%m-%d %H:%M:%S")}
             self._write_claims(claims)
             return len({c["runner"] for c in claims.values()})
 
@@ -388,14 +389,27 @@ class Runner:
         self.append(record, per_query)
 
 
-def _alive(pid: int) -> bool:
+def process_start(pid: int) -> str | None:
+    """When process ``pid`` started (``/proc/<pid>/stat``'s start time, in clock ticks since boot), or ``None`` where
+    there is no ``/proc`` (or no such process). A claim records it, so that a later process given the same pid (after
+    a restart) does not hold a dead runner's claims."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat.rsplit(")", 1)[1].split()[19]  # field 22; the command name may hold spaces and parentheses
+
+
+def _alive(pid: int, started: str | None = None) -> bool:
+    """Whether the runner process that made a claim still runs: ``pid`` exists and, where the claim recorded it, it
+    is the same process (:func:`process_start`)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except PermissionError:  # another user's process: alive
-        return True
-    return True
+    except PermissionError:  # another user's process
+        pass
+    return started is None or process_start(pid) in (None, started)
 
 
 def import_untrained(data: dict[str, Any], path: Path) -> None:

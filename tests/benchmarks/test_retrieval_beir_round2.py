@@ -351,3 +351,17 @@ def test_the_target_line_judges_the_mean_each_dataset_and_holm():
     provisional = r2.target_line(by({"scifact": 2.0, "nfcorpus": 1.5}, seeds=(0,)), "recipe", "best")
     assert "1 paired seed(s)" in provisional and "provisional: 5 seeds planned" in provisional
     assert "not judged yet" in r2.target_line({}, "recipe", "best")
+
+
+def test_a_claim_of_an_earlier_process_with_the_same_pid_holds_nothing(tmp_path, monkeypatch):
+    import os
+
+    out, argv = _fake_runs(monkeypatch, tmp_path)
+    runner = r2.Runner(r2.build_parser().parse_args(argv))
+    claims = out.with_name("r_claims.json")
+    mine = {"pid": os.getpid(), "process_start": r2.process_start(os.getpid()), "runner": "other", "started": "x"}
+    claims.write_text(json.dumps({"scifact/focal+ctl/0": mine}))
+    assert runner.run("scifact", "focal+ctl", 0) == "claimed"  # this very process: alive
+    reused = {**mine, "process_start": str(int(mine["process_start"]) - 1)}  # the same pid, an earlier process
+    claims.write_text(json.dumps({"scifact/focal+ctl/0": reused}))
+    assert runner.run("scifact", "focal+ctl", 0) == "ran"
