@@ -571,13 +571,30 @@ def target_line(by: dict[tuple[str, str], dict[int, dict[str, float]]], recipe: 
         return "- target: not judged yet (no seed with per-query scores of both rows on both datasets)"
     rows = compare_rows(by, list(MAIN), seeds, recipe, best).rows
     mean = statistics.fmean(r.mean_difference for r in rows)
-    parts = [f"{r.dataset} {r.mean_difference:+.2f} (Holm p {r.p_randomization_holm:.3g})" for r in rows]
+    parts = [f"{r.dataset} {r.mean_difference:+.2f} (Holm p {r.p_randomization_holm:.3g}; detectable "
+             f"{detectable_difference(r.differences, len(rows)):.2f})" for r in rows]
     met = mean >= TARGET_MEAN and all(r.mean_difference > 0 and r.p_randomization_holm < TARGET_P for r in rows)
     verdict = "met" if met else (f"not met: {TARGET_MEAN - mean:.2f} short on the mean" if mean < TARGET_MEAN
                                  else "not met: not ahead, or not significant, on each dataset")
     return (f"- target (+{TARGET_MEAN:.1f} on the two datasets' mean, ahead on each, Holm p < {TARGET_P} on each), "
             f"{len(seeds)} paired seed(s): mean {mean:+.2f}; {'; '.join(parts)}: **{verdict}**"
-            + ("" if len(seeds) >= len(PAIRED_SEEDS) else f" (provisional: {len(PAIRED_SEEDS)} seeds planned)"))
+            + ("" if len(seeds) >= len(PAIRED_SEEDS) else f" (provisional: {len(PAIRED_SEEDS)} seeds planned)")
+            + ". Detectable: the smallest difference this test would find significant after Holm with 80 % power, "
+            "at the per-query spread of the differences (`detectable_difference`)")
+
+
+def detectable_difference(differences: list[float], comparisons: int, power: float = 0.8) -> float:
+    """The smallest mean difference a paired test over these queries finds significant at :data:`TARGET_P` after
+    Holm over ``comparisons`` (the strictest level, ``TARGET_P / comparisons``, two-sided) with probability
+    ``power``: ``(z(1 - alpha / 2) + z(power)) * sd / sqrt(n)`` of the per-query differences (normal
+    approximation)."""
+    from statistics import NormalDist
+
+    if len(differences) < 2:
+        return float("nan")
+    z = NormalDist().inv_cdf
+    alpha = TARGET_P / comparisons
+    return (z(1 - alpha / 2) + z(power)) * statistics.stdev(differences) / len(differences) ** 0.5
 
 
 def tie_table(data: dict[str, Any]) -> str:
