@@ -82,6 +82,13 @@ from benchmarks.retrieval_beir_rows import (
 DEFAULT_OUT = RESULTS / "retrieval_beir_round2.json"
 #: the markers around the summary table in the report, where the docs' "which loss" page includes it from
 SUMMARY_START, SUMMARY_END = "<!-- summary -->", "<!-- /summary -->"
+#: the markers around the per-data-shape table, which the "which loss" page includes too
+SHAPES_START, SHAPES_END = "<!-- shapes -->", "<!-- /shapes -->"
+#: the data shape each dataset stands for (the share of training rows whose batch of 32 holds a candidate the training
+#: qrels mark relevant to the row's query: ``benchmarks/results/known_relevance_share.md``)
+SHAPES = {"scifact": "few judged documents per query (SciFact-like: 0.7-1.1 % of rows hold a known relevant "
+                     "in-batch candidate)",
+          "nfcorpus": "many judged documents per query (NFCorpus-like: 29-34 % of rows hold one)"}
 #: the seeds of the recipe, the best built-in and MNRL on the chosen mining (issue 51: "5 paired seeds")
 PAIRED_SEEDS = (0, 1, 2, 3, 4)
 #: the first round's file whose untrained rows (the same evaluation) this file imports
@@ -626,6 +633,37 @@ def tie_table(data: dict[str, Any]) -> str:
             + markdown_table(["choice", "row", "pooled dev, seed 0", "pooled dev, seeds 0-2", ""], body).rstrip("\n"))
 
 
+def best_on(data: dict[str, Any], name: str, builtin: bool) -> str | None:
+    """The row of one side with the best dev nDCG@10 on dataset ``name`` alone at seed 0: what a team with data of
+    that shape would choose on its own dev split, among every configuration of st-hardneg's losses (with and without
+    the control) or every built-in row."""
+    labels = round2_side_labels(data, True) if builtin else [label for label in round2_rows() if round2_key(label)]
+    scored = {label: values[0] for label in labels
+              if (values := [r["dev"]["ndcg@10"] for r in _runs(data, name, label) if r["seed"] == 0])}
+    return max(scored, key=lambda k: scored[k]) if scored else None
+
+
+def _seeds(count: int) -> str:
+    return f"{count} seed" + ("s" if count != 1 else "")
+
+
+def shape_table(data: dict[str, Any]) -> str:
+    """Per data shape (:data:`SHAPES`): the best row of st-hardneg and of sentence-transformers on that dataset's own
+    dev (seed 0), their test nDCG@10 (mean ± std over their seeds) and the difference of the means."""
+    from st_hardneg.reporting import markdown_table, mean_std_text
+
+    body = []
+    for name in MAIN:
+        ours, theirs = best_on(data, name, builtin=False), best_on(data, name, builtin=True)
+        tests = {label: [r["test"]["ndcg@10"] for r in _runs(data, name, label)] for label in (ours, theirs) if label}
+        difference = (f"{statistics.fmean(tests[ours]) - statistics.fmean(tests[theirs]):+.2f}"
+                      if ours and theirs else "–")
+        body.append([SHAPES[name], *(f"`{label}`: {mean_std_text(tests[label])} ({_seeds(len(tests[label]))})"
+                                     if label else "not run" for label in (ours, theirs)), difference])
+    return markdown_table(["data shape", "st-hardneg, best on this dataset's dev", "sentence-transformers, best on "
+                           "this dataset's dev", "difference (test)"], body).rstrip("\n")
+
+
 def dataset_table(data: dict[str, Any], name: str) -> str:
     from st_hardneg.reporting import markdown_table, mean_std_text
 
@@ -697,6 +735,8 @@ def markdown(data: dict[str, Any], per_query: list[dict[str, Any]] | None = None
               f"- best built-in on pooled dev: {', '.join(f'`{k}` {v:.2f}' for k, v in builtins[:3]) or 'none yet'}",
               f"- mining of the built-ins (MNRL's pooled dev): `{round2_mining_choice(data) or 'not chosen yet'}`; "
               f"st-hardneg's rows: `{OURS_MINING}`", ""]
+    lines += ["## By data shape (each side's best row on one dataset's dev, seed 0; test nDCG@10)", "",
+              SHAPES_START, shape_table(data), SHAPES_END, ""]
     by = per_query_by_row(per_query or [])
     recipe, best = round2_recipe_choice(data, builtin=False), round2_recipe_choice(data, builtin=True)
     if recipe and best:

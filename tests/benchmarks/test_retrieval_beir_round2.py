@@ -116,6 +116,7 @@ def test_runs_resume_record_their_commit_and_render_from_the_json(tmp_path, monk
     # the docs' "which loss" page includes the summary table from between these markers
     text = out.with_suffix(".md").read_text()
     assert text.split(r2.SUMMARY_START)[1].split(r2.SUMMARY_END)[0].strip() == r2.summary(data)
+    assert text.split(r2.SHAPES_START)[1].split(r2.SHAPES_END)[0].strip() == r2.shape_table(data)
 
 
 def test_the_committed_round2_report_is_its_json():
@@ -383,3 +384,18 @@ def test_a_claim_of_an_earlier_process_with_the_same_pid_holds_nothing(tmp_path,
     reused = {**mine, "process_start": str(int(mine["process_start"]) - 1)}  # the same pid, an earlier process
     claims.write_text(json.dumps({"scifact/focal+ctl/0": reused}))
     assert runner.run("scifact", "focal+ctl", 0) == "ran"
+
+
+def test_each_data_shape_takes_each_sides_best_row_on_that_datasets_own_dev(tmp_path):
+    runs = [_run("scifact", "focal+ctl", 50.0, test=60.0), _run("nfcorpus", "focal+ctl", 30.0, test=33.0),
+            _run("scifact", "focal@t0.01", 55.0, test=58.0), _run("nfcorpus", "focal@t0.01", 20.0, test=25.0),
+            _run("scifact", "focal@t0.01", 54.0, test=59.0, seed=1),
+            _run("scifact", "mnrl@pairs", 52.0, test=57.0), _run("nfcorpus", "mnrl@pairs", 29.0, test=31.0),
+            _run("scifact", "gist@pairs", 51.0, test=99.0), _run("nfcorpus", "gist@pairs", 29.5, test=32.0)]
+    data = {"runs": runs}
+    assert [r2.best_on(data, n, builtin=False) for n in r2.MAIN] == ["focal@t0.01", "focal+ctl"]  # dev, not test
+    assert [r2.best_on(data, n, builtin=True) for n in r2.MAIN] == ["mnrl@pairs", "gist@pairs"]
+    table = r2.shape_table(data)
+    assert "| `focal@t0.01`: 58.50 ± 0.71 (2 seeds) | `mnrl@pairs`: 57.00 (1 seed) | +1.50 |" in table
+    assert "| `focal+ctl`: 33.00 (1 seed) | `gist@pairs`: 32.00 (1 seed) | +1.00 |" in table
+    assert r2.shape_table({"runs": []}).count("not run") == 4
