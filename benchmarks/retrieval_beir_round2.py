@@ -429,7 +429,7 @@ def import_untrained(data: dict[str, Any], path: Path) -> None:
                                 | {"source": f"{path.name} (the same evaluation)"})
 
 
-#: what :func:`plan` yields where its next items are chosen from finished runs: a runner waits there until no other
+#: what :func:`plan` yields where its next items are chosen from finished runs: a runner waits there until every
 #: item it left to another runner has finished (:meth:`Runner.settle`), so that every runner chooses from the same runs
 BARRIER = ("", "", -1)
 
