@@ -90,6 +90,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "rows, the untrained model guiding a relative false-negative margin, negatives mined without "
                         "a margin) with the folder's training qrels as known positives, its options replaced by "
                         "--loss-arg")
+    t.add_argument("--control", action="store_true",
+                   help="--task beir: give --loss the retrieval recipe's false-negative control (st_hardneg.training."
+                        "recipe.FALSE_NEGATIVE_CONTROL): the model as given, frozen, guides a relative 0.05 margin, "
+                        "and the folder's training qrels are known positives; --loss-arg replaces margin / "
+                        "margin_strategy (--loss recipe has it already)")
     t.add_argument("--loss-arg", action="append", metavar="KEY=VALUE",
                    help="a loss hyperparameter, repeatable, e.g. --loss-arg lam=0.3 --loss-arg partner=random")
     t.add_argument("--model", default=None,

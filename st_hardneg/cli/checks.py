@@ -26,7 +26,7 @@ TASK_ONLY_OPTIONS: dict[str, tuple[str, tuple[str, ...]]] = {
     "corpus": ("--corpus", ("sts",)), "eval_steps": ("--eval-steps", ("sts",)),
     "train_file": ("--train-file", ("retrieval",)), "cache_dir": ("--cache-dir", ("retrieval", "beir")),
     "mining_arg": ("--mining-arg", ("retrieval", "beir")), "no_sts": ("--no-sts", ("retrieval",)),
-    "data": ("--data", ("beir",)),
+    "data": ("--data", ("beir",)), "control": ("--control", ("beir",)),
 }
 #: ``SentenceTransformerTrainingArguments`` fields that have their own ``train`` option: ``--training-arg`` refuses
 #: them, naming the option
@@ -42,6 +42,8 @@ WRONG_TASK_HINTS = {
               "[, negative ...]) rows: use --train-file FILE",
     "train_file": "--train-file is for --task retrieval; --task sts trains on sentences: use --corpus FILE",
     "eval_steps": "--eval-steps (STS-B dev selection) is for --task sts; --task retrieval keeps the final model",
+    "control": "--control masks a BEIR folder's training qrels as known positives: use it with --task beir --data "
+               "FOLDER",
 }
 
 
@@ -76,6 +78,9 @@ def resolve_train_args(args: argparse.Namespace) -> argparse.Namespace:
     if getattr(args, "loss", None) == RECIPE and args.task != "beir":
         raise ValueError("--loss recipe is the BEIR retrieval recipe, which masks a folder's training qrels as known "
                          "positives: use it with --task beir --data FOLDER")
+    if getattr(args, "control", None) and getattr(args, "loss", None) == RECIPE:
+        raise ValueError("--loss recipe has the false-negative control already (its guide, margin and known "
+                         "positives): drop --control")
     if args.task == "beir" and not getattr(args, "data", None):
         raise ValueError("--task beir needs --data PATH: a BEIR folder (corpus.jsonl, queries.jsonl, qrels/*.tsv)")
     if args.train_file is not None and (args.mining_arg or args.cache_dir is not None):

@@ -80,6 +80,11 @@ def cmd_train(args: argparse.Namespace) -> int:
         from st_hardneg.training.recipe import check_recipe_overrides
 
         check_recipe_overrides(parse_loss_args(args.loss_arg), "--loss-arg")
+    elif getattr(args, "control", None):
+        from st_hardneg.training.recipe import check_control
+
+        check_control(args.loss, parse_loss_args(args.loss_arg), "--loss-arg")  # a loss that takes it; names
+        check_loss_values(args.loss, parse_loss_args(args.loss_arg))
     else:
         check_loss_args(args.loss, parse_loss_args(args.loss_arg))  # names (and no model=), before any model loads
         check_loss_values(args.loss, parse_loss_args(args.loss_arg))  # and the values, by the loss's own checks
@@ -150,7 +155,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     payload = {
         "loss": args.loss,
         "loss_config": run.loss_config,
-        "loss_call": _loss_call(args.loss, loss_kwargs),
+        "loss_call": _loss_call(args.loss, loss_kwargs, bool(getattr(args, "control", None))),
+        "control": bool(getattr(args, "control", None)),
         "model": args.model or "default (all-MiniLM-L6-v2, embedded)",
         "pooling": args.pooling,
         "mlp_head": args.mlp_head,
@@ -191,7 +197,8 @@ def _train_and_save(args: argparse.Namespace, dataset: Any, config: Any, score: 
                     known: dict[str, set[str]] | None = None) -> tuple[Any, Path, int]:
     """Train ``args.loss`` on ``dataset``, score the final model with ``score``, save it to ``OUTPUT/final`` and
     write ``OUTPUT/results.json`` (``head`` first, then the shared fields); returns ``(run, final, planned)``.
-    ``known``: the training qrels (query → relevant texts), the known positives of ``--loss recipe``."""
+    ``known``: the training qrels (query → relevant texts), the known positives of ``--loss recipe`` and of
+    ``--control``."""
     from transformers import set_seed
 
     from st_hardneg.reporting import write_json
@@ -212,6 +219,10 @@ def _train_and_save(args: argparse.Namespace, dataset: Any, config: Any, score: 
         from st_hardneg.training.recipe import recipe_loss
 
         loss = recipe_loss(model, known, **loss_kwargs)
+    elif getattr(args, "control", None):
+        from st_hardneg.training.recipe import controlled_loss
+
+        loss = controlled_loss(args.loss, model, known, **loss_kwargs)
     else:
         loss = build_loss(args.loss, model, **loss_kwargs)
     announce_loss(args, loss, loss_kwargs)
@@ -227,7 +238,8 @@ def _train_and_save(args: argparse.Namespace, dataset: Any, config: Any, score: 
         **head,
         "loss": args.loss,
         "loss_config": run.loss_config,
-        "loss_call": _loss_call(args.loss, loss_kwargs),
+        "loss_call": _loss_call(args.loss, loss_kwargs, bool(getattr(args, "control", None))),
+        "control": bool(getattr(args, "control", None)),
         "model": args.model or "default (all-MiniLM-L6-v2, embedded)",
         "pooling": args.pooling,
         "mlp_head": args.mlp_head,
@@ -329,11 +341,18 @@ def run_steps(num_examples: int, config: Any) -> int:
 
 
 
-def _loss_call(name: str, loss_kwargs: dict[str, Any]) -> str:
+def _loss_call(name: str, loss_kwargs: dict[str, Any], control: bool = False) -> str:
     """The class call that builds loss ``name`` with ``loss_kwargs`` (``recipe``: the recipe's loss, its options
-    replaced by ``loss_kwargs``, the training qrels as its known positives)."""
+    replaced by ``loss_kwargs``, the training qrels as its known positives; ``control``: ``name`` with the recipe's
+    false-negative control)."""
     from st_hardneg.training.registry import loss_call
 
+    if control and name != RECIPE:
+        from st_hardneg.training.recipe import CONTROL_EXTRA, FALSE_NEGATIVE_CONTROL
+
+        kwargs = {**{k: FALSE_NEGATIVE_CONTROL[k] for k in ("margin", "margin_strategy")},
+                  **CONTROL_EXTRA.get(name, {}), **loss_kwargs}
+        return f"{loss_call(name, kwargs)[:-1]}, guide=<the untrained model, frozen>, known_positives=<the training qrels>)"
     if name == RECIPE:
         from st_hardneg.training.recipe import RETRIEVAL_RECIPE
 
@@ -349,7 +368,7 @@ def announce_loss(args: argparse.Namespace, loss: Any, loss_kwargs: dict[str, An
     if args.quiet:
         return
     config = loss.get_config_dict() if hasattr(loss, "get_config_dict") else {}
-    print(f"loss {args.loss}: {_loss_call(args.loss, loss_kwargs)}")
+    print(f"loss {args.loss}: {_loss_call(args.loss, loss_kwargs, bool(getattr(args, 'control', None)))}")
     print(f"loss configuration: {json.dumps(json_safe(config))}", flush=True)
 
 

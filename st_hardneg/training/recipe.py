@@ -8,6 +8,8 @@
 - :func:`recipe_loss`: the loss alone, for a ``SentenceTransformerTrainer`` of your own (``st-hardneg train --task
   beir --loss recipe`` builds it so).
 - :func:`check_recipe_overrides`: the overrides of the recipe's loss options, checked before any model is built.
+- :data:`FALSE_NEGATIVE_CONTROL` and :func:`controlled_loss`: the recipe's false-negative control (guide, relative
+  margin, known positives) for any of st-hardneg's losses; :func:`check_control` checks such a request first.
 
 >>> from st_hardneg.training.recipe import RETRIEVAL_RECIPE
 >>> RETRIEVAL_RECIPE["loss"], RETRIEVAL_RECIPE["loss_kwargs"]["margin_strategy"], RETRIEVAL_RECIPE["guide"]
@@ -27,7 +29,8 @@ if TYPE_CHECKING:
 
     from st_hardneg.training.loop import TrainConfig
 
-__all__ = ["RETRIEVAL_RECIPE", "check_recipe_overrides", "recipe_loss", "retrieval_recipe"]
+__all__ = ["CONTROL_EXTRA", "FALSE_NEGATIVE_CONTROL", "RETRIEVAL_RECIPE", "check_control", "check_recipe_overrides",
+           "controlled_loss", "recipe_loss", "retrieval_recipe"]
 
 #: the st-hardneg retrieval recipe of ``benchmarks.retrieval_beir`` (its run with every row on the negatives its mining
 #: screen chose, ``results/retrieval_beir_screened.json``: chosen there on the pooled dev tasks of SciFact and NFCorpus among
@@ -46,6 +49,91 @@ RETRIEVAL_RECIPE: dict[str, Any] = {"loss": "mnrl_queue",
                                     "mining": {"num_candidates": 5, "relative_margin": None, "range_min": 0,
                                                "range_max": None},
                                     "batch_size": 32, "learning_rate": 2e-5, "warmup_ratio": 0.1, "epochs": 1}
+
+
+#: the recipe's false-negative control, for any of st-hardneg's losses (``st-hardneg train --task beir --control``;
+#: the ``+ctl`` rows of ``benchmarks/retrieval_beir_round2``): a relative 0.05 margin (a candidate scored above 95 %
+#: of the positive is not a negative: NV-Retriever's TopK-PercPos) judged by a guide, the model as given, frozen
+#: (GISTEmbedLoss's rule), and the known relevant documents (e.g. the training qrels) as ``known_positives``
+FALSE_NEGATIVE_CONTROL: dict[str, Any] = {"margin": 0.05, "margin_strategy": "relative", "guide": "untrained",
+                                          "known_positives": True}
+#: what the control needs besides, per loss: ``mixcse_two_way`` normalises each direction on its own
+#: (``partition_mode="per_direction"``), which cannot hold the anchor-anchor / positive-positive blocks that a guide
+#: turns on by default
+CONTROL_EXTRA: dict[str, dict[str, Any]] = {"mixcse_two_way": {"contrast_anchors": False, "contrast_positives": False}}
+
+
+def check_control(name: str, overrides: dict[str, Any], option: str = "loss_overrides") -> None:
+    """Refuse, before any model is built, the false-negative control (:func:`controlled_loss`) for a loss that cannot
+    take it (sentence-transformers' own losses take no guide or known positives), an override of what the control
+    sets itself (``guide``, ``known_positives``), or a keyword the loss does not accept. ``option`` names the
+    overrides in the message (``--loss-arg`` on the command line).
+
+    Raises:
+        ValueError: naming the loss or the keyword.
+    """
+    from st_hardneg.training.registry import check_loss_args, loss_argument_names
+
+    if not {"guide", "known_positives"} <= set(loss_argument_names(name)):
+        raise ValueError(f"the false-negative control needs a loss that takes a guide and known positives; {name!r} "
+                         "is sentence-transformers' own loss, which takes neither: use mnrl_queue (st-hardneg's "
+                         "InfoNCE, the same loss with mnrl's options) or one of the paper losses")
+    fixed = sorted(set(overrides) & {"known_positives", "guide"})
+    if fixed:
+        raise ValueError(f"{option}: the false-negative control sets {' and '.join(fixed)} itself (known_positives: "
+                         "the known relevant documents given, e.g. the training qrels; guide: the model as given, "
+                         "frozen); drop it")
+    check_loss_args(name, overrides, option)
+
+
+def _frozen_guide(model: SentenceTransformer) -> Any:
+    """GIST's guide: the model as given, frozen, in eval mode (no dropout: it scores as the untrained model does)."""
+    from st_hardneg.losses.momentum import frozen_copy
+
+    return frozen_copy(model).eval()
+
+
+def controlled_loss(name: str, model: SentenceTransformer, known_relevant: dict[str, set[str]] | None = None,
+                    **loss_overrides: Any) -> nn.Module:
+    """Loss ``name`` of :data:`~st_hardneg.training.registry.LOSSES` with the recipe's false-negative control
+    (:data:`FALSE_NEGATIVE_CONTROL`): a frozen copy of ``model`` as given guides a relative 0.05 margin, and
+    ``known_relevant`` are its known positives. The second retrieval round measures each loss with and without it
+    (``benchmarks/results/retrieval_beir_round2.md``).
+
+    Args:
+        name: a loss of the registry that takes a guide and known positives (st-hardneg's losses; not
+            sentence-transformers' ``mnrl``, ``mnrl_symmetric``, ``mnrl_hardness``).
+        model: the SentenceTransformer to fine-tune, before any training step (the guide is a copy of it).
+        known_relevant: query text → texts of its known relevant documents (e.g. a BEIR split's
+            ``known_paraphrases``, or :func:`st_hardneg.data.relevance.known_positives_from_qrels`); ``None``: no
+            known relevance (the guide and the margin only).
+        loss_overrides: loss keyword arguments, on top of the control's (e.g. ``margin=None`` for GISTEmbedLoss's
+            margin 0, ``temperature=0.01``).
+
+    Returns:
+        The loss, guided by a frozen copy of ``model``.
+
+    Raises:
+        ValueError: a loss that cannot take the control, ``guide`` or ``known_positives`` among ``loss_overrides``,
+            or a keyword the loss does not take (:func:`check_control`).
+
+    Example:
+        ::
+
+            from st_hardneg.training.protocol import beir_split
+            from st_hardneg.training.recipe import controlled_loss
+
+            data, split = beir_split("path/to/nfcorpus")
+            loss = controlled_loss("focal", model, split.known_paraphrases)   # Focal-InfoNCE + the control
+    """
+    from st_hardneg.training.registry import build_loss
+
+    check_control(name, loss_overrides)
+    kwargs: dict[str, Any] = {key: FALSE_NEGATIVE_CONTROL[key] for key in ("margin", "margin_strategy")}
+    kwargs.update(CONTROL_EXTRA.get(name, {}), **loss_overrides)
+    if known_relevant is not None:
+        kwargs["known_positives"] = known_relevant
+    return build_loss(name, model, guide=_frozen_guide(model), **kwargs)
 
 
 def check_recipe_overrides(overrides: dict[str, Any], option: str = "loss_overrides") -> None:
@@ -103,7 +191,6 @@ def recipe_loss(model: SentenceTransformer, known_relevant: dict[str, set[str]] 
             loss = recipe_loss(model, split.known_paraphrases)
             SentenceTransformerTrainer(model=model, args=args, train_dataset=triplets, loss=loss).train()
     """
-    from st_hardneg.losses.momentum import frozen_copy
     from st_hardneg.training.registry import build_loss
 
     check_recipe_overrides(loss_overrides)
@@ -114,7 +201,7 @@ def recipe_loss(model: SentenceTransformer, known_relevant: dict[str, set[str]] 
         raise ValueError(f"RETRIEVAL_RECIPE['guide'] must be None or 'untrained' (a frozen copy of the model as given), "
                          f"got {RETRIEVAL_RECIPE['guide']!r}")
     if RETRIEVAL_RECIPE["guide"] == "untrained":  # GIST's guide: the model as given, frozen, before any step
-        kwargs["guide"] = frozen_copy(model).eval()  # no dropout: the guide scores as the untrained model does
+        kwargs["guide"] = _frozen_guide(model)
     return build_loss(RETRIEVAL_RECIPE["loss"], model, **kwargs)
 
 

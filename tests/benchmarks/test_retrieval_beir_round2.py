@@ -399,3 +399,15 @@ def test_each_data_shape_takes_each_sides_best_row_on_that_datasets_own_dev(tmp_
     assert "| `focal@t0.01`: 58.50 ± 0.71 (2 seeds) | `mnrl@pairs`: 57.00 (1 seed) | +1.50 |" in table
     assert "| `focal+ctl`: 33.00 (1 seed) | `gist@pairs`: 32.00 (1 seed) | +1.00 |" in table
     assert r2.shape_table({"runs": []}).count("not run") == 4
+
+
+def test_the_benchmarks_control_is_the_librarys():
+    """``+ctl`` rows train with what ``controlled_loss`` (``st-hardneg train --task beir --control``) gives a user."""
+    from st_hardneg.training import recipe
+
+    for key, (loss, _, _, _) in rows.ROUND2_LOSSES.items():
+        method = rows.round2_method(key)
+        assert method.guided and method.known_positives
+        assert {**rows.REL, **rows.CONTROL_EXTRA.get(key, {})} == {
+            **{k: recipe.FALSE_NEGATIVE_CONTROL[k] for k in ("margin", "margin_strategy")},
+            **recipe.CONTROL_EXTRA.get(loss, {})}

@@ -286,6 +286,18 @@ BAD_OPTIONS = [
      "--loss-arg: the recipe sets known_positives itself"),
     (["--task", "beir", "--data", "b", "--loss", "recipe", "--loss-arg", "margn=0.1"],
      "--loss-arg: loss 'mnrl_queue' takes no argument margn (did you mean margin?)"),
+    (["--control"], "--control masks a BEIR folder's training qrels as known positives: use it with --task beir"),
+    (["--task", "retrieval", "--control"], "--control masks a BEIR folder's training qrels"),
+    (["--task", "beir", "--data", "b", "--loss", "recipe", "--control"],
+     "--loss recipe has the false-negative control already"),
+    (["--task", "beir", "--data", "b", "--loss", "mnrl", "--control"],
+     "'mnrl' is sentence-transformers' own loss, which takes neither: use mnrl_queue"),
+    (["--task", "beir", "--data", "b", "--loss", "focal", "--control", "--loss-arg", "guide=x"],
+     "--loss-arg: the false-negative control sets guide itself"),
+    (["--task", "beir", "--data", "b", "--loss", "focal", "--control", "--loss-arg", "margn=0.1"],
+     "--loss-arg: loss 'focal' takes no argument margn (did you mean margin?)"),
+    (["--task", "beir", "--data", "b", "--loss", "focal", "--control", "--loss-arg", "margin=-1"],
+     "margin"),
 ]
 
 
@@ -391,6 +403,44 @@ def test_the_recipe_trains_on_a_beir_folder_with_its_training_qrels(tiny_model_d
     assert expected["known_positives"] == sum(map(len, split.known_paraphrases.values()))  # every training qrel
     assert results["loss_call"].endswith("known_positives=<the training qrels>)")
     assert f"| recipe | {results['test']['ndcg@10']:.2f} |" in printed
+
+
+def test_control_gives_any_loss_the_recipes_false_negative_control_on_a_beir_folder(tiny_model_dir, tmp_path,
+                                                                                     capsys):
+    """``--loss focal --control``: Focal-InfoNCE with the folder's training qrels as known positives and a frozen copy
+    of the model as given guiding the relative margin (``controlled_loss``), announced and recorded as such."""
+    from st_hardneg.cli.checks import json_safe
+    from st_hardneg.models import load_model
+    from st_hardneg.testing.beir import make_tiny_beir
+    from st_hardneg.training.protocol import BEIR_TRAINING, beir_split
+    from st_hardneg.training.recipe import controlled_loss
+
+    folder, out = make_tiny_beir(tmp_path / "tiny"), tmp_path / "out"
+    argv = ["train", "--task", "beir", "--data", str(folder), "--model", str(tiny_model_dir), "--loss", "focal",
+            "--control", "--loss-arg", "margin=None", "--max-steps", "1", "--batch-size", "4",
+            "--mining-arg", "relative_margin=None",  # a random encoder scores every document within 5 % of the positive
+            "--cache-dir", str(tmp_path / "cache"), "--output-dir", str(out)]
+    assert cli.main(argv) == 0
+    printed = capsys.readouterr().out
+    assert ("loss focal: FocalInfoNCELoss(model, margin=None, margin_strategy='relative', guide=<the untrained model, "
+            "frozen>, known_positives=<the training qrels>)") in printed
+    results = json.loads((out / "results.json").read_text())
+    _, split = beir_split(folder)
+    model = load_model(str(tiny_model_dir), pooling="mean", max_seq_length=BEIR_TRAINING["max_seq_length"])
+    expected = controlled_loss("focal", model, split.known_paraphrases, margin=None).get_config_dict()
+    assert results["control"] is True and results["steps"] == 1
+    assert results["loss_config"] == json_safe(expected)
+    assert expected["known_positives"] == sum(map(len, split.known_paraphrases.values()))  # every training qrel
+    assert expected["margin"] == 0.0  # margin=None with a guide: GISTEmbedLoss's margin 0, judged by the guide
+    # without --control the same loss has neither
+    plain = tmp_path / "plain"
+    argv[argv.index("--output-dir") + 1] = str(plain)
+    argv.remove("--control")
+    argv[argv.index("--loss-arg"):argv.index("--loss-arg") + 2] = []
+    assert cli.main(argv) == 0
+    results = json.loads((plain / "results.json").read_text())
+    assert results["control"] is False and results["loss_config"].get("known_positives") in (None, 0)
+    assert "guide" not in results["loss_call"]
 
 
 def test_a_mining_arg_changes_one_setting_of_the_recipes_mining(tiny_model_dir, tmp_path, capsys):

@@ -144,3 +144,44 @@ def test_a_bad_override_value_is_the_losss_own_error(tiny_model, overrides, mess
 
     with pytest.raises(ValueError, match=message):
         recipe_loss(tiny_model, None, **overrides)
+
+
+@pytest.mark.parametrize("name", ["focal", "mixcse", "mixcse_two_way", "hncse_hnm", "hncse_pm", "adcse", "mnrl_queue"])
+def test_the_false_negative_control_for_any_of_st_hardnegs_losses(tiny_model, name):
+    from st_hardneg.training.recipe import FALSE_NEGATIVE_CONTROL, controlled_loss
+    from st_hardneg.training.registry import build_loss
+
+    known = {"a query": {"a document", "another document"}}
+    loss = controlled_loss(name, tiny_model, known, temperature=0.02)
+    # the relative 0.05 margin, judged by a frozen copy of the model as given, and the known relevant documents
+    assert (loss.margin, loss.margin_strategy, loss.temperature) == (0.05, "relative", 0.02)
+    assert FALSE_NEGATIVE_CONTROL == {"margin": 0.05, "margin_strategy": "relative", "guide": "untrained",
+                                      "known_positives": True}
+    assert loss.guide is not None and loss.guide is not tiny_model and not loss.guide.training
+    assert not any(p.requires_grad for p in loss.guide.parameters())
+    assert loss.get_config_dict()["known_positives"] == 2
+    # the same loss built by hand with those options
+    extra = {"contrast_anchors": False, "contrast_positives": False} if name == "mixcse_two_way" else {}
+    by_hand = build_loss(name, tiny_model, guide=loss.guide, margin=0.05, margin_strategy="relative",
+                         known_positives=known, temperature=0.02, **extra)
+    assert by_hand.get_config_dict() == loss.get_config_dict()
+    # an option of the control replaced; without known relevance, the guide and the margin only
+    assert controlled_loss(name, tiny_model, None, margin=0.1).margin == 0.1
+    assert controlled_loss(name, tiny_model, None).known_positives is None
+
+
+@pytest.mark.parametrize(("name", "overrides", "fragment"), [
+    ("mnrl", {}, "'mnrl' is sentence-transformers' own loss, which takes neither: use mnrl_queue"),
+    ("mnrl_hardness", {}, "'mnrl_hardness' is sentence-transformers' own loss"),
+    ("focal", {"guide": None}, "the false-negative control sets guide itself"),
+    ("focal", {"known_positives": {}}, "the false-negative control sets known_positives itself"),
+    ("focal", {"margn": 0.1}, "takes no argument margn (did you mean margin?)"),
+])
+def test_the_control_is_refused_where_it_cannot_apply(tiny_model, name, overrides, fragment):
+    from st_hardneg.training.recipe import check_control, controlled_loss
+
+    with pytest.raises(ValueError, match=None) as caught:
+        controlled_loss(name, tiny_model, None, **overrides)
+    assert fragment in str(caught.value)
+    with pytest.raises(ValueError):
+        check_control(name, overrides)
