@@ -283,6 +283,10 @@ def test_a_tie_is_settled_on_three_seeds_and_the_recipe_gets_five_paired_seeds(t
     runs += [_run(n, f"mnrl@{s}", 40.0 - i) for n in r2.MAIN for i, s in enumerate(rows.ROUND2_MINING)]
     data = {"runs": runs}
     assert rows.round2_tied(data, configs) == [configs[2], configs[0]]
+    # at most the best three of a tie go to three seeds
+    many = {"runs": [_run(n, f"mnrl@{s}", 40.0 - 0.01 * i) for n in r2.MAIN for i, s in enumerate(rows.ROUND2_MINING)]}
+    assert rows.round2_tied(many, [f"mnrl@{s}" for s in rows.ROUND2_MINING]) == [
+        f"mnrl@{s}" for s in list(rows.ROUND2_MINING)[:rows.TIE_CAP]] and rows.TIE_CAP == 3
     assert rows.round2_loss_choice(data, "focal") == configs[2]  # seed 0 until the tie is settled
     items = list(r2.plan(data))
     assert [i for i in items if i[1] in configs and i[2]][:8] == [(n, label, seed) for seed in (1, 2) for label in
