@@ -440,8 +440,8 @@ def plan(data: dict[str, Any]) -> Iterator[tuple[str, str, int]]:
     1. the seed-0 screen on both datasets: :data:`FIRST`, each loss with the control at temperature 0.01, then its
        own option at its better temperature;
     2. ties: where a loss's configurations, or MNRL's mining settings, are closer on pooled dev at seed 0 than two
-       dev standard deviations (:func:`~benchmarks.retrieval_beir_rows.round2_tied`), the tied rows at seeds 1-2,
-       and the choice is made on the three seeds;
+       dev standard deviations (:func:`~benchmarks.retrieval_beir_rows.round2_tied`), the tied rows (the best three
+       at most) at seeds 1-2, and the choice is made on the three seeds;
     3. the built-ins on the dev-chosen mining (seed 0) and each loss's chosen configuration without the control;
     4. the recipe (st-hardneg's best row) and the best built-in, ties on each side to seeds 1-2 as in 2;
     5. 5 paired seeds (0-4) of the recipe, the best built-in and MNRL on the chosen mining;
