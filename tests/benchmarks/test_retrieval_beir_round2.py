@@ -356,6 +356,13 @@ def test_the_target_line_judges_the_mean_each_dataset_and_holm():
     provisional = r2.target_line(by({"scifact": 2.0, "nfcorpus": 1.5}, seeds=(0,)), "recipe", "best")
     assert "1 paired seed(s)" in provisional and "provisional: 5 seeds planned" in provisional
     assert "not judged yet" in r2.target_line({}, "recipe", "best")
+    # the detectable difference is read from the per-query differences, each query averaged over the seeds first
+    paired = by({"scifact": 2.0, "nfcorpus": 1.5}, seeds=(0, 1))
+    differences = r2.query_differences(paired, "scifact", [0, 1], "recipe", "best")
+    expected = [(paired[("scifact", "recipe")][0][q] + paired[("scifact", "recipe")][1][q]) / 2 - base["scifact"][q]
+                for q in sorted(base["scifact"])]
+    assert differences == pytest.approx(expected)
+    assert f"detectable {r2.detectable_difference(differences, 2):.2f})" in r2.target_line(paired, "recipe", "best")
 
 
 def test_the_detectable_difference_is_the_normal_power_formula_at_holms_strictest_level():
