@@ -113,24 +113,22 @@ def round2_protocol() -> dict[str, Any]:
                          "on pooled dev (seed 0); test never used to choose"}
 
 
+def _git(*argv: str) -> str:
+    return subprocess.run(["git", "-C", str(REPO), *argv], capture_output=True, text=True).stdout.strip()
+
+
 def commit() -> str:
     """The commit the code runs from (``+dirty`` when the tracked files differ from it)."""
-    def git(*argv: str) -> str:
-        return subprocess.run(["git", "-C", str(REPO), *argv], capture_output=True, text=True).stdout.strip()
-
-    head = git("rev-parse", "HEAD") or "unknown"
-    return head + ("+dirty" if git("status", "--porcelain", "--untracked-files=no") else "")
+    head = _git("rev-parse", "HEAD") or "unknown"
+    return head + ("+dirty" if _git("status", "--porcelain", "--untracked-files=no") else "")
 
 
 def library_tree(rev: str) -> str:
     """The git tree of the library (``st_hardneg/``) at ``rev``: runs from commits that differ only outside the
     library (the benchmark driver) trained with the same code. ``+dirty`` when ``rev`` is ``HEAD`` and the library's
     tracked files differ from it; ``unknown`` when git cannot tell."""
-    def git(*argv: str) -> str:
-        return subprocess.run(["git", "-C", str(REPO), *argv], capture_output=True, text=True).stdout.strip()
-
-    tree = git("rev-parse", f"{rev}:st_hardneg") or "unknown"
-    dirty = rev == "HEAD" and git("status", "--porcelain", "--untracked-files=no", "--", "st_hardneg")
+    tree = _git("rev-parse", f"{rev}:st_hardneg") or "unknown"
+    dirty = rev == "HEAD" and _git("status", "--porcelain", "--untracked-files=no", "--", "st_hardneg")
     return tree + ("+dirty" if dirty else "")
 
 

@@ -348,11 +348,10 @@ def _loss_call(name: str, loss_kwargs: dict[str, Any], control: bool = False) ->
     from st_hardneg.training.registry import loss_call
 
     if control and name != RECIPE:
-        from st_hardneg.training.recipe import CONTROL_EXTRA, FALSE_NEGATIVE_CONTROL
+        from st_hardneg.training.recipe import control_kwargs
 
-        kwargs = {**{k: FALSE_NEGATIVE_CONTROL[k] for k in ("margin", "margin_strategy")},
-                  **CONTROL_EXTRA.get(name, {}), **loss_kwargs}
-        return f"{loss_call(name, kwargs)[:-1]}, guide=<the untrained model, frozen>, known_positives=<the training qrels>)"
+        call = loss_call(name, control_kwargs(name, loss_kwargs))
+        return f"{call[:-1]}, guide=<the untrained model, frozen>, known_positives=<the training qrels>)"
     if name == RECIPE:
         from st_hardneg.training.recipe import RETRIEVAL_RECIPE
 

@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from st_hardneg.training.loop import TrainConfig
 
 __all__ = ["CONTROL_EXTRA", "FALSE_NEGATIVE_CONTROL", "RETRIEVAL_RECIPE", "check_control", "check_recipe_overrides",
-           "controlled_loss", "recipe_loss", "retrieval_recipe"]
+           "control_kwargs", "controlled_loss", "recipe_loss", "retrieval_recipe"]
 
 #: the st-hardneg retrieval recipe of ``benchmarks.retrieval_beir`` (its run with every row on the negatives its mining
 #: screen chose, ``results/retrieval_beir_screened.json``: chosen there on the pooled dev tasks of SciFact and NFCorpus among
@@ -86,6 +86,13 @@ def check_control(name: str, overrides: dict[str, Any], option: str = "loss_over
     check_loss_args(name, overrides, option)
 
 
+def control_kwargs(name: str, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The options the false-negative control gives loss ``name`` besides its guide and known positives
+    (:data:`FALSE_NEGATIVE_CONTROL`'s margin, :data:`CONTROL_EXTRA`), with ``overrides`` on top."""
+    return {**{key: FALSE_NEGATIVE_CONTROL[key] for key in ("margin", "margin_strategy")},
+            **CONTROL_EXTRA.get(name, {}), **(overrides or {})}
+
+
 def _frozen_guide(model: SentenceTransformer) -> Any:
     """GIST's guide: the model as given, frozen, in eval mode (no dropout: it scores as the untrained model does)."""
     from st_hardneg.losses.momentum import frozen_copy
@@ -129,8 +136,7 @@ def controlled_loss(name: str, model: SentenceTransformer, known_relevant: dict[
     from st_hardneg.training.registry import build_loss
 
     check_control(name, loss_overrides)
-    kwargs: dict[str, Any] = {key: FALSE_NEGATIVE_CONTROL[key] for key in ("margin", "margin_strategy")}
-    kwargs.update(CONTROL_EXTRA.get(name, {}), **loss_overrides)
+    kwargs = control_kwargs(name, loss_overrides)
     if known_relevant is not None:
         kwargs["known_positives"] = known_relevant
     return build_loss(name, model, guide=_frozen_guide(model), **kwargs)

@@ -419,6 +419,4 @@ def test_the_benchmarks_control_is_the_librarys():
     for key, (loss, _, _, _) in rows.ROUND2_LOSSES.items():
         method = rows.round2_method(key)
         assert method.guided and method.known_positives
-        assert {**rows.REL, **rows.CONTROL_EXTRA.get(key, {})} == {
-            **{k: recipe.FALSE_NEGATIVE_CONTROL[k] for k in ("margin", "margin_strategy")},
-            **recipe.CONTROL_EXTRA.get(loss, {})}
+        assert {**rows.REL, **rows.CONTROL_EXTRA.get(key, {})} == recipe.control_kwargs(loss)
