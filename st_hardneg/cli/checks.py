@@ -103,7 +103,15 @@ def resolve_train_args(args: argparse.Namespace) -> argparse.Namespace:
         raise ValueError("--save-train-head keeps the head of --mlp-head; this run has no head: add --mlp-head or drop "
                          "--save-train-head")
     parse_loss_args(args.loss_arg)  # a repeated key fails here (the names are checked by cmd_train)
-    parse_loss_args(args.mining_arg, "--mining-arg")
+    mining = parse_loss_args(args.mining_arg, "--mining-arg")
+    if mining:  # a bad setting fails here, before any data is read or model loaded
+        from st_hardneg.training.protocol import check_mining
+
+        if getattr(args, "loss", None) == RECIPE:
+            from st_hardneg.training.recipe import RETRIEVAL_RECIPE
+
+            mining = {**RETRIEVAL_RECIPE["mining"], **mining}
+        check_mining(mining, "--mining-arg")
     if args.eval_batch_size < 1:
         raise ValueError(f"--eval-batch-size must be >= 1, got {args.eval_batch_size}")
     if args.max_seq_length is not None and args.max_seq_length < 1:

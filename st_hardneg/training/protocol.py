@@ -4,7 +4,8 @@ pair, train with the protocol's settings, score retrieval. (The chosen st-hardne
 options, is :mod:`st_hardneg.training.recipe`; this module was ``st_hardneg.training.retrieval``, which still
 imports it.)
 
-- :data:`MINING`: the mining settings (``mine_hard_negatives``, TopK-PercPos 95 %).
+- :data:`MINING`: the mining settings (``mine_hard_negatives``, TopK-PercPos 95 %); :func:`check_mining` checks
+  overrides of them.
 - :data:`TRAINING`: the fine-tuning protocol (the model's own mean pooling, 128 tokens, 1 epoch at batch 64,
   lr 2e-5 with 10 % warm-up).
 - :func:`mined_triplets`: the (anchor, positive, negative) training set of an :class:`MRPCRetrieval` split, mined once
@@ -37,7 +38,10 @@ if TYPE_CHECKING:
 
 #: mine_hard_negatives settings: top-5 candidates below 95 % of the anchor-positive score (NV-Retriever's
 #: TopK-PercPos), then the first that is not the anchor, the positive or a labelled paraphrase of the anchor
-MINING: dict[str, Any] = {"num_candidates": 5, "relative_margin": 0.05, "range_min": 0, "range_max": None}
+#: (``known_as_positives``: the labelled paraphrases leave the ranking first; see
+#: :func:`~st_hardneg.data.mining.mine_training_negatives`)
+MINING: dict[str, Any] = {"num_candidates": 5, "relative_margin": 0.05, "range_min": 0, "range_max": None,
+                          "known_as_positives": False}
 #: the fine-tuning protocol of the retrieval benchmark and ``st-hardneg train --task retrieval``
 TRAINING: dict[str, Any] = {"pooling": "mean", "max_seq_length": 128, "batch_size": 64, "learning_rate": 2e-5,
                             "epochs": 1, "warmup_ratio": 0.1}
@@ -62,6 +66,37 @@ class TrainingSplit(Protocol):
     known_paraphrases: dict[str, set[str]]
 
     def protected_sentences(self) -> set[str]: ...
+
+
+def check_mining(mining: dict[str, Any] | None, option: str = "mining") -> dict[str, Any]:
+    """:data:`MINING` with the settings of ``mining`` on top, each checked before any model is loaded or any set
+    mined: ``num_candidates`` an integer >= 1, ``relative_margin`` ``None`` or in [0, 1), ``range_min`` an integer
+    >= 0, ``range_max`` ``None`` or an integer that leaves ``num_candidates`` candidates after ``range_min``,
+    ``known_as_positives`` a bool. ``option`` names the settings in the messages (``--mining-arg`` on the command
+    line).
+
+    Raises:
+        ValueError: an unknown setting or a bad value, naming it.
+    """
+    from st_hardneg import validation
+
+    unknown = sorted(set(mining or {}) - set(MINING))
+    if unknown:
+        raise ValueError(f"unknown mining setting(s) {unknown}; choose from {', '.join(MINING)}")
+    settings = {**MINING, **(mining or {})}
+    validation.check_count(settings["num_candidates"], f"{option} num_candidates")
+    if settings["relative_margin"] is not None:
+        validation.check_number(settings["relative_margin"], f"{option} relative_margin (None: no margin)",
+                                minimum=0.0, maximum=1.0, maximum_open=True)
+    validation.check_count(settings["range_min"], f"{option} range_min", minimum=0)
+    if settings["range_max"] is not None:
+        validation.check_count(settings["range_max"], f"{option} range_max (None: num_candidates + range_min + 10)")
+        if settings["range_max"] - settings["range_min"] < settings["num_candidates"]:
+            raise ValueError(f"{option}: range_max - range_min must leave at least num_candidates="
+                             f"{settings['num_candidates']} candidates, got range_min={settings['range_min']}, "
+                             f"range_max={settings['range_max']}")
+    validation.check_bool(settings["known_as_positives"], f"{option} known_as_positives")
+    return settings
 
 
 def mined_triplets(
@@ -111,10 +146,7 @@ def mined_triplets(
 
     validation.check_count(limit, "limit", minimum=0)
     validation.check_count(min_rows, "min_rows", minimum=1)
-    unknown = sorted(set(mining or {}) - set(MINING))
-    if unknown:
-        raise ValueError(f"unknown mining setting(s) {unknown}; choose from {', '.join(MINING)}")
-    settings = {**MINING, **(mining or {})}
+    settings = check_mining(mining)
     pairs = data.train_pairs[:limit] if limit else data.train_pairs
     key = {"model": model_key, "pooling": TRAINING["pooling"], "max_seq_length": max_seq_length,
            "mining": settings, "data": data_key, "limit": limit}

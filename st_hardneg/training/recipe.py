@@ -47,7 +47,7 @@ RETRIEVAL_RECIPE: dict[str, Any] = {"loss": "mnrl_queue",
                                     "loss_kwargs": {"temperature": 0.01, "margin": 0.05, "margin_strategy": "relative"},
                                     "known_positives": True, "guide": "untrained",
                                     "mining": {"num_candidates": 5, "relative_margin": None, "range_min": 0,
-                                               "range_max": None},
+                                               "range_max": None, "known_as_positives": False},
                                     "batch_size": 32, "learning_rate": 2e-5, "warmup_ratio": 0.1, "epochs": 1}
 
 

@@ -420,3 +420,49 @@ def test_the_benchmarks_control_is_the_librarys():
         method = rows.round2_method(key)
         assert method.guided and method.known_positives
         assert {**rows.REL, **rows.CONTROL_EXTRA.get(key, {})} == recipe.control_kwargs(loss)
+
+
+#: the library's mining settings that give st-hardneg's rows' negatives (``top1_nomargin``): the hardest corpus text
+#: outside the query's training qrels
+TOP1_OUTSIDE_QRELS = {"num_candidates": 1, "relative_margin": None, "range_min": 0, "range_max": None,
+                      "known_as_positives": True}
+
+
+def test_the_library_mines_the_negatives_of_st_hardnegs_rows(tmp_path):
+    """``mined_triplets(..., mining=TOP1_OUTSIDE_QRELS)`` (``st-hardneg train --task beir --mining-arg ...``) gives every
+    pair the negative the benchmark's ``top1_nomargin`` gives it, also where the hardest candidates are all judged."""
+    from benchmarks import retrieval_beir as rb
+    from st_hardneg.models import load_model
+    from st_hardneg.testing import make_text_model_dir
+    from st_hardneg.training.protocol import mined_triplets
+
+    prep = rb.prepare("nf", write_beir(tmp_path / "nf", dev=True, docs=40, train=30), None,
+                      {"per_query": 2, "max_pairs": 0, "seed": 0})
+    texts = [*prep.data.queries.values(), *prep.data.corpus.values()]
+    model = load_model(make_text_model_dir(tmp_path / "bert", texts), pooling="mean", max_seq_length=32, device="cpu")
+    benchmark, info = r2.mine(prep, "top1_nomargin", model, tmp_path / "bench-cache")
+    assert info["pairs"] == 0
+    library, _ = mined_triplets(prep.split, lambda: model, model_key="m", data_key="d", mining=TOP1_OUTSIDE_QRELS,
+                                cache_dir=tmp_path / "cache", prefix="nf")
+    assert library.to_dict() == benchmark.to_dict() and len(library) == len(prep.split.train_pairs)
+    # the case the old top-5 rule dropped: a query whose top candidates are all judged relevant keeps its pair
+    known = prep.split.known_paraphrases
+    corpus = prep.split.train_corpus
+    emb = dict(zip(corpus, model.encode(corpus, normalize_embeddings=True), strict=True))
+    anchor, positive = prep.split.train_pairs[0]
+    query = model.encode(anchor, normalize_embeddings=True)
+    ranked = sorted(corpus, key=lambda d: -float(emb[d] @ query))
+    outside = next(d for d in ranked if d not in known[anchor])
+    assert library["negative"][0] == outside
+    # the 7 hardest are judged relevant too: the old rule's 5 candidates (past the query's <= 2 sampled positives)
+    judged = {**known, anchor: known[anchor] | set(ranked[:7])}
+    prep.split.known_paraphrases.update(judged)
+    old, _ = mined_triplets(prep.split, lambda: model, model_key="m", data_key="d2",
+                            mining={"num_candidates": 5, "relative_margin": None}, cache_dir=tmp_path / "cache",
+                            prefix="nf")
+    new, _ = mined_triplets(prep.split, lambda: model, model_key="m", data_key="d2", mining=TOP1_OUTSIDE_QRELS,
+                            cache_dir=tmp_path / "cache", prefix="nf")
+    assert (anchor, positive) not in set(zip(old["anchor"], old["positive"], strict=True))
+    assert new["negative"][0] == next(d for d in ranked if d not in judged[anchor])
+    bench_again, info = r2.mine(prep, "top1_nomargin", model, tmp_path / "bench-cache-2")
+    assert new.to_dict() == bench_again.to_dict() and info["pairs"] == 0

@@ -25,7 +25,7 @@ def test_recipe_configuration(tiny_model, tmp_path):
     assert loss.guide is not None and loss.guide is not tiny_model and not loss.guide.training
     # the recipe's negatives: the top 5 of the corpus by the untrained model, no margin in the mining
     assert RETRIEVAL_RECIPE["mining"] == {"num_candidates": 5, "relative_margin": None, "range_min": 0,
-                                          "range_max": None}
+                                          "range_max": None, "known_as_positives": False}
     assert (config.batch_size, config.learning_rate, config.warmup_ratio, config.epochs, config.seed) == (
         32, 2e-5, 0.1, 1, 3)
     assert RETRIEVAL_RECIPE["loss"] == "mnrl_queue" and RETRIEVAL_RECIPE["known_positives"]
