@@ -882,7 +882,8 @@ def write_report(data: dict[str, Any], out: Path, figure: bool = False) -> None:
     from st_hardneg.reporting import write_json
 
     write_json(out, data)
-    out.with_suffix(".md").write_text(markdown(data, per_query_runs(out.with_name(out.stem + "_per_query.jsonl"))))
+    out.with_suffix(".md").write_text(markdown(data, per_query_runs(out.with_name(out.stem + "_per_query.jsonl"),
+                                                                     data["runs"])))
     if figure:
         plot(data, out.with_suffix(".png"))
 

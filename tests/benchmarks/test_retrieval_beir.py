@@ -403,13 +403,17 @@ def test_a_replaced_imported_row_leaves_the_tables(tmp_path):
 def test_the_library_recipe_is_the_benchmark_choice():
     """The library's recipe is the choice of the benchmark run on the negatives its mining screen chose (the
     protocol's: every row on the dev-chosen negatives), made there on pooled dev, and it mines as that run did."""
+    from st_hardneg.training.protocol import check_mining
     from st_hardneg.training.recipe import RETRIEVAL_RECIPE
 
     committed = json.loads((rb.RESULTS / "retrieval_beir_screened.json").read_text())
     chosen = rb.CANDIDATES[committed["chosen_recipe"]]
     assert committed["recipe_choice"].startswith("chosen on pooled dev")
     assert set(committed["mining_by_dataset"].values()) == {committed["chosen_mining"]}
-    assert RETRIEVAL_RECIPE["mining"] == rb.MINING_CHOICES[committed["chosen_mining"]]
+    # the settings that run named, and the library's defaults for the rest (known_as_positives came later: False)
+    chosen_mining = rb.MINING_CHOICES[committed["chosen_mining"]]
+    assert {key: RETRIEVAL_RECIPE["mining"][key] for key in chosen_mining} == chosen_mining
+    assert check_mining(RETRIEVAL_RECIPE["mining"]) == check_mining(chosen_mining)
     assert (chosen.loss, chosen.kwargs, chosen.known_positives, chosen.guided) == (
         RETRIEVAL_RECIPE["loss"], RETRIEVAL_RECIPE["loss_kwargs"], RETRIEVAL_RECIPE["known_positives"],
         RETRIEVAL_RECIPE["guide"] == "untrained")

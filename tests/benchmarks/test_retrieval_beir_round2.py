@@ -466,3 +466,29 @@ def test_the_library_mines_the_negatives_of_st_hardnegs_rows(tmp_path):
     assert new["negative"][0] == next(d for d in ranked if d not in judged[anchor])
     bench_again, info = r2.mine(prep, "top1_nomargin", model, tmp_path / "bench-cache-2")
     assert new.to_dict() == bench_again.to_dict() and info["pairs"] == 0
+
+
+def test_the_report_reads_only_the_per_query_rows_its_records_point_to(tmp_path):
+    """A runner stopped between appending its per-query row and writing its record leaves a row no record names;
+    the next run gets the same number. The report reads the row the record points to, whatever the file's order."""
+    from benchmarks.retrieval_beir_report import per_query_by_row
+
+    path = tmp_path / "r_per_query.jsonl"
+
+    def line(number, method, score, stage="main"):
+        return {"run": number, "dataset": "scifact", "method": method, "seed": 0, "stage": stage,
+                "ndcg@10": {"test": {"q1": score}}}
+
+    runs = [{"dataset": "scifact", "method": "focal", "seed": 0, "stage": "replaced", "per_query": f"{path.name}#0"},
+            {"dataset": "scifact", "method": "mnrl", "seed": 0, "stage": "main", "per_query": f"{path.name}#1"},
+            {"dataset": "scifact", "method": "focal", "seed": 0, "stage": "main", "per_query": f"{path.name}#2"}]
+    rows = [line(0, "focal", 10.0), line(2, "focal", 30.0), line(1, "hncse", 99.0), line(1, "mnrl", 20.0)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))  # the stray hncse row, then the run numbered like it
+    assert len(r2.per_query_runs(path)) == 4
+    kept = r2.per_query_runs(path, runs)
+    assert [(r["run"], r["method"]) for r in kept] == [(2, "focal"), (1, "mnrl")]
+    assert per_query_by_row(kept) == {("scifact", "focal"): {0: {"q1": 30.0}}, ("scifact", "mnrl"): {0: {"q1": 20.0}}}
+    assert ("scifact", "hncse") in per_query_by_row(r2.per_query_runs(path))  # what reading every row would take
+    assert r2.per_query_runs(tmp_path / "none.jsonl", runs) == []
+    unpointed = [{k: v for k, v in record.items() if k != "per_query"} for record in runs]
+    assert r2.per_query_runs(path, unpointed) == rows  # results written by hand: nothing to check the rows against
