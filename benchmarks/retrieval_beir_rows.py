@@ -349,6 +349,13 @@ ROUND2_MINING: dict[str, dict[str, Any] | None] = {
 #: the mining of st-hardneg's rows: the hardest candidate outside the training qrels (the recipe's mining, the first
 #: round's ``top5_nomargin`` negative, now without dropping a pair); their false-negative control is the loss's
 OURS_MINING = "top1_nomargin"
+#: the library's mining settings (``mined_beir_triplets(..., mining=...)``, ``--mining-arg``) that mine exactly the
+#: negatives of a round-2 setting of st-hardneg's rows: the hardest corpus document outside the query's training qrels
+#: (``tests/benchmarks/test_retrieval_beir_round2.py`` holds them equal)
+LIBRARY_MINING: dict[str, dict[str, Any]] = {
+    "top1_nomargin": {"num_candidates": 1, "relative_margin": None, "range_min": 0, "range_max": None,
+                      "known_as_positives": True},
+}
 #: sentence-transformers' rows run on the dev-chosen mining (MNRL screens the settings)
 ROUND2_BUILTINS = ("mnrl", "gist", "mnrl_hardness", "cached_mnrl_4x")
 #: each of the four losses (HNCSE in both modes, AdCSE with tied keys: its untied momentum keys give the document side
@@ -404,6 +411,23 @@ def round2_key(label: str) -> str | None:
     """The loss key of one of st-hardneg's round-2 rows (``None`` for a built-in or the untrained model)."""
     key = label.split("@")[0].removesuffix("+ctl")
     return key if key in ROUND2_LOSSES else None
+
+
+def round2_recipe(label: str) -> dict[str, Any]:
+    """The library's ``RETRIEVAL_RECIPE`` (:mod:`st_hardneg.training.recipe`) of st-hardneg's round-2 row ``label``:
+    its loss and options, its control (known positives, the untrained model as guide), its negatives in the library's
+    mining settings (:data:`LIBRARY_MINING`) and the protocol's training values.
+
+    Raises:
+        ValueError: ``label`` is not one of st-hardneg's rows (a built-in, the untrained model, or unknown).
+    """
+    every = round2_rows()
+    if label not in every or round2_key(label) is None:
+        raise ValueError(f"{label!r} is not one of st-hardneg's round-2 rows")
+    method, setting = every[label]
+    return {"loss": method.loss, "loss_kwargs": dict(method.kwargs), "known_positives": method.known_positives,
+            "guide": "untrained" if method.guided else None, "mining": dict(LIBRARY_MINING[setting]),
+            **{key: PROTOCOL[key] for key in ("batch_size", "learning_rate", "warmup_ratio", "epochs")}}
 
 
 def round2_screened(data: dict[str, Any], labels: list[str]) -> dict[str, float]:

@@ -424,8 +424,7 @@ def test_the_benchmarks_control_is_the_librarys():
 
 #: the library's mining settings that give st-hardneg's rows' negatives (``top1_nomargin``): the hardest corpus text
 #: outside the query's training qrels
-TOP1_OUTSIDE_QRELS = {"num_candidates": 1, "relative_margin": None, "range_min": 0, "range_max": None,
-                      "known_as_positives": True}
+TOP1_OUTSIDE_QRELS = rows.LIBRARY_MINING[rows.OURS_MINING]
 
 
 def test_the_library_mines_the_negatives_of_st_hardnegs_rows(tmp_path):
@@ -492,3 +491,33 @@ def test_the_report_reads_only_the_per_query_rows_its_records_point_to(tmp_path)
     assert r2.per_query_runs(tmp_path / "none.jsonl", runs) == []
     unpointed = [{k: v for k, v in record.items() if k != "per_query"} for record in runs]
     assert r2.per_query_runs(path, unpointed) == rows  # results written by hand: nothing to check the rows against
+
+
+def test_each_of_st_hardnegs_rows_is_a_library_recipe_that_builds_the_rows_loss(tiny_model, monkeypatch):
+    """``round2_recipe(label)`` as ``RETRIEVAL_RECIPE``: ``recipe_loss`` builds the loss the benchmark trains that
+    row with (class and options; the guide a frozen copy of the untrained model), on the row's negatives."""
+    import argparse
+    import copy
+
+    from benchmarks import retrieval_beir as rb
+    from st_hardneg.training import recipe
+    from st_hardneg.training.protocol import MINING, check_mining
+
+    monkeypatch.setattr(rb, "load_model", lambda args, length: copy.deepcopy(tiny_model))
+    known = {"a query": {"a document"}}
+    ours = [label for label in rows.round2_rows() if rows.round2_key(label)]
+    assert len(ours) == 5 * 2 * 2 * 2  # each loss with and without the control, at 2 temperatures, with its option
+    for label in ours:
+        spec = rows.round2_recipe(label)
+        method, setting = rows.round2_rows()[label]
+        assert check_mining(spec["mining"]) == {**MINING, **rows.LIBRARY_MINING[setting]}
+        assert set(spec) == set(recipe.RETRIEVAL_RECIPE)
+        monkeypatch.setattr(recipe, "RETRIEVAL_RECIPE", spec)
+        library = recipe.recipe_loss(copy.deepcopy(tiny_model), known)
+        benchmark = rb.build_loss(method, copy.deepcopy(tiny_model), argparse.Namespace(model=None), known)
+        assert type(library) is type(benchmark), label
+        assert library.get_config_dict() == benchmark.get_config_dict(), label
+        assert (library.guide is None) == (benchmark.guide is None) == (not method.guided), label
+        assert (library.known_positives is None) == (not method.known_positives), label
+    with pytest.raises(ValueError, match="'mnrl@pairs' is not one of st-hardneg's round-2 rows"):
+        rows.round2_recipe("mnrl@pairs")
