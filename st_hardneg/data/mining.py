@@ -141,10 +141,10 @@ def mine_training_negatives(
     from datasets import Dataset
     from sentence_transformers.util import mine_hard_negatives
 
-    if num_candidates < 1:
-        raise ValueError(f"num_candidates must be >= 1, got {num_candidates!r}")
     from st_hardneg.validation import check_bool
 
+    if num_candidates < 1:
+        raise ValueError(f"num_candidates must be >= 1, got {num_candidates!r}")
     check_bool(known_as_positives, "known_as_positives")
     if known_as_positives and not known_positives:
         raise ValueError("known_as_positives=True ranks past the known positives, but none were given "
