@@ -465,6 +465,36 @@ def test_a_mining_arg_changes_one_setting_of_the_recipes_mining(tiny_model_dir, 
     assert mining == {**RETRIEVAL_RECIPE["mining"], "num_candidates": 3} and RETRIEVAL_RECIPE["mining"]["num_candidates"] == 5
 
 
+def test_the_controlled_loss_on_the_negatives_outside_the_qrels_as_the_docs_give_it(tmp_path):
+    """docs/retrieval.md's ``--control`` command with the round-2 negatives (``known_as_positives``) runs, records its
+    mining settings, and gives every training pair a negative that is not judged relevant to its query (which
+    negative, and that a sampled pair keeps one, tests/data/test_mining.py and the round-2 benchmark test check)."""
+    from st_hardneg.data.beir import load_beir
+    from st_hardneg.testing import make_text_model_dir
+    from st_hardneg.testing.beir import make_tiny_beir
+    from st_hardneg.training.protocol import MINING, beir_split
+
+    folder, out = make_tiny_beir(tmp_path / "tiny"), tmp_path / "out"
+    data = load_beir(folder)
+    words = [t.replace(":", "").replace(".", "") for t in [*data.queries.values(), *data.corpus.values()]]
+    tiny_model_dir = make_text_model_dir(tmp_path / "bert", words)
+    given = {"num_candidates": 1, "relative_margin": None, "known_as_positives": True}
+    argv = ["train", "--task", "beir", "--data", str(folder), "--model", str(tiny_model_dir), "--loss", "focal",
+            "--control", "--loss-arg", "margin=None", "--max-steps", "1", "--batch-size", "4",
+            *(a for key, value in given.items() for a in ("--mining-arg", f"{key}={value}")),
+            "--cache-dir", str(tmp_path / "cache"), "--output-dir", str(out), "-q"]
+    assert cli.main(argv) == 0
+    data = json.loads((out / "results.json").read_text())["training_data"]
+    _, split = beir_split(folder)
+    assert data["mining"] == {**MINING, **given}
+    assert data["triplets"] == data["pairs"] == len(split.train_pairs)
+    (cache_file,) = (tmp_path / "cache").glob("*.json")
+    columns = json.loads(cache_file.read_text())["columns"]
+    assert len(columns["negative"]) == len(split.train_pairs)
+    for anchor, negative in zip(columns["anchor"], columns["negative"], strict=True):
+        assert negative not in split.known_paraphrases[anchor]
+
+
 def test_an_unknown_mining_arg_on_the_recipes_mining_is_refused(tiny_model_dir, tmp_path, capsys):
     """``--loss recipe --mining-arg`` with a key the mining does not take: one error line naming it, nothing trained."""
     from st_hardneg.testing.beir import make_tiny_beir
