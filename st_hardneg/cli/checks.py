@@ -103,15 +103,7 @@ def resolve_train_args(args: argparse.Namespace) -> argparse.Namespace:
         raise ValueError("--save-train-head keeps the head of --mlp-head; this run has no head: add --mlp-head or drop "
                          "--save-train-head")
     parse_loss_args(args.loss_arg)  # a repeated key fails here (the names are checked by cmd_train)
-    mining = parse_loss_args(args.mining_arg, "--mining-arg")
-    if mining:  # a bad setting fails here, before any data is read or model loaded
-        from st_hardneg.training.protocol import check_mining
-
-        if getattr(args, "loss", None) == RECIPE:
-            from st_hardneg.training.recipe import RETRIEVAL_RECIPE
-
-            mining = {**RETRIEVAL_RECIPE["mining"], **mining}
-        check_mining(mining, "--mining-arg")
+    mining_settings(args)  # a bad setting fails here, before any data is read or model loaded
     if args.eval_batch_size < 1:
         raise ValueError(f"--eval-batch-size must be >= 1, got {args.eval_batch_size}")
     if args.max_seq_length is not None and args.max_seq_length < 1:
@@ -131,6 +123,26 @@ def resolve_train_args(args: argparse.Namespace) -> argparse.Namespace:
     if not 0 <= args.warmup_ratio < 1:
         raise ValueError(f"--warmup-ratio must be in [0, 1) (a share of the steps), got {args.warmup_ratio}")
     return args
+
+
+def mining_settings(args: argparse.Namespace) -> dict[str, Any] | None:
+    """The mining settings a ``train`` run asks for, checked (:func:`~st_hardneg.training.protocol.check_mining`):
+    ``--mining-arg``'s, on top of ``RETRIEVAL_RECIPE["mining"]`` for ``--loss recipe`` (the recipe's negatives);
+    ``None`` when neither applies (the protocol's :data:`~st_hardneg.training.protocol.MINING`).
+
+    Raises:
+        ValueError: a malformed or repeated ``--mining-arg``, an unknown setting or a bad value.
+    """
+    mining = parse_loss_args(args.mining_arg, "--mining-arg")
+    if getattr(args, "loss", None) == RECIPE:
+        from st_hardneg.training.recipe import RETRIEVAL_RECIPE
+
+        mining = {**RETRIEVAL_RECIPE["mining"], **(mining or {})}
+    if mining:
+        from st_hardneg.training.protocol import check_mining
+
+        check_mining(mining, "--mining-arg")
+    return mining
 
 
 def check_output_dir(output_dir: str, overwrite: bool, planned_steps: int | None = None) -> Path:

@@ -28,6 +28,7 @@ from st_hardneg.cli.checks import (
     check_sts_files,
     check_training_arguments,
     json_safe,
+    mining_settings,
     resolve_train_args,
     resolve_training_args,
 )
@@ -262,7 +263,7 @@ def cmd_train_retrieval(args: argparse.Namespace) -> int:
     from st_hardneg.data.senteval import STS_TASKS, check_sts_data, resolve_senteval_dir
     from st_hardneg.training import protocol as recipe
 
-    mining = parse_loss_args(args.mining_arg, "--mining-arg")
+    mining = mining_settings(args)
     config = _recipe_config(args)
     check_training_arguments(config, with_evaluator=False)
     data = build_mrpc_retrieval(args.data_dir)  # the test task: missing MRPC files fail before any work
@@ -297,11 +298,7 @@ def cmd_train_beir(args: argparse.Namespace) -> int:
     """``train --task beir --data PATH`` (``args`` resolved): mine from the whole corpus, train, score dev and test."""
     from st_hardneg.training import protocol as recipe
 
-    mining = parse_loss_args(args.mining_arg, "--mining-arg")
-    if args.loss == RECIPE:  # the recipe's negatives (RETRIEVAL_RECIPE["mining"]), --mining-arg on top
-        from st_hardneg.training.recipe import RETRIEVAL_RECIPE
-
-        mining = {**RETRIEVAL_RECIPE["mining"], **(mining or {})}
+    mining = mining_settings(args)  # --loss recipe: the recipe's negatives, --mining-arg on top
     config = _recipe_config(args)
     check_training_arguments(config, with_evaluator=False)
     data, split = recipe.beir_split(args.data)  # a malformed folder fails here, before any model loads
