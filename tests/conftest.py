@@ -16,6 +16,26 @@ REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = Path(data_dir_from_env() or REPO.parent / "shared" / "data")
 #: set to 1 (``.ci/run`` does) to make missing shared data a failure instead of a skip
 REQUIRE_DATA = os.environ.get("ST_HARDNEG_REQUIRE_DATA", "") not in ("", "0")
+#: the most pytest-xdist workers ``-n auto`` starts: each holds its own torch and, in the integration tests, a MiniLM
+MAX_AUTO_WORKERS = 4
+
+
+def pytest_xdist_auto_num_workers(config) -> int:
+    """``-n auto`` (the README's test command): one worker per core, at most :data:`MAX_AUTO_WORKERS`."""
+    return max(1, min(MAX_AUTO_WORKERS, os.cpu_count() or 1))
+
+
+def pytest_configure(config) -> None:
+    """In a pytest-xdist worker, torch gets the worker's share of the cores (``torch.set_num_threads``, and
+    ``OMP_NUM_THREADS`` for the commands the tests start): workers at torch's default of every core each would
+    oversubscribe the cores, and torch's waiting threads then spin instead of computing."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0") or 0)
+    if workers:
+        import torch
+
+        threads = max(1, (os.cpu_count() or 1) // workers)
+        torch.set_num_threads(threads)
+        os.environ.setdefault("OMP_NUM_THREADS", str(threads))
 
 
 @pytest.fixture(autouse=True)
