@@ -1,5 +1,6 @@
-"""benchmarks.scale: the report arithmetic on hand-made results, smoke runs of the real subprocess grid, the paired
-timing (``paired``) and the live-tensor count (``tensors``); the committed tables."""
+"""benchmarks.scale: the report arithmetic on hand-made results, smoke runs of the real subprocess grid (the rounds'
+bookkeeping around a stand-in for it), the paired timing (``paired``) and the live-tensor count (``tensors``); the
+committed tables."""
 
 from __future__ import annotations
 
@@ -255,14 +256,29 @@ def test_smoke_grid_tiny_model(tmp_path, capsys):
         scale.main([*more[:-2], "--mini-batch-size", "8", "--out", str(out)])
 
 
+def _worker_result(cfg, number, memory):
+    """What the ``worker`` subprocess prints for ``cfg`` (the keys of ``run_config``'s record), with numbers that tell
+    the calls apart: step ``10 * number`` ms, peak 500 MB in a memory run and 700 MB (the default allocator) else."""
+    peak = 500.0 if memory else 700.0
+    return {"status": "ok", "loss_class": "CachedMultipleNegativesRankingLoss", "step_ms": 10.0 * number,
+            "step_seconds": [0.02 * number] * cfg["steps"], "peak_mb": peak, "peak_mb_per_rank": [peak],
+            "baseline_rss_mb": 300.0, "state_mb": 1.0,
+            "memory_method": "VmHWM after clear_refs reset" + (", glibc mmap threshold fixed" if memory else ""),
+            "loss_values": [2.0] * cfg["steps"], "torch_threads": cfg["threads"], "world_size": 1,
+            "per_process_batch_size": cfg["batch_size"], "wall_seconds": 1.0}
+
+
 def test_rounds_time_again_and_measure_memory_once(tmp_path, monkeypatch, capsys):
-    real_launch, launches = scale.launch, []
+    """The rounds' bookkeeping around :func:`launch` (the real subprocess is the smoke grid's): a stand-in records
+    each launch and answers as the worker does."""
+    launches = []
 
-    def counting_launch(cfg, timeout, extra_env=None):
+    def recording_launch(cfg, timeout, extra_env=None):
         launches.append("memory" if extra_env else "timed")
-        return real_launch(cfg, timeout, extra_env)
+        assert extra_env in (None, scale.MEMORY_ENV)
+        return _worker_result(cfg, len(launches), memory=extra_env is not None)
 
-    monkeypatch.setattr(scale, "launch", counting_launch)
+    monkeypatch.setattr(scale, "launch", recording_launch)
     out = tmp_path / "scale.json"
     argv = ["--model", "tiny", "--methods", "cached_mnrl", "--variants", "cached", "--batch-sizes", "8", "--steps", "2",
             "--mini-batch-size", "4", "--threads", "1", "--ddp-methods", "--corpus", str(CORPUS), "--out", str(out)]
@@ -270,11 +286,15 @@ def test_rounds_time_again_and_measure_memory_once(tmp_path, monkeypatch, capsys
     assert launches == ["timed", "memory", "timed"]
     run = json.loads(out.read_text())["runs"]["cached_mnrl/cached/b8"]
     assert len(run["step_ms_rounds"]) == 2 and run["step_ms"] == pytest.approx(sum(run["step_ms_rounds"]) / 2, abs=0.01)
+    # round 1 is the timed launch (10 ms; the memory launch's step is not a round), round 2 the third launch (30 ms);
+    # the peak is the memory run's, the default allocator's mark the timed runs' largest
+    assert run["step_ms_rounds"] == [10.0, 30.0] and run["peak_mb"] == 500.0 and run["default_malloc_peak_mb"] == 700.0
     assert "round 2" in capsys.readouterr().out
     assert scale.main([*argv, "--rounds", "2"]) == 0 and len(launches) == 3  # both rounds held: nothing runs
     assert scale.main([*argv, "--rounds", "3"]) == 0 and launches[3:] == ["timed"]  # one more round, timed only
     again = json.loads(out.read_text())["runs"]["cached_mnrl/cached/b8"]
     assert again["step_ms_rounds"][:2] == run["step_ms_rounds"] and len(again["step_ms_rounds"]) == 3
+    assert again["step_ms_rounds"][2] == 40.0 and again["step_ms"] == 30.0  # the median of 10, 30, 40
     assert again["peak_mb"] == run["peak_mb"] and "timed in 3 interleaved rounds" in out.with_suffix(".md").read_text()
 
 
