@@ -153,27 +153,15 @@ def cmd_train(args: argparse.Namespace) -> int:
         result, scores = run.train, run.sts
         final = save_final_model(args, built.for_saving(), output_dir)
     logger.info("saved the selected model to %s", final)
-    payload = {
-        "loss": args.loss,
-        "loss_config": run.loss_config,
-        "loss_call": _loss_call(args.loss, loss_kwargs, bool(getattr(args, "control", None))),
-        "control": bool(getattr(args, "control", None)),
-        "model": args.model or "default (all-MiniLM-L6-v2, embedded)",
-        "pooling": args.pooling,
-        "mlp_head": args.mlp_head,
-        "model_changes": built.changes,
+    write_json(output_dir / "results.json", {
+        **run_fields(args, run, loss_kwargs, built.changes),
         "corpus": str(corpus),
         "num_sentences": len(sentences),
-        "config": {k: v for k, v in vars(args).items() if k not in ("func",)},
-        "planned_steps": planned,
         "sts": scores,
         "stsb_dev_best": result.best_metric,
-        "train_seconds": result.train_seconds,
-        "steps": result.steps,
-        "median_step_seconds": result.median_step_seconds,
-    }
-    payload["training_curve"] = write_curve(args, result, output_dir)
-    write_json(output_dir / "results.json", payload)
+        **step_fields(result, planned),
+        "training_curve": write_curve(args, result, output_dir),
+    })
     print(format_sts_table({args.loss: cast(dict[str, float], scores)}))  # evaluate_test: the STS scores are set
     step = f"{result.median_step_seconds:.3f} s" if result.median_step_seconds is not None else "–"
     print(f"\nSTS-B dev (best): {result.best_metric}  steps: {result.steps}  train time: {result.train_seconds:.0f} s  "
@@ -237,21 +225,10 @@ def _train_and_save(args: argparse.Namespace, dataset: Any, config: Any, score: 
     curve = write_curve(args, result, output_dir)
     write_json(output_dir / "results.json", {
         **head,
-        "loss": args.loss,
-        "loss_config": run.loss_config,
-        "loss_call": _loss_call(args.loss, loss_kwargs, bool(getattr(args, "control", None))),
-        "control": bool(getattr(args, "control", None)),
-        "model": args.model or "default (all-MiniLM-L6-v2, embedded)",
-        "pooling": args.pooling,
-        "mlp_head": args.mlp_head,
-        "model_changes": built.changes,
+        **run_fields(args, run, loss_kwargs, built.changes),
         "training_data": info,
-        "config": {k: v for k, v in vars(args).items() if k not in ("func",)},
         **run.scores,
-        "train_seconds": result.train_seconds,
-        "planned_steps": planned,
-        "steps": result.steps,
-        "median_step_seconds": result.median_step_seconds,
+        **step_fields(result, planned),
         "training_curve": curve,
     })
     return run, final, planned
@@ -336,6 +313,31 @@ def run_steps(num_examples: int, config: Any) -> int:
     return steps
 
 
+
+
+def run_fields(args: argparse.Namespace, run: Any, loss_kwargs: dict[str, Any],
+               model_changes: list[str]) -> dict[str, Any]:
+    """What every ``results.json`` of ``train`` says of the run: the loss (its name, configuration and the Python
+    call that builds it), whether ``--control`` was on, the model, its pooling / head and what the run changed in it
+    (``model_changes``), and every command-line setting."""
+    control = bool(getattr(args, "control", None))
+    return {
+        "loss": args.loss,
+        "loss_config": run.loss_config,
+        "loss_call": _loss_call(args.loss, loss_kwargs, control),
+        "control": control,
+        "model": args.model or "default (all-MiniLM-L6-v2, embedded)",
+        "pooling": args.pooling,
+        "mlp_head": args.mlp_head,
+        "model_changes": model_changes,
+        "config": {k: v for k, v in vars(args).items() if k not in ("func",)},
+    }
+
+
+def step_fields(result: Any, planned: int) -> dict[str, Any]:
+    """The training's cost in ``results.json``: its seconds, the planned and the run steps, the median step."""
+    return {"train_seconds": result.train_seconds, "planned_steps": planned, "steps": result.steps,
+            "median_step_seconds": result.median_step_seconds}
 
 
 def _loss_call(name: str, loss_kwargs: dict[str, Any], control: bool = False) -> str:

@@ -268,6 +268,9 @@ def read_training_file(path: str | Path, *, min_rows: int = 1, limit: int = 0,
     reader, kwargs = TRAIN_FILE_FORMATS[path.suffix.lower()]
     bars = not datasets.are_progress_bars_disabled()
     datasets.disable_progress_bars()  # reading a local file: no "Generating train split" bars around our messages
+    # nor datasets' own "Failed to load JSON from file ..." log line before the error below, which says the same
+    verbosity = datasets.logging.get_verbosity()
+    datasets.logging.set_verbosity(datasets.logging.CRITICAL)
     try:
         dataset = getattr(Dataset, reader)(str(path), **kwargs)
     except Exception as exc:  # datasets wraps the parsers' errors (pyarrow, pandas) in its own types
@@ -275,6 +278,7 @@ def read_training_file(path: str | Path, *, min_rows: int = 1, limit: int = 0,
         message = (str(cause).strip().splitlines() or [type(cause).__name__])[0]
         raise ValueError(f"{where} cannot be read as {path.suffix.lower()[1:]}: {message}") from exc
     finally:
+        datasets.logging.set_verbosity(verbosity)
         if bars:
             datasets.enable_progress_bars()
     columns = list(dataset.column_names)

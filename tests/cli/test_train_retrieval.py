@@ -505,3 +505,37 @@ def test_an_unknown_mining_arg_on_the_recipes_mining_is_refused(tiny_model_dir, 
     assert cli.main(argv) != 0
     assert "unknown mining setting(s) ['margin']; choose from" in capsys.readouterr().err
     assert not (out / "results.json").exists()
+
+
+def test_a_broken_file_logs_nothing_of_its_own_beside_the_error(tmp_path):
+    """datasets logs "Failed to load JSON from file ..." before raising: the user would see it above the one-line
+    error (the test above sees it or not depending on which test bound datasets' handler to which stream), so the
+    reader silences datasets' logger while it reads, and gives the verbosity back."""
+    import logging
+
+    import datasets
+
+    from st_hardneg.training.protocol import read_training_file
+
+    path = tmp_path / "broken.jsonl"
+    path.write_text(BAD_FILES["broken.jsonl"][0])
+    records: list[logging.LogRecord] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            records.append(record)
+
+    keep, before = Keep(), datasets.logging.get_verbosity()
+    logging.getLogger("datasets").addHandler(keep)
+    datasets.logging.set_verbosity(datasets.logging.INFO)
+    try:
+        with pytest.raises(ValueError, match="cannot be read as jsonl"):
+            read_training_file(path)
+        assert records == [] and datasets.logging.get_verbosity() == datasets.logging.INFO
+        datasets.logging.set_verbosity(datasets.logging.WARNING)  # the control: datasets does log it
+        with pytest.raises(datasets.exceptions.DatasetGenerationError):
+            datasets.Dataset.from_json(str(path))
+        assert any("Failed to load JSON" in r.getMessage() and r.levelno == logging.ERROR for r in records)
+    finally:
+        logging.getLogger("datasets").removeHandler(keep)
+        datasets.logging.set_verbosity(before)
