@@ -222,14 +222,13 @@ def _train_and_save(args: argparse.Namespace, dataset: Any, config: Any, score: 
                            score=lambda trained: score(built.for_saving()), callbacks=run_callbacks(args, loss_kwargs))
         final = save_final_model(args, built.for_saving(), output_dir)
     result = run.train
-    curve = write_curve(args, result, output_dir)
     write_json(output_dir / "results.json", {
         **head,
         **run_fields(args, run, loss_kwargs, built.changes),
         "training_data": info,
         **run.scores,
         **step_fields(result, planned),
-        "training_curve": curve,
+        "training_curve": write_curve(args, result, output_dir),
     })
     return run, final, planned
 
