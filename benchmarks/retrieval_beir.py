@@ -624,7 +624,7 @@ def main(argv: list[str] | None = None) -> int:
             choose_again(data)
             write_json(out, data)
         write_report(data, out)
-        plot(data, out.with_suffix(".png"), per_query_runs(out.with_name(out.stem + "_per_query.jsonl")))
+        plot(data, out.with_suffix(".png"), per_query_runs(out.with_name(out.stem + "_per_query.jsonl"), data["runs"]))
         print(out.with_suffix(".md").read_text())
         return 0
     if os.environ.get("OMP_NUM_THREADS") is None:
@@ -632,7 +632,7 @@ def main(argv: list[str] | None = None) -> int:
 
         torch.set_num_threads(1)
     data = run_all(args)
-    plot(data, out.with_suffix(".png"), per_query_runs(out.with_name(out.stem + "_per_query.jsonl")))
+    plot(data, out.with_suffix(".png"), per_query_runs(out.with_name(out.stem + "_per_query.jsonl"), data["runs"]))
     return 0
 
 

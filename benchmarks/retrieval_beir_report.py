@@ -102,9 +102,26 @@ def paired(data: dict[str, Any], name: str, a: str, b: str) -> dict[str, Any] | 
             "ahead_every_seed": all(d > 0 for d in diffs)}
 
 
-def per_query_runs(path: Path) -> list[dict[str, Any]]:
-    """The per-query file's rows (one per run: dataset, method, seed, stage, nDCG@10 by role and query)."""
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
+def per_query_runs(path: Path, runs: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+    """The per-query file's rows (one per run: dataset, method, seed, stage, nDCG@10 by role and query).
+
+    With ``runs`` (the results file's runs), only the rows their records point to (``"per_query": "<file>#<n>"``
+    with the same dataset, row, seed and stage), whatever the file's order: a row left by a runner stopped between
+    its two writes, or the row of a run replaced since, is not read. Records that point to no row at all (results
+    written by hand) leave every row read."""
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
+    if runs is None or not any("per_query" in record for record in runs):  # nothing to check the rows against
+        return rows
+
+    def pointed(row: dict[str, Any]) -> bool:
+        number = row.get("run")
+        if not isinstance(number, int) or not 0 <= number < len(runs):
+            return False
+        record = runs[number]
+        return (record.get("per_query") == f"{path.name}#{number}" and record.get("stage", "main") == row.get("stage")
+                and all(record.get(key) == row.get(key) for key in ("dataset", "method", "seed")))
+
+    return [row for row in rows if pointed(row)]
 
 
 def per_query_by_row(per_query: list[dict[str, Any]]) -> dict[tuple[str, str], dict[int, dict[str, float]]]:
@@ -296,4 +313,5 @@ def write_report(data: dict[str, Any], out: Path) -> None:
     from st_hardneg.reporting import write_json
 
     write_json(out, data)
-    out.with_suffix(".md").write_text(markdown(data, per_query_runs(out.with_name(out.stem + "_per_query.jsonl"))))
+    out.with_suffix(".md").write_text(markdown(data, per_query_runs(out.with_name(out.stem + "_per_query.jsonl"),
+                                                                     data["runs"])))

@@ -1,6 +1,6 @@
 """Two-dataset retrieval benchmark, second round (issue 51): every st-hardneg loss with the recipe's false-negative
 control beside the same loss without it, sentence-transformers' built-ins on their own dev-chosen mining, and a
-longer NFCorpus protocol; resumable, one process.
+longer NFCorpus protocol; resumable, and safe to run as several processes on one results file (:class:`Runner`).
 
 The first round's protocol (:data:`~benchmarks.retrieval_beir_rows.PROTOCOL`: all-MiniLM-L6-v2 as published, 128 /
 256 tokens, batch 32, lr 2e-5, 10 % warm-up, 1 epoch, graded nDCG@10 on SciFact and NFCorpus, options chosen on pooled
@@ -18,10 +18,13 @@ dev at seed 0) with these changes:
 - **Longer NFCorpus** (dataset ``nfcorpus_long``): ~5,000 pairs (156 steps) for the best rows of each side.
 
 Order (a finished (dataset, row, seed) is skipped; each item runs on both datasets): the seed-0 screens, most
-informative first (:func:`plan`); the built-ins on the chosen mining; each chosen loss without the control; seeds 1-2
-of the best rows; the longer NFCorpus protocol. The results record the commit they ran from.
+informative first (:func:`plan`); ties closer than two dev standard deviations settled on seeds 0-2; the built-ins on
+the chosen mining; each chosen loss without the control; the recipe and the best built-in (ties settled likewise);
+their 5 paired seeds and MNRL's on the chosen mining; the longer NFCorpus protocol. The results record the commit
+and the library tree each run ran from.
 
     python -m benchmarks.retrieval_beir_round2                      # -> results/retrieval_beir_round2.*
+    python -m benchmarks.retrieval_beir_round2 &                    # a second runner: it takes the next free item
     python -m benchmarks.retrieval_beir_round2 --budget-seconds 3000
     python -m benchmarks.retrieval_beir_round2 --report             # tables from the JSON only
 """
@@ -44,7 +47,7 @@ from typing import Any
 
 from benchmarks.harness import REPO, RESULTS, SHARED_DATA
 from benchmarks.retrieval_beir import Prepared, evaluate, load_model, negatives_key, prepare, run_one
-from benchmarks.retrieval_beir_report import paired_section, per_query_by_row, per_query_runs
+from benchmarks.retrieval_beir_report import compare_rows, paired_section, per_query_by_row, per_query_runs
 from benchmarks.retrieval_beir_rows import (
     DATASETS,
     LONG_SAMPLING,
@@ -77,6 +80,15 @@ from benchmarks.retrieval_beir_rows import (
 )
 
 DEFAULT_OUT = RESULTS / "retrieval_beir_round2.json"
+#: the markers around the summary table in the report, where the docs' "which loss" page includes it from
+SUMMARY_START, SUMMARY_END = "<!-- summary -->", "<!-- /summary -->"
+#: the markers around the per-data-shape table, which the "which loss" page includes too
+SHAPES_START, SHAPES_END = "<!-- shapes -->", "<!-- /shapes -->"
+#: the data shape each dataset stands for (the share of training rows whose batch of 32 holds a candidate the training
+#: qrels mark relevant to the row's query: ``benchmarks/results/known_relevance_share.md``)
+SHAPES = {"scifact": "few judged documents per query (SciFact-like: 0.7-1.1 % of rows hold a known relevant "
+                     "in-batch candidate)",
+          "nfcorpus": "many judged documents per query (NFCorpus-like: 29-34 % of rows hold one)"}
 #: the seeds of the recipe, the best built-in and MNRL on the chosen mining (issue 51: "5 paired seeds")
 PAIRED_SEEDS = (0, 1, 2, 3, 4)
 #: the first round's file whose untrained rows (the same evaluation) this file imports
@@ -101,24 +113,22 @@ def round2_protocol() -> dict[str, Any]:
                          "on pooled dev (seed 0); test never used to choose"}
 
 
+def _git(*argv: str) -> str:
+    return subprocess.run(["git", "-C", str(REPO), *argv], capture_output=True, text=True).stdout.strip()
+
+
 def commit() -> str:
     """The commit the code runs from (``+dirty`` when the tracked files differ from it)."""
-    def git(*argv: str) -> str:
-        return subprocess.run(["git", "-C", str(REPO), *argv], capture_output=True, text=True).stdout.strip()
-
-    head = git("rev-parse", "HEAD") or "unknown"
-    return head + ("+dirty" if git("status", "--porcelain", "--untracked-files=no") else "")
+    head = _git("rev-parse", "HEAD") or "unknown"
+    return head + ("+dirty" if _git("status", "--porcelain", "--untracked-files=no") else "")
 
 
 def library_tree(rev: str) -> str:
     """The git tree of the library (``st_hardneg/``) at ``rev``: runs from commits that differ only outside the
     library (the benchmark driver) trained with the same code. ``+dirty`` when ``rev`` is ``HEAD`` and the library's
     tracked files differ from it; ``unknown`` when git cannot tell."""
-    def git(*argv: str) -> str:
-        return subprocess.run(["git", "-C", str(REPO), *argv], capture_output=True, text=True).stdout.strip()
-
-    tree = git("rev-parse", f"{rev}:st_hardneg") or "unknown"
-    dirty = rev == "HEAD" and git("status", "--porcelain", "--untracked-files=no", "--", "st_hardneg")
+    tree = _git("rev-parse", f"{rev}:st_hardneg") or "unknown"
+    dirty = rev == "HEAD" and _git("status", "--porcelain", "--untracked-files=no", "--", "st_hardneg")
     return tree + ("+dirty" if dirty else "")
 
 
@@ -260,7 +270,7 @@ class Runner:
     def _claims(self) -> dict[str, dict[str, Any]]:
         """The live claims (a claim whose process is gone is dropped)."""
         claims = json.loads(self.claims_path.read_text()) if self.claims_path.is_file() else {}
-        return {item: claim for item, claim in claims.items() if _alive(claim["pid"])}
+        return {item: claim for item, claim in claims.items() if _alive(claim["pid"], claim.get("process_start"))}
 
     def _write_claims(self, claims: dict[str, dict[str, Any]]) -> None:
         if claims:
@@ -281,7 +291,8 @@ class Runner:
                 return "done"
             if item in claims:
                 return "claimed"
-            claims[item] = {"pid": os.getpid(), "runner": self.token, "started": time.strftime("%Y-%m-%d %H:%M:%S")}
+            claims[item] = {"pid": os.getpid(), "process_start": process_start(os.getpid()), "runner": self.token,
+                            "started": time.strftime("%Y-%m-%d %H:%M:%S")}
             self._write_claims(claims)
             return len({c["runner"] for c in claims.values()})
 
@@ -383,14 +394,27 @@ class Runner:
         self.append(record, per_query)
 
 
-def _alive(pid: int) -> bool:
+def process_start(pid: int) -> str | None:
+    """When process ``pid`` started (``/proc/<pid>/stat``'s start time, in clock ticks since boot), or ``None`` where
+    there is no ``/proc`` (or no such process). A claim records it, so that a later process given the same pid (after
+    a restart) does not hold a dead runner's claims."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat.rsplit(")", 1)[1].split()[19]  # field 22; the command name may hold spaces and parentheses
+
+
+def _alive(pid: int, started: str | None = None) -> bool:
+    """Whether the runner process that made a claim still runs: ``pid`` exists and, where the claim recorded it, it
+    is the same process (:func:`process_start`)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except PermissionError:  # another user's process: alive
-        return True
-    return True
+    except PermissionError:  # another user's process
+        pass
+    return started is None or process_start(pid) in (None, started)
 
 
 def import_untrained(data: dict[str, Any], path: Path) -> None:
@@ -403,7 +427,7 @@ def import_untrained(data: dict[str, Any], path: Path) -> None:
                                 | {"source": f"{path.name} (the same evaluation)"})
 
 
-#: what :func:`plan` yields where its next items are chosen from finished runs: a runner waits there until no other
+#: what :func:`plan` yields where its next items are chosen from finished runs: a runner waits there until every
 #: item it left to another runner has finished (:meth:`Runner.settle`), so that every runner chooses from the same runs
 BARRIER = ("", "", -1)
 
@@ -414,8 +438,8 @@ def plan(data: dict[str, Any]) -> Iterator[tuple[str, str, int]]:
     1. the seed-0 screen on both datasets: :data:`FIRST`, each loss with the control at temperature 0.01, then its
        own option at its better temperature;
     2. ties: where a loss's configurations, or MNRL's mining settings, are closer on pooled dev at seed 0 than two
-       dev standard deviations (:func:`~benchmarks.retrieval_beir_rows.round2_tied`), the tied rows at seeds 1-2,
-       and the choice is made on the three seeds;
+       dev standard deviations (:func:`~benchmarks.retrieval_beir_rows.round2_tied`), the tied rows (the best three
+       at most) at seeds 1-2, and the choice is made on the three seeds;
     3. the built-ins on the dev-chosen mining (seed 0) and each loss's chosen configuration without the control;
     4. the recipe (st-hardneg's best row) and the best built-in, ties on each side to seeds 1-2 as in 2;
     5. 5 paired seeds (0-4) of the recipe, the best built-in and MNRL on the chosen mining;
@@ -538,6 +562,56 @@ def summary(data: dict[str, Any]) -> str:
                           body).rstrip("\n")
 
 
+#: issue 51's target for the recipe against the best built-in: the two datasets' mean difference of test nDCG@10,
+#: ahead on each, Holm-corrected per-query randomization p below this on each
+TARGET_MEAN, TARGET_P = 1.0, 0.05
+
+
+def target_line(by: dict[tuple[str, str], dict[int, dict[str, float]]], recipe: str, best: str) -> str:
+    """Whether the recipe meets the target against the best built-in (:data:`TARGET_MEAN`, ahead on each dataset,
+    Holm p below :data:`TARGET_P` on each), on the per-query test scores over the seeds both rows share on both
+    datasets; or why it cannot be judged yet."""
+    seeds = sorted(set.intersection(*(set(by.get((name, label), {})) for name in MAIN for label in (recipe, best))))
+    if not seeds:
+        return "- target: not judged yet (no seed with per-query scores of both rows on both datasets)"
+    rows = compare_rows(by, list(MAIN), seeds, recipe, best).rows
+    mean = statistics.fmean(r.mean_difference for r in rows)
+    parts = [f"{r.dataset} {r.mean_difference:+.2f} (Holm p {r.p_randomization_holm:.3g}; detectable "
+             f"{detectable_difference(query_differences(by, r.dataset, seeds, recipe, best), len(rows)):.2f})"
+             for r in rows]
+    met = mean >= TARGET_MEAN and all(r.mean_difference > 0 and r.p_randomization_holm < TARGET_P for r in rows)
+    verdict = "met" if met else (f"not met: {TARGET_MEAN - mean:.2f} short on the mean" if mean < TARGET_MEAN
+                                 else "not met: not ahead, or not significant, on each dataset")
+    return (f"- target (+{TARGET_MEAN:.1f} on the two datasets' mean, ahead on each, Holm p < {TARGET_P} on each), "
+            f"{len(seeds)} paired seed(s): mean {mean:+.2f}; {'; '.join(parts)}: **{verdict}**"
+            + ("" if len(seeds) >= len(PAIRED_SEEDS) else f" (provisional: {len(PAIRED_SEEDS)} seeds planned)")
+            + ". Detectable: the smallest difference this test would find significant after Holm with 80 % power, "
+            "at the per-query spread of the differences (`detectable_difference`)")
+
+
+def query_differences(by: dict[tuple[str, str], dict[int, dict[str, float]]], name: str, seeds: list[int],
+                      method: str, baseline: str) -> list[float]:
+    """Per query of ``name``'s test set, ``method`` minus ``baseline`` (nDCG@10 x 100), each averaged over ``seeds``
+    first, as :func:`st_hardneg.evaluation.compare_runs` pairs them."""
+    mean = {label: {q: statistics.fmean(by[(name, label)][s][q] for s in seeds) for q in by[(name, label)][seeds[0]]}
+            for label in (method, baseline)}
+    return [mean[method][q] - mean[baseline][q] for q in sorted(mean[baseline]) if q in mean[method]]
+
+
+def detectable_difference(differences: list[float], comparisons: int, power: float = 0.8) -> float:
+    """The smallest mean difference a paired test over these queries finds significant at :data:`TARGET_P` after
+    Holm over ``comparisons`` (the strictest level, ``TARGET_P / comparisons``, two-sided) with probability
+    ``power``: ``(z(1 - alpha / 2) + z(power)) * sd / sqrt(n)`` of the per-query differences (normal
+    approximation)."""
+    from statistics import NormalDist
+
+    if len(differences) < 2:
+        return float("nan")
+    z = NormalDist().inv_cdf
+    alpha = TARGET_P / comparisons
+    return (z(1 - alpha / 2) + z(power)) * statistics.stdev(differences) / len(differences) ** 0.5
+
+
 def tie_table(data: dict[str, Any]) -> str:
     """Each choice whose rows were tied at seed 0 (:func:`~benchmarks.retrieval_beir_rows.round2_tied`): the tied
     rows' pooled dev at seed 0 and over the tie seeds, and the choice; empty when no choice had a tie."""
@@ -565,6 +639,37 @@ def tie_table(data: dict[str, Any]) -> str:
     return (f"Two dev standard deviations: {2 * sd:.2f} (the median seed-to-seed standard deviation of pooled dev "
             f"over the first round's rows run at 3 or more seeds, {sd:.3f}).\n\n"
             + markdown_table(["choice", "row", "pooled dev, seed 0", "pooled dev, seeds 0-2", ""], body).rstrip("\n"))
+
+
+def best_on(data: dict[str, Any], name: str, builtin: bool) -> str | None:
+    """The row of one side with the best dev nDCG@10 on dataset ``name`` alone at seed 0: what a team with data of
+    that shape would choose on its own dev split, among every configuration of st-hardneg's losses (with and without
+    the control) or every built-in row."""
+    labels = round2_side_labels(data, True) if builtin else [label for label in round2_rows() if round2_key(label)]
+    scored = {label: values[0] for label in labels
+              if (values := [r["dev"]["ndcg@10"] for r in _runs(data, name, label) if r["seed"] == 0])}
+    return max(scored, key=lambda k: scored[k]) if scored else None
+
+
+def _seeds(count: int) -> str:
+    return f"{count} seed" + ("s" if count != 1 else "")
+
+
+def shape_table(data: dict[str, Any]) -> str:
+    """Per data shape (:data:`SHAPES`): the best row of st-hardneg and of sentence-transformers on that dataset's own
+    dev (seed 0), their test nDCG@10 (mean ± std over their seeds) and the difference of the means."""
+    from st_hardneg.reporting import markdown_table, mean_std_text
+
+    body = []
+    for name in MAIN:
+        ours, theirs = best_on(data, name, builtin=False), best_on(data, name, builtin=True)
+        tests = {label: [r["test"]["ndcg@10"] for r in _runs(data, name, label)] for label in (ours, theirs) if label}
+        difference = (f"{statistics.fmean(tests[ours]) - statistics.fmean(tests[theirs]):+.2f}"
+                      if ours and theirs else "–")
+        body.append([SHAPES[name], *(f"`{label}`: {mean_std_text(tests[label])} ({_seeds(len(tests[label]))})"
+                                     if label else "not run" for label in (ours, theirs)), difference])
+    return markdown_table(["data shape", "st-hardneg, best on this dataset's dev", "sentence-transformers, best on "
+                           "this dataset's dev", "difference (test)"], body).rstrip("\n")
 
 
 def dataset_table(data: dict[str, Any], name: str) -> str:
@@ -633,11 +738,13 @@ def markdown(data: dict[str, Any], per_query: list[dict[str, Any]] | None = None
     if data.get("reading"):
         lines += ["## Reading", "", *data["reading"], ""]
     lines += ["## Summary (test nDCG@10; rows by pooled dev nDCG@10 at seed 0, the choosing score)", "",
-              summary(data), "",
+              SUMMARY_START, summary(data), SUMMARY_END, "",
               f"- best of st-hardneg on pooled dev: {', '.join(f'`{k}` {v:.2f}' for k, v in ours[:3]) or 'none yet'}",
               f"- best built-in on pooled dev: {', '.join(f'`{k}` {v:.2f}' for k, v in builtins[:3]) or 'none yet'}",
               f"- mining of the built-ins (MNRL's pooled dev): `{round2_mining_choice(data) or 'not chosen yet'}`; "
               f"st-hardneg's rows: `{OURS_MINING}`", ""]
+    lines += ["## By data shape (each side's best row on one dataset's dev, seed 0; test nDCG@10)", "",
+              SHAPES_START, shape_table(data), SHAPES_END, ""]
     by = per_query_by_row(per_query or [])
     recipe, best = round2_recipe_choice(data, builtin=False), round2_recipe_choice(data, builtin=True)
     if recipe and best:
@@ -645,7 +752,7 @@ def markdown(data: dict[str, Any], per_query: list[dict[str, Any]] | None = None
         lines += ["## The recipe against the best built-in and MNRL on the chosen mining (per-query test nDCG@10; "
                   "Holm across the two datasets)", "",
                   f"The recipe (st-hardneg's best row on pooled dev) is `{recipe}`; the best built-in `{best}`.", "",
-                  *paired_section(by, recipe, best, f"{recipe} vs {best}")]
+                  *paired_section(by, recipe, best, f"{recipe} vs {best}"), target_line(by, recipe, best), ""]
         if mnrl != best:
             lines += paired_section(by, recipe, mnrl, f"{recipe} vs {mnrl}")
     ties = tie_table(data)
@@ -687,11 +794,98 @@ def library_line(data: dict[str, Any]) -> str:
                    if side_by_side else "")
 
 
-def write_report(data: dict[str, Any], out: Path) -> None:
+def control_points(data: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
+    """Per dataset, each loss's chosen configuration with the control and the same configuration without it: test
+    nDCG@10 averaged over each row's seeds (``None`` where a row has not run), with the seeds; and the references:
+    the untrained model, the best built-in and MNRL on the chosen mining."""
+    out: dict[str, list[dict[str, Any]]] = {}
+    for name in MAIN:
+        points = []
+        for key in ROUND2_LOSSES:
+            chosen = round2_loss_choice(data, key)
+            if chosen is None:
+                continue
+            point: dict[str, Any] = {"loss": key, "label": chosen}
+            for side_, label in (("with", chosen), ("without", round2_twin(chosen))):
+                values = [r["test"]["ndcg@10"] for r in _runs(data, name, label)]
+                point[side_] = _mean(values)
+                point[f"{side_}_seeds"] = len(values)
+            points.append(point)
+        out[name] = points
+    return out
+
+
+def reference_lines(data: dict[str, Any], name: str) -> dict[str, float]:
+    """The vertical lines of :func:`plot` on ``name``: test nDCG@10 of the untrained model, of the best built-in and
+    of MNRL on the chosen mining (mean over their seeds; those run)."""
+    rows = {"untrained": "untrained", "best built-in": round2_recipe_choice(data, builtin=True),
+            "MNRL, chosen mining": f"mnrl@{round2_mining_choice(data)}" if round2_mining_choice(data) else None}
+    lines: dict[str, float] = {}
+    drawn: dict[str, str] = {}
+    for title, label in rows.items():
+        values = [r["test"]["ndcg@10"] for r in _runs(data, name, label)] if label else []
+        if not values:
+            continue
+        if label in drawn:  # the best built-in is MNRL on the chosen mining: one line, both titles
+            key = drawn[label]
+            lines[key.replace(f" ({label})", f", {title} ({label})")] = lines.pop(key)
+            drawn[label] = key.replace(f" ({label})", f", {title} ({label})")
+            continue
+        drawn[label] = f"{title} ({label})" if label != "untrained" else title
+        lines[drawn[label]] = statistics.fmean(values)
+    return lines
+
+
+def plot(data: dict[str, Any], path: Path) -> bool:
+    """``path``: per dataset, each loss's chosen configuration with the false-negative control (filled) and without
+    it (open), test nDCG@10, against the untrained model, the best built-in and MNRL on the chosen mining; ``False``
+    (nothing written) before any loss has a chosen configuration."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    points = control_points(data)
+    if not any(points.values()):
+        return False
+    fig, axes = plt.subplots(1, len(MAIN), figsize=(11, 2.6 + 0.45 * max(len(v) for v in points.values())))
+    styles = ("grey", ":"), ("tab:red", "--"), ("tab:purple", "-.")
+    for ax, name in zip(axes, MAIN, strict=True):
+        rows = points[name]
+        for i, point in enumerate(rows):
+            xs = [v for v in (point["with"], point["without"]) if v is not None]
+            if len(xs) == 2:
+                ax.plot(xs, [i, i], color="tab:blue", lw=1, zorder=1)
+            if point["with"] is not None:
+                ax.scatter([point["with"]], [i], color="tab:blue", zorder=2,
+                           label="with the control" if i == 0 else None)
+            if point["without"] is not None:
+                ax.scatter([point["without"]], [i], facecolors="white", edgecolors="tab:blue", zorder=2,
+                           label="without" if i == 0 else None)
+        for (title, value), (color, style) in zip(reference_lines(data, name).items(), styles, strict=False):
+            ax.axvline(value, color=color, ls=style, lw=1, label=f"{title} {value:.2f}")
+        ax.set_yticks(range(len(rows)), [f"{p['label']}\n({p['with_seeds']} / {p['without_seeds']} seeds)"
+                                         for p in rows], fontsize=8)
+        ax.set_ylim(len(rows) - 0.5, -0.5)
+        ax.set_xlabel(f"{name} test nDCG@10")
+        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.22), ncol=2, frameon=False)
+    fig.suptitle("Each loss's chosen configuration with (filled) and without (open) the false-negative control",
+                 fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100, metadata={"Software": None})
+    plt.close(fig)
+    return True
+
+
+def write_report(data: dict[str, Any], out: Path, figure: bool = False) -> None:
+    """The JSON, its Markdown report, and with ``figure`` the figure (:func:`plot`, ``<out stem>.png``)."""
     from st_hardneg.reporting import write_json
 
     write_json(out, data)
-    out.with_suffix(".md").write_text(markdown(data, per_query_runs(out.with_name(out.stem + "_per_query.jsonl"))))
+    out.with_suffix(".md").write_text(markdown(data, per_query_runs(out.with_name(out.stem + "_per_query.jsonl"),
+                                                                     data["runs"])))
+    if figure:
+        plot(data, out.with_suffix(".png"))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -718,7 +912,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.report:
         if not out.is_file():
             parser.error(f"--report reads the results file, and there is none at {out}")
-        write_report(json.loads(out.read_text()), out)
+        write_report(json.loads(out.read_text()), out, figure=True)
         print(out.with_suffix(".md").read_text())
         return 0
     if os.environ.get("OMP_NUM_THREADS") is None:

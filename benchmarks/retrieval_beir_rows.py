@@ -349,6 +349,13 @@ ROUND2_MINING: dict[str, dict[str, Any] | None] = {
 #: the mining of st-hardneg's rows: the hardest candidate outside the training qrels (the recipe's mining, the first
 #: round's ``top5_nomargin`` negative, now without dropping a pair); their false-negative control is the loss's
 OURS_MINING = "top1_nomargin"
+#: the library's mining settings (``mined_beir_triplets(..., mining=...)``, ``--mining-arg``) that mine exactly the
+#: negatives of a round-2 setting of st-hardneg's rows: the hardest corpus document outside the query's training qrels
+#: (``tests/benchmarks/test_retrieval_beir_round2.py`` holds them equal)
+LIBRARY_MINING: dict[str, dict[str, Any]] = {
+    "top1_nomargin": {"num_candidates": 1, "relative_margin": None, "range_min": 0, "range_max": None,
+                      "known_as_positives": True},
+}
 #: sentence-transformers' rows run on the dev-chosen mining (MNRL screens the settings)
 ROUND2_BUILTINS = ("mnrl", "gist", "mnrl_hardness", "cached_mnrl_4x")
 #: each of the four losses (HNCSE in both modes, AdCSE with tied keys: its untied momentum keys give the document side
@@ -406,6 +413,23 @@ def round2_key(label: str) -> str | None:
     return key if key in ROUND2_LOSSES else None
 
 
+def round2_recipe(label: str) -> dict[str, Any]:
+    """The library's ``RETRIEVAL_RECIPE`` (:mod:`st_hardneg.training.recipe`) of st-hardneg's round-2 row ``label``:
+    its loss and options, its control (known positives, the untrained model as guide), its negatives in the library's
+    mining settings (:data:`LIBRARY_MINING`) and the protocol's training values.
+
+    Raises:
+        ValueError: ``label`` is not one of st-hardneg's rows (a built-in, the untrained model, or unknown).
+    """
+    every = round2_rows()
+    if label not in every or round2_key(label) is None:
+        raise ValueError(f"{label!r} is not one of st-hardneg's round-2 rows")
+    method, setting = every[label]
+    return {"loss": method.loss, "loss_kwargs": dict(method.kwargs), "known_positives": method.known_positives,
+            "guide": "untrained" if method.guided else None, "mining": dict(LIBRARY_MINING[setting]),
+            **{key: PROTOCOL[key] for key in ("batch_size", "learning_rate", "warmup_ratio", "epochs")}}
+
+
 def round2_screened(data: dict[str, Any], labels: list[str]) -> dict[str, float]:
     """Pooled dev nDCG@10 at seed 0 of each of ``labels`` that has run on both datasets."""
     scored = {label: pooled_dev(data, "main", label, (0,)) for label in labels}
@@ -421,6 +445,10 @@ def round2_loss_configs(key: str, control: bool = True) -> list[str]:
 ROUND1_RESULTS = "retrieval_beir_screened.json"
 #: seeds a tie is settled on (issue 51: "ties closer than two dev standard deviations go to 3 seeds before choosing")
 TIE_SEEDS = (0, 1, 2)
+#: how many tied rows go to :data:`TIE_SEEDS` at most (the best at seed 0): at seed 0 the five losses with the
+#: control lie within 0.50 pooled dev of each other, inside two dev standard deviations, so an uncapped tie among
+#: the recipe's candidates would send every row to three seeds
+TIE_CAP = 3
 
 
 def round2_dev_sd(path: Any = None) -> float:
@@ -445,13 +473,13 @@ def round2_dev_sd(path: Any = None) -> float:
 
 def round2_tied(data: dict[str, Any], labels: list[str], sd: float | None = None) -> list[str]:
     """The rows of ``labels`` within two dev standard deviations (:func:`round2_dev_sd`) of the best pooled dev at
-    seed 0, best first (one row when nothing is tied; none before any has run)."""
+    seed 0, best first, at most :data:`TIE_CAP` of them (one row when nothing is tied; none before any has run)."""
     scored = round2_screened(data, labels)
     if not scored:
         return []
     best = max(scored.values())
     width = 2 * (round2_dev_sd() if sd is None else sd)
-    return sorted((k for k, v in scored.items() if best - v < width), key=lambda k: -scored[k])
+    return sorted((k for k, v in scored.items() if best - v < width), key=lambda k: -scored[k])[:TIE_CAP]
 
 
 def round2_settled(data: dict[str, Any], label: str) -> float | None:
