@@ -118,9 +118,13 @@ def test_beir_retrieval_smoke(smoke_env):
         assert re.search(rf"\| {row} \| {number} \| {number} \| {number} \| {number} \|", text), row
     assert "steps: 2;" in text and re.search(r"test queries: 8; mean gain [+-]\d+\.\d\d", text)
     # the retrieval recipe, with the training qrels of every training query as its known positives and its guide
-    assert re.search(r"loss: AdversarialNegativesLoss, the recipe's options \{'temperature': 0\.01, 'margin': 0\.05, "
-                     r"'margin_strategy': 'relative'\} with \{'margin': None\}; known positives for [1-9]\d* queries; "
-                     r"guided by a frozen copy of the untrained model", text)
+    from st_hardneg.training.recipe import RETRIEVAL_RECIPE
+
+    assert RETRIEVAL_RECIPE["loss_kwargs"] == {"untied": False, "temperature": 0.01, "margin": 0.05,
+                                               "margin_strategy": "relative"}
+    assert re.search(r"loss: AdversarialNegativesLoss, the recipe's options \{'untied': False, 'temperature': 0\.01, "
+                     r"'margin': 0\.05, 'margin_strategy': 'relative'\} with \{'margin': None\}; known positives for "
+                     r"[1-9]\d* queries; guided by a frozen copy of the untrained model", text)
     assert "'relative_margin': None" in text  # mined as the recipe says (RETRIEVAL_RECIPE["mining"])
     assert _images(notebook) >= 1
     assert (smoke_env / "output" / "beir_retrieval" / "final" / "modules.json").is_file()

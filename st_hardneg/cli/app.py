@@ -86,10 +86,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "choice; mean for --task retrieval)")
     t.add_argument("--loss", default="mixcse", choices=[*sorted(LOSSES), RECIPE],
                    help="training objective; mnrl = unsupervised SimCSE (ST's MultipleNegativesRankingLoss); recipe "
-                        "(--task beir): the retrieval recipe (st_hardneg.training.recipe.RETRIEVAL_RECIPE: GISTEmbedLoss's "
-                        "rows, the untrained model guiding a relative false-negative margin, negatives mined without "
-                        "a margin) with the folder's training qrels as known positives, its options replaced by "
-                        "--loss-arg")
+                        "(--task beir): the retrieval recipe (st_hardneg.training.recipe.RETRIEVAL_RECIPE: AdCSE with tied "
+                        "keys at temperature 0.01, the untrained model guiding a relative false-negative margin, the "
+                        "hardest negative outside the known relevant documents) with the folder's training qrels as "
+                        "known positives, its options replaced by --loss-arg")
     t.add_argument("--control", action="store_true",
                    help="--task beir: give --loss the retrieval recipe's false-negative control (st_hardneg.training."
                         "recipe.FALSE_NEGATIVE_CONTROL): the model as given, frozen, guides a relative 0.05 margin, "

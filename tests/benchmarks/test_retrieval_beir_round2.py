@@ -521,3 +521,19 @@ def test_each_of_st_hardnegs_rows_is_a_library_recipe_that_builds_the_rows_loss(
         assert (library.known_positives is None) == (not method.known_positives), label
     with pytest.raises(ValueError, match="'mnrl@pairs' is not one of st-hardneg's round-2 rows"):
         rows.round2_recipe("mnrl@pairs")
+
+
+def test_the_library_recipe_is_the_second_rounds_choice():
+    """``RETRIEVAL_RECIPE`` is the recipe the committed second round chose on pooled dev (st-hardneg's side, ties
+    settled on 3 seeds), in the library's terms (:func:`rows.round2_recipe`: loss, options, control, negatives,
+    training values); the first round's choice stays as ``FIRST_ROUND_RECIPE``."""
+    from st_hardneg.training.recipe import FIRST_ROUND_RECIPE, RETRIEVAL_RECIPE
+
+    committed = json.loads(r2.DEFAULT_OUT.read_text())
+    chosen = rows.round2_recipe_choice(committed, builtin=False)
+    assert chosen == "adcse_tied+ctl@t0.01"
+    assert RETRIEVAL_RECIPE == rows.round2_recipe(chosen)
+    # the tie it came out of was settled: every tied configuration ran at each tie seed on both datasets
+    done = {(r["dataset"], r["method"], r["seed"]) for r in committed["runs"] if r["stage"] == "main"}
+    assert all((d, chosen, s) in done for d in ("scifact", "nfcorpus") for s in rows.TIE_SEEDS)
+    assert FIRST_ROUND_RECIPE != RETRIEVAL_RECIPE and FIRST_ROUND_RECIPE["loss"] == "mnrl_queue"

@@ -380,14 +380,32 @@ def test_real_mrpc_with_sts_shares_the_benchmark_cache(monkeypatch, shared_data,
     assert bench_info["cache_file"] == info["cache_file"] and len(dataset) == info["triplets"]
 
 
-def test_the_recipe_trains_on_a_beir_folder_with_its_training_qrels(tiny_model_dir, tmp_path, capsys):
+#: what ``--loss recipe --loss-arg margin=None`` announces, per retrieval round's recipe
+RECIPE_CALLS = {
+    "first": ("loss recipe: AdversarialNegativesLoss(model, num_adversaries=0, untied=False, mask_duplicates=False, "
+              "temperature=0.01, margin=None, margin_strategy='relative', guide=<the untrained model, frozen>, "
+              "known_positives=<the training qrels>)"),
+    "second": ("loss recipe: AdversarialNegativesLoss(model, untied=False, temperature=0.01, margin=None, "
+               "margin_strategy='relative', guide=<the untrained model, frozen>, known_positives=<the training "
+               "qrels>)"),
+}
+
+
+@pytest.mark.parametrize("round_", ["second", "first"])
+def test_the_recipe_trains_on_a_beir_folder_with_its_training_qrels(tiny_model_dir, tmp_path, capsys, monkeypatch,
+                                                                    round_):
     """``--loss recipe``: the library's recipe_loss with the folder's training qrels as known positives, its options
-    replaced by --loss-arg (a random model needs margin=None: it scores every document within 5 % of the positive)."""
+    replaced by --loss-arg (a random model needs margin=None: it scores every document within 5 % of the positive);
+    the first round's recipe patched in runs as it did."""
     from st_hardneg.cli.checks import json_safe
     from st_hardneg.models import load_model
     from st_hardneg.testing.beir import make_tiny_beir
+    from st_hardneg.training import recipe
     from st_hardneg.training.protocol import BEIR_TRAINING, beir_split
-    from st_hardneg.training.recipe import RETRIEVAL_RECIPE, recipe_loss
+
+    if round_ == "first":
+        monkeypatch.setattr(recipe, "RETRIEVAL_RECIPE", recipe.FIRST_ROUND_RECIPE)
+    RETRIEVAL_RECIPE, recipe_loss = recipe.RETRIEVAL_RECIPE, recipe.recipe_loss  # noqa: N806 - the library's name
 
     folder, out = make_tiny_beir(tmp_path / "tiny"), tmp_path / "out"
     argv = ["train", "--task", "beir", "--data", str(folder), "--model", str(tiny_model_dir), "--loss", "recipe",
@@ -395,9 +413,7 @@ def test_the_recipe_trains_on_a_beir_folder_with_its_training_qrels(tiny_model_d
             "--cache-dir", str(tmp_path / "cache"), "--output-dir", str(out)]
     assert cli.main(argv) == 0
     printed = capsys.readouterr().out
-    assert ("loss recipe: AdversarialNegativesLoss(model, num_adversaries=0, untied=False, mask_duplicates=False, "
-            "temperature=0.01, margin=None, margin_strategy='relative', guide=<the untrained model, frozen>, "
-            "known_positives=<the training qrels>)") in printed
+    assert RECIPE_CALLS[round_] in printed
     results = json.loads((out / "results.json").read_text())
     # the recipe's negatives (no margin in the mining) without any --mining-arg
     assert results["training_data"]["mining"] == RETRIEVAL_RECIPE["mining"]
@@ -451,10 +467,16 @@ def test_control_gives_any_loss_the_recipes_false_negative_control_on_a_beir_fol
     assert "guide" not in results["loss_call"]
 
 
-def test_a_mining_arg_changes_one_setting_of_the_recipes_mining(tiny_model_dir, tmp_path, capsys):
+@pytest.mark.parametrize(("round_", "candidates"), [("second", 1), ("first", 5)])
+def test_a_mining_arg_changes_one_setting_of_the_recipes_mining(tiny_model_dir, tmp_path, capsys, monkeypatch,
+                                                                 round_, candidates):
     """``--loss recipe --mining-arg KEY=VALUE``: that setting replaces the recipe's, the others stay the recipe's."""
     from st_hardneg.testing.beir import make_tiny_beir
-    from st_hardneg.training.recipe import RETRIEVAL_RECIPE
+    from st_hardneg.training import recipe
+
+    if round_ == "first":
+        monkeypatch.setattr(recipe, "RETRIEVAL_RECIPE", recipe.FIRST_ROUND_RECIPE)
+    RETRIEVAL_RECIPE = recipe.RETRIEVAL_RECIPE  # noqa: N806 - the library's name
 
     folder, out = make_tiny_beir(tmp_path / "tiny"), tmp_path / "out"
     argv = ["train", "--task", "beir", "--data", str(folder), "--model", str(tiny_model_dir), "--loss", "recipe",
@@ -462,7 +484,8 @@ def test_a_mining_arg_changes_one_setting_of_the_recipes_mining(tiny_model_dir, 
             "--cache-dir", str(tmp_path / "cache"), "--output-dir", str(out), "-q"]
     assert cli.main(argv) == 0
     mining = json.loads((out / "results.json").read_text())["training_data"]["mining"]
-    assert mining == {**RETRIEVAL_RECIPE["mining"], "num_candidates": 3} and RETRIEVAL_RECIPE["mining"]["num_candidates"] == 5
+    assert mining == {**RETRIEVAL_RECIPE["mining"], "num_candidates": 3}
+    assert RETRIEVAL_RECIPE["mining"]["num_candidates"] == candidates
 
 
 def test_the_controlled_loss_on_the_negatives_outside_the_qrels_as_the_docs_give_it(tmp_path):
