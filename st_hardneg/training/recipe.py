@@ -165,20 +165,22 @@ def controlled_loss(name: str, model: SentenceTransformer, known_relevant: dict[
 
 def check_recipe_overrides(overrides: dict[str, Any], option: str = "loss_overrides") -> None:
     """Refuse, before any model is built, an override of the recipe's loss that it cannot take: a keyword its loss
-    does not accept, ``model``, or one it sets itself (``known_positives``: the known relevant documents given;
+    does not accept, a value its loss refuses, ``model``, or one it sets itself (``known_positives``: the known relevant documents given;
     ``guide``: :data:`RETRIEVAL_RECIPE`'s). ``option`` names the overrides in the message (``--loss-arg`` on the
     command line).
 
     Raises:
         ValueError: naming the keyword.
     """
-    from st_hardneg.training.registry import check_loss_args
+    from st_hardneg.training.registry import check_loss_args, check_loss_values
 
     fixed = sorted(set(overrides) & {"known_positives", "guide"})
     if fixed:
         raise ValueError(f"{option}: the recipe sets {' and '.join(fixed)} itself (known_positives: the known relevant "
                          "documents given, e.g. the training qrels; guide: RETRIEVAL_RECIPE['guide']); drop it")
     check_loss_args(RETRIEVAL_RECIPE["loss"], overrides, option)
+    # and the values, by the loss's own checks, with the recipe's options they join (e.g. num_adversaries=-1)
+    check_loss_values(RETRIEVAL_RECIPE["loss"], {**RETRIEVAL_RECIPE["loss_kwargs"], **overrides}, option)
 
 
 def recipe_loss(model: SentenceTransformer, known_relevant: dict[str, set[str]] | None = None,

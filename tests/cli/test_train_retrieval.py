@@ -277,8 +277,8 @@ BAD_OPTIONS = [
      "--mining-arg relative_margin (None: no margin) must be a finite number in [0, 1), got 2"),
     (["--task", "retrieval", "--mining-arg", "known_as_positives=yes"],
      "--mining-arg known_as_positives must be True or False, got 'yes'"),
-    (["--task", "beir", "--data", "b", "--loss", "recipe", "--mining-arg", "range_max=3"],
-     "--mining-arg: range_max - range_min must leave at least num_candidates=5 candidates, got range_min=0, "
+    (["--task", "beir", "--data", "b", "--loss", "recipe", "--mining-arg", "range_min=3", "--mining-arg", "range_max=3"],
+     "--mining-arg: range_max - range_min must leave at least num_candidates=1 candidates, got range_min=3, "
      "range_max=3"),
     (["--task", "retrieval", "--batch-size", "0"], "--batch-size must be >= 1, got 0"),
     (["--task", "retrieval", "--max-steps", "0"], "--max-steps must be a positive number of steps"),
@@ -293,7 +293,8 @@ BAD_OPTIONS = [
     (["--task", "beir", "--data", "b", "--loss", "recipe", "--loss-arg", "known_positives=x"],
      "--loss-arg: the recipe sets known_positives itself"),
     (["--task", "beir", "--data", "b", "--loss", "recipe", "--loss-arg", "margn=0.1"],
-     "--loss-arg: loss 'mnrl_queue' takes no argument margn (did you mean margin?)"),
+     "--loss-arg: loss 'adcse' takes no argument margn (did you mean margin?)"),
+    (["--task", "beir", "--data", "b", "--loss", "recipe", "--loss-arg", "num_adversaries=-1"], "num_adversaries"),
     (["--control"], "--control masks a BEIR folder's training qrels as known positives: use it with --task beir"),
     (["--task", "retrieval", "--control"], "--control masks a BEIR folder's training qrels"),
     (["--task", "beir", "--data", "b", "--loss", "recipe", "--control"],
@@ -307,6 +308,25 @@ BAD_OPTIONS = [
     (["--task", "beir", "--data", "b", "--loss", "focal", "--control", "--loss-arg", "margin=-1"],
      "margin"),
 ]
+
+
+#: bad options of ``--loss recipe`` under the first round's recipe (``FIRST_ROUND_RECIPE`` patched in), as they were
+FIRST_ROUND_BAD_OPTIONS = [
+    (["--task", "beir", "--data", "b", "--loss", "recipe", "--mining-arg", "range_max=3"],
+     "--mining-arg: range_max - range_min must leave at least num_candidates=5 candidates, got range_min=0, "
+     "range_max=3"),
+    (["--task", "beir", "--data", "b", "--loss", "recipe", "--loss-arg", "margn=0.1"],
+     "--loss-arg: loss 'mnrl_queue' takes no argument margn (did you mean margin?)"),
+]
+
+
+@pytest.mark.parametrize(("extra", "fragment"), FIRST_ROUND_BAD_OPTIONS)
+def test_bad_first_round_recipe_options_are_one_line_exit_2(extra, fragment, mrpc_dir, model_dir, tmp_path, capsys,
+                                                             monkeypatch):
+    from st_hardneg.training import recipe
+
+    monkeypatch.setattr(recipe, "RETRIEVAL_RECIPE", recipe.FIRST_ROUND_RECIPE)
+    test_bad_options_are_one_line_exit_2(extra, fragment, mrpc_dir, model_dir, tmp_path, capsys)
 
 
 @pytest.mark.parametrize(("extra", "fragment"), BAD_OPTIONS)
