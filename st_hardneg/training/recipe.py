@@ -165,12 +165,12 @@ def controlled_loss(name: str, model: SentenceTransformer, known_relevant: dict[
 
 def check_recipe_overrides(overrides: dict[str, Any], option: str = "loss_overrides") -> None:
     """Refuse, before any model is built, an override of the recipe's loss that it cannot take: a keyword its loss
-    does not accept, a value its loss refuses, ``model``, or one it sets itself (``known_positives``: the known relevant documents given;
-    ``guide``: :data:`RETRIEVAL_RECIPE`'s). ``option`` names the overrides in the message (``--loss-arg`` on the
-    command line).
+    does not accept, a value its loss refuses, ``model``, or one it sets itself (``known_positives``: the known
+    relevant documents given; ``guide``: :data:`RETRIEVAL_RECIPE`'s). ``option`` names the overrides in the message
+    (``--loss-arg`` on the command line).
 
     Raises:
-        ValueError: naming the keyword.
+        ValueError: naming the keyword, or what the loss refused of its value.
     """
     from st_hardneg.training.registry import check_loss_args, check_loss_values
 
