@@ -192,60 +192,36 @@ def test_the_retrieval_table_is_the_two_dataset_benchmarks_json():
     ``docs/results.md`` when the second round's table took its place) is the committed JSON's (mean ± std over the
     seeds run, as the results page renders it; the last column the mean over the two datasets), so the summary cannot
     drift from it."""
-    import statistics
-
-    from st_hardneg.reporting import mean_std_text
+    from tests.retrieval_tables import check_rows_are_runs, table_rows
 
     data = json.loads((REPO / "benchmarks" / "results" / "retrieval_beir.json").read_text())
     results = _first_round_in_short()
     table = results[results.index("**First run, on negatives fixed before the mining screen**"):].split("\n\n")[1]
-    rows = {line.split(" | ")[0].strip("| "): [c.strip(" *|") for c in line.split(" | ")[1:]]
-            for line in table.splitlines()[2:]}
     labels = {"untrained": "untrained", "MNRL + mined negatives": "mnrl", "GISTEmbedLoss": "gist",
               "st-hardneg recipe": f"{data['chosen_recipe']}+known"}
     assert data["best_builtin"] == "gist"
-    for prefix, label in labels.items():
-        cells = next(cells for name, cells in rows.items() if name.strip("*").startswith(prefix))
-        means = []
-        for name, cell in zip(("scifact", "nfcorpus"), cells, strict=False):
-            values = [r["test"]["ndcg@10"] for r in data["runs"] if r["dataset"] == name and r["method"] == label
-                      and r.get("stage") in ("main", "untrained") and "test" in r]
-            assert cell.startswith(mean_std_text(values)), (prefix, name, cell, mean_std_text(values))
-            means.append(statistics.fmean(values))
-        assert cells[2] == f"{statistics.fmean(means):.2f}", (prefix, cells[2])
+    check_rows_are_runs(table_rows(table), labels, data["runs"], lambda r: r.get("stage") in ("main", "untrained"))
 
 
 def test_the_screened_rerun_table_is_its_json():
     """The first-round summary's retrieval table (the README's until the second round; ``docs/results.md`` now), the
     run on the mining screen's negatives, is ``retrieval_beir_screened.json``'s:
     the same rows, mean ± std over the seeds run, the mean over the two datasets, and the seed counts it states."""
-    import statistics
-
-    from st_hardneg.reporting import mean_std_text
+    from tests.retrieval_tables import check_rows_are_runs, table_rows
 
     data = json.loads((REPO / "benchmarks" / "results" / "retrieval_beir_screened.json").read_text())
     assert data["mining_by_dataset"] == {"scifact": "top5_nomargin", "nfcorpus": "top5_nomargin"}
     results = _first_round_in_short()
     head = results[results.index("**Retrieval**"):]
-    table = head.split("\n\n")[1]
-    rows = {line.split(" | ")[0].strip("| "): [c.strip(" *|") for c in line.split(" | ")[1:]]
-            for line in table.splitlines()[2:]}
+    rows = table_rows(head.split("\n\n")[1])
     labels = {"untrained": "untrained", "MNRL + mined negatives": "mnrl", "GISTEmbedLoss": "gist",
               "st-hardneg recipe": f"{data['chosen_recipe']}+known"}
     assert len(rows) == len(labels)
+    counts = check_rows_are_runs(rows, labels, data["runs"], lambda r: r.get("stage") in ("main", "untrained"))
     seeds: dict[str, int] = {}
-    for prefix, label in labels.items():
-        cells = next(cells for name, cells in rows.items() if name.strip("*").startswith(prefix))
-        means, counts = [], set()
-        for name, cell in zip(("scifact", "nfcorpus"), cells, strict=False):
-            values = [r["test"]["ndcg@10"] for r in data["runs"] if r["dataset"] == name and r["method"] == label
-                      and r.get("stage") in ("main", "untrained") and "test" in r]
-            assert cell.startswith(mean_std_text(values)), (prefix, name, cell, mean_std_text(values))
-            means.append(statistics.fmean(values))
-            counts.add(len(values))
-        assert cells[2] == f"{statistics.fmean(means):.2f}", (prefix, cells[2])
-        assert len(counts) == 1, (label, counts)  # as many seeds on both datasets
-        seeds[label] = counts.pop()
+    for label, per_dataset in counts.items():
+        assert len(set(per_dataset)) == 1, (label, per_dataset)  # as many seeds on both datasets
+        seeds[label] = per_dataset[0]
     intro = " ".join(head.split("\n\n")[0].split())
     assert f"{seeds['gist']} paired seeds for the recipe and GIST, {seeds['mnrl']} for MNRL" in intro, intro
     assert seeds["gist"] == seeds[labels["st-hardneg recipe"]]

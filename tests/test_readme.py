@@ -136,35 +136,22 @@ def test_the_second_round_retrieval_table_is_its_json():
     """The README's second-round retrieval table is ``retrieval_beir_round2.json``'s: the recipe and the best built-in
     are that file's choices on pooled dev, every cell the mean ± std of the test nDCG@10 over the seeds run, the last
     column the mean over the two datasets, and the seed counts its introduction states."""
-    import statistics
-
     from benchmarks.retrieval_beir_rows import round2_recipe_choice, round2_twin
-    from st_hardneg.reporting import mean_std_text
+    from tests.retrieval_tables import check_rows_are_runs, table_rows
 
     data = json.loads((REPO / "benchmarks" / "results" / "retrieval_beir_round2.json").read_text())
     recipe, best = round2_recipe_choice(data, builtin=False), round2_recipe_choice(data, builtin=True)
     assert (recipe, best) == ("adcse_tied+ctl@t0.01", "gist@rel0.05")
     results = _section("Results")
     head = results[results.index("**Retrieval, second round**"):]
-    table = head.split("\n\n")[1]
-    rows = {line.split(" | ")[0].strip("| "): [c.strip(" *|") for c in line.split(" | ")[1:]]
-            for line in table.splitlines()[2:]}
+    rows = table_rows(head.split("\n\n")[1])
     labels = {"untrained": "untrained", "MNRL + mined negatives": "mnrl@rel0.05", "GISTEmbedLoss": best,
               "the recipe's loss without the control": round2_twin(recipe), "st-hardneg recipe": recipe}
     assert len(rows) == len(labels)
     seeds: dict[str, int] = {}
-    for prefix, label in labels.items():
-        cells = next(cells for name, cells in rows.items() if name.strip("*").startswith(prefix))
-        means, counts = [], set()
-        for name, cell in zip(("scifact", "nfcorpus"), cells, strict=False):
-            values = [r["test"]["ndcg@10"] for r in data["runs"] if r["dataset"] == name and r["method"] == label
-                      and "test" in r]
-            assert cell.startswith(mean_std_text(values)), (prefix, name, cell, mean_std_text(values))
-            means.append(statistics.fmean(values))
-            counts.add(len(values))
-        assert cells[2] == f"{statistics.fmean(means):.2f}", (prefix, cells[2])
-        assert len(counts) == 1, (label, counts)  # as many seeds on both datasets
-        seeds[label] = counts.pop()
+    for label, per_dataset in check_rows_are_runs(rows, labels, data["runs"]).items():
+        assert len(set(per_dataset)) == 1, (label, per_dataset)  # as many seeds on both datasets
+        seeds[label] = per_dataset[0]
     intro = " ".join(head.split("\n\n")[0].split())
     assert (f"mean ± std over {seeds[recipe]} paired seeds for the recipe, {seeds[best]} for GIST and "
             f"{seeds['mnrl@rel0.05']} for MNRL") in intro, intro
