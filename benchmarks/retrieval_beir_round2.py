@@ -773,11 +773,63 @@ def markdown(data: dict[str, Any], per_query: list[dict[str, Any]] | None = None
         if any(r["dataset"] == name for r in data["runs"]):
             title = {"nfcorpus_long": "nfcorpus, longer protocol (~5,000 pairs)"}.get(name, name)
             lines += [f"## {title}", "", dataset_table(data, name), ""]
+            if name == LONG:
+                lines += long_comparisons(data, by)
     failed = [f"{r['dataset']} {r['method']} seed {r['seed']}: {r['failed']}" for r in data["runs"] if "failed" in r]
     if failed:
         lines += ["## Failed runs", "", *(f"- {f}" for f in failed), ""]
     lines += ["## Protocol", "", *(f"- {k}: {v}" for k, v in data["protocol"].items()), ""]
     return "\n".join(lines)
+
+
+LONG = "nfcorpus_long"
+
+
+def _paired(by: dict[tuple[str, str], dict[int, dict[str, float]]],
+            pairs: list[tuple[tuple[str, str], tuple[str, str]]], seeds: list[int]) -> Any:
+    """:func:`st_hardneg.evaluation.compare_runs` of each ``(method, baseline)`` pair, each a ``(dataset key, row)``
+    of ``by`` on the same test queries (per-query nDCG@10 averaged over ``seeds``), with Holm over all the pairs:
+    one :class:`~st_hardneg.evaluation.ComparisonResult` whose rows are named ``<dataset key>/<row>``."""
+    from st_hardneg.evaluation.compare import ComparisonResult, compare_runs, holm
+
+    results = []
+    for method, baseline in pairs:
+        runs = {"/".join(key): [{"nfcorpus": {q: {"ndcg@10": v} for q, v in by[key][s].items()}} for s in seeds]
+                for key in (baseline, method)}
+        results.append(compare_runs(runs, baseline="/".join(baseline)))
+    rows = [row for result in results for row in result.rows]
+    for attribute in ("p_randomization", "p_ttest"):
+        for row, adjusted in zip(rows, holm([getattr(r, attribute) for r in rows]), strict=True):
+            setattr(row, f"{attribute}_holm", adjusted)
+    first = results[0]
+    methods = {name: sources for result in results for name, sources in result.methods.items()}
+    return ComparisonResult(metric=first.metric, methods=methods, rows=rows, permutations=first.permutations,
+                            confidence=first.confidence, seed=first.seed)
+
+
+def long_comparisons(data: dict[str, Any], by: dict[tuple[str, str], dict[int, dict[str, float]]]) -> list[str]:
+    """The longer NFCorpus protocol read two ways, on the per-query test nDCG@10 of the seeds every one of its rows
+    has: each st-hardneg row against each built-in row (Holm over those comparisons), and each row against itself on
+    the 768-pair protocol at the same seeds (does training longer change it? Holm over the rows). Empty before two
+    rows share a seed."""
+    labels = list(dict.fromkeys(r["method"] for r in data["runs"] if r["dataset"] == LONG and "test" in r))
+    labels = [label for label in labels if (LONG, label) in by]
+    if not labels:
+        return []
+    seeds = sorted(set.intersection(*(set(by[(LONG, label)]) for label in labels)))
+    ours = [label for label in labels if round2_key(label)]
+    theirs = [label for label in labels if not round2_key(label)]
+    lines: list[str] = []
+    if seeds and ours and theirs:
+        result = _paired(by, [((LONG, a), (LONG, b)) for b in theirs for a in ours], seeds)
+        lines += [f"### st-hardneg against sentence-transformers, longer protocol (seeds {', '.join(map(str, seeds))})",
+                  "", result.to_markdown().rstrip("\n"), ""]
+    shorter = [label for label in labels if seeds and set(seeds) <= set(by.get(("nfcorpus", label), {}))]
+    if shorter:
+        result = _paired(by, [((LONG, label), ("nfcorpus", label)) for label in shorter], seeds)
+        lines += [f"### Each row, longer protocol against the 768-pair protocol (seeds {', '.join(map(str, seeds))})",
+                  "", result.to_markdown().rstrip("\n"), ""]
+    return lines
 
 
 def library_line(data: dict[str, Any]) -> str:

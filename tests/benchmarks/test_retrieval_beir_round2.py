@@ -537,3 +537,50 @@ def test_the_library_recipe_is_the_second_rounds_choice():
     done = {(r["dataset"], r["method"], r["seed"]) for r in committed["runs"] if r["stage"] == "main"}
     assert all((d, chosen, s) in done for d in ("scifact", "nfcorpus") for s in rows.TIE_SEEDS)
     assert FIRST_ROUND_RECIPE != RETRIEVAL_RECIPE and FIRST_ROUND_RECIPE["loss"] == "mnrl_queue"
+
+
+def test_the_longer_protocol_is_read_against_the_other_side_and_against_its_own_shorter_run():
+    import random
+
+    from st_hardneg.evaluation.compare import holm
+
+    rng = random.Random(0)
+    base = {f"q{i}": rng.uniform(10, 60) for i in range(80)}
+    gain = {("nfcorpus_long", "adcse_tied+ctl@t0.01"): 2.0, ("nfcorpus_long", "mixcse+ctl"): 0.1,
+            ("nfcorpus_long", "gist@rel0.05"): 0.0, ("nfcorpus_long", "mnrl@rel0.05"): -1.0,
+            ("nfcorpus", "adcse_tied+ctl@t0.01"): 1.0, ("nfcorpus", "mixcse+ctl"): 0.1,
+            ("nfcorpus", "gist@rel0.05"): 0.0}
+    noise = {(key, s, q): rng.uniform(-3, 3) for key in gain for s in (0, 1, 2) for q in base}
+    seeds = {key: (0, 1, 2) if key != ("nfcorpus_long", "mnrl@rel0.05") else (0, 1) for key in gain}
+    by = {key: {s: {q: v + gain[key] + noise[(key, s, q)] for q, v in base.items()} for s in seeds[key]}
+          for key in gain}
+    data = {"runs": [_run(name, label, 30.0, seed=s) for (name, label), ss in seeds.items() for s in ss]}
+    text = "\n".join(r2.long_comparisons(data, by))
+    # the seeds every long row has (MNRL ran two): each side's pairs over seeds 0-1, Holm over the 2 x 2 comparisons
+    assert "### st-hardneg against sentence-transformers, longer protocol (seeds 0, 1)" in text
+    assert "Holm over the 4 comparisons" in text
+
+    def mean(key, ss):
+        return sum(sum(by[key][s][q] for s in ss) / len(ss) for q in base) / len(base)
+
+    long = [("adcse_tied+ctl@t0.01", "gist@rel0.05"), ("mixcse+ctl", "gist@rel0.05"),
+            ("adcse_tied+ctl@t0.01", "mnrl@rel0.05"),
+            ("mixcse+ctl", "mnrl@rel0.05")]
+    for a, b in long:
+        difference = mean(("nfcorpus_long", a), (0, 1)) - mean(("nfcorpus_long", b), (0, 1))
+        assert f"| nfcorpus_long/{a} | nfcorpus_long/{b} | 80 |" in text and f"| {difference:+.2f} |" in text
+    # the Holm column is Holm over the four raw p-values of the table
+    table = [line.split(" | ") for line in text.split("### Each row")[0].splitlines() if "| nfcorpus |" in line]
+    raw, adjusted = [float(r[8]) for r in table], [float(r[10]) for r in table]
+    assert adjusted == pytest.approx(holm(raw), abs=2e-4)
+    assert adjusted[0] < 0.05 and raw[1] > 0.05  # +2 over 80 queries is found; +0.1 is not
+    # against its own shorter run: the rows with the same seeds on the 768-pair protocol (MNRL has none)
+    shorter = text.split("### Each row, longer protocol against the 768-pair protocol (seeds 0, 1)")[1]
+    assert "Holm over the 3 comparisons" in shorter and "mnrl" not in shorter
+    recipe = "adcse_tied+ctl@t0.01"
+    difference = mean(("nfcorpus_long", recipe), (0, 1)) - mean(("nfcorpus", recipe), (0, 1))
+    assert f"| nfcorpus_long/{recipe} | nfcorpus/{recipe} | 80 |" in shorter and f"| {difference:+.2f} |" in shorter
+    # no long row, or rows of one side only without shorter runs: nothing to read
+    assert r2.long_comparisons({"runs": []}, by) == []
+    only = {k: v for k, v in by.items() if k[1] == "mnrl@rel0.05"}
+    assert r2.long_comparisons(data, only) == []
