@@ -84,6 +84,8 @@ DEFAULT_OUT = RESULTS / "retrieval_beir_round2.json"
 SUMMARY_START, SUMMARY_END = "<!-- summary -->", "<!-- /summary -->"
 #: the markers around the per-data-shape table, which the "which loss" page includes too
 SHAPES_START, SHAPES_END = "<!-- shapes -->", "<!-- /shapes -->"
+#: the markers around the longer protocol's table of rows, which the "which loss" page includes too
+LONG_START, LONG_END = "<!-- long -->", "<!-- /long -->"
 #: the data shape each dataset stands for (the share of training rows whose batch of 32 holds a candidate the training
 #: qrels mark relevant to the row's query: ``benchmarks/results/known_relevance_share.md``)
 SHAPES = {"scifact": "few judged documents per query (SciFact-like: 0.7-1.1 % of rows hold a known relevant "
@@ -772,9 +774,11 @@ def markdown(data: dict[str, Any], per_query: list[dict[str, Any]] | None = None
     for name in ROUND2_DATASETS:
         if any(r["dataset"] == name for r in data["runs"]):
             title = {"nfcorpus_long": "nfcorpus, longer protocol (~5,000 pairs)"}.get(name, name)
-            lines += [f"## {title}", "", dataset_table(data, name), ""]
             if name == LONG:
-                lines += long_comparisons(data, by)
+                lines += [f"## {title}", "", LONG_START, dataset_table(data, name), LONG_END, "",
+                          *long_comparisons(data, by)]
+            else:
+                lines += [f"## {title}", "", dataset_table(data, name), ""]
     failed = [f"{r['dataset']} {r['method']} seed {r['seed']}: {r['failed']}" for r in data["runs"] if "failed" in r]
     if failed:
         lines += ["## Failed runs", "", *(f"- {f}" for f in failed), ""]

@@ -117,6 +117,7 @@ def test_runs_resume_record_their_commit_and_render_from_the_json(tmp_path, monk
     text = out.with_suffix(".md").read_text()
     assert text.split(r2.SUMMARY_START)[1].split(r2.SUMMARY_END)[0].strip() == r2.summary(data)
     assert text.split(r2.SHAPES_START)[1].split(r2.SHAPES_END)[0].strip() == r2.shape_table(data)
+    assert r2.LONG_START not in text  # no run of the longer protocol: no table to include
 
 
 def test_the_committed_round2_report_is_its_json():
@@ -581,6 +582,44 @@ def test_the_longer_protocol_is_read_against_the_other_side_and_against_its_own_
     difference = mean(("nfcorpus_long", recipe), (0, 1)) - mean(("nfcorpus", recipe), (0, 1))
     assert f"| nfcorpus_long/{recipe} | nfcorpus/{recipe} | 80 |" in shorter and f"| {difference:+.2f} |" in shorter
     # no long row, or rows of one side only without shorter runs: nothing to read
+    # the report's table of the longer protocol's rows sits between the markers the "which loss" page includes from
+    report = r2.markdown({**data, "protocol": {}})
+    assert report.split(r2.LONG_START)[1].split(r2.LONG_END)[0].strip() == r2.dataset_table(data, "nfcorpus_long")
     assert r2.long_comparisons({"runs": []}, by) == []
     only = {k: v for k, v in by.items() if k[1] == "mnrl@rel0.05"}
     assert r2.long_comparisons(data, only) == []
+
+
+def test_the_docs_longer_protocol_reading_is_the_committed_runs_and_its_command_builds_that_rows_loss(tiny_model,
+                                                                                                   monkeypatch):
+    """docs/retrieval.md's reading of the longer protocol: each row's test nDCG@10 (mean ± std over its 3 seeds) and
+    the best row on dev are the committed file's, and the command it gives for that row
+    (``--loss mixcse_two_way --loss-arg partner=explicit --control``, i.e. ``controlled_loss``) builds the loss the
+    benchmark trained it with."""
+    import copy
+    import statistics
+    from pathlib import Path
+
+    from st_hardneg.reporting import mean_std_text
+    from st_hardneg.training import recipe
+
+    repo = Path(__file__).resolve().parents[2]
+    data = json.loads((repo / "benchmarks" / "results" / "retrieval_beir_round2.json").read_text())
+    page = " ".join((repo / "docs" / "retrieval.md").read_text().split())
+    reading = page[page.index("**Many judged documents and longer training**"):]
+    reading = reading[:reading.index("In the first round")]
+    long = {label: r2._runs(data, "nfcorpus_long", label)
+            for label in dict.fromkeys(r["method"] for r in data["runs"] if r["dataset"] == "nfcorpus_long")}
+    assert sorted(long) == sorted(["mixcse+ctl", "adcse_tied+ctl@t0.01", "gist@rel0.05", "mnrl@skip10_rel0.05"])
+    assert all(sorted(r["seed"] for r in runs) == [0, 1, 2] for runs in long.values())
+    for label, runs in long.items():
+        assert mean_std_text([r["test"]["ndcg@10"] for r in runs]) in reading, label
+    best = max(long, key=lambda label: statistics.fmean(r["dev"]["ndcg@10"] for r in long[label]))
+    assert best == "mixcse+ctl"
+    assert f"on dev ({statistics.fmean(r['dev']['ndcg@10'] for r in long[best]):.2f})" in reading
+    assert "`--loss mixcse_two_way --loss-arg partner=explicit --control`" in reading
+    known = {"a query": {"a document"}}
+    command = recipe.controlled_loss("mixcse_two_way", copy.deepcopy(tiny_model), known, partner="explicit")
+    monkeypatch.setattr(recipe, "RETRIEVAL_RECIPE", rows.round2_recipe(best))
+    row = recipe.recipe_loss(copy.deepcopy(tiny_model), known)
+    assert type(command) is type(row) and command.get_config_dict() == row.get_config_dict()
