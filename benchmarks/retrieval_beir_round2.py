@@ -96,6 +96,8 @@ PAIRED_SEEDS = (0, 1, 2, 3, 4)
 #: the first round's file whose untrained rows (the same evaluation) this file imports
 UNTRAINED_SOURCE = RESULTS / "retrieval_beir_screened.json"
 MAIN = ("scifact", "nfcorpus")
+#: the longer protocol's dataset key: NFCorpus's folder, dev and test (:data:`LONG_TEST`), ~5,000 training pairs
+LONG, LONG_TEST = "nfcorpus_long", "nfcorpus"
 #: the seed-0 screen, most informative first: HNCSE's mixup (best on SciFact, hurt on NFCorpus) and Focal (NFCorpus
 #: -11) with the control, the mining of sentence-transformers' reference run, then the rest
 FIRST = ("hncse_hnm+ctl", "mnrl@skip10_rel0.05", "focal+ctl", "mnrl@rel0.05", "mixcse+ctl", "hncse_pm+ctl",
@@ -333,10 +335,10 @@ class Runner:
 
     def prep(self, name: str) -> Prepared:
         if name not in self.prepared:
-            folder = "nfcorpus" if name == "nfcorpus_long" else name
+            folder = LONG_TEST if name == LONG else name
             spec = DATASETS[folder]
             self.prepared[name] = prepare(name, Path(self.args.data_dir) / spec["folder"], spec["dev_fraction"],
-                                          dict(LONG_SAMPLING) if name == "nfcorpus_long" else sampling())
+                                          dict(LONG_SAMPLING) if name == LONG else sampling())
             stats = self.prepared[name].stats
             self.update(lambda data: data.setdefault("datasets", {}).__setitem__(name, stats))
         return self.prepared[name]
@@ -495,7 +497,7 @@ def plan(data: dict[str, Any]) -> Iterator[tuple[str, str, int]]:
         long += list(dict.fromkeys([*([chosen] if chosen else []), *ranked]))[:2]
     for seed in (0, 1, 2):
         for label in long:
-            yield "nfcorpus_long", label, seed
+            yield LONG, label, seed
 
 
 def run_all(args: argparse.Namespace) -> dict[str, Any]:
@@ -773,7 +775,7 @@ def markdown(data: dict[str, Any], per_query: list[dict[str, Any]] | None = None
               mining_screen(data), ""]
     for name in ROUND2_DATASETS:
         if any(r["dataset"] == name for r in data["runs"]):
-            title = {"nfcorpus_long": "nfcorpus, longer protocol (~5,000 pairs)"}.get(name, name)
+            title = {LONG: "nfcorpus, longer protocol (~5,000 pairs)"}.get(name, name)
             if name == LONG:
                 lines += [f"## {title}", "", LONG_START, dataset_table(data, name), LONG_END, "",
                           *long_comparisons(data, by)]
@@ -786,19 +788,17 @@ def markdown(data: dict[str, Any], per_query: list[dict[str, Any]] | None = None
     return "\n".join(lines)
 
 
-LONG = "nfcorpus_long"
-
-
 def _paired(by: dict[tuple[str, str], dict[int, dict[str, float]]],
             pairs: list[tuple[tuple[str, str], tuple[str, str]]], seeds: list[int]) -> Any:
     """:func:`st_hardneg.evaluation.compare_runs` of each ``(method, baseline)`` pair, each a ``(dataset key, row)``
-    of ``by`` on the same test queries (per-query nDCG@10 averaged over ``seeds``), with Holm over all the pairs:
-    one :class:`~st_hardneg.evaluation.ComparisonResult` whose rows are named ``<dataset key>/<row>``."""
+    of ``by`` scored on NFCorpus's test queries (:data:`LONG_TEST`, the test set of both NFCorpus protocols; per-query
+    nDCG@10 averaged over ``seeds``), with Holm over all the pairs: one
+    :class:`~st_hardneg.evaluation.ComparisonResult` whose rows are named ``<dataset key>/<row>``."""
     from st_hardneg.evaluation.compare import ComparisonResult, compare_runs, holm
 
     results = []
     for method, baseline in pairs:
-        runs = {"/".join(key): [{"nfcorpus": {q: {"ndcg@10": v} for q, v in by[key][s].items()}} for s in seeds]
+        runs = {"/".join(key): [{LONG_TEST: {q: {"ndcg@10": v} for q, v in by[key][s].items()}} for s in seeds]
                 for key in (baseline, method)}
         results.append(compare_runs(runs, baseline="/".join(baseline)))
     rows = [row for result in results for row in result.rows]
@@ -828,9 +828,9 @@ def long_comparisons(data: dict[str, Any], by: dict[tuple[str, str], dict[int, d
         result = _paired(by, [((LONG, a), (LONG, b)) for b in theirs for a in ours], seeds)
         lines += [f"### st-hardneg against sentence-transformers, longer protocol (seeds {', '.join(map(str, seeds))})",
                   "", result.to_markdown().rstrip("\n"), ""]
-    shorter = [label for label in labels if seeds and set(seeds) <= set(by.get(("nfcorpus", label), {}))]
+    shorter = [label for label in labels if seeds and set(seeds) <= set(by.get((LONG_TEST, label), {}))]
     if shorter:
-        result = _paired(by, [((LONG, label), ("nfcorpus", label)) for label in shorter], seeds)
+        result = _paired(by, [((LONG, label), (LONG_TEST, label)) for label in shorter], seeds)
         lines += [f"### Each row, longer protocol against the 768-pair protocol (seeds {', '.join(map(str, seeds))})",
                   "", result.to_markdown().rstrip("\n"), ""]
     return lines
