@@ -30,8 +30,8 @@ kept in its JSON, whether it helped or not.
 
 The queue's evidence (``--queue-report``) in one table, from the results the other modes wrote: the queue screen
 (``tuning_queue.json``), the selected settings with 3 seeds on the CPU STS protocol (``--variant`` rows
-``mnrl_queue`` / ``focal_queue`` in ``cpu_protocol.json``) and SciFact at equal memory (``python -m
-benchmarks.retrieval --task scifact --methods focal_queue`` in ``scifact.json``). Targets: the best queued loss ≥
+``mnrl_queue`` / ``focal_queue`` in ``cpu_protocol.json``) and SciFact at equal memory (the closed SciFact
+round's ``focal_queue`` rows, ``archive/scifact.json``). Targets: the best queued loss ≥
 mnrl + 1.5 STS avg on the CPU protocol (mean of 3 seeds); on SciFact, Focal with the queue ≥ Focal without it (mean
 nDCG@10 over the seeds both have). Nothing is trained there.
 
@@ -408,7 +408,7 @@ def queue_report(results: Path = RESULTS) -> str:
     """The whole ``queue.md``: the screen, the CPU protocol rows and the SciFact rows, each with its target."""
     parts = ["# The queue", ""]
     screen, cpu, scifact = (_load(results / name) for name in ("tuning_queue.json", "cpu_protocol.json",
-                                                               "scifact.json"))
+                                                               "archive/scifact.json"))
     if screen:
         parts += [f"Screen (seed {screen.get('seed')}, one run each, STS-B dev):", "", queue_screen_table(screen)]
     if cpu:

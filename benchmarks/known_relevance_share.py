@@ -1,7 +1,7 @@
 """How much known-relevance masking masks: the share of training rows, and of in-batch candidates, that the training
 qrels mark relevant to the row's own query, under the two-dataset retrieval protocol's pairs and batches.
 
-For each dataset the training pairs are those of ``benchmarks.retrieval_beir`` (its ``prepare``: the protocol's rule,
+For each dataset the training pairs are those of ``benchmarks.retrieval_beir_round2`` (its ``prepare``: the protocol's rule,
 :data:`st_hardneg.training.sampling.PAIR_SAMPLING`, over the training queries that are not dev or test queries) and put into batches of 32 by sentence-transformers'
 no-duplicates rule (rows shuffled with the seed — Python's generator, not the Trainer's, so the batches are not the
 runs' own —, filled greedily, a row joins only if none of its texts is already in the batch). A row's in-batch candidates are the other rows' positives (the mined negatives are never a known relevant
@@ -43,7 +43,7 @@ def no_duplicate_batches(rows: list[tuple[str, str]], batch_size: int, seed: int
 
 
 def share(folder: Path, seed: int, batch_size: int = BATCH_SIZE) -> dict[str, Any]:
-    from benchmarks.retrieval_beir import prepare
+    from benchmarks.retrieval_beir_round2 import prepare
     from st_hardneg.training.protocol import BEIR_TRAINING
     from st_hardneg.training.sampling import PAIR_SAMPLING
 

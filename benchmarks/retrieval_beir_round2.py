@@ -1,4 +1,4 @@
-"""Two-dataset retrieval benchmark, second round (issue 51): every st-hardneg loss with the recipe's false-negative
+"""Two-dataset retrieval benchmark, second round: every st-hardneg loss with the recipe's false-negative
 control beside the same loss without it, sentence-transformers' built-ins on their own dev-chosen mining, and a
 longer NFCorpus protocol; resumable, and safe to run as several processes on one results file (:class:`Runner`).
 
@@ -36,18 +36,18 @@ import contextlib
 import hashlib
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
 import time
 import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from benchmarks.harness import REPO, RESULTS, SHARED_DATA
-from benchmarks.retrieval_beir import Prepared, evaluate, load_model, negatives_key, prepare, run_one
-from benchmarks.retrieval_beir_report import compare_rows, paired_section, per_query_by_row, per_query_runs
 from benchmarks.retrieval_beir_rows import (
     DATASETS,
     LONG_SAMPLING,
@@ -91,10 +91,10 @@ LONG_START, LONG_END = "<!-- long -->", "<!-- /long -->"
 SHAPES = {"scifact": "few judged documents per query (SciFact-like: 0.7-1.1 % of rows hold a known relevant "
                      "in-batch candidate)",
           "nfcorpus": "many judged documents per query (NFCorpus-like: 29-34 % of rows hold one)"}
-#: the seeds of the recipe, the best built-in and MNRL on the chosen mining (issue 51: "5 paired seeds")
+#: the seeds of the recipe, the best built-in and MNRL on the chosen mining (5 paired seeds)
 PAIRED_SEEDS = (0, 1, 2, 3, 4)
-#: the first round's file whose untrained rows (the same evaluation) this file imports
-UNTRAINED_SOURCE = RESULTS / "retrieval_beir_screened.json"
+#: the first round's file (archived) whose untrained rows (the same evaluation) this file imports
+UNTRAINED_SOURCE = RESULTS / "archive" / "retrieval_beir_screened.json"
 MAIN = ("scifact", "nfcorpus")
 #: the longer protocol's dataset key: NFCorpus's folder, dev and test (:data:`LONG_TEST`), ~5,000 training pairs
 LONG, LONG_TEST = "nfcorpus_long", "nfcorpus"
@@ -134,6 +134,155 @@ def library_tree(rev: str) -> str:
     tree = _git("rev-parse", f"{rev}:st_hardneg") or "unknown"
     dirty = rev == "HEAD" and _git("status", "--porcelain", "--untracked-files=no", "--", "st_hardneg")
     return tree + ("+dirty" if dirty else "")
+
+
+# --------------------------------------------------------------------------- one run
+@dataclass
+class Prepared:
+    """A dataset ready for the protocol: the BEIR data, its split (test, dev, sampled training pairs) and counts."""
+
+    name: str
+    data: Any
+    split: Any
+    dev_split: str  # the qrels split whose grades score the dev task
+    stats: dict[str, Any]
+
+
+def prepare(name: str, root: Path, dev_fraction: float | None, sampling: dict[str, Any]) -> Prepared:
+    """Read a BEIR folder and make its test task, dev task and sampled training pairs.
+
+    Raises:
+        ValueError: no ``qrels/dev.tsv`` and no ``dev_fraction``, or a sampling rule that leaves no pair (both before
+            any model is loaded).
+    """
+    from st_hardneg.data.beir import BEIRRetrieval, beir_retrieval, load_beir
+    from st_hardneg.training.sampling import sample_training_pairs
+
+    data = load_beir(root, name=name)
+    if "dev" in data.qrels:
+        test, dev = data.task("test"), data.task("dev")
+        dev_split = "dev"
+    elif dev_fraction:
+        carved = beir_retrieval(data, dev_fraction=dev_fraction, seed=0)
+        test, dev = carved.task, carved.dev_task
+        dev_split = "train"
+    else:
+        raise ValueError(f"the BEIR folder {root} has no dev split (qrels/dev.tsv) and no --dev-fraction was given: "
+                         "pass --dev-fraction (a share of the training queries) or add qrels/dev.tsv")
+    protected = set(test.queries.values()) | set(dev.queries.values())
+    train_relevant = data.relevant("train")
+    exclude = {q for q in train_relevant if q in dev.queries or q in test.queries or data.queries[q] in protected}
+    pairs = sample_training_pairs(train_relevant, exclude=exclude, **sampling)
+    kept = {q for q in train_relevant if q not in exclude}
+    known: dict[str, set[str]] = {}
+    for q in sorted(kept):  # queries with the same text share their relevant documents
+        known.setdefault(data.queries[q], set()).update(data.corpus[d] for d in train_relevant[q])
+    def natural(key: str) -> tuple[int, str]:  # beir_retrieval's order: the earlier scifact.json runs' data order
+        return (int(key), "") if key.isdigit() else (1 << 62, key)
+
+    ordered = sorted(pairs, key=lambda p: (natural(p[0]), natural(p[1])))
+    split = BEIRRetrieval(task=test, dev_task=dev, train_pairs=[(data.queries[q], data.corpus[d]) for q, d in ordered],
+                          train_corpus=list(dict.fromkeys(data.corpus.values())), known_paraphrases=known)
+    stats = {"test_queries": len(test.queries), "dev_queries": len(dev.queries), "corpus": len(data.corpus),
+             "training_queries": len(kept), "sampled_pairs": len(pairs),
+             "sampled_queries": len({q for q, _ in pairs}), "digest": data.digest()}
+    return Prepared(name=name, data=data, split=split, dev_split=dev_split, stats=stats)
+
+
+def negatives_key(prep: Prepared, model_digest: str, mining: dict[str, Any]) -> dict[str, Any]:
+    """What a negatives file was mined from: corpus, training pairs, known relevance, model weights, settings."""
+    def sha(text: str) -> str:
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+    return {"corpus": sha("\n".join(prep.split.train_corpus)),
+            "pairs": sha("\n".join(f"{a}\t{p}" for a, p in prep.split.train_pairs)),
+            "known": sha("\n".join(f"{q}\t{d}" for q in sorted(prep.split.known_paraphrases)
+                                   for d in sorted(prep.split.known_paraphrases[q]))),
+            "model": model_digest, "max_seq_length": PROTOCOL["eval_max_seq_length"], "mining": mining}
+
+
+def evaluate(model: Any, prep: Prepared, roles: tuple[str, ...], batch_size: int) -> tuple[dict, dict]:
+    """``({role: mean metrics}, {role: {query id: nDCG@10}})`` of ``model`` on the dev and / or test task, scored as
+    ``mteb.evaluate`` scores them (:func:`st_hardneg.evaluation.retrieval.retrieve`: top 1000, graded metrics by
+    pytrec_eval), the tasks sharing one corpus encoding."""
+    from st_hardneg.evaluation.retrieval import retrieve
+
+    tasks = {role: prep.split.dev_task if role == "dev" else prep.split.task for role in roles}
+    results = retrieve(model, list(tasks.values()), max_seq_length=PROTOCOL["eval_max_seq_length"],
+                       batch_size=batch_size)
+    means, per_query = {}, {}
+    for role, task in tasks.items():
+        result = results[task.name]
+        means[role] = {m: result.scores[m] for m in ("ndcg@10", "mrr@10", "recall@100")}
+        means[role]["queries"] = result.scores["queries"]
+        per_query[role] = {q: round(v["ndcg@10"], 4) for q, v in result.per_query.items()}
+    return means, per_query
+
+
+def load_model(args: argparse.Namespace, max_seq_length: int) -> Any:
+    from st_hardneg.models import resolve_model
+
+    return resolve_model(args.model, pooling="mean", max_seq_length=max_seq_length)
+
+
+def frozen_guide(args: argparse.Namespace) -> Any:
+    """The untrained model at the training length, in eval mode and without gradients: GIST's guide."""
+    guide = load_model(args, PROTOCOL["train_max_seq_length"])
+    guide.eval()
+    for parameter in guide.parameters():
+        parameter.requires_grad_(False)
+    return guide
+
+
+def build_loss(method: Method, model: Any, args: argparse.Namespace, known: dict[str, set[str]] | None = None) -> Any:
+    """Row ``method``'s loss on ``model`` through the shared :func:`benchmarks.harness.build` (GISTEmbedLoss guided by
+    the frozen untrained model, CachedMNRL in mini-batches of the protocol's batch), with the row's guide and known
+    positives."""
+    from benchmarks.harness import build
+
+    kwargs = dict(method.kwargs)
+    if method.guided:
+        kwargs["guide"] = frozen_guide(args)
+    if method.known_positives:
+        kwargs["known_positives"] = known
+    if method.loss == "cached_mnrl":
+        kwargs.setdefault("mini_batch_size", PROTOCOL["batch_size"])
+    return build(method.loss, model, kwargs, lambda: frozen_guide(args))
+
+
+def run_one(label: str, method: Method, seed: int, prep: Prepared, negatives: Any, roles: tuple[str, ...],
+            args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Train one (row, seed) on the shared negatives and score it; returns ``(record, per-query nDCG@10)``."""
+    from transformers import set_seed
+
+    from st_hardneg.training.loop import train
+    from st_hardneg.training.protocol import train_config
+    from st_hardneg.training.sampling import known_relevance_sampler
+
+    work = Path(args.work_dir) / f"{prep.name}-{label}-seed{seed}"
+    shutil.rmtree(work, ignore_errors=True)
+    set_seed(seed)
+    model = load_model(args, PROTOCOL["train_max_seq_length"])
+    loss = build_loss(method, model, args, prep.split.known_paraphrases)
+    dataset = negatives.select_columns(["anchor", "positive"]) if method.pairs_only else negatives
+    extra = {"batch_sampler": known_relevance_sampler(prep.split.known_paraphrases)} if method.known_relevance else {}
+    config = train_config(work, seed=seed, batch_size=PROTOCOL["batch_size"] * method.batch_factor,
+                          learning_rate=PROTOCOL["learning_rate"], warmup_ratio=PROTOCOL["warmup_ratio"],
+                          epochs=PROTOCOL["epochs"], max_steps=args.max_steps, show_progress_bar=False,
+                          extra_args=extra)
+    result = train(model, dataset, loss, config)
+    start = time.perf_counter()
+    means, per_query = evaluate(model, prep, roles, args.eval_batch_size)
+    shutil.rmtree(work, ignore_errors=True)
+    record = {"dataset": prep.name, "method": label, "seed": seed, "loss": method.loss, "options": method.kwargs,
+              "builtin": method.builtin, "pairs_only": method.pairs_only, "known_relevance": method.known_relevance,
+              "known_positives": method.known_positives,
+              "batch_size": PROTOCOL["batch_size"] * method.batch_factor, **means,
+              "train_seconds": round(result.train_seconds, 1),
+              "median_step_seconds": round(result.median_step_seconds, 4) if result.median_step_seconds else None,
+              "steps": result.steps, "eval_seconds": round(time.perf_counter() - start, 1),
+              "device": str(model.device), "finished": time.strftime("%Y-%m-%d %H:%M:%S")}
+    return record, per_query
 
 
 def mine(prep: Prepared, setting: str, model: Any, cache_dir: Path) -> tuple[Any, dict[str, Any]]:
@@ -522,6 +671,69 @@ def run_all(args: argparse.Namespace) -> dict[str, Any]:
 
 
 # --------------------------------------------------------------------------- report
+def per_query_runs(path: Path, runs: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+    """The per-query file's rows (one per run: dataset, method, seed, stage, nDCG@10 by role and query).
+
+    With ``runs`` (the results file's runs), only the rows their records point to (``"per_query": "<file>#<n>"``
+    with the same dataset, row, seed and stage), whatever the file's order: a row left by a runner stopped between
+    its two writes, or the row of a run replaced since, is not read. Records that point to no row at all (results
+    written by hand) leave every row read."""
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
+    if runs is None or not any("per_query" in record for record in runs):  # nothing to check the rows against
+        return rows
+
+    def pointed(row: dict[str, Any]) -> bool:
+        number = row.get("run")
+        if not isinstance(number, int) or not 0 <= number < len(runs):
+            return False
+        record = runs[number]
+        return (record.get("per_query") == f"{path.name}#{number}" and record.get("stage", "main") == row.get("stage")
+                and all(record.get(key) == row.get(key) for key in ("dataset", "method", "seed")))
+
+    return [row for row in rows if pointed(row)]
+
+
+def per_query_by_row(per_query: list[dict[str, Any]]) -> dict[tuple[str, str], dict[int, dict[str, float]]]:
+    """``{(dataset, row): {seed: {query: test nDCG@10}}}`` of the main stage's runs."""
+    by: dict[tuple[str, str], dict[int, dict[str, float]]] = {}
+    for row in per_query:
+        if row.get("stage") == "main" and "test" in row["ndcg@10"]:
+            by.setdefault((row["dataset"], row["method"]), {})[row["seed"]] = row["ndcg@10"]["test"]
+    return by
+
+
+def compare_rows(by: dict[tuple[str, str], dict[int, dict[str, float]]], names: list[str], seeds: list[int],
+                 method: str, baseline: str) -> Any:
+    """:func:`st_hardneg.evaluation.compare_runs` of ``method`` against ``baseline`` on the per-query test nDCG@10 of
+    datasets ``names`` at ``seeds``."""
+    from st_hardneg.evaluation import compare_runs
+
+    runs = {label: [{name: {q: {"ndcg@10": v} for q, v in by[(name, label)][s].items()} for name in names}
+                    for s in seeds] for label in (baseline, method)}
+    return compare_runs(runs, baseline=baseline)
+
+
+def paired_section(by: dict[tuple[str, str], dict[int, dict[str, float]]], method: str, baseline: str,
+                   title: str) -> list[str]:
+    """``method`` against ``baseline`` with :func:`st_hardneg.evaluation.compare_runs` on the test queries of every
+    dataset where both have per-query scores (per-query nDCG@10 averaged over their common seeds; one comparison with
+    Holm over the datasets when both datasets have the same common seeds, else one per dataset over its own)."""
+
+    common = {name: sorted(set(by.get((name, method), {})) & set(by.get((name, baseline), {}))) for name in DATASETS}
+    joint = sorted(set.intersection(*(set(v) for v in common.values())))
+    same = joint and all(seeds == joint for seeds in common.values())  # else each dataset over all its seeds
+    groups = [(list(DATASETS), joint)] if same else [([name], seeds) for name, seeds in common.items()]
+    lines: list[str] = []
+    for names, seeds in groups:
+        if not seeds:
+            lines += [f"- {title} on {names[0]}: not run (no seed with per-query scores for both rows)", ""]
+            continue
+        result = compare_rows(by, names, seeds, method, baseline)
+        lines += [f"{title} on {', '.join(names)}, seeds {', '.join(map(str, seeds))}:", "",
+                  result.to_markdown().rstrip("\n"), ""]
+    return lines
+
+
 def _runs(data: dict[str, Any], name: str, label: str) -> list[dict[str, Any]]:
     return sorted((r for r in data["runs"] if r["dataset"] == name and r["method"] == label and "test" in r
                    and "failed" not in r), key=lambda r: r["seed"] or 0)
@@ -566,7 +778,7 @@ def summary(data: dict[str, Any]) -> str:
                           body).rstrip("\n")
 
 
-#: issue 51's target for the recipe against the best built-in: the two datasets' mean difference of test nDCG@10,
+#: the round's target for the recipe against the best built-in: the two datasets' mean difference of test nDCG@10,
 #: ahead on each, Holm-corrected per-query randomization p below this on each
 TARGET_MEAN, TARGET_P = 1.0, 0.05
 
@@ -735,7 +947,7 @@ def mining_screen(data: dict[str, Any]) -> str:
 def markdown(data: dict[str, Any], per_query: list[dict[str, Any]] | None = None) -> str:
     ours = round2_side_ranking(data, builtin=False)
     builtins = round2_side_ranking(data, builtin=True)
-    lines = ["# Two-dataset retrieval benchmark, second round (issue 51): SciFact + NFCorpus (all-MiniLM-L6-v2, x 100)",
+    lines = ["# Two-dataset retrieval benchmark, second round: SciFact + NFCorpus (all-MiniLM-L6-v2, x 100)",
              "", f"Runs from commit(s) {', '.join(f'`{c}`' for c in data.get('commits', []))}; "
              f"{sum(1 for r in data['runs'] if 'test' in r and 'source' not in r)} runs finished. "
              f"{library_line(data)}", ""]
@@ -979,8 +1191,10 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-__all__ = ["BARRIER", "DEFAULT_OUT", "FIRST", "build_parser", "library_tree", "ROUND2_TEMPERATURES", "Method", "Runner", "evaluate", "import_untrained", "main",
-           "markdown", "mine", "plan", "round2_protocol", "summary", "write_report"]
+__all__ = ["BARRIER", "DEFAULT_OUT", "FIRST", "Method", "Prepared", "ROUND2_TEMPERATURES", "Runner", "build_loss",
+           "build_parser", "compare_rows", "evaluate", "import_untrained", "library_tree", "load_model", "main",
+           "markdown", "mine", "negatives_key", "paired_section", "per_query_by_row", "per_query_runs", "plan",
+           "prepare", "round2_protocol", "run_one", "summary", "write_report"]
 
 if __name__ == "__main__":
     sys.exit(main())

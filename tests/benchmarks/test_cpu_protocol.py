@@ -146,7 +146,8 @@ def _write(tmp_path, cpu_runs, sci_runs):
                         "changed": {"queue_size": 64, "queue_warmup_steps": 8, "queue_source": "ema"}}]}
     (tmp_path / "tuning_queue.json").write_text(json.dumps(screen))
     (tmp_path / "cpu_protocol.json").write_text(json.dumps({"runs": cpu_runs}))
-    (tmp_path / "scifact.json").write_text(json.dumps({"runs": sci_runs}))
+    (tmp_path / "archive").mkdir(exist_ok=True)
+    (tmp_path / "archive" / "scifact.json").write_text(json.dumps({"runs": sci_runs}))
     readme = tmp_path / "README.md"
     readme.write_text("intro\n<!-- queue-table:start -->\nold\n<!-- queue-table:end -->\noutro\n")
     return readme

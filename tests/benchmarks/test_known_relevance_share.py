@@ -28,7 +28,7 @@ def test_counts_on_a_hand_built_split(monkeypatch):
     class Prep:
         name, split = "tiny", Split()
 
-    monkeypatch.setattr("benchmarks.retrieval_beir.prepare", lambda *args, **kwargs: Prep())
+    monkeypatch.setattr("benchmarks.retrieval_beir_round2.prepare", lambda *args, **kwargs: Prep())
     row = krs.share(Path("unused"), seed=0, batch_size=4)
     # one batch of the 4 rows: qa sees d2 (known relevant), qb sees d1 (not), qc and qd see nothing known
     assert (row["rows"], row["rows_with_a_known_relevant_candidate"], row["candidates"],
