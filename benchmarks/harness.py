@@ -3,12 +3,11 @@
 - :func:`run_pending`: the resumable loop: every (method, seed) not yet in ``data["runs"]`` is run, appended and saved
   at once, so an interrupted benchmark resumes where it stopped;
 - :func:`benchmark_jobs` and :func:`parse_variant`: the methods of a script's table (its rows of the one table of
-  methods, :mod:`benchmarks.methods`, e.g. ``benchmarks.retrieval.METHODS``) and the ``--variant LABEL=LOSS:k=v,...``
+  methods, :mod:`benchmarks.methods`, e.g. ``benchmarks.cpu_protocol.METHODS``) and the ``--variant LABEL=LOSS:k=v,...``
   syntax;
 - :func:`resume`: the results file to resume from, refused when it was made under another protocol;
 - :func:`plot_seed_bars`: one bar per method, mean ± std over seeds with every seed as a dot;
 - :func:`build`: the loss of a row of the table of methods (sentence-transformers' GIST and CachedMNRL included);
-- :func:`failed_note`: the failed runs under a heading, for a report.
 
 The JSON is the record; every ``.md`` / ``.png`` beside it is rendered from it (``--report`` of each script).
 """
@@ -199,11 +198,3 @@ def build(loss_name: str, model, kwargs: dict[str, Any], guide: Callable[[], Any
         scale = 1.0 / float(kwargs.pop("temperature", 0.05))
         return CachedMultipleNegativesRankingLoss(model, scale=scale, **kwargs)
     return build_loss(loss_name, model, **kwargs)
-
-
-def failed_note(data: dict[str, Any], heading: str = "not selected, not in the table") -> str:
-    """The runs that failed (no usable row), one per line under ``Failed (heading):``, or nothing."""
-    from st_hardneg.reporting import failed_runs
-
-    lines = failed_runs(data["runs"])
-    return (f"\nFailed ({heading}):\n\n" + "".join(f"- {line}\n" for line in lines)) if lines else ""

@@ -81,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     text = (f"Batch {args.batch_size}, `mini_batch_size={mbs}`, tiny random BERT (hidden 32), {args.threads} torch "
             f"thread(s), {args.rounds} rounds of round-robin steps (median of the {args.rounds - 1} after the "
             f"warm-up), torch {torch.__version__}. MixCSE is benchmarked in its two-way form "
-            "(`st_hardneg.training.registry.MIXCSE_BENCHMARK_FORM`).\n\n"
+            "(`st_hardneg.training.registry.MIXCSE_TWO_WAY`).\n\n"
             + markdown_table(["loss", "step (ms)", "/ cached_mnrl", "/ cached_mnrl (two-way)"], rows,
                              align=["l", "r", "r", "r"]))
     Path(args.out).write_text(text)

@@ -115,7 +115,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "recipe: of RETRIEVAL_RECIPE['mining']), repeatable, e.g. --mining-arg relative_margin=None "
                         "(the mining model is --model with mean pooling)")
     t.add_argument("--cache-dir", default=None,
-                   help="--task retrieval: where the mined triplets are cached, shared with benchmarks/retrieval.py "
+                   help="--task retrieval: where the mined triplets are cached "
                         "(default: ~/.cache/st_hardneg/retrieval)")
     t.add_argument("--no-sts", action="store_true",
                    help="--task retrieval: skip the 7-task STS evaluation after training (retrieval scores only)")

@@ -1,5 +1,5 @@
 """The retrieval protocol (MRPC and BEIR) shared by ``st-hardneg train --task retrieval`` / ``--task beir``,
-``benchmarks/retrieval.py``, the BEIR benchmarks and the notebooks: mine one hard negative per (query, positive)
+the BEIR benchmark and the notebooks: mine one hard negative per (query, positive)
 pair, train with the protocol's settings, score retrieval. (The chosen st-hardneg recipe on top of it, its loss and
 options, is :mod:`st_hardneg.training.recipe`; this module was ``st_hardneg.training.retrieval``, which still
 imports it.)
@@ -200,9 +200,9 @@ def mined_mrpc_triplets(
     min_rows: int = 1,
 ) -> tuple[Any, dict[str, Any]]:
     """The mined training set of the MRPC test split: :func:`mined_triplets` under the cache key that
-    ``st-hardneg train --task retrieval`` and ``benchmarks/retrieval.py`` share (model key ``model_name`` or
-    ``"default"``, data key :func:`st_hardneg.data.mining.file_digest` of the two MRPC files, prefix ``"mrpc-mined"``), so
-    both reuse one cache file; mined by :func:`load_recipe_model` when it is not cached yet.
+    ``st-hardneg train --task retrieval`` uses (model key ``model_name`` or ``"default"``, data key
+    :func:`st_hardneg.data.mining.file_digest` of the two MRPC files, prefix ``"mrpc-mined"``), so every run with the
+    same model and data reuses one cache file; mined by :func:`load_recipe_model` when it is not cached yet.
 
     Args:
         data_dir: the SentEval directory holding ``MRPC/``.
@@ -344,7 +344,7 @@ def recipe_table(rows: dict[str, dict[str, Any]]) -> str:
 
 
 # --------------------------------------------------------------------------- BEIR folders
-#: the BEIR fine-tuning protocol (``st-hardneg train --task beir``, ``benchmarks/retrieval.py --task scifact``): the
+#: the BEIR fine-tuning protocol (``st-hardneg train --task beir``): the
 #: model's mean pooling, training at 128 tokens (queries are short; abstracts are cut to their first 128 tokens, which
 #: halves a step's cost), evaluation and mining at 256 (MTEB's length for all-MiniLM-L6-v2), batch 32, lr 2e-5 with
 #: 10 % warm-up, 1 epoch; the dev task is 20 % of the training queries (seed 0)

@@ -2,7 +2,7 @@
 (``benchmarks.retrieval_beir_round2``, SciFact + NFCorpus, on the pooled dev tasks).
 
 - :data:`RETRIEVAL_RECIPE`: what the recipe is (loss, options, known relevance, guide, how its negatives are mined,
-  training values); :data:`FIRST_ROUND_RECIPE`: the first round's choice, which it replaced.
+  training values).
 - :func:`retrieval_recipe`: the loss and a :class:`~st_hardneg.training.loop.TrainConfig`, for
   :func:`~st_hardneg.training.loop.train`.
 - :func:`recipe_loss`: the loss alone, for a ``SentenceTransformerTrainer`` of your own (``st-hardneg train --task
@@ -29,8 +29,8 @@ if TYPE_CHECKING:
 
     from st_hardneg.training.loop import TrainConfig
 
-__all__ = ["CONTROL_EXTRA", "FALSE_NEGATIVE_CONTROL", "FIRST_ROUND_RECIPE", "RETRIEVAL_RECIPE", "check_control",
-           "check_recipe_overrides", "control_kwargs", "controlled_loss", "recipe_loss", "retrieval_recipe"]
+__all__ = ["CONTROL_EXTRA", "FALSE_NEGATIVE_CONTROL", "RETRIEVAL_RECIPE", "check_control", "check_recipe_overrides",
+           "control_kwargs", "controlled_loss", "recipe_loss", "retrieval_recipe"]
 
 #: the st-hardneg retrieval recipe: the choice of the second retrieval round (``benchmarks.retrieval_beir_round2``,
 #: ``results/retrieval_beir_round2.json``), made on the pooled dev tasks of SciFact and NFCorpus among the four
@@ -49,28 +49,6 @@ RETRIEVAL_RECIPE: dict[str, Any] = {"loss": "adcse",
                                     "mining": {"num_candidates": 1, "relative_margin": None, "range_min": 0,
                                                "range_max": None, "known_as_positives": True},
                                     "batch_size": 32, "learning_rate": 2e-5, "warmup_ratio": 0.1, "epochs": 1}
-
-#: the first retrieval round's recipe (:data:`RETRIEVAL_RECIPE` until the second round chose again; kept as the record
-#: of what that round's results trained: its loss, options, mining and training values), the choice of
-#: ``benchmarks.retrieval_beir`` (its run with every row on the negatives its mining screen chose,
-#: ``results/retrieval_beir_screened.json``: chosen there on the pooled dev tasks of SciFact and NFCorpus among
-#: Focal-InfoNCE, InfoNCE with and without the margin, HNCSE's mixup and GISTEmbedLoss's rows, each with known
-#: relevance): GISTEmbedLoss's equation in st-hardneg's InfoNCE (registry name ``mnrl_queue``, no queue unless asked;
-#: tests/losses/test_st_parity.py): temperature 0.01, the anchor-anchor and positive-positive blocks, and the relative
-#: false-negative margin judged by a guide, the model as given, frozen (a candidate the guide scores above 95 % of the
-#: positive is not a negative: GIST's rule, NV-Retriever's TopK-PercPos in the loss), with st-hardneg's duplicate
-#: masking and known-relevance masking (``known_positives``: an in-batch candidate the training qrels mark relevant to a
-#: row's query leaves that row's denominator); trained on (query, positive, mined negative) rows whose negative is mined
-#: by the untrained model as ``mining`` says (the top 5 of the whole corpus, no margin: the mining screen's dev-best
-#: setting on both datasets, for ``mined_beir_triplets(..., mining=...)``)
-FIRST_ROUND_RECIPE: dict[str, Any] = {"loss": "mnrl_queue",
-                                      "loss_kwargs": {"temperature": 0.01, "margin": 0.05,
-                                                      "margin_strategy": "relative"},
-                                      "known_positives": True, "guide": "untrained",
-                                      "mining": {"num_candidates": 5, "relative_margin": None, "range_min": 0,
-                                                 "range_max": None, "known_as_positives": False},
-                                      "batch_size": 32, "learning_rate": 2e-5, "warmup_ratio": 0.1, "epochs": 1}
-
 
 #: the recipe's false-negative control, for any of st-hardneg's losses (``st-hardneg train --task beir --control``;
 #: the ``+ctl`` rows of ``benchmarks/retrieval_beir_round2``): a relative 0.05 margin (a candidate scored above 95 %

@@ -51,10 +51,21 @@ def _mnrl_hardness(model: SentenceTransformer, **kwargs: Any) -> nn.Module:
     return _mnrl(model, **kwargs)
 
 
-#: the form of MixCSE every committed benchmark ran (st-hardneg 0.1's default), ``--loss mixcse_two_way``: both
-#: directions, each with its mixed negative (the released code's blocks 1-3); ``--loss mixcse`` is ``MixCSELoss(model)``
-#: itself, the paper's Eq. 2 (one direction)
-MIXCSE_BENCHMARK_FORM = {"directions": ("query_to_doc", "doc_to_query"), "partition_mode": "per_direction"}
+#: MixCSE's two-direction form, ``--loss mixcse_two_way``: both directions, each with its mixed negative and
+#: normalised on its own (the released code's blocks 1-3); ``--loss mixcse`` is ``MixCSELoss(model)`` itself, the
+#: paper's Eq. 2 (one direction)
+MIXCSE_TWO_WAY = {"directions": ("query_to_doc", "doc_to_query"), "partition_mode": "per_direction"}
+
+
+def __getattr__(name: str) -> Any:
+    """``MIXCSE_BENCHMARK_FORM``, 0.2's name of :data:`MIXCSE_TWO_WAY`: the same form, with a deprecation warning."""
+    if name == "MIXCSE_BENCHMARK_FORM":
+        import warnings
+
+        warnings.warn("st_hardneg.training.registry.MIXCSE_BENCHMARK_FORM is deprecated; use MIXCSE_TWO_WAY (the same "
+                      "form)", DeprecationWarning, stacklevel=2)
+        return MIXCSE_TWO_WAY
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _mixcse(model: SentenceTransformer, **kwargs: Any) -> nn.Module:
@@ -67,7 +78,7 @@ def _mixcse_two_way(model: SentenceTransformer, **kwargs: Any) -> nn.Module:
     from st_hardneg.losses.mixcse import MixCSELoss
 
     if "directions" not in kwargs and kwargs.get("layout", "paper") == "paper":
-        kwargs = {**MIXCSE_BENCHMARK_FORM, **kwargs}
+        kwargs = {**MIXCSE_TWO_WAY, **kwargs}
     return MixCSELoss(model, **kwargs)
 
 
@@ -104,8 +115,8 @@ def _mnrl_queue(model: SentenceTransformer, **kwargs: Any) -> nn.Module:
 
 #: method name → ``factory(model, **hyperparameters)``. One name, one loss: a plain name (``mixcse``, ``focal``,
 #: ``hncse``, ``adcse``) builds its class's default configuration, ``ClassName(model)``; the named forms say what they
-#: fix (``hncse_pm`` / ``hncse_hnm`` / ``hncse_both``: ``mode``; ``mixcse_two_way``: :data:`MIXCSE_BENCHMARK_FORM`, the
-#: form the committed benchmarks ran)
+#: fix (``hncse_pm`` / ``hncse_hnm`` / ``hncse_both``: ``mode``; ``mixcse_two_way``: :data:`MIXCSE_TWO_WAY`, both
+#: directions)
 LOSSES: dict[str, Callable] = {
     "mnrl": _mnrl,
     "mnrl_symmetric": _mnrl_symmetric,
@@ -274,7 +285,7 @@ def loss_docs_url(loss: Any) -> str | None:
 
 def loss_call(name: str, kwargs: dict[str, Any] | None = None) -> str:
     """The class call that builds the loss ``name`` of :data:`LOSSES` with ``kwargs``, as code: the factory's own
-    settings (e.g. MixCSE's :data:`MIXCSE_BENCHMARK_FORM`) written out, so the row of any table is reproduced from
+    settings (e.g. MixCSE's :data:`MIXCSE_TWO_WAY`) written out, so the row of any table is reproduced from
     the class alone.
 
     Example:
@@ -288,7 +299,7 @@ def loss_call(name: str, kwargs: dict[str, Any] | None = None) -> str:
     kwargs = dict(kwargs or {})
     preset: dict[str, Any] = {}
     if name == "mixcse_two_way" and "directions" not in kwargs and kwargs.get("layout", "paper") == "paper":
-        preset = dict(MIXCSE_BENCHMARK_FORM)
+        preset = dict(MIXCSE_TWO_WAY)
     elif name in ("hncse_pm", "hncse_hnm", "hncse_both"):
         preset = {"mode": name.removeprefix("hncse_")}
     elif name == "mnrl_queue":

@@ -2,7 +2,7 @@
 training pairs by a stated, seeded rule, :data:`PAIR_SAMPLING`) and :class:`KnownRelevanceBatchSampler`
 (sentence-transformers' no-duplicates batches that also keep a query's known relevant documents out of its batch;
 :func:`known_relevance_sampler` makes it a ``batch_sampler`` training argument). Used by the retrieval recipe
-(:mod:`st_hardneg.training.protocol`) and ``benchmarks.retrieval_beir``.
+(:mod:`st_hardneg.training.protocol`) and ``benchmarks.retrieval_beir_round2``.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-#: how training pairs are drawn from a BEIR training split (``benchmarks.retrieval_beir``): per training query at most
+#: how training pairs are drawn from a BEIR training split (``benchmarks.retrieval_beir_round2``): per training query at most
 #: ``per_query`` of its relevant documents, chosen by ``seed``; then at most ``max_pairs`` of those pairs, chosen by
 #: ``seed``. SciFact (at most 5 judgements a query, 722 training pairs) keeps every judgement; NFCorpus (~43 a query)
 #: gets 768 pairs, as many steps as SciFact's run (a CPU run of about 10 minutes on 2 cores)

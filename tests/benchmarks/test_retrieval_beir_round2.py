@@ -31,9 +31,10 @@ def write_beir(root: Path, *, dev: bool, seed: int = 0, docs: int = 60, train: i
             handle.write(json.dumps({"_id": q, "text": f"query {q}"}) + "\n")
             split = "train" if i < train else ("test" if i < train + 8 else ("dev" if dev else "train"))
             splits[split] += [f"{q}\t{d}\t1" for d in rng.sample(doc_ids, rng.randint(1, 4))]
-    for split, rows in splits.items():
-        if rows:
-            (root / "qrels" / f"{split}.tsv").write_text("query-id\tcorpus-id\tscore\r\n" + "\r\n".join(rows) + "\r\n")
+    for split, judged in splits.items():
+        if judged:
+            (root / "qrels" / f"{split}.tsv").write_text("query-id\tcorpus-id\tscore\r\n" + "\r\n".join(judged)
+                                                         + "\r\n")
     return root
 
 

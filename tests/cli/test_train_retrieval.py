@@ -310,25 +310,6 @@ BAD_OPTIONS = [
 ]
 
 
-#: bad options of ``--loss recipe`` under the first round's recipe (``FIRST_ROUND_RECIPE`` patched in), as they were
-FIRST_ROUND_BAD_OPTIONS = [
-    (["--task", "beir", "--data", "b", "--loss", "recipe", "--mining-arg", "range_max=3"],
-     "--mining-arg: range_max - range_min must leave at least num_candidates=5 candidates, got range_min=0, "
-     "range_max=3"),
-    (["--task", "beir", "--data", "b", "--loss", "recipe", "--loss-arg", "margn=0.1"],
-     "--loss-arg: loss 'mnrl_queue' takes no argument margn (did you mean margin?)"),
-]
-
-
-@pytest.mark.parametrize(("extra", "fragment"), FIRST_ROUND_BAD_OPTIONS)
-def test_bad_first_round_recipe_options_are_one_line_exit_2(extra, fragment, mrpc_dir, model_dir, tmp_path, capsys,
-                                                             monkeypatch):
-    from st_hardneg.training import recipe
-
-    monkeypatch.setattr(recipe, "RETRIEVAL_RECIPE", recipe.FIRST_ROUND_RECIPE)
-    test_bad_options_are_one_line_exit_2(extra, fragment, mrpc_dir, model_dir, tmp_path, capsys)
-
-
 @pytest.mark.parametrize(("extra", "fragment"), BAD_OPTIONS)
 def test_bad_options_are_one_line_exit_2(extra, fragment, mrpc_dir, model_dir, tmp_path, capsys):
     out, cache = tmp_path / "out", tmp_path / "cache"
@@ -365,10 +346,7 @@ def test_mining_fewer_than_one_batch_is_an_error(mrpc_dir, model_dir, tmp_path, 
 # --------------------------------------------------------------------------- the real MRPC and STS
 @pytest.mark.integration
 def test_real_mrpc_with_sts_shares_the_benchmark_cache(monkeypatch, shared_data, model_dir, tmp_path, capsys):
-    import importlib
-    from argparse import Namespace
 
-    from st_hardneg.data import mining
 
     out, cache = tmp_path / "out", tmp_path / "cache"
     argv = ["train", "--task", "retrieval", "--model", str(model_dir), "--data-dir", str(shared_data), "--output-dir",
@@ -387,44 +365,21 @@ def test_real_mrpc_with_sts_shares_the_benchmark_cache(monkeypatch, shared_data,
     files = list(cache.glob("mrpc-mined-*.json"))
     assert [str(f) for f in files] == [info["cache_file"]]
 
-    # benchmarks/retrieval.py with the same model, data and settings reads this very file: nothing is mined again
-    bench = importlib.import_module("benchmarks.retrieval")
 
-    def refuse(*args, **kwargs):
-        raise AssertionError("mined again: the benchmark's cache key differs from the command line's")
-
-    monkeypatch.setattr(mining, "mine_training_negatives", refuse)
-    args = Namespace(model=str(model_dir), data_dir=str(shared_data), cache_dir=str(cache), limit=160, batch_size=16,
-                     relative_margin="none")
-    dataset, bench_info = bench.mined_dataset(args)
-    assert bench_info["cache_file"] == info["cache_file"] and len(dataset) == info["triplets"]
+#: what ``--loss recipe --loss-arg margin=None`` announces
+RECIPE_CALL = ("loss recipe: AdversarialNegativesLoss(model, untied=False, temperature=0.01, margin=None, "
+               "margin_strategy='relative', guide=<the untrained model, frozen>, known_positives=<the training qrels>)")
 
 
-#: what ``--loss recipe --loss-arg margin=None`` announces, per retrieval round's recipe
-RECIPE_CALLS = {
-    "first": ("loss recipe: AdversarialNegativesLoss(model, num_adversaries=0, untied=False, mask_duplicates=False, "
-              "temperature=0.01, margin=None, margin_strategy='relative', guide=<the untrained model, frozen>, "
-              "known_positives=<the training qrels>)"),
-    "second": ("loss recipe: AdversarialNegativesLoss(model, untied=False, temperature=0.01, margin=None, "
-               "margin_strategy='relative', guide=<the untrained model, frozen>, known_positives=<the training "
-               "qrels>)"),
-}
-
-
-@pytest.mark.parametrize("round_", ["second", "first"])
-def test_the_recipe_trains_on_a_beir_folder_with_its_training_qrels(tiny_model_dir, tmp_path, capsys, monkeypatch,
-                                                                    round_):
+def test_the_recipe_trains_on_a_beir_folder_with_its_training_qrels(tiny_model_dir, tmp_path, capsys):
     """``--loss recipe``: the library's recipe_loss with the folder's training qrels as known positives, its options
-    replaced by --loss-arg (a random model needs margin=None: it scores every document within 5 % of the positive);
-    the first round's recipe patched in runs as it did."""
+    replaced by --loss-arg (a random model needs margin=None: it scores every document within 5 % of the positive)."""
     from st_hardneg.cli.checks import json_safe
     from st_hardneg.models import load_model
     from st_hardneg.testing.beir import make_tiny_beir
     from st_hardneg.training import recipe
     from st_hardneg.training.protocol import BEIR_TRAINING, beir_split
 
-    if round_ == "first":
-        monkeypatch.setattr(recipe, "RETRIEVAL_RECIPE", recipe.FIRST_ROUND_RECIPE)
     RETRIEVAL_RECIPE, recipe_loss = recipe.RETRIEVAL_RECIPE, recipe.recipe_loss  # noqa: N806 - the library's name
 
     folder, out = make_tiny_beir(tmp_path / "tiny"), tmp_path / "out"
@@ -433,7 +388,7 @@ def test_the_recipe_trains_on_a_beir_folder_with_its_training_qrels(tiny_model_d
             "--cache-dir", str(tmp_path / "cache"), "--output-dir", str(out)]
     assert cli.main(argv) == 0
     printed = capsys.readouterr().out
-    assert RECIPE_CALLS[round_] in printed
+    assert RECIPE_CALL in printed
     results = json.loads((out / "results.json").read_text())
     # the recipe's negatives (no margin in the mining) without any --mining-arg
     assert results["training_data"]["mining"] == RETRIEVAL_RECIPE["mining"]
@@ -487,15 +442,11 @@ def test_control_gives_any_loss_the_recipes_false_negative_control_on_a_beir_fol
     assert "guide" not in results["loss_call"]
 
 
-@pytest.mark.parametrize(("round_", "candidates"), [("second", 1), ("first", 5)])
-def test_a_mining_arg_changes_one_setting_of_the_recipes_mining(tiny_model_dir, tmp_path, capsys, monkeypatch,
-                                                                 round_, candidates):
+def test_a_mining_arg_changes_one_setting_of_the_recipes_mining(tiny_model_dir, tmp_path, capsys):
     """``--loss recipe --mining-arg KEY=VALUE``: that setting replaces the recipe's, the others stay the recipe's."""
     from st_hardneg.testing.beir import make_tiny_beir
     from st_hardneg.training import recipe
 
-    if round_ == "first":
-        monkeypatch.setattr(recipe, "RETRIEVAL_RECIPE", recipe.FIRST_ROUND_RECIPE)
     RETRIEVAL_RECIPE = recipe.RETRIEVAL_RECIPE  # noqa: N806 - the library's name
 
     folder, out = make_tiny_beir(tmp_path / "tiny"), tmp_path / "out"
@@ -505,7 +456,7 @@ def test_a_mining_arg_changes_one_setting_of_the_recipes_mining(tiny_model_dir, 
     assert cli.main(argv) == 0
     mining = json.loads((out / "results.json").read_text())["training_data"]["mining"]
     assert mining == {**RETRIEVAL_RECIPE["mining"], "num_candidates": 3}
-    assert RETRIEVAL_RECIPE["mining"]["num_candidates"] == candidates
+    assert RETRIEVAL_RECIPE["mining"]["num_candidates"] == 1
 
 
 def test_the_controlled_loss_on_the_negatives_outside_the_qrels_as_the_docs_give_it(tmp_path):

@@ -341,80 +341,8 @@ def test_mining_refuses_test_sentences_and_bad_arguments(tmp_path, text_model):
 
 
 # --------------------------------------------------------------------------- benchmark smoke
-def _load_benchmark():
-    import importlib
-
-    return importlib.import_module("benchmarks.retrieval")
-
-
 @pytest.mark.integration
-def test_retrieval_benchmark_smoke_and_resume(shared_data, text_model_dir, tmp_path, capsys):
-    bench = _load_benchmark()
-    out = tmp_path / "retrieval.json"
-    argv = ["--model", str(text_model_dir), "--data-dir", str(shared_data), "--out", str(out), "--quiet",
-            "--work-dir", str(tmp_path / "work"), "--cache-dir", str(tmp_path / "cache"), "--limit", "160",
-            "--max-steps", "2", "--seeds", "0", "--methods", "mnrl", "gist", "--no-sts",
-            "--relative-margin", "none"]  # the random tiny model scores every pair alike: no margin filter
-    assert bench.main(argv) == 0
-    data = json.loads(out.read_text())
-    assert [r["method"] for r in data["runs"]] == ["untrained", "mnrl", "gist"]
-    for run in data["runs"][1:]:
-        assert run["steps"] == 2 and run["seed"] == 0
-        assert set(run["retrieval"]) >= {"ndcg@10", "mrr@10", "recall@1"}
-        assert run["sts"] is None and run["retrieval"]["queries"] > 1000
-    assert data["runs"][2]["loss_config"]["guide"]  # GISTEmbedLoss with its guide model
-    assert data["training_data"]["pairs"] == 160 and 128 <= data["training_data"]["triplets"] <= 160
-    assert data["training_data"]["mining"]["relative_margin"] is None
-    cached = list((tmp_path / "cache").glob("mrpc-mined-*.json"))
-    assert len(cached) == 1
-    table = out.with_suffix(".md").read_text()
-    assert "| mnrl | 0 |" in table and "best ST built-in" in table
-    assert out.with_suffix(".png").is_file()
-    # resumable: a finished (method, seed) is skipped, the cached mined data is reused
-    capsys.readouterr()
-    assert bench.main(argv) == 0
-    assert "skip mnrl seed 0" in capsys.readouterr().out
-    assert len(json.loads(out.read_text())["runs"]) == 3
-    # mining that keeps less than one batch is an error, not a silent zero-step run
-    with pytest.raises(ValueError, match="fewer than one batch"):
-        bench.main([*argv[:-2], "--relative-margin", "0.99", "--out", str(tmp_path / "other.json")])
-
-
 @pytest.mark.integration
-def test_retrieval_benchmark_selection_on_the_dev_split(shared_data, text_model_dir, tmp_path):
-    bench = _load_benchmark()
-    out = tmp_path / "selection.json"
-    argv = ["--select", "--methods", "mnrl", "focal", "focal_margin_rel0.05", "--model", str(text_model_dir),
-            "--data-dir", str(shared_data), "--select-out", str(out), "--quiet", "--work-dir", str(tmp_path / "w"),
-            "--cache-dir", str(tmp_path / "cache"), "--limit", "160", "--max-steps", "2", "--relative-margin", "none"]
-    assert bench.main(argv) == 0
-    data = json.loads(out.read_text())
-    assert [(r["method"], r["seed"]) for r in data["runs"]] == [("mnrl", 0), ("focal", 0),
-                                                                ("focal_margin_rel0.05", 0)]
-    # the tiny random model's cosines lie within a few thousandths of each other: a relative margin of 0.05 masks
-    # every negative of the first batch, which the loss refuses; the run is recorded as failed, the
-    # others go on, and the failure is listed under the table
-    failed = data["runs"][2]
-    assert "no usable row in this batch" in failed["failed"] and "check margin" in failed["failed"]
-    assert "focal_margin_rel0.05 (seed 0): " in out.with_suffix(".md").read_text()
-    for run in data["runs"][:2]:  # scored on the dev task only: 522 dev queries, no STS, never the test task
-        assert run["retrieval"]["queries"] == 522 and run["retrieval"]["corpus"] == 7134 and run["sts"] is None
-    assert data["runs"][0]["false_negatives"] is None  # ST's MNRL has no false-negative control
-    for run in data["runs"][1:2]:
-        log = run["false_negatives"]
-        assert log["steps"] == 2 and log["batches_with_any"] <= 2
-        assert log["masked_per_batch"] == pytest.approx(log["masked_total"] / 2)
-    assert data["dev_task"]["dev_queries"] == 522 and data["training_data"]["pairs"] == 160
-    assert [p.name.split("-")[1] for p in (tmp_path / "cache").glob("*.json")] == ["dev"]  # its own mined set
-    # the better focal configuration on dev is the family's choice, in bold in the table
-    focal = {r["method"]: r["retrieval"]["ndcg@10"] for r in data["runs"]
-             if r["method"].startswith("focal") and not r.get("failed")}
-    best = max(focal, key=lambda m: (focal[m], m == "focal"))
-    assert best == "focal" and bench.selected(data, bench.SELECTION)["focal"] == best  # a failed run is never chosen
-    table = out.with_suffix(".md").read_text()
-    assert f"| **{best}** | focal |" in table and "| **mnrl** | mnrl |" in table
-
-
 @pytest.mark.parametrize("kwargs, match", [({"limit": -1}, "limit"), ({"limit": 2.5}, "limit"),
                                            ({"min_rows": 0}, "min_rows"), ({"min_rows": True}, "min_rows")])
 def test_recipe_counts_are_checked_before_mining_or_reading(tmp_path, kwargs, match):
@@ -434,123 +362,12 @@ def test_recipe_counts_are_checked_before_mining_or_reading(tmp_path, kwargs, ma
     assert not (tmp_path / "cache").exists()
 
 
-def test_selection_rejects_an_unknown_configuration_before_any_work(tmp_path, capsys):
-    bench = _load_benchmark()
-    with pytest.raises(SystemExit):
-        bench.main(["--select", "--methods", "focal", "no_such_option", "--select-out", str(tmp_path / "s.json"),
-                    "--data-dir", str(tmp_path / "missing")])
-    assert "unknown configuration(s) ['no_such_option']" in capsys.readouterr().err
-    assert not (tmp_path / "s.json").exists()
-
-
-def test_benchmark_target_check_by_hand():
-    bench = _load_benchmark()
-
-    def run(method, seed, ndcg):
-        return {"method": method, "seed": seed, "retrieval": {"ndcg@10": ndcg, "mrr@10": ndcg, "recall@1": ndcg},
-                "sts": {"avg": 70.0}}
-
-    runs = [run("mnrl", 0, 80.0), run("mnrl", 1, 82.0), run("gist", 0, 81.0), run("gist", 1, 81.5),
-            run("mixcse", 0, 82.5), run("mixcse", 1, 82.1)]
-    check = bench.target_check(runs)
-    # best built-in by mean: gist 81.25 > mnrl 81.0; mixcse mean 82.3 → Δ = 1.05, paired +1.5 / +0.6
-    assert check["best_builtin"] == "gist" and check["best_st_hardneg"] == "mixcse"
-    assert check["delta_ndcg@10"] == pytest.approx(1.05)
-    assert check["paired_delta_per_seed"] == pytest.approx({0: 1.5, 1: 0.6})
-    assert check["met"] is True
-    runs[-1] = run("mixcse", 1, 81.0)  # Δ = 0.5: not met
-    assert bench.target_check(runs)["met"] is False
-
-
-def test_ablation_check_and_readme_table_by_hand():
-    bench = _load_benchmark()
-
-    def run(method, seed, ndcg, masked=None):
-        log = None if masked is None else {"steps": 2, "masked_total": 2 * masked, "masked_per_batch": masked,
-                                           "batches_with_any": 2}
-        return {"method": method, "seed": seed, "retrieval": {"ndcg@10": ndcg, "mrr@10": ndcg - 1, "recall@1": 50.0},
-                "sts": {"avg": 70.0 + seed}, "false_negatives": log}
-
-    runs = [run("mnrl", 0, 90.0), run("mnrl", 1, 91.0),
-            run("focal", 0, 91.0, masked=0.0), run("focal", 1, 92.0, masked=0.0),
-            run("focal_no_fnc", 0, 91.0), run("focal_no_fnc", 1, 92.0),
-            run("focal_margin_rel0.05", 0, 91.5, masked=3.0), run("focal_margin_rel0.05", 1, 91.9, masked=5.0),
-            run("focal_margin_rel0.05", 2, 99.0, masked=1.0)]  # no seed-2 partner: left out of the pair
-    check = bench.ablation_check(runs)
-    assert list(check) == ["focal_margin_rel0.05 vs focal", "focal vs focal_no_fnc"]
-    assert check["focal vs focal_no_fnc"]["delta_ndcg@10"] == 0.0 and check["focal vs focal_no_fnc"]["never_worse"]
-    assert check["focal vs focal_no_fnc"]["reference_masked_per_batch"] is None  # no log: ST-style run
-    margin = check["focal_margin_rel0.05 vs focal"]
-    assert margin["paired_delta_per_seed"] == pytest.approx({0: 0.5, 1: -0.1})
-    assert margin["delta_ndcg@10"] == pytest.approx(0.2) and margin["masked_per_batch"] == 4.0
-    assert margin["reference_masked_per_batch"] == 0.0
-    assert margin["never_worse"] is False  # better on the mean, worse on seed 1
-    table = bench.readme_table({"runs": runs}, {"focal_margin_rel0.05": ("focal", {"margin": 0.05})})
-    lines = table.splitlines()
-    assert lines[0].startswith("| method | loss, options | seeds | nDCG@10 |")
-    # mnrl is the only built-in: the Δ column is relative to its mean 90.5; focal_margin mean (91.5+91.9+99)/3 = 94.13
-    assert "| focal_margin_rel0.05 | `focal` `margin=0.05` | 3 | 94.13 ± 4.22 |" in table
-    assert "| mnrl | `mnrl` | 2 | 90.50 ± 0.71 | 89.50 ± 0.71 | 50.00 ± 0.00 | 70.50 | +0.00 |" in table
-    assert "focal_margin_rel0.05 vs focal: Δ nDCG@10 = +0.20 (seed 0: +0.50, seed 1: -0.10; candidates masked per " \
-           "batch: with 4.00, without 0.00) → worse on the mean or on a seed." in table
-
-
-def test_report_times_are_the_fastest_run_of_each_method():
-    bench = _load_benchmark()
-
-    def run(method, seed, step, train):
-        return {"method": method, "seed": seed, "retrieval": {"ndcg@10": 90.0, "mrr@10": 89.0, "recall@1": 80.0},
-                "sts": None, "median_step_seconds": step, "train_seconds": train}
-
-    runs = [run("mnrl", 0, 3.3, 143.0), run("mnrl", 1, 24.1, 904.0), run("mnrl", 2, 3.5, 141.0),
-            run("focal", 0, None, None), run("focal", 1, 7.0, 270.0), run("gist", 0, None, None)]
-    summary = bench.summarize(runs)
-    # mnrl: seed 0 has the fastest step, so its training time (143) is reported, not seed 2's shorter 141
-    assert (summary["mnrl"]["step"], summary["mnrl"]["train_seconds"], summary["mnrl"]["timed_seed"]) == (3.3, 143.0, 0)
-    assert (summary["focal"]["step"], summary["focal"]["timed_seed"]) == (7.0, 1)  # an untimed run is skipped
-    assert summary["gist"]["step"] is None and summary["gist"]["train_seconds"] is None
-    table = bench.markdown({"runs": runs})
-    assert "| 3.30 | 143 |" in table and "| 7.00 | 270 |" in table and table.count("| – | – |") == 1
-    assert "Times: the fastest run of each method" in table
-
-
-def test_readme_retrieval_table_is_generated_from_the_committed_json():
-    bench = _load_benchmark()
-    data = json.loads((Path(bench.DEFAULT_OUT)).read_text())
-    # the published table is the committed .md, included by the documentation (the README links to it): it is
-    # exactly what the committed JSON renders to
-    results_page = (Path(__file__).resolve().parents[2] / "docs" / "results.md").read_text()
-    assert "```{include} ../benchmarks/results/retrieval.md" in results_page
-    assert bench.markdown(data) == Path(bench.DEFAULT_OUT).with_suffix(".md").read_text()
-
-
-def test_methods_run_the_dev_selected_option_of_each_family():
-    """The benchmark's st-hardneg methods are the dev split's choices (never the test task's), as committed."""
-    bench = _load_benchmark()
-    data = json.loads(Path(bench.SELECTION_OUT).read_text())
-    assert {r["method"] for r in data["runs"]} == set(bench.SELECTION)  # every screened option was run
-    assert all(r["retrieval"]["queries"] == 522 and r["sts"] is None for r in data["runs"])  # dev task only
-    chosen = bench.selected(data, bench.SELECTION)
-    assert set(chosen) == {"mnrl", "focal", "mixcse", "hncse", "adcse"}
-    for family, label in chosen.items():
-        _, loss, kwargs = bench.SELECTION[label]
-        assert bench.METHODS[label] == (loss, kwargs), family
-    assert bench.selection_markdown(data, bench.SELECTION) == Path(bench.SELECTION_OUT).with_suffix(".md").read_text()
-
-
 def test_mean_std_text_is_the_sample_std_cell():
     from st_hardneg.reporting import mean_std_text
 
     assert mean_std_text([]) == "–" and mean_std_text([65.794]) == "65.79"
     # mean 66, sample std sqrt(((-1)^2 + 0 + 1^2) / 2) = 1
     assert mean_std_text([65.0, 66.0, 67.0]) == "66.00 ± 1.00"
-
-
-def test_untrained_report_regenerates_byte_identical_from_the_committed_json():
-    bench = _load_benchmark()
-    results = Path(__file__).resolve().parents[2] / "benchmarks" / "results"
-    data = json.loads((results / "retrieval_untrained.json").read_text())
-    assert bench.untrained_markdown(data["untrained"], data["data"]) == (results / "retrieval_untrained.md").read_text()
 
 
 def test_cached_dataset_builds_once_per_key(tmp_path):

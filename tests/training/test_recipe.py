@@ -6,27 +6,13 @@ from __future__ import annotations
 import pytest
 
 
-@pytest.fixture
-def first_round(monkeypatch):
-    """The first retrieval round's recipe as ``RETRIEVAL_RECIPE`` (what the library shipped until the second round
-    chose again): its tests hold it as it was, through the same functions."""
-    from st_hardneg.training import recipe
-
-    monkeypatch.setattr(recipe, "RETRIEVAL_RECIPE", recipe.FIRST_ROUND_RECIPE)
-    return recipe.FIRST_ROUND_RECIPE
-
-
 def test_recipe_configuration(tiny_model, tmp_path):
     """The second round's choice: AdCSE with tied keys, its 64 adversaries, temperature 0.01 and the false-negative
     control (the untrained model guiding the relative 0.05 margin, known positives), on the hardest negative outside
     the known relevant documents."""
     from st_hardneg.losses.adcse import AdversarialNegativesLoss
-    from st_hardneg.training.recipe import (
-        FALSE_NEGATIVE_CONTROL,
-        FIRST_ROUND_RECIPE,
-        RETRIEVAL_RECIPE,
-        retrieval_recipe,
-    )
+    from st_hardneg.training.recipe import FALSE_NEGATIVE_CONTROL, RETRIEVAL_RECIPE, retrieval_recipe
+    from st_hardneg.training.sampling import KnownRelevanceBatchSampler, known_relevance_sampler
 
     known = {"a query": {"a document", "another document"}}
     loss, config = retrieval_recipe(tiny_model, known, tmp_path / "out", seed=3)
@@ -46,58 +32,23 @@ def test_recipe_configuration(tiny_model, tmp_path):
     assert (config.batch_size, config.learning_rate, config.warmup_ratio, config.epochs, config.seed) == (
         32, 2e-5, 0.1, 1, 3)
     assert RETRIEVAL_RECIPE["loss"] == "adcse" and "batch_sampler" not in config.extra_args
-    # the same training values as the first round's: only the loss and the negatives changed
-    assert {k for k in RETRIEVAL_RECIPE if RETRIEVAL_RECIPE[k] != FIRST_ROUND_RECIPE[k]} == {
-        "loss", "loss_kwargs", "mining"}
     plain, small = retrieval_recipe(tiny_model, None, tmp_path / "out", batch_size=8)
     assert plain.known_positives is None and plain.guide is not None and small.batch_size == 8
-
-
-def test_the_first_round_recipe_configuration(tiny_model, tmp_path, first_round):
-    from st_hardneg.losses.adcse import AdversarialNegativesLoss
-    from st_hardneg.training.recipe import RETRIEVAL_RECIPE, retrieval_recipe
-    from st_hardneg.training.sampling import KnownRelevanceBatchSampler, known_relevance_sampler
-
-    known = {"a query": {"a document", "another document"}}
-    loss, config = retrieval_recipe(tiny_model, known, tmp_path / "out", seed=3)
-    assert type(loss) is AdversarialNegativesLoss and loss.model is tiny_model
-    # InfoNCE (no adversaries, tied keys: sentence-transformers' MNRL) with the relative margin
-    config_dict = loss.get_config_dict()
-    assert (config_dict["num_adversaries"], config_dict["untied"]) == (0, False)
-    assert (loss.margin, loss.margin_strategy) == (0.05, "relative")
-    assert loss.known_positives is not None  # known-relevance masking in the loss (duplicates masked with it)
-    # GISTEmbedLoss's rows: its temperature, its anchor-anchor and positive-positive blocks, the margin judged by a
-    # frozen copy of the model as given (the untrained model)
-    assert (loss.temperature, loss.contrast_anchors, loss.contrast_positives) == (0.01, True, True)
-    assert loss.guide is not None and loss.guide is not tiny_model and not loss.guide.training
-    # the recipe's negatives: the top 5 of the corpus by the untrained model, no margin in the mining
-    assert RETRIEVAL_RECIPE["mining"] == {"num_candidates": 5, "relative_margin": None, "range_min": 0,
-                                          "range_max": None, "known_as_positives": False}
-    assert (config.batch_size, config.learning_rate, config.warmup_ratio, config.epochs, config.seed) == (
-        32, 2e-5, 0.1, 1, 3)
-    assert RETRIEVAL_RECIPE["loss"] == "mnrl_queue" and RETRIEVAL_RECIPE["known_positives"]
-    assert "batch_sampler" not in config.extra_args  # sentence-transformers' no-duplicates batches
-    plain, small = retrieval_recipe(tiny_model, None, tmp_path / "out", batch_size=8)
-    assert plain.known_positives is None and small.batch_size == 8
     # the batch-side alternative stays available for any loss (e.g. sentence-transformers' own)
     sampler = known_relevance_sampler(known)
     assert sampler.func is KnownRelevanceBatchSampler and sampler.keywords == {"known_relevant": known}
 
 
-@pytest.mark.parametrize("round_", ["second", "first"])
-def test_recipe_trains_one_step_on_a_tiny_beir_folder(tiny_model, tmp_path, monkeypatch, round_):
+def test_recipe_trains_one_step_on_a_tiny_beir_folder(tiny_model, tmp_path):
     import torch
     from datasets import Dataset
 
     from st_hardneg.data.beir import beir_retrieval
     from st_hardneg.testing.beir import make_tiny_beir
     from st_hardneg.testing.fixtures import parameter_snapshot, parameters_changed
-    from st_hardneg.training import recipe
     from st_hardneg.training.loop import train
     from st_hardneg.training.recipe import retrieval_recipe
 
-    if round_ == "first":
-        monkeypatch.setattr(recipe, "RETRIEVAL_RECIPE", recipe.FIRST_ROUND_RECIPE)
     split = beir_retrieval(make_tiny_beir(tmp_path / "beir", docs_per_topic=6, train_queries=40), dev_fraction=0.2)
     corpus = split.train_corpus
     rows = {"anchor": [], "positive": [], "negative": []}
@@ -111,12 +62,12 @@ def test_recipe_trains_one_step_on_a_tiny_beir_folder(tiny_model, tmp_path, monk
     # margin would mask them all, so it is off here (the documented override for a model that does not yet separate)
     loss, config = retrieval_recipe(tiny_model, split.known_paraphrases, tmp_path / "out", batch_size=2, max_steps=1,
                                     warmup_ratio=0.0, show_progress_bar=False, loss_overrides={"margin": None})
-    adversaries = loss.adversary_bank.weight.clone() if loss.num_adversaries else None
+    adversaries = loss.adversary_bank.weight.clone()
     result = train(tiny_model, Dataset.from_dict(rows), loss, config)
     assert result.steps == 1
     assert parameters_changed(tiny_model, before)
-    if round_ == "second":  # the adversaries took their ascent step after the optimizer's (no callback needed)
-        assert loss.adversary_bank.updates == 1 and not torch.equal(loss.adversary_bank.weight, adversaries)
+    # the adversaries took their ascent step after the optimizer's (no callback needed)
+    assert loss.adversary_bank.updates == 1 and not torch.equal(loss.adversary_bank.weight, adversaries)
 
 
 def test_recipe_refuses_a_bad_override(tiny_model, tmp_path):
@@ -166,41 +117,17 @@ def test_recipe_loss_is_the_recipes_loss_and_takes_overrides(tiny_model, tmp_pat
     assert loose.margin == 0.0 and loose.guide is not None and loose.known_positives is not None
 
 
-def test_the_first_round_recipe_loss_is_its_loss_and_takes_overrides(tiny_model, tmp_path, first_round):
-    from st_hardneg.training.recipe import recipe_loss, retrieval_recipe
-
-    known = {"a query": {"a document"}}
-    loss = recipe_loss(tiny_model, known)
-    same, _ = retrieval_recipe(tiny_model, known, tmp_path / "out")
-    assert loss.get_config_dict() == same.get_config_dict()
-    assert loss.known_positives is not None and (loss.margin, loss.margin_strategy) == (0.05, "relative")
-    # an override replaces that option only, in both entry points
-    loose = recipe_loss(tiny_model, known, margin=None)
-    looser, _ = retrieval_recipe(tiny_model, known, tmp_path / "out", loss_overrides={"margin": None})
-    changed = {k for k in loss.get_config_dict() if loss.get_config_dict()[k] != loose.get_config_dict()[k]}
-    # with the recipe's guide, no margin is GISTEmbedLoss's own rule: the guide masks what it finds above the positive
-    assert changed == {"margin"} and loose.margin == 0.0 and looser.margin == 0.0 and loose.guide is not None
-    # duplicates are masked with the known positives (the loss masks a row's own text whenever it has them)
-    assert loose.known_positives is not None and not loose.mask_duplicates and loose.margin_strategy == "relative"
-
-
-@pytest.mark.parametrize(("round_", "overrides", "message"), [
-    ("first", {"known_positives": {}}, r"loss_overrides: the recipe sets known_positives itself \(known_positives: the "
-                                       r"known relevant documents given"),
-    ("first", {"guide": None, "known_positives": {}}, "the recipe sets guide and known_positives itself"),
-    ("first", {"lam": 0.2}, "loss_overrides: loss 'mnrl_queue' takes no argument lam; it takes"),
-    ("second", {"known_positives": {}}, r"loss_overrides: the recipe sets known_positives itself \(known_positives: "
-                                        r"the known relevant documents given"),
-    ("second", {"guide": None, "known_positives": {}}, "the recipe sets guide and known_positives itself"),
-    ("second", {"lam": 0.2}, "loss_overrides: loss 'adcse' takes no argument lam; it takes"),
-    ("second", {"num_adversaries": -1}, "num_adversaries"),
-    ("second", {"adversary_lr": float("nan")}, "adversary_lr"),
+@pytest.mark.parametrize(("overrides", "message"), [
+    ({"known_positives": {}}, r"loss_overrides: the recipe sets known_positives itself \(known_positives: "
+                              r"the known relevant documents given"),
+    ({"guide": None, "known_positives": {}}, "the recipe sets guide and known_positives itself"),
+    ({"lam": 0.2}, "loss_overrides: loss 'adcse' takes no argument lam; it takes"),
+    ({"num_adversaries": -1}, "num_adversaries"),
+    ({"adversary_lr": float("nan")}, "adversary_lr"),
 ])
-def test_recipe_loss_refuses_a_bad_override(tiny_model, tmp_path, monkeypatch, round_, overrides, message):
+def test_recipe_loss_refuses_a_bad_override(tiny_model, tmp_path, overrides, message):
     from st_hardneg.training import recipe
 
-    if round_ == "first":
-        monkeypatch.setattr(recipe, "RETRIEVAL_RECIPE", recipe.FIRST_ROUND_RECIPE)
     with pytest.raises(ValueError, match=message):
         recipe.recipe_loss(tiny_model, None, **overrides)
     with pytest.raises(ValueError, match=message):

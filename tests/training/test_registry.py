@@ -10,7 +10,7 @@ import pytest
 from st_hardneg.training.registry import (
     DOCS_URL,
     LOSSES,
-    MIXCSE_BENCHMARK_FORM,
+    MIXCSE_TWO_WAY,
     PLAIN_LOSSES,
     _loss_class,
     build_loss,
@@ -35,9 +35,9 @@ def test_the_shown_call_builds_the_registry_loss(tiny_model, name, kwargs):
     assert built_from_call.get_config_dict() == expected.get_config_dict()
 
 
-def test_mixcse_shows_its_benchmark_form():
-    assert MIXCSE_BENCHMARK_FORM == {"directions": ("query_to_doc", "doc_to_query"), "partition_mode": "per_direction"}
-    # the benchmark form has its own name (it was --loss mixcse's until 0.3); the plain name is the class's default
+def test_mixcse_shows_its_two_way_form():
+    assert MIXCSE_TWO_WAY == {"directions": ("query_to_doc", "doc_to_query"), "partition_mode": "per_direction"}
+    # the two-direction form has its own name; the plain name is the class's default
     assert loss_call("mixcse_two_way") == ("MixCSELoss(model, directions=('query_to_doc', 'doc_to_query'), "
                                            "partition_mode='per_direction')")
     assert loss_call("mixcse") == "MixCSELoss(model)"
@@ -61,10 +61,20 @@ def test_the_named_forms_fix_what_their_names_say(tiny_model):
     from st_hardneg.losses.mixcse import MixCSELoss
 
     two_way = build_loss("mixcse_two_way", tiny_model).get_config_dict()
-    assert two_way == MixCSELoss(tiny_model, **MIXCSE_BENCHMARK_FORM).get_config_dict()
+    assert two_way == MixCSELoss(tiny_model, **MIXCSE_TWO_WAY).get_config_dict()
     assert two_way != build_loss("mixcse", tiny_model).get_config_dict()
     modes = {name: build_loss(name, tiny_model).mode for name in ("hncse", "hncse_pm", "hncse_hnm", "hncse_both")}
     assert modes == {"hncse": "pm", "hncse_pm": "pm", "hncse_hnm": "hnm", "hncse_both": "both"}
+
+
+def test_the_old_name_of_the_two_way_form_warns_and_is_the_same_form():
+    from st_hardneg.training import registry
+
+    with pytest.warns(DeprecationWarning, match="MIXCSE_BENCHMARK_FORM is deprecated; use MIXCSE_TWO_WAY"):
+        old = registry.MIXCSE_BENCHMARK_FORM
+    assert old == MIXCSE_TWO_WAY
+    with pytest.raises(AttributeError, match="no attribute 'NO_SUCH_NAME'"):
+        registry.NO_SUCH_NAME  # noqa: B018 - the attribute access is the test
 
 
 def test_docs_links_of_the_st_hardneg_losses_only():

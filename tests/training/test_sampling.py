@@ -10,7 +10,6 @@ import torch
 
 from st_hardneg.training.sampling import KnownRelevanceBatchSampler, sample_training_pairs
 
-
 # --------------------------------------------------------------------------- pair sampling
 RELEVANT = {f"q{i}": {f"d{i}-{k}" for k in range(i % 6 + 1)} for i in range(40)}
 
