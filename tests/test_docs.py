@@ -112,11 +112,76 @@ def test_every_page_is_in_a_toctree_and_every_include_exists():
             assert ((DOCS / page).parent / target).resolve().is_file(), (page, target)
 
 
+def _includes() -> list[tuple[str, Path, str | None, str | None]]:
+    """Every ``{include}`` of the docs pages: (page, the file it includes, its ``:start-after:``, its
+    ``:end-before:``)."""
+    found = []
+    for page, text in _pages().items():
+        for target, options in re.findall(r"```\{include\} (\S+)\n((?::[^\n]*\n)*)```", text):
+            option = dict(re.findall(r"^:([\w-]+): (.*)$", options, flags=re.M))
+            found.append((page, ((DOCS / page).parent / target).resolve(), option.get("start-after"),
+                          option.get("end-before")))
+    return found
+
+
+def test_every_part_an_include_cuts_out_is_in_its_file_and_not_empty():
+    """An include with ``:start-after:`` / ``:end-before:`` cuts a part of a rendered file: both markers are in the
+    file, in that order, with something between them (a marker the renderer no longer writes fails here, not as a
+    silently empty section)."""
+    cut = [(page, path, after, before) for page, path, after, before in _includes() if after or before]
+    assert cut, "the docs include parts of the results reports"
+    for page, path, after, before in cut:
+        text = path.read_text(encoding="utf-8")
+        assert not after or after in text, (page, path.name, after)
+        start = text.index(after) + len(after) if after else 0
+        assert not before or before in text[start:], (page, path.name, before)
+        end = text.index(before, start) if before else len(text)
+        assert text[start:end].strip(), (page, path.name, after, before)
+
+
+def _rendered_results() -> dict[str, str]:
+    """Each results table the pages include, rendered again from its results JSON by its benchmark's own renderer."""
+    from benchmarks import cpu_protocol, known_relevance_share, overhead, retrieval_beir_round2, untrained
+
+    results = REPO / "benchmarks" / "results"
+
+    def data(name: str):
+        return json.loads((results / f"{name}.json").read_text())
+
+    round2 = data("retrieval_beir_round2")
+    return {
+        "cpu_protocol.md": cpu_protocol.markdown(data("cpu_protocol")),
+        "tuning.md": cpu_protocol.screen_markdown(data("tuning")),
+        "queue.md": cpu_protocol.queue_report(results),
+        "overhead.md": overhead.markdown(data("overhead")),
+        "known_relevance_share.md": known_relevance_share.markdown(data("known_relevance_share")["rows"]),
+        "untrained_beir.md": untrained.beir_render(data("untrained_beir")),
+        "retrieval_beir_round2.md": retrieval_beir_round2.markdown(round2, retrieval_beir_round2.per_query_runs(
+            results / "retrieval_beir_round2_per_query.jsonl", round2["runs"])),
+    }
+
+
+#: the pages whose every number comes from an include of a rendered results file
+FROM_THE_RECORDS = ("results.md", "retrieval.md", "losses/which.md")
+
+
+def test_the_results_pages_include_rendered_files_that_are_their_json():
+    """Every results table included by the results, retrieval and which-loss pages is a file its benchmark renders
+    from its JSON, and equals what that JSON renders to now."""
+    rendered = _rendered_results()
+    included = {path.name for page, path, _, _ in _includes() if page in FROM_THE_RECORDS
+                and path.parent == REPO / "benchmarks" / "results"}
+    assert {"cpu_protocol.md", "overhead.md", "retrieval_beir_round2.md"} <= included
+    assert included <= set(rendered), included - set(rendered)
+    for name in included:
+        assert (REPO / "benchmarks" / "results" / name).read_text() == rendered[name], name
+
+
 def test_measured_tables_are_included_not_copied():
     pages = _pages()
     text = "\n".join(pages.values())
-    for name in ("scale", "scale_minilm", "queue", "retrieval", "scifact", "cpu_protocol", "overhead",
-                 "retrieval_beir_round2"):
+    for name in ("scale", "scale_minilm", "queue", "cpu_protocol", "tuning", "overhead", "retrieval_beir_round2",
+                 "known_relevance_share", "untrained_beir"):
         assert f"../benchmarks/results/{name}.md" in text, name
         table = (REPO / "benchmarks" / "results" / f"{name}.md").read_text()
         first_row = next(line for line in table.splitlines() if line.startswith("| ") and "---" not in line)
@@ -178,50 +243,3 @@ def test_metric_names_render_as_text_not_mailto_links(metrics_ext):
     metrics_ext.unlink_metric_names(None, doctree)
     assert [node.get("refuri") for node in doctree.findall(reference)] == ["mailto:someone@example.org"]
     assert "nDCG@10, MRR@10 and R@100" in doctree.astext()
-
-
-def _first_round_in_short() -> str:
-    """``docs/results.md``'s "The first round in short" subsection (the README's retrieval tables until the second
-    round)."""
-    text = (DOCS / "results.md").read_text(encoding="utf-8")
-    return text[text.index("### The first round in short\n"):].split("\n### ", 1)[0]
-
-
-def test_the_retrieval_table_is_the_two_dataset_benchmarks_json():
-    """Every number of the first-round summary's table of the first retrieval run (moved from the README to
-    ``docs/results.md`` when the second round's table took its place) is the committed JSON's (mean ± std over the
-    seeds run, as the results page renders it; the last column the mean over the two datasets), so the summary cannot
-    drift from it."""
-    from tests.retrieval_tables import check_rows_are_runs, table_rows
-
-    data = json.loads((REPO / "benchmarks" / "results" / "retrieval_beir.json").read_text())
-    results = _first_round_in_short()
-    table = results[results.index("**First run, on negatives fixed before the mining screen**"):].split("\n\n")[1]
-    labels = {"untrained": "untrained", "MNRL + mined negatives": "mnrl", "GISTEmbedLoss": "gist",
-              "st-hardneg recipe": f"{data['chosen_recipe']}+known"}
-    assert data["best_builtin"] == "gist"
-    check_rows_are_runs(table_rows(table), labels, data["runs"], lambda r: r.get("stage") in ("main", "untrained"))
-
-
-def test_the_screened_rerun_table_is_its_json():
-    """The first-round summary's retrieval table (the README's until the second round; ``docs/results.md`` now), the
-    run on the mining screen's negatives, is ``retrieval_beir_screened.json``'s:
-    the same rows, mean ± std over the seeds run, the mean over the two datasets, and the seed counts it states."""
-    from tests.retrieval_tables import check_rows_are_runs, table_rows
-
-    data = json.loads((REPO / "benchmarks" / "results" / "retrieval_beir_screened.json").read_text())
-    assert data["mining_by_dataset"] == {"scifact": "top5_nomargin", "nfcorpus": "top5_nomargin"}
-    results = _first_round_in_short()
-    head = results[results.index("**Retrieval**"):]
-    rows = table_rows(head.split("\n\n")[1])
-    labels = {"untrained": "untrained", "MNRL + mined negatives": "mnrl", "GISTEmbedLoss": "gist",
-              "st-hardneg recipe": f"{data['chosen_recipe']}+known"}
-    assert len(rows) == len(labels)
-    counts = check_rows_are_runs(rows, labels, data["runs"], lambda r: r.get("stage") in ("main", "untrained"))
-    seeds: dict[str, int] = {}
-    for label, per_dataset in counts.items():
-        assert len(set(per_dataset)) == 1, (label, per_dataset)  # as many seeds on both datasets
-        seeds[label] = per_dataset[0]
-    intro = " ".join(head.split("\n\n")[0].split())
-    assert f"{seeds['gist']} paired seeds for the recipe and GIST, {seeds['mnrl']} for MNRL" in intro, intro
-    assert seeds["gist"] == seeds[labels["st-hardneg recipe"]]

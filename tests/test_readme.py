@@ -134,8 +134,8 @@ def test_quickstart_block_trains_two_steps_and_saves(tmp_path):
 
 def test_the_second_round_retrieval_table_is_its_json():
     """The README's second-round retrieval table is ``retrieval_beir_round2.json``'s: the recipe and the best built-in
-    are that file's choices on pooled dev, every cell the mean ± std of the test nDCG@10 over the seeds run, the last
-    column the mean over the two datasets, and the seed counts its introduction states."""
+    are that file's choices on pooled dev, every cell the mean ± std of the test nDCG@10 over the seeds run (as many
+    on both datasets), the last column the mean over the two datasets."""
     from benchmarks.retrieval_beir_rows import round2_recipe_choice, round2_twin
     from tests.retrieval_tables import check_rows_are_runs, table_rows
 
@@ -148,11 +148,36 @@ def test_the_second_round_retrieval_table_is_its_json():
     labels = {"untrained": "untrained", "MNRL + mined negatives": "mnrl@rel0.05", "GISTEmbedLoss": best,
               "the recipe's loss without the control": round2_twin(recipe), "st-hardneg recipe": recipe}
     assert len(rows) == len(labels)
-    seeds: dict[str, int] = {}
     for label, per_dataset in check_rows_are_runs(rows, labels, data["runs"]).items():
         assert len(set(per_dataset)) == 1, (label, per_dataset)  # as many seeds on both datasets
-        seeds[label] = per_dataset[0]
-    intro = " ".join(head.split("\n\n")[0].split())
-    assert (f"mean ± std over {seeds[recipe]} paired seeds for the recipe, {seeds[best]} for GIST and "
-            f"{seeds['mnrl@rel0.05']} for MNRL") in intro, intro
-    assert f"{seeds[round2_twin(recipe)]} seed for the recipe's loss without the control" in intro, intro
+
+
+def test_the_sts_table_is_the_cpu_protocols_json():
+    """Every cell of the README's STS table is the committed CPU protocol's: the STS average (mean ± std over the
+    seeds) and its difference to ``mnrl`` as ``cpu_protocol.md`` renders them from ``cpu_protocol.json`` (a row of
+    several methods lists each one's value in order), so the README cannot drift from the results."""
+    from benchmarks import cpu_protocol
+
+    data = json.loads((REPO / "benchmarks" / "results" / "cpu_protocol.json").read_text())
+    rendered = cpu_protocol.markdown(data)
+    assert rendered == (REPO / "benchmarks" / "results" / "cpu_protocol.md").read_text()
+    lines = [line for line in rendered.splitlines() if line.startswith("| ")]  # the header, then the rows
+    header = [cell.strip() for cell in lines[0].strip("|").split("|")]
+    committed = {cells[0]: dict(zip(header, cells, strict=True))
+                 for line in lines[1:] if (cells := [c.strip() for c in line.strip("|").split("|")])}
+    labels = {"untrained": ["untrained"], "mnrl (SimCSE)": ["mnrl"], "mnrl_hardness": ["mnrl_hardness"],
+              "mixcse_two_way / hncse_pm / hncse_hnm / adcse": ["mixcse", "hncse_pm", "hncse_hnm", "adcse"],
+              "focal": ["focal"], "mnrl + 512-row queue": ["mnrl_queue"], "focal + 512-row queue": ["focal_queue"]}
+    results = _section("Results")
+    table = results[results.index("**STS**"):].split("\n\n")[1]
+    rows = {line.split(" | ")[0].strip("| *"): [c.strip(" *|") for c in line.split(" | ")[1:]]
+            for line in table.splitlines()[2:]}
+    assert len(rows) == len(labels)
+    for prefix, methods in labels.items():
+        cells = next(cells for name, cells in rows.items() if name.startswith(prefix))
+        avg, delta = (cell.replace("−", "-").split(" / ") for cell in cells[:2])
+        # a row of several methods gives each one's mean alone; the untrained model's "± 0.00" is left out
+        expected_avg = [committed[m]["avg"].split(" ± ")[0] if len(methods) > 1 else
+                        committed[m]["avg"].removesuffix(" ± 0.00") for m in methods]
+        assert avg == expected_avg, (prefix, avg, expected_avg)
+        assert delta == [committed[m]["Δavg vs mnrl"] for m in methods], (prefix, delta)

@@ -9,7 +9,7 @@ collator's, outside the step, and the same for every loss).
 
 The uncached reference is sentence-transformers' ``MultipleNegativesRankingLoss`` on the whole batch, or, with
 ``--uncached-chunk C``, the same encoder work as C-pair chunks accumulated into one optimizer step (each chunk's
-loss scaled by C / B): the work a cached step replaces when the whole batch does not fit (the issue's "32 uncached
+loss scaled by C / B): the work a cached step replaces when the whole batch does not fit ("32 uncached
 steps of 1,024"). The extra no-grad forward of GradCache costs about 1/3 of a forward + backward, so 4/3 is the
 ratio a cached step cannot beat without changing the arithmetic; the target is 1.5.
 

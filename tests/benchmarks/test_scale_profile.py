@@ -114,7 +114,7 @@ def test_committed_cpu_table_is_rendered_from_its_json(tmp_path):
     configurations = {"uncached", "cached_mnrl", "mixcse"}
     assert set(batch["rounds"][0]) == configurations and all(set(r) <= configurations for r in batch["rounds"])
     rows = {r["config"]: r for r in saved["summary"]}
-    assert rows["cached_mnrl"]["to_uncached"] <= 1.5  # the target at 1,024
+    assert rows["cached_mnrl"]["to_uncached"] <= 1.5  # the target at 1,024
     for name, info in batch["profiled"].items():  # the traces are committed beside it, small
         trace = RESULTS / info["trace"]
         assert trace.is_file() and trace.stat().st_size < 2.5 * 2**20, name
