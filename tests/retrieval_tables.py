@@ -1,4 +1,4 @@
-"""The check shared by the tests that hold a hand-written retrieval table (README, docs) to its committed JSON."""
+"""The check of a hand-written retrieval table (the README's; GitHub renders no includes) against its committed JSON."""
 
 from __future__ import annotations
 

@@ -118,7 +118,8 @@ def _includes() -> list[tuple[str, Path, str | None, str | None]]:
     found = []
     for page, text in _pages().items():
         for target, options in re.findall(r"```\{include\} (\S+)\n((?::[^\n]*\n)*)```", text):
-            option = dict(re.findall(r"^:([\w-]+): (.*)$", options, flags=re.M))
+            option = {key: value[1:-1] if value[:1] == value[-1:] == '"' else value  # a quoted value: unquoted
+                      for key, value in re.findall(r"^:([\w-]+): (.*)$", options, flags=re.M)}
             found.append((page, ((DOCS / page).parent / target).resolve(), option.get("start-after"),
                           option.get("end-before")))
     return found
