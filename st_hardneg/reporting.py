@@ -36,7 +36,7 @@ class OutsideOutputFolderError(ValueError):
 
 
 def _absolute(path: str | os.PathLike[str]) -> Path:
-    return Path(os.path.abspath(Path(path).expanduser()))
+    return Path(path).expanduser().absolute()  # not normalised: '..' after a link is the kernel's, not lexical
 
 
 def check_output_path(path: str | os.PathLike[str], folder: str | os.PathLike[str] | None = None) -> Path:
