@@ -317,6 +317,12 @@ def check_checkpoint_folder(folder: str | Path, overwrite: bool, *, planned_step
                 raise ValueError(f"{option}: {folder} holds {', '.join(clash[:5])}, not written by st-hardneg, and "
                                  f"this run of {planned_steps} steps could save into it; move it or choose another "
                                  "--output-dir")
+    if planned_steps is not None:  # a checkpoint of an earlier run the Trainer could save into: no link in it
+        from st_hardneg.reporting import check_output_tree
+
+        for name in CheckpointLedger(root).written():
+            if int(name.split("-")[1]) <= planned_steps:
+                check_output_tree(root / name, root)
     if leftovers and not overwrite:
         step = _resume_step(resume)
         left = [name for name in CheckpointLedger(root).written()
