@@ -30,7 +30,7 @@ import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path, PurePosixPath
 
-from st_hardneg.reporting import check_output_path, remove_output_file, write_text
+from st_hardneg.reporting import check_output_path, check_output_tree, remove_output_file, write_text
 
 __all__ = ["LEDGER_FILE", "RUN_FOLDERS", "CheckpointLedger", "check_checkpoint_folder", "file_record",
            "foreign_entries", "remove_checkpoint", "remove_written"]
@@ -313,13 +313,13 @@ def check_checkpoint_folder(folder: str | Path, overwrite: bool, *, planned_step
         if planned_steps is not None:
             clash = [name for name in foreign
                      if (m := _CHECKPOINT.match(name)) and 0 < int(m.group(1)) <= planned_steps]
+            for name in clash:  # a link the Trainer would save through: named as one
+                check_output_tree(root / name, root)
             if clash:
                 raise ValueError(f"{option}: {folder} holds {', '.join(clash[:5])}, not written by st-hardneg, and "
                                  f"this run of {planned_steps} steps could save into it; move it or choose another "
                                  "--output-dir")
     if planned_steps is not None:  # a checkpoint of an earlier run the Trainer could save into: no link in it
-        from st_hardneg.reporting import check_output_tree
-
         for name in CheckpointLedger(root).written():
             if int(name.split("-")[1]) <= planned_steps:
                 check_output_tree(root / name, root)
