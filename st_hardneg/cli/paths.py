@@ -25,14 +25,15 @@ from __future__ import annotations
 import errno
 import os
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from st_hardneg.reporting import OutsideOutputFolderError, check_output_path
 
 __all__ = ["LOCK_FILE", "FolderInUseError", "check_path_component", "ensure_inside", "ensure_writable_dir",
-           "ensure_writable_file", "output_lock"]
+           "ensure_writable_file", "holding_output_folder", "output_lock"]
 
 #: the lock file a run holds inside its output folder while it runs (removed when it ends)
 LOCK_FILE = ".st-hardneg.lock"
@@ -239,3 +240,22 @@ def ensure_writable_file(path: str | os.PathLike[str], option: str = "--output")
         raise ValueError(f"{option} {target} cannot be written ({ancestor} is a file, not a folder)")
     _probe(target.parent, option, target)
     return target
+
+
+def holding_output_folder(command: Callable[[Any], int]) -> Callable[[Any], int]:
+    """``command`` (a command of the command line, e.g. ``eval``) run holding its output folder: ``args.output_dir``,
+    or the folder of a ``.json`` file given there, proven writable first (:func:`ensure_writable_dir` /
+    :func:`ensure_writable_file`), then held with :func:`output_lock` while the command runs."""
+
+    def run(args: Any) -> int:
+        option = getattr(args, "output_option", "--output-dir")
+        target = str(args.output_dir)
+        if target.endswith(".json"):
+            folder = ensure_writable_file(target, option).parent
+        else:
+            folder = ensure_writable_dir(target, option)
+        with output_lock(folder, option):
+            return command(args)
+
+    run.__doc__, run.__name__ = command.__doc__, getattr(command, "__name__", "command")
+    return run

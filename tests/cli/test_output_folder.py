@@ -271,29 +271,37 @@ def test_a_crashed_runs_checkpoints_are_not_rewritten_by_a_fresh_run(data, tmp_p
     assert CheckpointLedger(out / "checkpoints").written() == ["checkpoint-2", "checkpoint-4", "checkpoint-5"]
 
 
-def test_a_folder_in_use_refuses_a_second_run(data, tmp_path, capsys):
-    """A second process holds the folder (as a running ``train`` does): this run is refused at once, naming the
-    holder's pid, and writes nothing; once the holder dies (killed, no clean-up of its own), the folder is free."""
+@pytest.mark.parametrize("command", ["train", "eval"])
+def test_a_folder_in_use_refuses_a_second_run(data, tmp_path, capsys, command):
+    """A second process holds the folder (as a running ``train`` or ``eval`` does): this run is refused at once,
+    naming the holder's pid, and writes nothing; once the holder dies (killed, no clean-up of its own), the folder is
+    free."""
     import signal
     import subprocess
     import sys
 
+    from st_hardneg.testing.beir import make_tiny_beir
+
     out = tmp_path / "out"
+    argv = _argv(data, out) if command == "train" else [
+        "eval", "--model", str(data["model"]), "--tasks", "beir", "--data", str(make_tiny_beir(tmp_path / "tiny")),
+        "--output-dir", str(out), "--quiet"]
     holder = subprocess.Popen(
         [sys.executable, "-c", "import sys, time\nfrom st_hardneg.cli.paths import output_lock\n"
          f"with output_lock({str(out)!r}):\n    print('held', flush=True)\n    time.sleep(120)\n"],
         stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(Path(cli.__file__).parents[2])})
     try:
         assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
-        assert cli.main(_argv(data, out)) == 2
+        assert cli.main(argv) == 2
         err = capsys.readouterr().err.strip()
         assert len(err.splitlines()) == 1 and f"the folder is in use by pid {holder.pid}" in err
         assert sorted(os.listdir(out)) == [".st-hardneg.lock"]
     finally:
         holder.send_signal(signal.SIGKILL)
         holder.wait(30)
-    assert cli.main(_argv(data, out)) == 0  # the kernel released the dead holder's lock
-    assert (out / "results.json").is_file() and not (out / ".st-hardneg.lock").exists()
+    assert cli.main(argv) == 0  # the kernel released the dead holder's lock
+    written = out / "results.json" if command == "train" else next(out.glob("st-hardneg/*/*/eval.json"))
+    assert written.is_file() and not (out / ".st-hardneg.lock").exists()
 
 
 def test_the_curve_is_drawn_from_two_points_and_fewer_are_a_warning(data, tmp_path, capsys):
