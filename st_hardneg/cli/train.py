@@ -401,8 +401,9 @@ def run_callbacks(args: argparse.Namespace, loss_kwargs: dict[str, Any]) -> list
 
 
 def write_curve(args: argparse.Namespace, result: Any, output_dir: Path) -> str | None:
-    """``OUTPUT/training_curve.png``: the loss (and the dev metric, when the run was evaluated) per logged step;
-    its file name, or ``None`` (said in the log) when the run logged no step."""
+    """``OUTPUT/training_curve.png``: the loss (and the dev metric, when the run was evaluated) per logged step,
+    written through the output-folder guard; its file name, or ``None`` (said in a warning) when the run logged its
+    loss at fewer than :data:`~st_hardneg.plots.MIN_CURVE_POINTS` steps."""
     import warnings
 
     from st_hardneg.plots import MIN_CURVE_POINTS, plot_run_curve
