@@ -37,9 +37,13 @@ def _check_png(path: str | Path) -> Path:
     return path
 
 
-def _save(fig: Figure, path: Path, dpi: int) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=dpi, bbox_inches="tight")
+def _save(fig: Figure, path: Path, dpi: int, inside: str | Path | None = None) -> Path:
+    """Write ``fig`` as PNG through the output-folder guard: atomically, inside ``inside`` (default: ``path``'s own
+    folder), never through a symbolic link (:func:`st_hardneg.reporting.atomic_write`)."""
+    from st_hardneg.reporting import atomic_write
+
+    with atomic_write(path, inside) as handle:
+        fig.savefig(handle, format="png", dpi=dpi, bbox_inches="tight")
     return path
 
 
@@ -129,6 +133,7 @@ def plot_training_curves(
     *,
     title: str | None = None,
     dpi: int = 150,
+    inside: str | Path | None = None,
 ) -> Path:
     """Metrics over training steps, one panel per metric, one line per run.
 
@@ -140,12 +145,14 @@ def plot_training_curves(
             default: every numeric key found except bookkeeping (step, epoch, runtimes …).
         title: figure title.
         dpi: resolution.
+        inside: the output folder the file must stay inside (default: its own folder): a symbolic link out of it, or
+            a dangling one, is refused (:func:`st_hardneg.reporting.check_output_path`).
 
     Returns:
         The path written.
 
     Raises:
-        ValueError: no entry has a step, or a requested metric never occurs.
+        ValueError: no entry has a step, or a requested metric never occurs; ``path`` leads out of ``inside``.
 
     Example:
         ::
@@ -195,7 +202,7 @@ def plot_training_curves(
     if title:
         fig.suptitle(title)
     fig.tight_layout()
-    return _save(fig, path, dpi)
+    return _save(fig, path, dpi, inside)
 
 
 def plot_comparison(result: Any, path: str | Path, *, dpi: int = 150) -> Path:
@@ -240,15 +247,20 @@ def plot_comparison(result: Any, path: str | Path, *, dpi: int = 150) -> Path:
     return _save(fig, path, dpi)
 
 
+#: the fewest logged loss values a run's curve is drawn from (:func:`plot_run_curve`)
+MIN_CURVE_POINTS = 2
+
+
 def plot_run_curve(log_history: Sequence[Mapping[str, Any]], path: str | Path, *, title: str | None = None,
-                   dpi: int = 150) -> Path | None:
+                   dpi: int = 150, inside: str | Path | None = None) -> Path | None:
     """A training run's curve beside its ``results.json``: the training loss and, when the run was evaluated, its dev
-    metric(s), per step (:func:`plot_training_curves` on the metrics the run logged). Returns ``None`` when the run
-    logged nothing per step (a run shorter than ``logging_steps``)."""
+    metric(s), per step (:func:`plot_training_curves` on the metrics the run logged), written inside ``inside``
+    (default: its own folder). Returns ``None`` when the run logged its loss at fewer than :data:`MIN_CURVE_POINTS`
+    steps (a run shorter than twice ``logging_steps``): one point is not a curve."""
     logged = [entry for entry in log_history if "step" in entry]
     metrics = [key for key in ("loss", "grad_norm", "learning_rate") if any(key in e for e in logged)]
     metrics += sorted({key for e in logged for key in e if key.startswith("eval_") and key.endswith(("spearman",
                                                                                                     "ndcg@10"))})
-    if "loss" not in metrics:
+    if sum(1 for entry in logged if "loss" in entry) < MIN_CURVE_POINTS:
         return None
-    return plot_training_curves(logged, path, metrics=metrics, title=title, dpi=dpi)
+    return plot_training_curves(logged, path, metrics=metrics, title=title, dpi=dpi, inside=inside)

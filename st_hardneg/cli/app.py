@@ -22,6 +22,7 @@ from typing import Any
 
 from st_hardneg.cli.checks import RECIPE, STS_DEFAULTS, TASK_ONLY_OPTIONS, TRAIN_TASKS
 from st_hardneg.cli.evaluate import EVAL_TASK_GROUPS, OutputOption, cmd_compare, cmd_eval
+from st_hardneg.cli.paths import holding_output_folder
 from st_hardneg.cli.train import RunFailed, cmd_train
 from st_hardneg.data.senteval import DataNotFoundError
 
@@ -199,7 +200,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "task), or a path ending in .json: that results file, the per-query and run files beside "
                         "it. --output-folder (mteb's name) and --output are the same option")
     e.add_argument("--overwrite", action="store_true", help="recompute every requested result and replace the files (without it, results already in the folder with the same settings are reused, and a different one is refused)")
-    e.set_defaults(func=cmd_eval)
+    e.set_defaults(func=holding_output_folder(cmd_eval))  # a second eval into the same folder is refused
 
     c = sub.add_parser("compare", parents=[verbosity_only()],
                        help="paired significance of two or more retrieval runs over the same queries",

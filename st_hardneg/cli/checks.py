@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -145,22 +146,39 @@ def mining_settings(args: argparse.Namespace) -> dict[str, Any] | None:
     return mining
 
 
-def check_output_dir(output_dir: str, overwrite: bool, planned_steps: int | None = None) -> Path:
+#: the files and folders every ``train`` run writes in ``--output-dir`` besides ``results.json`` and ``checkpoints/``
+#: (``--task beir`` adds its per-query file and TREC run, :func:`st_hardneg.cli.train.cmd_train_beir`)
+TRAIN_OUTPUTS = ("final", "training_curve.png")
+
+
+def check_output_dir(output_dir: str, overwrite: bool, planned_steps: int | None = None, *,
+                     outputs: tuple[str, ...] = TRAIN_OUTPUTS, leftovers: bool = False,
+                     resume: str | None = None) -> Path:
     """The ``--output-dir`` of ``train``: not empty, not a file, and not a finished run's folder (one holding
-    ``results.json``) unless ``overwrite``; a ``final/`` folder or a ``checkpoints/`` folder that holds what no
-    st-hardneg run of it wrote is refused without ``overwrite`` too (with it, a foreign ``checkpoints/`` entry is left
-    untouched, see :func:`st_hardneg.training.checkpoints.check_checkpoint_folder`). Nothing is created here.
+    ``results.json``) unless ``overwrite``; a file or folder of ``outputs`` (``final/``, ``training_curve.png`` …)
+    that no finished st-hardneg run of the folder wrote, or a ``checkpoints/`` folder that holds what no st-hardneg
+    run of it wrote, is refused without ``overwrite`` too (with it, a foreign ``checkpoints/`` entry is left
+    untouched, see :func:`st_hardneg.training.checkpoints.check_checkpoint_folder`). Whatever ``overwrite`` says, a
+    path the run writes that is a symbolic link out of the folder or a dangling one, or a saved model's or
+    checkpoint's folder holding a link, is refused (:func:`st_hardneg.reporting.check_output_path`). Nothing is
+    created here.
 
     Args:
         output_dir: ``--output-dir``.
         overwrite: ``--overwrite``.
         planned_steps: the run's steps, once known: a foreign ``checkpoint-N`` it could save into is refused even
-            with ``overwrite``.
+            with ``overwrite``, and so is one of an earlier run's that holds a symbolic link.
+        outputs: the names the run writes in the folder besides ``results.json`` and ``checkpoints/``.
+        leftovers: refuse, without ``overwrite``, the checkpoints an earlier st-hardneg run left (a crashed run)
+            that this run would save over (all, or those after ``resume``).
+        resume: the checkpoint folder the run resumes from (``resume_from_checkpoint``), if any.
 
     Raises:
-        ValueError: an empty path, a file, a finished run or a foreign ``final/`` or ``checkpoints/`` entry without
-            ``--overwrite``.
+        ValueError: an empty path, a file, a finished run or a foreign output, ``final/`` or ``checkpoints/`` entry
+            without ``--overwrite``; a crashed run's checkpoints without ``--overwrite`` or a resume; a path out of
+            the folder.
     """
+    from st_hardneg.reporting import check_output_path, check_output_tree
     from st_hardneg.training.checkpoints import check_checkpoint_folder
 
     if not str(output_dir).strip():
@@ -171,11 +189,21 @@ def check_output_dir(output_dir: str, overwrite: bool, planned_steps: int | None
     if (path / "results.json").is_file() and not overwrite:
         raise ValueError(f"--output-dir {path} holds a finished run (results.json); choose another folder or pass "
                          "--overwrite to replace it")
+    for name in ("results.json", "checkpoints", *outputs):  # a link out of the folder, whatever --overwrite says
+        check_output_path(path / name, path)
+    for name in ("final", "checkpoints/eval"):  # folders another library writes into: no link in them
+        check_output_tree(path / name, path)
     if (path / "final").exists() and not (path / "results.json").is_file() and not overwrite:
         raise ValueError(f"--output-dir {path} holds final/, which no finished st-hardneg run of this folder wrote (no "
                          "results.json): the trained model would be saved into it; choose another folder or pass "
                          "--overwrite")
-    check_checkpoint_folder(path / "checkpoints", overwrite, planned_steps=planned_steps)
+    taken = [name for name in outputs if name != "final" and os.path.lexists(path / name)]
+    if taken and not (path / "results.json").is_file() and not overwrite:
+        raise ValueError(f"--output-dir {path} holds {', '.join(taken)}, which no finished st-hardneg run of this "
+                         "folder wrote (no results.json): this run would replace it; choose another folder or pass "
+                         "--overwrite")
+    check_checkpoint_folder(path / "checkpoints", overwrite, planned_steps=planned_steps, leftovers=leftovers,
+                            resume=resume)
     return path
 
 

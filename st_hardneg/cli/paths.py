@@ -10,16 +10,37 @@ behind by the check. ``st-hardneg train --output-dir`` and ``st-hardneg eval --o
     ensure_writable_dir(args.output_dir, "--output-dir")          # a folder for checkpoints, models, results
     ensure_writable_file(args.output, "--output")                 # one JSON file
 
-Only the standard library is imported here (``--help`` stays fast).
+A run holds its output folder for its whole life (:func:`output_lock`): a second run into the same folder is
+refused ("the folder is in use by pid N"), never interleaved with the first::
+
+    with output_lock(args.output_dir, "--output-dir"):
+        ...  # check what is there, train, write
+
+Only the standard library and :mod:`st_hardneg.reporting` (the output-folder guard) are imported here (``--help``
+stays fast).
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
-__all__ = ["check_path_component", "ensure_inside", "ensure_writable_dir", "ensure_writable_file"]
+from st_hardneg.reporting import OutsideOutputFolderError, check_output_path
+
+__all__ = ["LOCK_FILE", "FolderInUseError", "check_path_component", "ensure_inside", "ensure_writable_dir",
+           "ensure_writable_file", "holding_output_folder", "output_lock"]
+
+#: the lock file a run holds inside its output folder while it runs (removed when it ends)
+LOCK_FILE = ".st-hardneg.lock"
+
+
+class FolderInUseError(ValueError):
+    """Another st-hardneg run holds the output folder (:func:`output_lock`): this run is refused before it starts."""
 
 
 def check_path_component(value: str, option: str) -> str:
@@ -43,11 +64,99 @@ def ensure_inside(path: str | os.PathLike[str], folder: str | os.PathLike[str], 
     Raises:
         ValueError: naming ``what`` and both paths.
     """
+    try:
+        check_output_path(Path(path).expanduser(), Path(folder).expanduser())  # the one guard of every written path
+    except OutsideOutputFolderError as exc:
+        raise OutsideOutputFolderError(f"{what}: {exc}") from None
     target = Path(path).expanduser().resolve()
     root = Path(folder).expanduser().resolve()
     if not target.is_relative_to(root):
         raise ValueError(f"{what} {path} lies outside {folder}; nothing is written outside the output folder")
     return Path(path)
+
+
+@contextmanager
+def output_lock(folder: str | os.PathLike[str], option: str = "--output-dir") -> Iterator[Path]:
+    """Hold the output folder ``folder`` for the block: an exclusive advisory lock (``fcntl.flock``) on
+    ``folder/LOCK_FILE``, which holds the process id. A second run into the same folder is refused at once; the
+    kernel releases the lock when the process ends, however it ends (a crashed run never blocks the next one). At
+    the end of the block the lock file is removed, and the folders made for it when they are still empty. Where
+    ``fcntl`` does not exist (Windows) the block runs unlocked.
+
+    Args:
+        folder: the run's output folder (made when missing).
+        option: the command-line option named in the error message.
+
+    Returns:
+        The folder, as a context manager's value.
+
+    Raises:
+        FolderInUseError: another process holds the lock (named by its process id).
+        OutsideOutputFolderError: the lock file is a symbolic link, or leads outside ``folder``.
+
+    Example:
+        ::
+
+            with output_lock("output/run1"):    # a second `st-hardneg train --output-dir output/run1` is refused
+                ...
+    """
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - Windows: no advisory locks of this kind
+        yield Path(folder)
+        return
+    root = Path(folder).expanduser()
+    created: list[Path] = []
+    missing = root
+    while not missing.exists() and not missing.is_symlink() and missing.parent != missing:
+        created.append(missing)
+        missing = missing.parent
+    root.mkdir(parents=True, exist_ok=True)
+    lock = root / LOCK_FILE
+    descriptor = -1
+    try:
+        for _ in range(10):  # the file may be removed by the run that held it between our open and our lock
+            check_output_path(lock, root)
+            if lock.is_symlink():
+                raise OutsideOutputFolderError(f"{lock} is a symbolic link; the lock file is never followed: remove it")
+            descriptor = os.open(lock, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o644)
+            try:
+                fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as exc:
+                if exc.errno not in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
+                    raise
+                holder = os.read(descriptor, 64).decode("ascii", "replace").strip() or "unknown"
+                os.close(descriptor)
+                descriptor = -1
+                raise FolderInUseError(
+                    f"{option} {root}: the folder is in use by pid {holder} (another st-hardneg run holds {lock}); "
+                    "wait for it to end, or choose another folder") from None
+            try:
+                same = os.stat(lock, follow_symlinks=False).st_ino == os.fstat(descriptor).st_ino
+            except FileNotFoundError:
+                same = False
+            if same:
+                break
+            os.close(descriptor)  # we locked a file that is no longer the lock file: try again
+            descriptor = -1
+        else:
+            raise FolderInUseError(f"{option} {root}: the folder's lock file {lock} keeps changing; another "
+                                   "st-hardneg run is starting there")
+        os.ftruncate(descriptor, 0)
+        os.write(descriptor, f"{os.getpid()}\n".encode())
+        yield root
+    finally:
+        if descriptor >= 0:
+            try:
+                lock.unlink()  # while still held: a run waiting on this file sees it gone and opens a new one
+            except OSError:
+                pass
+            os.close(descriptor)
+        for path in created:  # deepest first; only folders made for the lock that are empty again
+            try:
+                path.rmdir()
+            except OSError:
+                pass
 
 
 def _probe(folder: Path, option: str, shown: Path) -> None:
@@ -131,3 +240,22 @@ def ensure_writable_file(path: str | os.PathLike[str], option: str = "--output")
         raise ValueError(f"{option} {target} cannot be written ({ancestor} is a file, not a folder)")
     _probe(target.parent, option, target)
     return target
+
+
+def holding_output_folder(command: Callable[[Any], int]) -> Callable[[Any], int]:
+    """``command`` (a command of the command line, e.g. ``eval``) run holding its output folder: ``args.output_dir``,
+    or the folder of a ``.json`` file given there, proven writable first (:func:`ensure_writable_dir` /
+    :func:`ensure_writable_file`), then held with :func:`output_lock` while the command runs."""
+
+    def run(args: Any) -> int:
+        option = getattr(args, "output_option", "--output-dir")
+        target = str(args.output_dir)
+        if target.endswith(".json"):
+            folder = ensure_writable_file(target, option).parent
+        else:
+            folder = ensure_writable_dir(target, option)
+        with output_lock(folder, option):
+            return command(args)
+
+    run.__doc__, run.__name__ = command.__doc__, getattr(command, "__name__", "command")
+    return run

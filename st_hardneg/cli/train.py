@@ -23,6 +23,7 @@ from typing import Any, cast
 
 from st_hardneg.cli.checks import (
     RECIPE,
+    TRAIN_OUTPUTS,
     check_output_dir,
     check_stop_after,
     check_sts_files,
@@ -74,7 +75,16 @@ def default_corpus(data_dir: str | None) -> Path:
 
 # --------------------------------------------------------------------------- commands
 def cmd_train(args: argparse.Namespace) -> int:
+    """``st-hardneg train``: the task's checks, then the run, holding ``--output-dir`` for its whole life (a second
+    run into the same folder is refused, :func:`st_hardneg.cli.paths.output_lock`)."""
     resolve_train_args(args)  # the task's defaults; an option of the other task fails here, before torch loads
+    from st_hardneg.cli.paths import output_lock
+
+    with output_lock(args.output_dir, "--output-dir"):
+        return _train(args)
+
+
+def _train(args: argparse.Namespace) -> int:
     from st_hardneg.training.registry import check_loss_args, check_loss_values
 
     if args.loss == RECIPE:
@@ -90,6 +100,9 @@ def cmd_train(args: argparse.Namespace) -> int:
         check_loss_args(args.loss, parse_loss_args(args.loss_arg))  # names (and no model=), before any model loads
         check_loss_values(args.loss, parse_loss_args(args.loss_arg))  # and the values, by the loss's own checks
     args.extra_training_args = resolve_training_args(args)
+    # with the folder held: what an earlier run left there (a crashed run's checkpoints), before any model loads
+    check_output_dir(args.output_dir, args.overwrite, leftovers=True,
+                     resume=args.extra_training_args.get("resume_from_checkpoint"))
     if args.task == "retrieval":
         return cmd_train_retrieval(args)
     if args.task == "beir":
@@ -161,7 +174,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         "stsb_dev_best": result.best_metric,
         **step_fields(result, planned),
         "training_curve": write_curve(args, result, output_dir),
-    })
+    }, output_dir)
     print(format_sts_table({args.loss: cast(dict[str, float], scores)}))  # evaluate_test: the STS scores are set
     step = f"{result.median_step_seconds:.3f} s" if result.median_step_seconds is not None else "–"
     print(f"\nSTS-B dev (best): {result.best_metric}  steps: {result.steps}  train time: {result.train_seconds:.0f} s  "
@@ -229,7 +242,7 @@ def _train_and_save(args: argparse.Namespace, dataset: Any, config: Any, score: 
         **run.scores,
         **step_fields(result, planned),
         "training_curve": write_curve(args, result, output_dir),
-    })
+    }, output_dir)
     return run, final, planned
 
 
@@ -278,6 +291,9 @@ def cmd_train_beir(args: argparse.Namespace) -> int:
     config = _recipe_config(args)
     check_training_arguments(config, with_evaluator=False)
     data, split = recipe.beir_split(args.data)  # a malformed folder fails here, before any model loads
+    # the test task's per-query file and TREC run are written beside results.json: a user's file there is refused
+    check_output_dir(args.output_dir, args.overwrite, outputs=(*TRAIN_OUTPUTS, *beir_outputs(split)), leftovers=True,
+                     resume=args.extra_training_args.get("resume_from_checkpoint"))
     logger.info("%s: %s", data.name, split.stats)
     dataset, info = recipe.mined_beir_triplets(data, split, args.model, mining=mining, cache_dir=args.cache_dir,
                                                limit=args.limit, min_rows=args.batch_size)
@@ -296,6 +312,14 @@ def cmd_train_beir(args: argparse.Namespace) -> int:
 
 
 # --------------------------------------------------------------------------- shared by the three tasks
+def beir_outputs(split: Any) -> tuple[str, ...]:
+    """The files ``train --task beir`` writes beside ``results.json``: the test task's per-query file and TREC run
+    (:func:`st_hardneg.training.protocol.evaluate_beir_recipe`)."""
+    from st_hardneg.cli.paths import check_path_component
+
+    return ("per_query.tsv", f"{check_path_component(split.task.name, 'the BEIR task name')}.trec")
+
+
 def run_steps(num_examples: int, config: Any) -> int:
     """The optimizer steps of the run (:func:`~st_hardneg.training.experiment.planned_steps`, with the
     ``gradient_accumulation_steps`` of ``--training-arg``, counted as the Trainer counts them)."""
@@ -377,14 +401,20 @@ def run_callbacks(args: argparse.Namespace, loss_kwargs: dict[str, Any]) -> list
 
 
 def write_curve(args: argparse.Namespace, result: Any, output_dir: Path) -> str | None:
-    """``OUTPUT/training_curve.png``: the loss (and the dev metric, when the run was evaluated) per logged step;
-    its file name, or ``None`` (said in the log) when the run logged no step."""
-    from st_hardneg.plots import plot_run_curve
+    """``OUTPUT/training_curve.png``: the loss (and the dev metric, when the run was evaluated) per logged step,
+    written through the output-folder guard; its file name, or ``None`` (said in a warning) when the run logged its
+    loss at fewer than :data:`~st_hardneg.plots.MIN_CURVE_POINTS` steps."""
+    import warnings
+
+    from st_hardneg.plots import MIN_CURVE_POINTS, plot_run_curve
 
     path = plot_run_curve(result.log_history, output_dir / "training_curve.png", title=f"st-hardneg train --loss "
-                          f"{args.loss}")
+                          f"{args.loss}", inside=output_dir)
     if path is None:
-        logger.info("no training curve: the run logged no loss per step (fewer steps than logging_steps)")
+        points = sum(1 for entry in result.log_history if "loss" in entry and "step" in entry)
+        warnings.warn(f"no training curve: the run logged its loss at {points} step(s), and a curve needs "
+                      f"{MIN_CURVE_POINTS}; log more often with --training-arg logging_steps=N", UserWarning,
+                      stacklevel=2)
         return None
     if not args.quiet:
         print(f"training curve: {path}")
@@ -416,8 +446,10 @@ def save_final_model(args: argparse.Namespace, model: Any, output_dir: Path) -> 
     """Save the trained model to ``OUTPUT/final``: without a train-only MLP head (it loads with plain
     sentence-transformers), or with it for ``--save-train-head``."""
     from st_hardneg.models import save_inference_model
+    from st_hardneg.reporting import check_output_tree
 
     final = output_dir / "final"
+    check_output_tree(final, output_dir)  # inside the folder, no link in it: the files are written there, not through
     if getattr(args, "save_train_head", False):
         model.save(str(final), keep_train_only_modules=True)  # loads with st_hardneg.models.load_checkpoint
     else:

@@ -72,10 +72,10 @@ def cached_dataset(cache_dir: str | Path, prefix: str, key: dict[str, Any], buil
     start = time.perf_counter()
     dataset = build()
     seconds = round(time.perf_counter() - start, 1)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"key": key, "seconds": seconds, "columns": dataset.to_dict()}))
-    tmp.replace(path)
+    from st_hardneg.reporting import write_text
+
+    # atomically, inside the cache folder: a temporary file created exclusively, never through a link
+    write_text(path, json.dumps({"key": key, "seconds": seconds, "columns": dataset.to_dict()}), path.parent)
     return dataset, path, seconds
 
 

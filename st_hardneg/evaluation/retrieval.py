@@ -298,12 +298,13 @@ def cached_embeddings(model: SentenceTransformer, texts: Sequence[str], *, max_s
 
             logging.getLogger(__name__).warning("unreadable embedding cache %s (%s): encoding again", path, error)
     table = encode()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f"{stem}.tmp.npy")
-    np.save(tmp, np.stack([table[t] for t in unique]))
-    tmp.replace(path)
-    path.with_suffix(".json").write_text(json.dumps({"texts": len(unique), "max_seq_length": max_seq_length,
-                                                     "role": role, "prompt_name": prompt_name}))
+    from st_hardneg.reporting import atomic_write, write_text
+
+    # through the output-folder guard: temporary files created exclusively in the cache folder, never via a link
+    with atomic_write(path, path.parent) as handle:
+        np.save(handle, np.stack([table[t] for t in unique]))
+    write_text(path.with_suffix(".json"), json.dumps({"texts": len(unique), "max_seq_length": max_seq_length,
+                                                      "role": role, "prompt_name": prompt_name}), path.parent)
     return table
 
 

@@ -209,13 +209,15 @@ def search(query_embeddings: Tensor | np.ndarray, doc_embeddings: Tensor | np.nd
 
 # --------------------------------------------------------------------------- files
 def write_trec_run(path: str | Path, run: Mapping[str, Mapping[str, float]], *, tag: str = "st-hardneg",
-                   depth: int = RUN_FILE_DEPTH) -> Path:
+                   depth: int = RUN_FILE_DEPTH, inside: str | Path | None = None) -> Path:
     """Write ``run`` as a TREC run file (``qid Q0 docid rank score tag``, the top ``depth`` documents per query in
-    trec_eval's order); returns the path.
+    trec_eval's order); returns the path. The file is written atomically inside the output folder ``inside``
+    (default: its own folder), never through a symbolic link (:func:`st_hardneg.reporting.atomic_write`).
 
     Raises:
         ValueError: an id or the tag is empty or holds white space, or a score is not finite: the file could not be
             read back by :func:`read_trec_run` (nothing is written).
+        OutsideOutputFolderError: ``path`` is a symbolic link out of ``inside``, or a dangling one.
     """
     path = Path(path)
     names = [("tag", tag), *(("query id", q) for q in run), *(("document id", d) for docs in run.values() for d in docs)]
@@ -229,8 +231,9 @@ def write_trec_run(path: str | Path, run: Mapping[str, Mapping[str, float]], *, 
             if not math.isfinite(value):
                 raise ValueError(f"write_trec_run: the score of ({qid!r}, {doc!r}) is {value!r}, not a finite number")
             lines.append(f"{qid} Q0 {doc} {rank} {value!r} {tag}\n")
-    path.write_text("".join(lines), encoding="utf-8")
-    return path
+    from st_hardneg.reporting import write_text
+
+    return write_text(path, "".join(lines), inside)
 
 
 def read_trec_run(path: str | Path) -> dict[str, dict[str, float]]:
@@ -271,11 +274,19 @@ def read_trec_run(path: str | Path) -> dict[str, dict[str, float]]:
 
 
 def write_per_query(path: str | Path, per_query: Mapping[str, Mapping[str, Mapping[str, float]]],
-                    metrics: Sequence[str] = PER_QUERY_METRICS) -> Path:
+                    metrics: Sequence[str] = PER_QUERY_METRICS, *, inside: str | Path | None = None) -> Path:
     """Write ``{task: {query id: {metric: value}}}`` as a tab-separated file with a header ``task query-id
-    <metric>...`` (values x 100); returns the path."""
+    <metric>...`` (values x 100); returns the path. The file is written atomically inside the output folder
+    ``inside`` (default: its own folder), never through a symbolic link (:func:`st_hardneg.reporting.atomic_write`).
+
+    Raises:
+        ValueError: a query lacks one of ``metrics`` (nothing is written).
+        OutsideOutputFolderError: ``path`` is a symbolic link out of ``inside``, or a dangling one.
+    """
+    from st_hardneg.reporting import atomic_write
+
     path = Path(path)
-    with path.open("w", encoding="utf-8", newline="") as handle:
+    with atomic_write(path, inside, text=True) as handle:
         writer = csv.writer(handle, delimiter="\t", lineterminator="\n")
         writer.writerow(["task", "query-id", *metrics])
         for task, queries in per_query.items():

@@ -475,20 +475,25 @@ class CheckpointRunInfo(TrainerCallback):
         import json
         import os
 
+        from st_hardneg.reporting import write_text
+
         if state.is_world_process_zero:
             folder = os.path.join(args.output_dir or ".", f"checkpoint-{state.global_step}")
-            if os.path.isdir(folder):
-                with open(os.path.join(folder, CHECKPOINT_RUN_FILE), "w", encoding="utf-8") as handle:
-                    json.dump(self.info, handle, indent=2, sort_keys=True, default=str)
+            if os.path.isdir(folder) and not os.path.islink(folder):  # inside the output folder, never via a link
+                write_text(os.path.join(folder, CHECKPOINT_RUN_FILE),
+                           json.dumps(self.info, indent=2, sort_keys=True, default=str), args.output_dir or ".")
         return control
 
 
 class CheckpointLedgerCallback(TrainerCallback):
     """Record every checkpoint this run saves in the output folder's ledger
-    (:class:`~st_hardneg.training.checkpoints.CheckpointLedger`) and rotate among those only: at most
-    ``save_total_limit`` of this run's checkpoints are kept, the newest and the best always; a folder this run did
-    not write is never removed. :func:`st_hardneg.training.train` adds it and gives transformers' own rotation, which
-    deletes every ``checkpoint-*`` folder it finds, nothing to do (``save_total_limit=None``).
+    (:class:`~st_hardneg.training.checkpoints.CheckpointLedger`), with the files the save wrote into it, and rotate
+    among this run's checkpoints only: at most ``save_total_limit`` of them are kept, the newest and the best always;
+    a checkpoint is removed file by file, only the files this run wrote and that are unchanged since, so a file the
+    user added stays (named in a warning); a folder this run did not write is never removed.
+    :func:`st_hardneg.training.train` adds it, last among the callbacks (it sees every callback's decision to save,
+    and the files the others write into the checkpoint), and gives transformers' own rotation, which deletes every
+    ``checkpoint-*`` folder it finds, nothing to do (``save_total_limit=None``).
 
     Args:
         save_total_limit: how many of this run's checkpoints to keep (``None`` or ``<= 0``: all).
@@ -496,51 +501,95 @@ class CheckpointLedgerCallback(TrainerCallback):
     Raises:
         RuntimeError: at the step before a save, when the folder the Trainer would save into exists and no
             st-hardneg run wrote it (a user's ``checkpoint-N``): it would be overwritten.
+        OutsideOutputFolderError: at the step before a save, when the checkpoint folder, or an entry in it, is a
+            symbolic link (the Trainer would write through it), or the run's ``eval/`` folder is one
+            (:func:`~st_hardneg.reporting.check_output_tree`).
     """
 
     def __init__(self, save_total_limit: int | None = None) -> None:
         self.save_total_limit = save_total_limit
         #: the checkpoint folder names this run wrote, oldest first
         self.written: list[str] = []
+        #: the files this run wrote into each of them: relative path → [size, mtime_ns]
+        self.files: dict[str, dict[str, list[int]]] = {}
+        self._before: dict[str, dict[str, list[int]]] = {}
+        self._eval_existed = True
 
     def on_train_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                        **kwargs: Any) -> TrainerControl:
+        import os
+
+        from st_hardneg.reporting import check_output_tree
         from st_hardneg.training.checkpoints import CheckpointLedger
 
-        self.written = []
-        if state.is_world_process_zero and args.save_strategy != "no":
-            CheckpointLedger(args.output_dir or ".").begin()
+        self.written, self.files, self._before = [], {}, {}
+        folder = args.output_dir or "."
+        self._eval_existed = os.path.lexists(os.path.join(folder, "eval"))
+        if state.is_world_process_zero:
+            check_output_tree(os.path.join(folder, "eval"), folder)  # the evaluator writes there
+            if args.save_strategy != "no":
+                CheckpointLedger(folder).begin()
+        return control
+
+    def _record_run_folders(self, folder: str) -> None:
+        import os
+
+        from st_hardneg.training.checkpoints import CheckpointLedger
+
+        path = os.path.join(folder, "eval")
+        if not self._eval_existed and os.path.isdir(path) and not os.path.islink(path):
+            CheckpointLedger(folder).add_folder("eval")  # the Trainer made it for the evaluator: the run's own
+            self._eval_existed = True
+
+    def on_evaluate(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                    **kwargs: Any) -> TrainerControl:
+        if state.is_world_process_zero:
+            self._record_run_folders(args.output_dir or ".")
         return control
 
     def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                     **kwargs: Any) -> TrainerControl:
         import os
 
-        from st_hardneg.training.checkpoints import CheckpointLedger
+        from st_hardneg.reporting import check_output_tree
+        from st_hardneg.training.checkpoints import CheckpointLedger, file_record
 
-        if control.should_save and state.is_world_process_zero:
-            name = f"checkpoint-{state.global_step}"
-            folder = args.output_dir or "."
-            if os.path.exists(os.path.join(folder, name)) and name not in CheckpointLedger(folder).written():
-                raise RuntimeError(f"{os.path.join(folder, name)} exists and no st-hardneg run wrote it: saving this "
-                                   "step's checkpoint would overwrite it; move it or choose another output folder")
+        if not state.is_world_process_zero:
+            return control
+        name = f"checkpoint-{state.global_step}"
+        folder = args.output_dir or "."
+        target = os.path.join(folder, name)
+        if control.should_save:
+            check_output_tree(target, folder)
+            if os.path.lexists(target) and name not in CheckpointLedger(folder).written():
+                raise RuntimeError(f"{target} exists and no st-hardneg run wrote it: saving this step's checkpoint "
+                                   "would overwrite it; move it or choose another output folder")
+        if os.path.isdir(target) and not os.path.islink(target):  # what is there before a save is not this run's
+            self._before[name] = file_record(target)
         return control
 
     def on_save(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                 **kwargs: Any) -> TrainerControl:
         import os
-        import shutil
 
-        from st_hardneg.training.checkpoints import CheckpointLedger
+        from st_hardneg.training.checkpoints import CheckpointLedger, file_record, remove_checkpoint
 
         if not state.is_world_process_zero:
             return control
         folder = args.output_dir or "."
         name = f"checkpoint-{state.global_step}"
-        if not os.path.isdir(os.path.join(folder, name)):
+        self._record_run_folders(folder)
+        target = os.path.join(folder, name)
+        if not os.path.isdir(target) or os.path.islink(target):
             return control
         ledger = CheckpointLedger(folder)
-        ledger.add(name)
+        before = self._before.pop(name, {})
+        # this run's files: those the save created or changed; an earlier st-hardneg run's unchanged files stay
+        # recorded as st-hardneg's, anything else in the folder is not recorded (a user's file)
+        mine = {rel: fp for rel, fp in file_record(target).items() if before.get(rel) != fp}
+        earlier = {rel: fp for rel, fp in ledger.ours(name).items() if rel not in mine} if name in before else {}
+        ledger.add(name, {**earlier, **mine})
+        self.files[name] = mine
         if name not in self.written:
             self.written.append(name)
         limit = self.save_total_limit
@@ -553,7 +602,6 @@ class CheckpointLedgerCallback(TrainerCallback):
             if len(self.written) <= keep:
                 break
             if old not in protected:
-                shutil.rmtree(os.path.join(folder, old), ignore_errors=True)
+                remove_checkpoint(folder, old, self.files.pop(old, {}), ledger)  # file by file; the user's stay
                 self.written.remove(old)
-                ledger.forget([old])
         return control

@@ -223,7 +223,8 @@ def train(model: SentenceTransformer, train_dataset: Dataset, loss: nn.Module, c
         train_dataset=train_dataset,
         loss=loss,
         evaluator=evaluator if args.eval_strategy != "no" else None,
-        callbacks=[timer, EvaluateAtEnd(), model_check, ModelCardCallback(loss), ledger, *stop, *(callbacks or [])],
+        # the ledger last: it sees every callback's decision to save, and records the files they write into a checkpoint
+        callbacks=[timer, EvaluateAtEnd(), model_check, ModelCardCallback(loss), *stop, *(callbacks or []), ledger],
     )
     add_stateful_loss_callback(trainer)  # stateful losses (AdCSE) restore their state on resume
     start = time.perf_counter()

@@ -427,10 +427,9 @@ def evaluate_beir_recipe(model: SentenceTransformer, split: BEIRRetrieval, *, de
         from st_hardneg.evaluation.runs import write_per_query, write_trec_run
 
         folder = Path(files_dir)
-        folder.mkdir(parents=True, exist_ok=True)
-        test_task = chosen["test"].name
-        per_query = write_per_query(folder / "per_query.tsv", {test_task: results[test_task].per_query})
-        run = write_trec_run(folder / f"{test_task}.trec", results[test_task].run, tag=tag)
+        test_task = chosen["test"].name  # both written inside files_dir, never through a link out of it
+        per_query = write_per_query(folder / "per_query.tsv", {test_task: results[test_task].per_query}, inside=folder)
+        run = write_trec_run(folder / f"{test_task}.trec", results[test_task].run, tag=tag, inside=folder)
         out["files"] = {"per_query": per_query.name, "runs": {test_task: run.name}}
     return out
 

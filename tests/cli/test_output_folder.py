@@ -183,3 +183,164 @@ def test_train_draws_its_curve_beside_the_results(data, tmp_path):
     assert cli.main(_argv(data, tmp_path / "short")) == 0
     assert json.loads((tmp_path / "short" / "results.json").read_text())["training_curve"] is None
     assert not (tmp_path / "short" / "training_curve.png").exists()
+
+
+# --------------------------------------------------------------------------- a user's files, a crashed run, two runs
+def _quiet_off(argv: list[str]) -> list[str]:
+    """``argv`` without ``-q``: warnings are printed (``-q`` silences them)."""
+    return [item for item in argv if item != "-q"]
+
+
+def test_a_users_file_in_an_earlier_checkpoint_survives_rotation_and_is_named(data, tmp_path, capsys):
+    out = tmp_path / "out"
+    assert cli.main(_argv(data, out, *SAVE)) == 0
+    (out / "checkpoints" / "checkpoint-1" / "notes.txt").write_text("the user's")
+    # the next run saves into checkpoint-1 again and rotates it away: only the files it wrote go
+    capsys.readouterr()
+    assert cli.main(_quiet_off(_argv(data, out, "--overwrite", *SAVE, "--training-arg", "save_total_limit=1"))) == 0
+    err = capsys.readouterr().err
+    assert "checkpoint-1 is kept: it holds notes.txt, which this run did not write" in err
+    assert sorted(os.listdir(out / "checkpoints" / "checkpoint-1")) == ["notes.txt"]
+    assert (out / "checkpoints" / "checkpoint-1" / "notes.txt").read_text() == "the user's"
+    assert not (out / "checkpoints" / "checkpoint-2").exists()
+    assert CheckpointLedger(out / "checkpoints").written() == ["checkpoint-3"]
+    assert foreign_entries(out / "checkpoints") == ["checkpoint-1"]
+
+
+@pytest.mark.parametrize("name", ["training_curve.png", "final"])
+def test_a_users_output_file_is_refused_without_overwrite(data, tmp_path, capsys, name):
+    out = tmp_path / "out"
+    out.mkdir()
+    if name == "final":
+        (out / name).mkdir()
+    else:
+        (out / name).write_bytes(b"my own figure")
+    assert cli.main(_argv(data, out, "--training-arg", "logging_steps=1")) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and name in err and "--overwrite" in err
+    assert sorted(os.listdir(out)) == [name]
+    if name != "final":
+        assert (out / name).read_bytes() == b"my own figure"
+
+
+class _Crash(RuntimeError):
+    pass
+
+
+def _crash_after(monkeypatch, step: int) -> None:
+    """The next run crashes when it begins the step after ``step`` (its checkpoint of ``step`` saved)."""
+    from transformers import TrainerCallback
+
+    from st_hardneg.cli import train as train_cli
+
+    class Crash(TrainerCallback):
+        def on_step_begin(self, args, state, control, **kwargs):
+            if state.global_step == step:
+                raise _Crash(f"killed after step {step}")
+
+    original = train_cli.run_callbacks
+    monkeypatch.setattr(train_cli, "run_callbacks", lambda *a: [*original(*a), Crash()])
+
+
+def _fingerprints(folder: Path) -> dict[str, tuple[int, int]]:
+    return {str(p.relative_to(folder)): (p.stat().st_size, p.stat().st_mtime_ns) for p in sorted(folder.rglob("*"))
+            if p.is_file()}
+
+
+def test_a_crashed_runs_checkpoints_are_not_rewritten_by_a_fresh_run(data, tmp_path, monkeypatch, capsys):
+    out = tmp_path / "out"
+    argv = _argv(data, out, "--training-arg", "save_strategy=steps", "--training-arg", "save_steps=2",
+                 "--max-steps", "5")
+    with monkeypatch.context() as patch:
+        _crash_after(patch, 2)
+        assert cli.main(argv) == 1  # a failure at run time
+    assert "killed after step 2" in capsys.readouterr().err
+    assert sorted(os.listdir(out / "checkpoints")) == [LEDGER_FILE, "checkpoint-2"]
+    before = _fingerprints(out / "checkpoints")
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert "holds checkpoint-2, left by an earlier st-hardneg run of this folder that did not finish" in err
+    assert "resume_from_checkpoint=last" in err and "--overwrite" in err
+    assert _fingerprints(out / "checkpoints") == before and sorted(os.listdir(out)) == ["checkpoints"]
+    # resuming continues the crashed run, and leaves its checkpoint as it was
+    assert cli.main([*argv, "--training-arg", "resume_from_checkpoint=last"]) == 0
+    assert json.loads((out / "results.json").read_text())["steps"] == 5
+    assert {k: v for k, v in _fingerprints(out / "checkpoints").items() if k.startswith("checkpoint-2")} == \
+        {k: v for k, v in before.items() if k.startswith("checkpoint-2")}
+    assert CheckpointLedger(out / "checkpoints").written() == ["checkpoint-2", "checkpoint-4", "checkpoint-5"]
+
+
+@pytest.mark.parametrize("command", ["train", "eval"])
+def test_a_folder_in_use_refuses_a_second_run(data, tmp_path, capsys, command):
+    """A second process holds the folder (as a running ``train`` or ``eval`` does): this run is refused at once,
+    naming the holder's pid, and writes nothing; once the holder dies (killed, no clean-up of its own), the folder is
+    free."""
+    import signal
+    import subprocess
+    import sys
+
+    from st_hardneg.testing.beir import make_tiny_beir
+
+    out = tmp_path / "out"
+    argv = _argv(data, out) if command == "train" else [
+        "eval", "--model", str(data["model"]), "--tasks", "beir", "--data", str(make_tiny_beir(tmp_path / "tiny")),
+        "--output-dir", str(out), "--quiet"]
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time\nfrom st_hardneg.cli.paths import output_lock\n"
+         f"with output_lock({str(out)!r}):\n    print('held', flush=True)\n    time.sleep(120)\n"],
+        stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(Path(cli.__file__).parents[2])})
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        assert cli.main(argv) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and f"the folder is in use by pid {holder.pid}" in err
+        assert sorted(os.listdir(out)) == [".st-hardneg.lock"]
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait(30)
+    assert cli.main(argv) == 0  # the kernel released the dead holder's lock
+    written = out / "results.json" if command == "train" else next(out.glob("st-hardneg/*/*/eval.json"))
+    assert written.is_file() and not (out / ".st-hardneg.lock").exists()
+
+
+def test_the_curve_is_drawn_from_two_points_and_fewer_are_a_warning(data, tmp_path, capsys):
+    from PIL import Image
+
+    out = tmp_path / "two"
+    assert cli.main(_argv(data, out, "--training-arg", "logging_steps=2", "--max-steps", "4")) == 0
+    assert json.loads((out / "results.json").read_text())["training_curve"] == "training_curve.png"
+    with Image.open(out / "training_curve.png") as image:
+        assert image.format == "PNG"
+    capsys.readouterr()
+    one = tmp_path / "one"
+    assert cli.main(_quiet_off(_argv(data, one, "--training-arg", "logging_steps=2"))) == 0  # 3 steps: 1 point
+    err = capsys.readouterr().err
+    assert "warning: no training curve: the run logged its loss at 1 step(s), and a curve needs 2" in err
+    assert json.loads((one / "results.json").read_text())["training_curve"] is None
+    assert not (one / "training_curve.png").exists()
+
+
+@pytest.mark.integration
+def test_resume_after_a_crash_of_an_sts_run(tiny_model_dir, tiny_sentences, shared_data, tmp_path, monkeypatch,
+                                            capsys):
+    """``--task sts`` evaluates on STS-B dev, and the Trainer makes ``checkpoints/eval/`` for it: the run's own, so
+    ``resume_from_checkpoint=last`` after a crash resumes (before: refused, ``eval`` named as a user's entry)."""
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n".join(f"{sentence} ({copy})" for copy in range(3) for sentence in tiny_sentences) + "\n")
+    out = tmp_path / "sts"
+    argv = ["train", "--model", str(tiny_model_dir), "--corpus", str(corpus), "--data-dir", str(shared_data),
+            "--batch-size", "8", "--eval-steps", "2", "--max-steps", "6", "--output-dir", str(out), "-q"]
+    with monkeypatch.context() as patch:
+        _crash_after(patch, 4)
+        assert cli.main(argv) == 1
+    assert sorted(os.listdir(out / "checkpoints")) == [LEDGER_FILE, "checkpoint-2", "checkpoint-4", "eval"]
+    assert foreign_entries(out / "checkpoints") == []
+    capsys.readouterr()
+    assert cli.main(argv) == 2
+    assert "left by an earlier st-hardneg run" in capsys.readouterr().err
+    assert cli.main([*argv, "--training-arg", "resume_from_checkpoint=last"]) == 0
+    results = json.loads((out / "results.json").read_text())
+    assert results["steps"] == 6 and results["stsb_dev_best"] is not None
+    state = json.loads((out / "checkpoints" / "checkpoint-6" / "trainer_state.json").read_text())
+    assert [row["step"] for row in state["log_history"] if "eval_sts-dev_spearman" in row] == [2, 4, 6]
