@@ -266,11 +266,11 @@ def hf_style_argv(argv: Sequence[str], parser: argparse.ArgumentParser) -> tuple
             out.extend(tokens[i - 1:])
             break
         name, eq, inline = token[2:].partition("=")
-        if not token.startswith("--") or "_" not in name or token.split("=")[0] in options:
+        if not token.startswith("--") or token.split("=")[0] in options:
             out.append(token)
             continue
         dashed = "--" + name.replace("_", "-")
-        if dashed in options:
+        if "_" in name and dashed in options:
             out.append(dashed + (f"={inline}" if eq else ""))
             continue
         if fields is None:

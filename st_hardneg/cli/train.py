@@ -140,7 +140,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     built = training_model_of(args, sts=True)
     model = built.model
     data = {"name": corpus.stem, "size": len(sentences), "description": f"sentences of {corpus.name}, one per line"}
-    name_model(args, model, data)
+    dataset = pair_dataset(list(sentences))
+    name_model(args, model, dataset, data)
     loss = build_loss(args.loss, model, **loss_kwargs)
     announce_loss(args, loss, loss_kwargs)
 
@@ -149,7 +150,7 @@ def cmd_train(args: argparse.Namespace) -> int:
                             show_progress_bar=not args.quiet)
 
     with run_time("training"):
-        run = run_training(model, loss, pair_dataset(list(sentences)), config, evaluator=dev, score=score,
+        run = run_training(model, loss, dataset, config, evaluator=dev, score=score,
                            callbacks=run_callbacks(args, loss_kwargs))
         run.sts = run.scores
         result, scores = run.train, run.sts
@@ -209,7 +210,7 @@ def _train_and_save(args: argparse.Namespace, dataset: Any, config: Any, score: 
     built = training_model_of(args, sts=False)
     model = built.model
     data = {"name": "training data", **(data or {}), "size": len(dataset)}
-    name_model(args, model, data)
+    name_model(args, model, dataset, data)
     loss_kwargs = parse_loss_args(args.loss_arg)
     if args.loss == RECIPE:
         from st_hardneg.training.recipe import recipe_loss
@@ -475,12 +476,13 @@ def command_line(args: argparse.Namespace) -> str:
     return "st-hardneg " + shlex.join(words)
 
 
-def name_model(args: argparse.Namespace, model: Any, data: dict[str, Any]) -> None:
+def name_model(args: argparse.Namespace, model: Any, dataset: Any, data: dict[str, Any]) -> None:
     """Before training: the model card's name, base model and training data
     (:func:`~st_hardneg.training.callbacks.name_card`)."""
     from st_hardneg.training.callbacks import name_card
 
-    name_card(model, model_name=run_name(args), base_model=base_model_name(args), training_data=data["name"])
+    name_card(model, model_name=run_name(args), base_model=base_model_name(args), dataset=dataset,
+              dataset_name=data["name"])
 
 
 def card_evaluation(model: Any, *, sts: dict[str, float] | None = None, retrieval: dict[str, Any] | None = None,

@@ -522,18 +522,20 @@ def is_hub_name(name: str) -> bool:
     return re.fullmatch(r"[A-Za-z0-9][\w.-]*(/[\w.-]+)?", name) is not None
 
 
-def name_card(model: Any, *, model_name: str, base_model: str, training_data: str) -> None:
+def name_card(model: Any, *, model_name: str, base_model: str, dataset: Any = None,
+              dataset_name: str | None = None) -> None:
     """Before training: the card's title (``model_name``), its base model (a Hub id; a local path is named in the
-    card's st-hardneg section instead, :func:`add_run_to_card`, since the Hub's metadata takes only model ids) and the
-    training data's name (sentence-transformers then adds its size, columns and examples when the Trainer is made).
-    """
+    card's st-hardneg section instead, :func:`add_run_to_card`, since the Hub's metadata takes only model ids), and
+    the training ``dataset``'s name, ``dataset_name`` (its ``info.dataset_name``, which sentence-transformers'
+    card reads when the Trainer is made, adding its size, columns and examples)."""
     card = getattr(model, "model_card_data", None)
-    if card is None:
-        return
-    card.model_name = model_name
-    card.local_files_only = True  # nothing looked up on the Hub: the run knows what it trained
-    card.base_model = base_model if is_hub_name(base_model) else None
-    card.train_datasets = [{"name": training_data}]
+    if card is not None:
+        card.model_name = model_name
+        card.local_files_only = True  # nothing looked up on the Hub: the run knows what it trained
+        card.base_model = base_model if is_hub_name(base_model) else None
+    info = getattr(dataset, "info", None)
+    if dataset_name is not None and info is not None:
+        info.dataset_name = dataset_name
 
 
 #: the heading of the card's section that :func:`add_run_to_card` writes

@@ -51,3 +51,12 @@ def test_bad_items_are_one_line(item, message):
 def test_a_field_given_twice_is_refused():
     with pytest.raises(ValueError, match="gives bf16 twice"):
         parse_training_args(["bf16=true", "bf16=false"])
+
+
+def test_a_config_files_values_become_the_items_typed_on_the_command_line():
+    values = {"gradient_accumulation_steps": 2, "bf16": True, "report_to": ["tensorboard", "wandb"],
+              "lr_scheduler_kwargs": {"power": 2}, "save_total_limit": None, "max_grad_norm": 0.5}
+    items = training_arg_items(values)
+    assert items == ["gradient_accumulation_steps=2", "bf16=true", "report_to=tensorboard,wandb",
+                     'lr_scheduler_kwargs={"power": 2}', "save_total_limit=none", "max_grad_norm=0.5"]
+    assert parse_training_args(items) == values
