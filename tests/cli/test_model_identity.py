@@ -22,7 +22,7 @@ WORDS = ("red", "blue", "green", "old", "new", "big", "cat", "dog")
 
 def _sts_tree(root: Path) -> Path:
     """Every STS file of the 7 tasks and STS-B dev, 8 pairs each with distinct gold scores."""
-    pairs = [(f"the {a} {b}", f"a {b} {a}") for a, b in zip(WORDS, reversed(WORDS))]
+    pairs = [(f"the {a} {b}", f"a {b} {a}") for a, b in zip(WORDS, reversed(WORDS), strict=True)]
     for year, subsets in STS_YEAR_SUBSETS.items():
         folder = root / "STS" / f"{year}-en-test"
         folder.mkdir(parents=True)

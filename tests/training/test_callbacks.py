@@ -69,7 +69,6 @@ def _run(base: str, **extra) -> dict:
 
 def test_a_saved_card_carries_the_name_base_data_evaluation_and_command(tiny_model, tiny_model_dir, tmp_path):
     import yaml
-
     from datasets import Dataset
 
     dataset = Dataset.from_dict({"anchor": ["a b"], "positive": ["b a"]})
