@@ -91,16 +91,17 @@ def _x(value: float | None) -> str:
 
 
 def _pair(row: dict[str, Any] | None) -> str:
-    return "not measured" if row is None else f"{_x(row['step'])} / {_x(row['peak'])}"
+    return "–" if row is None else f"{_x(row['step'])} / {_x(row['peak'])}"
 
 
 def table(results: Path = RESULTS) -> str:
     """The README's and the docs' scaling table: per loss, step / peak against CachedMNRL on the GPU in each
-    placement (in the custom loop the ``scale_gpu.json`` row, else the profile's) and on the CPU."""
+    placement (in the custom loop the ``scale_gpu.json`` row, else the profile's) and on the CPU; ``–``: not
+    measured."""
     gpu = gpu_rows(results)
     cpu = {r["loss"]: r for r in cpu_rows(results)}
-    lines = [f"| loss | GPU {GPU_BATCH:,}, custom loop: step / peak | GPU {GPU_BATCH:,}, Trainer: step / peak "
-             f"| CPU {CPU_BATCH:,}: step / peak |", "|---|---|---|---|"]
+    lines = [f"| loss (step / peak) | GPU {GPU_BATCH:,}, custom loop | GPU {GPU_BATCH:,}, Trainer | CPU {CPU_BATCH:,} |",
+             "|---|---|---|---|"]
     for loss in LOSSES:
         loop = next((r for r in gpu if r["loss"] == loss and r["placement"] == "custom loop"), None)
         trainer = next((r for r in gpu if r["loss"] == loss and r["placement"] == "Trainer"), None)
@@ -123,10 +124,9 @@ def placement_sentence(results: Path = RESULTS) -> str:
     (loop_low, loop_high), (trainer_low, trainer_high) = spread["custom loop"], spread["Trainer"]
     trainer = f"{trainer_low:.2f}×" if f"{trainer_low:.2f}" == f"{trainer_high:.2f}" else \
         f"{trainer_low:.2f}–{trainer_high:.2f}×"
-    return (f"With `SentenceTransformerTrainer(bf16=True)` (autocast around the model's forward) both engines "
-            f"re-embed in bf16 and a cached step costs what CachedMNRL's does ({trainer}); in a custom loop that puts "
-            f"`torch.autocast` around the loss's forward only, CachedMNRL re-embeds in float32 and st-hardneg's "
-            f"losses, which replay the first pass's autocast, take {loop_low:.2f}–{loop_high:.2f}× its step.")
+    return (f"Under `SentenceTransformerTrainer(bf16=True)` both engines re-embed in bf16 and cost the same "
+            f"({trainer}); in a custom loop with `torch.autocast` around the loss's forward only, CachedMNRL "
+            f"re-embeds in float32 and st-hardneg's losses take {loop_low:.2f}–{loop_high:.2f}× its step.")
 
 
 def two_way_sentence(results: Path = RESULTS) -> str:

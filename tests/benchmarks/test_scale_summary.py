@@ -42,7 +42,7 @@ def test_the_readmes_scaling_numbers_are_the_records(tmp_path):
     trainer, reference = profile["mixcse (trainer)"], profile["cached_mnrl (trainer)"]
     assert table["mixcse"][1] == (f"{trainer['step_s'] / reference['step_s']:.2f}× / "
                                   f"{trainer['peak_mb'] / reference['peak_mb']:.2f}×")
-    assert table["focal"][1] == "not measured"
+    assert table["focal"][1] == "–"  # not measured
     cpu = _json("scale.json")["runs"]
     cpu_ref = cpu["cached_mnrl/cached/b65536"]
     for label, name in (("focal", "focal"), ("mixcse", "mixcse_two_way"), ("adcse", "adcse")):
