@@ -156,7 +156,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         result, scores = run.train, run.sts
         evaluation = card_evaluation(built.model, sts=scores)
         final = save_final_model(args, built.for_saving(), output_dir,
-                                 identity=run_identity(args, run, loss_kwargs, data, evaluation))
+                                 identity=run_identity(args, run, loss_kwargs, data, evaluation, built.changes))
     logger.info("saved the selected model to %s", final)
     write_json(output_dir / "results.json", {
         **run_fields(args, run, loss_kwargs, built.changes),
@@ -232,7 +232,7 @@ def _train_and_save(args: argparse.Namespace, dataset: Any, config: Any, score: 
                                                                                            "test")},
                                      beir_name=(data or {}).get("beir"))
         final = save_final_model(args, built.for_saving(), output_dir,
-                                 identity=run_identity(args, run, loss_kwargs, data, evaluation))
+                                 identity=run_identity(args, run, loss_kwargs, data, evaluation, built.changes))
     result = run.train
     write_json(output_dir / "results.json", {
         **head,
@@ -516,13 +516,13 @@ def card_evaluation(model: Any, *, sts: dict[str, float] | None = None, retrieva
 
 
 def run_identity(args: argparse.Namespace, run: Any, loss_kwargs: dict[str, Any], data: dict[str, Any] | None,
-                 evaluation: dict[str, dict[str, float]]) -> dict[str, Any]:
+                 evaluation: dict[str, dict[str, float]], changes: list[str] | None = None) -> dict[str, Any]:
     """What the saved model says it is (its card's st-hardneg section, its ``model_meta.json``): the name, the base
-    model as given, the training data, the loss (name, call, configuration), the evaluation, the command and the
-    st-hardneg version."""
+    model as given and what the run changed in it (``changes``), the training data, the loss (name, call,
+    configuration), the evaluation, the command and the st-hardneg version."""
     from st_hardneg.training.registry import package_version
 
-    return {"model_name": run_name(args), "base_model": base_model_name(args),
+    return {"model_name": run_name(args), "base_model": base_model_name(args), "model_changes": list(changes or []),
             "training_data": data or {"name": "training data", "size": 0},
             "loss": args.loss, "loss_call": _loss_call(args.loss, loss_kwargs, bool(getattr(args, "control", None))),
             "loss_config": run.loss_config, "evaluation": evaluation, "command": command_line(args),

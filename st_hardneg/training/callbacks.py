@@ -543,7 +543,8 @@ RUN_SECTION = "## Training with st-hardneg"
 
 
 def run_card_section(run: Mapping[str, Any]) -> str:
-    """The card's st-hardneg section (markdown) for ``run``: its ``model_name``, ``base_model``, ``training_data``
+    """The card's st-hardneg section (markdown) for ``run``: its ``model_name``, ``base_model`` (and
+    ``model_changes``, what the run changed in it, one line each), ``training_data``
     (``name``, ``size``, ``description``), ``loss`` / ``loss_call`` / ``loss_config``, ``evaluation`` (``{data set:
     {metric: value}}`` in mteb's names and scale), ``command`` and ``version``."""
     import json
@@ -551,7 +552,8 @@ def run_card_section(run: Mapping[str, Any]) -> str:
     data = run["training_data"]
     lines = [RUN_SECTION, "",
              f"- **Model name:** {run['model_name']}",
-             f"- **Base model:** `{run['base_model']}`",
+             f"- **Base model:** `{run['base_model']}`"
+             + "".join(f"\n  - {change}" for change in run.get("model_changes") or []),
              f"- **Training data:** {data['name']}, {data['size']:,} rows"
              + (f" ({data['description']})" if data.get("description") else ""),
              f"- **Loss:** `{run['loss']}`: `{run['loss_call']}`",

@@ -117,6 +117,7 @@ def test_an_sts_run_saves_its_sts_table_in_the_card_and_loads_in_sentence_transf
     header, text = _card(out / "final")
     assert text.split("\n# ", 1)[1].splitlines()[0] == "me/mixcse-sts"  # --model-name
     assert "- **Training data:** wiki-mini, 64 rows" in text and "Unnamed Dataset" not in text
+    assert results["model_changes"] and all(f"\n  - {change}\n" in text for change in results["model_changes"])
     assert _section_loss_config(text) == results["loss_config"]
     index = _model_index(header)
     tasks = [task for task in results["sts"] if task != "avg"]

@@ -79,7 +79,8 @@ def test_a_saved_card_carries_the_name_base_data_evaluation_and_command(tiny_mod
                                 description="Information Retrieval", primary_metric="ndcg_at_10")
     assert entry is not None and entry.get_config_dict() == {}
     tiny_model.save(str(tmp_path / "saved"))
-    add_run_to_card(tmp_path / "saved", _run(str(tiny_model_dir)))
+    add_run_to_card(tmp_path / "saved", _run(str(tiny_model_dir), model_changes=["--pooling mean: Pooling(cls) -> "
+                                                                                 "Pooling(mean)"]))
     text = (tmp_path / "saved" / "README.md").read_text()
     header = yaml.safe_load(text.split("---")[1])
     assert "base_model" not in header  # a local path is no Hub id: named in the card's text only
@@ -91,6 +92,7 @@ def test_a_saved_card_carries_the_name_base_data_evaluation_and_command(tiny_mod
     section = text.split(RUN_SECTION, 1)[1]
     assert text.index(RUN_SECTION) < text.index("## Training Details")
     assert "- **Training data:** scifact, 809 rows (mined rows)" in section
+    assert f"- **Base model:** `{tiny_model_dir}`\n  - --pooling mean: Pooling(cls) -> Pooling(mean)\n" in section
     assert "| scifact-test | 0.6623 | 0.6100 |" in section
     assert json.loads(section.split("```json\n", 1)[1].split("```")[0]) == {"lam": 0.3, "partner": "shift"}
     # written again (a resumed save): one section, the new one
