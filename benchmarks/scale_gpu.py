@@ -52,6 +52,11 @@ BERT_BASE = {"hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads":
              "vocab_size": 30522, "max_position_embeddings": 512}
 #: the GPUs' dense bf16 tensor-core peak (datasheets, without sparsity), by a substring of the device name
 PEAK_BF16 = {"H100 PCIe": 756e12, "H100 NVL": 835e12, "H100": 989.4e12, "H200": 989.4e12, "A100": 312e12}
+#: where this benchmark's step puts bf16 autocast (the placement its every row was measured in)
+PLACEMENT = ("*custom loop*: `torch.autocast` around the loss's forward only, `backward()` outside it, as most "
+             "hand-written loops; GradCache re-embeds inside `backward()`, outside the autocast: "
+             "sentence-transformers' CachedMNRL re-embeds in float32 there, st-hardneg's losses replay the first "
+             "pass's autocast (the cached rows of calls 1-2 predate that replay)")
 TINY = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64,
         "vocab_size": 30522, "max_position_embeddings": 128}
 
@@ -209,20 +214,23 @@ def markdown(result: dict[str, Any]) -> str:
              "(`max_memory_allocated` minus the allocation before it). Ratios to sentence-transformers' "
              "`MultipleNegativesRankingLoss` (uncached) / `CachedMultipleNegativesRankingLoss` (cached, "
              f"`mini_batch_size` {result['mini_batch_size']}) at the same batch.", "",
-             "| batch | variant | method | call | timed steps | step (ms) | / ST | peak (MB) | / ST | TFLOP/s | of peak "
-             "| status |",
-             "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+             f"Placement: {PLACEMENT} (every row: this benchmark's own step); under "
+             "`SentenceTransformerTrainer(bf16=True)` the model's forward itself is under autocast, and both engines' "
+             "re-embedding runs in bf16 (`scale_profile_gpu.md`, placement *Trainer*).", "",
+             "| batch | variant | method | placement | call | timed steps | step (ms) | / ST | peak (MB) | / ST | TFLOP/s "
+             "| of peak | status |",
+             "|---:|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     for r in result["rows"]:
         if r["status"] == "ok":
             step_ratio, peak_ratio = r.get("step_ratio"), r.get("peak_ratio")
-            lines.append(f"| {r['batch_size']} | {r['variant']} | {r['method']} | {r.get('call', 1)} | "
+            lines.append(f"| {r['batch_size']} | {r['variant']} | {r['method']} | custom loop | {r.get('call', 1)} | "
                          f"{len(r['step_seconds'])} | {r['step_ms']:.1f} | "
                          f"{'' if step_ratio is None else f'{step_ratio:.2f}'} | {r['peak_mb']:.0f} | "
                          f"{'' if peak_ratio is None else f'{peak_ratio:.2f}'} | "
                          f"{_cell(r.get('tflops'), '{:.1f}')} | {_cell(r.get('peak_fraction'), '{:.1%}')} | ok |")
         else:
-            lines.append(f"| {r['batch_size']} | {r['variant']} | {r['method']} | {r.get('call', 1)} | | | | | | | | "
-                         f"{r['status']} |")
+            lines.append(f"| {r['batch_size']} | {r['variant']} | {r['method']} | custom loop | {r.get('call', 1)} "
+                         f"| | | | | | | | {r['status']} |")
     lines += [""] + [f"- {note}" for note in result.get("notes", [])]
     lines += ["", f"torch {env['torch']}, CUDA {env['cuda']}, sentence-transformers {env['sentence_transformers']}; "
               f"total wall time {result['wall_seconds']:.0f} s.", ""]

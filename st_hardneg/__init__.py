@@ -11,7 +11,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.2.0"  # the one place the version is written (pyproject reads it)
+__version__ = "0.3.0"  # the one place the version is written (pyproject reads it)
 
 _LAZY = {
     "AdversarialNegativesLoss": "st_hardneg.losses",

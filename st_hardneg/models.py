@@ -667,3 +667,68 @@ def named_progress(desc: str) -> Iterator[None]:
         yield
     finally:
         st_model.trange = original  # type: ignore[assignment]
+
+
+# --------------------------------------------------------------------------- what a saved model says it is
+#: the file beside a saved model in which st-hardneg records mteb's model metadata of it (``mteb.ModelMeta``'s
+#: fields that a run knows: ``name``, ``n_parameters``, ``adapted_from``, ``training_datasets`` ...); ``st-hardneg
+#: eval`` files the model's results under that name
+MODEL_META_FILE = "model_meta.json"
+
+
+def count_parameters(model: nn.Module) -> int:
+    """The number of parameters of ``model`` (each shared tensor once), as mteb's ``n_parameters`` counts them."""
+    seen: set[int] = set()
+    total = 0
+    for parameter in model.parameters():
+        if id(parameter) not in seen:
+            seen.add(id(parameter))
+            total += parameter.numel()
+    return total
+
+
+def mteb_model_name(name: str) -> str:
+    """``name`` as mteb files results under it (``org/name``): ``local/`` is prepended when it has no ``/``."""
+    return name if "/" in name else f"local/{name}"
+
+
+def write_model_meta(folder: str | Path, model: SentenceTransformer, *, name: str, adapted_from: str | None,
+                     training_datasets: list[str] | None = None, **fields: Any) -> Path:
+    """Write :data:`MODEL_META_FILE` into the saved model's ``folder``: mteb's metadata of ``model`` as far as it is
+    known (``name`` as :func:`mteb_model_name`, ``n_parameters``, ``adapted_from``, ``training_datasets``, the
+    embedding dimension, the length and similarity it is saved with), then ``fields``; returns the file.
+
+    Example:
+        ::
+
+            write_model_meta("out/final", model, name="mixcse-scifact", adapted_from="bert-base-uncased",
+                             training_datasets=["scifact"])
+    """
+    meta = {
+        "name": mteb_model_name(name),
+        "n_parameters": count_parameters(model),
+        "adapted_from": adapted_from,
+        "training_datasets": sorted(training_datasets) if training_datasets else None,
+        "embed_dim": model.get_embedding_dimension(),
+        "max_tokens": model.max_seq_length,
+        "similarity_fn_name": model.similarity_fn_name,
+        "framework": ["Sentence Transformers", "PyTorch"],
+        **fields,
+    }
+    from st_hardneg.reporting import write_text
+
+    return write_text(Path(folder) / MODEL_META_FILE, json.dumps(meta, indent=2, default=str) + "\n", folder)
+
+
+def read_model_meta(folder: str | Path) -> dict[str, Any] | None:
+    """The :data:`MODEL_META_FILE` of a saved model's ``folder`` (``None`` when there is none; a damaged one is a
+    warning and ``None``)."""
+    path = Path(folder).expanduser() / MODEL_META_FILE
+    if not path.is_file():
+        return None
+    try:
+        meta = json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError, OSError) as exc:
+        logger.warning("%s is damaged (%s): the model's saved name is not used", path, exc)
+        return None
+    return meta if isinstance(meta, dict) else None

@@ -167,3 +167,23 @@ def test_a_damaged_model_folder_is_named(tiny_model_dir, tmp_path, damage):
         shutil.rmtree(folder / "1_Pooling")
     with pytest.raises(BrokenModelError, match=rf"{folder} is a damaged model folder: "):
         load_checkpoint(folder)
+
+
+def test_model_meta_records_what_mteb_asks_of_a_saved_model(tiny_model, tmp_path, caplog):
+    from st_hardneg.models import MODEL_META_FILE, count_parameters, mteb_model_name, read_model_meta, write_model_meta
+
+    folder = tmp_path / "final"
+    folder.mkdir()
+    assert read_model_meta(folder) is None
+    write_model_meta(folder, tiny_model, name="mixcse-run", adapted_from="bert-base-uncased",
+                     training_datasets=["wiki1m"], st_hardneg={"version": "x"})
+    meta = read_model_meta(folder)
+    expected = sum(p.numel() for p in {id(p): p for p in tiny_model.parameters()}.values())
+    assert meta is not None and meta["n_parameters"] == count_parameters(tiny_model) == expected > 0
+    assert meta["name"] == "local/mixcse-run" and meta["adapted_from"] == "bert-base-uncased"
+    assert meta["training_datasets"] == ["wiki1m"] and meta["embed_dim"] == 32 and meta["max_tokens"] == 32
+    assert meta["st_hardneg"] == {"version": "x"}
+    assert mteb_model_name("me/x") == "me/x"
+    (folder / MODEL_META_FILE).write_text("{oops")
+    assert read_model_meta(folder) is None  # damaged: a warning in the log, no name taken from it
+    assert f"{folder / MODEL_META_FILE} is damaged" in caplog.text

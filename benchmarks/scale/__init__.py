@@ -94,6 +94,7 @@ or on a GPU ``scale_profile_gpu.*``)::
     python -m benchmarks.scale paired [--batch-size 8192 --rounds 4]
     python -m benchmarks.scale tensors [--n 8192]
     python -m benchmarks.scale profile [--device cuda] [--dry-run]
+    python -m benchmarks.scale summary               # scale_summary.md and scale_gpu.png, from the records only
 
 Writes ``benchmarks/results/scale.json`` after every configuration (``{"runs": {key: result}, "_meta": ...}``); a
 finished configuration already in the JSON is skipped, so an interrupted run resumes where it stopped (failed ones
@@ -283,13 +284,25 @@ def _profile(argv: list[str]) -> int:
     return profile.main(argv)
 
 
+def _summary(argv: list[str]) -> int:
+    from benchmarks.scale import summary
+
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.scale summary", description=summary.__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--results", default=str(summary.RESULTS), help="the folder of the records (and the output)")
+    args = parser.parse_args(argv)
+    for path in summary.write(Path(args.results)):
+        print(path)
+    return 0
+
+
 #: the subcommands besides ``run`` (the default, also taken when the first argument is an option)
 COMMANDS = {"report": lambda argv: run_main(["--report", *argv]), "paired": _paired, "tensors": _tensors,
-            "profile": _profile, "worker": worker_main}
+            "profile": _profile, "summary": _summary, "worker": worker_main}
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m benchmarks.scale [run|report|paired|tensors|profile|worker] ...``: the subcommand's own options follow its
+    """``python -m benchmarks.scale [run|report|paired|tensors|profile|summary|worker] ...``: the subcommand's own options follow its
     name; without one, the grid (``run``)."""
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv and argv[0] in COMMANDS:

@@ -509,6 +509,10 @@ def summarize(result: dict[str, Any]) -> None:
 
 
 # ------------------------------------------------------------------------------------------------ report
+#: the configurations' mode → the placement a user meets (the tables' placement column)
+PLACEMENT_NAMES = {"loop": "custom loop", "trainer": "Trainer"}
+
+
 def markdown(result: dict[str, Any]) -> str:
     env = result["environment"]
     title = {"cpu": "on the CPU", "cuda": "on a GPU"}[result["device"]]
@@ -521,11 +525,17 @@ def markdown(result: dict[str, Any]) -> str:
              "does not); ratios: the median of the per-round ratios "
              f"[min, max]. The uncached work: {result['uncached_reference']}. Load (1, 5, 15 min) at the start and "
              f"end of each process: {' / '.join(result['load'])}.", "",
-             "`/ cached_mnrl`: to CachedMNRL in the same autocast placement (`loop`, or `trainer`, see the "
-             "module's docstring).", "",
-             "| batch | configuration | step (s) | / uncached work [range] | / cached_mnrl [range] | peak (MB) | "
-             f"{'TFLOP/s' if result['device'] == 'cuda' else 'GFLOP/s'} | of peak |",
-             "|---:|:---|---:|---:|---:|---:|---:|---:|"]
+             "`/ cached_mnrl`: to CachedMNRL in the same autocast placement. Placement: *custom loop* (`loop`): "
+             "`torch.autocast` around the loss's forward only, `backward()` outside it, as most hand-written loops "
+             "(GradCache's re-embedding then runs outside the autocast); *Trainer* (`trainer`): the model's forward "
+             "under autocast, as `SentenceTransformerTrainer(bf16=True)` runs it (see the module's docstring).", "",
+             "| batch | configuration | placement | step (s) | / uncached work [range] | / cached_mnrl [range] | "
+             f"peak (MB) | {'TFLOP/s' if result['device'] == 'cuda' else 'GFLOP/s'} | of peak |",
+             "|---:|:---|:---|---:|---:|---:|---:|---:|---:|"]
+    def placement(row: dict[str, Any]) -> str:
+        """The row's autocast placement, as a user meets it: ``custom loop`` (``loop``) or ``Trainer``."""
+        return PLACEMENT_NAMES[row["config"].partition(" (")[2].rstrip(")") or "loop"]
+
     def ratio(row: dict[str, Any], key: str) -> str:
         if key not in row:
             return "1.00" if row["config"].split(" (")[0] == key.removeprefix("to_") else ""
@@ -535,7 +545,8 @@ def markdown(result: dict[str, Any]) -> str:
     for row in result["summary"]:
         fraction = f"{100 * row['peak_fraction']:.1f} %" if "peak_fraction" in row else ""
         speed = f"{row['gflops'] / 1000:.1f}" if result["device"] == "cuda" else f"{row['gflops']:.2f}"
-        lines.append(f"| {row['batch']} | {row['config']} | {row['step_s']:.2f} | {ratio(row, 'to_uncached')} | "
+        lines.append(f"| {row['batch']} | {row['config']} | {placement(row)} | {row['step_s']:.2f} | "
+                     f"{ratio(row, 'to_uncached')} | "
                      f"{ratio(row, 'to_cached_mnrl')} | {row['peak_mb']:.0f} | {speed} | {fraction} |")
     split_steps = any("split_step" in b for b in result["batches"])
     lines += ["", "Where the time goes (seconds a step, each phase exclusive of the phases nested in it; "

@@ -18,7 +18,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-from typing import Any
+from typing import Any, cast
 
 from st_hardneg.cli.checks import RECIPE, STS_DEFAULTS, TASK_ONLY_OPTIONS, TRAIN_TASKS
 from st_hardneg.cli.evaluate import EVAL_TASK_GROUPS, OutputOption, cmd_compare, cmd_eval
@@ -74,6 +74,12 @@ def build_parser() -> argparse.ArgumentParser:
                                                        "STS-B dev, print the 7-task STS table; --task retrieval: "
                                                        "mined triplets, print the retrieval table",
                        formatter_class=TrainHelpFormatter, epilog=EXIT_STATUS_HELP)
+    t.add_argument("--config", default=None, metavar="FILE.{json,yaml}",
+                   help="read every option and training argument from a JSON or YAML file (HfArgumentParser's "
+                        "conventions): keys are the option names with underscores (loss, batch_size, loss_arg: {lam: "
+                        "0.3}, ...) and SentenceTransformerTrainingArguments fields (gradient_accumulation_steps: 2; "
+                        "per_device_train_batch_size, learning_rate ... set their option). Options on the command "
+                        "line override the file (--loss-arg / --mining-arg / --training-arg key by key)")
     t.add_argument("--task", default="sts", choices=TRAIN_TASKS,
                    help="sts: unsupervised sentences (--corpus), STS-B dev selection, 7-task STS table (the papers' "
                         "protocol); retrieval: (anchor, positive, mined hard negative) triplets of the MRPC train "
@@ -124,6 +130,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="use only the first N sentences (--task sts), training pairs to mine or --train-file rows "
                         "(--task retrieval); 0 = all")
     t.add_argument("--output-dir", default="output/st-hardneg", help="checkpoints, final model and results.json")
+    t.add_argument("--model-name", default=None,
+                   help="the trained model's name: the title of its model card and the name `st-hardneg eval` and "
+                        "mteb file its results under (local/NAME without an org/); default: the --output-dir "
+                        "folder's name")
     t.add_argument("--overwrite", action="store_true",
                    help="replace a finished run in --output-dir (one with results.json); refused without it")
     t.add_argument("--batch-size", type=int, default=None, help="training batch size (default: 64)")
@@ -141,8 +151,11 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--eval-steps", type=int, default=None,
                    help="--task sts: evaluate STS-B dev every N steps and at the end; the best checkpoint is kept "
                         "(default: 50; --task retrieval keeps the final model)")
-    t.add_argument("--eval-batch-size", type=int, default=128)
-    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--eval-batch-size", type=int, default=128,
+                   help="encoding batch size of the evaluations (STS-B dev selection, the test tables)")
+    t.add_argument("--seed", type=int, default=0,
+                   help="seeds the model's initialisation, dropout, the batch order and the mining (set_seed, "
+                        "TrainingArguments.seed and data_seed)")
     t.add_argument("--allow-duplicates", action="store_true",
                    help="plain random batches (default: no sentence twice in a batch, as duplicates are false "
                         "negatives)")
@@ -153,7 +166,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "--training-arg resume_from_checkpoint=PATH (or =last: the latest checkpoint of "
                         "--output-dir) --training-arg push_to_hub=true --training-arg hub_model_id=USER/NAME; the "
                         "fields with their own option (--lr, --batch-size, --epochs, --max-steps, --warmup-ratio, "
-                        "--seed, --eval-steps, --output-dir, --allow-duplicates, -q) are set with it")
+                        "--seed, --eval-steps, --output-dir, --allow-duplicates, -q) are set with it. HF's "
+                        "spellings work too: --gradient_accumulation_steps 2 is --training-arg "
+                        "gradient_accumulation_steps=2, --per_device_train_batch_size 8 is --batch-size 8")
     t.add_argument("--save-train-head", action="store_true",
                    help="with --mlp-head: save the final model with its train-only head (it then loads with "
                         "st_hardneg.models.load_checkpoint); by default the head is removed and the model loads with "
@@ -187,12 +202,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="tasks for the mteb group (local SentEval-backed tasks, or official names with a network); "
                         "default: STSBenchmark-local, none when --data adds BEIR folders")
     e.add_argument("--model-name", default=None,
-                   help="the name results are filed under (org/name); default: the Hub name, local/<folder name> "
-                        "for a path, sentence-transformers/all-MiniLM-L6-v2 for the embedded model")
+                   help="the name results are filed under (org/name); default: the Hub name, the name an "
+                        "st-hardneg run saved with its model (train --model-name, else its --output-dir folder), "
+                        "else local/<folder name> for a path, sentence-transformers/all-MiniLM-L6-v2 for the "
+                        "embedded model")
     e.add_argument("--revision", default=None, help="the revision results are filed under; default: "
                                                     "weights-<digest of the weights>")
     e.add_argument("--fast", action="store_true", help="transfer: the quick protocol (5 folds, smaller grid)")
-    e.add_argument("--batch-size", type=int, default=128)
+    e.add_argument("--batch-size", type=int, default=128, help="encoding batch size")
     e.add_argument("--output-dir", "--output-folder", "--output", dest="output_dir", default="results",
                    action=OutputOption,
                    help="where results go: a folder (mteb's files under results/ as `mteb run` writes them, ours "
@@ -227,10 +244,19 @@ def build_parser() -> argparse.ArgumentParser:
 
     d = sub.add_parser("download", help="fetch the SentEval data or the wiki1m corpus (needs a network)",
                        parents=[verbosity_only()])
-    d.add_argument("what", choices=("senteval", "wiki1m"))
+    d.add_argument("what", choices=("senteval", "wiki1m"),
+                   help="senteval: the SentEval evaluation data; wiki1m: SimCSE's one million Wikipedia sentences")
     d.add_argument("--dest", default=None, help="target directory (default ~/.cache/st_hardneg/data)")
     d.set_defaults(func=cmd_download)
     return parser
+
+
+def _command(argv: list[str]) -> str | None:
+    """The subcommand ``argv`` names (its first word that is not an option), or ``None``."""
+    for token in argv:
+        if not token.startswith("-"):
+            return token
+    return None
 
 
 #: the exit statuses, in every ``--help``
@@ -326,11 +352,54 @@ class _WarningPrinter:
             hf_logging.enable_progress_bar()
 
 
+def subcommand_parser(parser: argparse.ArgumentParser, command: str) -> argparse.ArgumentParser:
+    """The parser of ``command`` (``train``, ``eval``, ...) inside :func:`build_parser`'s parser."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return cast(argparse.ArgumentParser, action.choices[command])
+    raise KeyError(command)
+
+
+def _train_argv(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
+    """Parse a ``train`` command line: HF's spellings read as st-hardneg's (each said on stderr, not with ``-q``),
+    then ``--config`` under the options given (:mod:`st_hardneg.cli.config`).
+
+    Raises:
+        ValueError: a bad HF flag or config file (one line naming the flag, or the file and the key).
+    """
+    from st_hardneg.cli.config import REPEATABLE, apply_config, hf_style_argv, read_train_config
+
+    train = subcommand_parser(parser, "train")
+    position = argv.index("train")
+    rest, notes = hf_style_argv(argv[position + 1:], train)
+    argv = [*argv[:position + 1], *rest]
+    args = parser.parse_args(argv)
+    if not args.quiet:
+        for note in notes:
+            print(f"st-hardneg train: note: {note}", file=sys.stderr)
+    if args.config is None:
+        return args
+    config = read_train_config(args.config, train)
+    train.set_defaults(**config.defaults)
+    args = parser.parse_args(argv)
+    apply_config(args, config, {dest: getattr(args, dest) or [] for dest in REPEATABLE})
+    return args
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)  # a usage error exits with status 2 here (argparse)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if _command(argv) == "train":
+        try:
+            args = _train_argv(parser, argv)
+        except ValueError as exc:  # a bad config file or HF flag: one line, before any model loads
+            print(f"st-hardneg train: error: {exc}", file=sys.stderr)
+            return 2
+    else:
+        args = parser.parse_args(argv)  # a usage error exits with status 2 here (argparse)
     # the levels a run sets are put back when it returns: main() called in-process (a notebook, a test) leaves the
     # caller's logging as it found it
+    args.command_line = argv  # the run's command, as typed (train records it in the model card)
     levels = {name: logging.getLogger(name).level for name in LOGGERS}
     configure_logging(args.verbose, args.quiet)
     try:

@@ -220,7 +220,7 @@ def check_sts_files(data_dir: str | None) -> None:
 
 def resolve_training_args(args: argparse.Namespace) -> dict[str, Any]:
     """``--training-arg`` as ``SentenceTransformerTrainingArguments`` values (see
-    :func:`st_hardneg.training.loop.parse_training_args`), checked against this machine and run before any model
+    :func:`st_hardneg.cli.training_args.parse_training_args`), checked against this machine and run before any model
     loads: ``bf16`` / ``fp16`` (:func:`~st_hardneg.training.loop.check_precision`), ``push_to_hub``
     (:func:`~st_hardneg.training.loop.check_hub_access`), and ``resume_from_checkpoint`` (a checkpoint folder, or a
     folder holding ``checkpoint-N`` folders; ``last`` / ``true``: the latest one of ``--output-dir``) written by a run of
@@ -231,13 +231,8 @@ def resolve_training_args(args: argparse.Namespace) -> dict[str, Any]:
             a precision this machine cannot run, a push that cannot happen, a checkpoint that is missing or of
             another loss.
     """
-    from st_hardneg.training.loop import (
-        check_hub_access,
-        check_precision,
-        check_training_values,
-        find_checkpoint,
-        parse_training_args,
-    )
+    from st_hardneg.cli.training_args import check_training_values, parse_training_args
+    from st_hardneg.training.loop import check_hub_access, check_precision, find_checkpoint
 
     extra = parse_training_args(args.training_arg, reserved=RESERVED_TRAINING_ARGS)
     check_training_values(extra)

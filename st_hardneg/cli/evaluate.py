@@ -53,18 +53,34 @@ def bare_encoder_note(name: str | None, pooling: str | None) -> str:
 
 
 def eval_model_name(args: argparse.Namespace) -> str:
-    """The name results are filed under: ``--model-name``, else the embedded model's Hub name, a Hub name as given,
-    or ``local/<folder name>`` for a path."""
-    from st_hardneg.models import DEFAULT_MODEL_NAME
+    """The name results are filed under: ``--model-name``, else the embedded model's Hub name, the name an
+    st-hardneg run saved with the model (its ``model_meta.json``: ``train --model-name``, else the run's folder), a Hub
+    name as given, or ``local/<folder name>`` for another path (``local/<run folder>`` for a run's ``final/``)."""
+    from st_hardneg.models import DEFAULT_MODEL_NAME, mteb_model_name, read_model_meta
 
     if args.model_name:
-        return args.model_name if "/" in args.model_name else f"local/{args.model_name}"
+        return mteb_model_name(args.model_name)
     if args.model in (None, "", "default"):
         return f"sentence-transformers/{DEFAULT_MODEL_NAME}"
     path = Path(args.model).expanduser()
     if path.exists():
-        return f"local/{path.resolve().name}"
-    return args.model if "/" in args.model else f"local/{args.model}"
+        saved = read_model_meta(path) if path.is_dir() else None
+        if saved and isinstance(saved.get("name"), str) and saved["name"].strip():
+            return mteb_model_name(saved["name"].strip())
+        folder = path.resolve()
+        if folder.name == "final" and (folder.parent / "results.json").is_file():  # a run's model: the run's name
+            return f"local/{folder.parent.name}"
+        return f"local/{folder.name}"
+    return mteb_model_name(args.model)
+
+
+def read_saved_meta(model: str | None) -> dict[str, Any] | None:
+    """The ``model_meta.json`` an st-hardneg run saved beside the model ``--model`` names, if any."""
+    from st_hardneg.models import read_model_meta
+
+    if model in (None, "", "default") or not Path(str(model)).expanduser().is_dir():
+        return None
+    return read_model_meta(str(model))
 
 
 def _eval_files(args: argparse.Namespace, model_name: str, revision: str) -> dict[str, Path]:
@@ -190,6 +206,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         todo_mteb = [t for t in mteb_tasks if _mteb_task_name(t) in plan.mteb]
         ran = run_mteb(model, todo_mteb, data_dir=args.data_dir, output_dir=files["mteb"],
                        model_name=model_name, revision=revision, batch_size=args.batch_size,
+                       known_meta=read_saved_meta(args.model),
                        use_cache=not args.overwrite and args.revision is None,  # keyed by the weights
                        show_progress_bar=not args.quiet)
         results["mteb"] = _merge_mteb(previous.get("mteb"), ran)

@@ -152,6 +152,9 @@ def _train(args: argparse.Namespace) -> int:
     torch.set_num_threads(max(1, torch.get_num_threads()))
     built = training_model_of(args, sts=True)
     model = built.model
+    data = {"name": corpus.stem, "size": len(sentences), "description": f"sentences of {corpus.name}, one per line"}
+    dataset = pair_dataset(list(sentences))
+    name_model(args, model, dataset, data)
     loss = build_loss(args.loss, model, **loss_kwargs)
     announce_loss(args, loss, loss_kwargs)
 
@@ -160,11 +163,13 @@ def _train(args: argparse.Namespace) -> int:
                             show_progress_bar=not args.quiet)
 
     with run_time("training"):
-        run = run_training(model, loss, pair_dataset(list(sentences)), config, evaluator=dev, score=score,
+        run = run_training(model, loss, dataset, config, evaluator=dev, score=score,
                            callbacks=run_callbacks(args, loss_kwargs))
         run.sts = run.scores
         result, scores = run.train, run.sts
-        final = save_final_model(args, built.for_saving(), output_dir)
+        evaluation = card_evaluation(built.model, sts=scores)
+        final = save_final_model(args, built.for_saving(), output_dir,
+                                 identity=run_identity(args, run, loss_kwargs, data, evaluation, built.changes))
     logger.info("saved the selected model to %s", final)
     write_json(output_dir / "results.json", {
         **run_fields(args, run, loss_kwargs, built.changes),
@@ -196,11 +201,12 @@ def _recipe_config(args: argparse.Namespace) -> Any:
 
 def _train_and_save(args: argparse.Namespace, dataset: Any, config: Any, score: Any,
                     head: dict[str, Any], info: dict[str, Any],
-                    known: dict[str, set[str]] | None = None) -> tuple[Any, Path, int]:
+                    known: dict[str, set[str]] | None = None,
+                    data: dict[str, Any] | None = None) -> tuple[Any, Path, int]:
     """Train ``args.loss`` on ``dataset``, score the final model with ``score``, save it to ``OUTPUT/final`` and
     write ``OUTPUT/results.json`` (``head`` first, then the shared fields); returns ``(run, final, planned)``.
     ``known``: the training qrels (query → relevant texts), the known positives of ``--loss recipe`` and of
-    ``--control``."""
+    ``--control``; ``data``: the training data's ``name`` and ``description`` in the model card."""
     from transformers import set_seed
 
     from st_hardneg.reporting import write_json
@@ -216,6 +222,8 @@ def _train_and_save(args: argparse.Namespace, dataset: Any, config: Any, score: 
     set_seed(args.seed)
     built = training_model_of(args, sts=False)
     model = built.model
+    data = {"name": "training data", **(data or {}), "size": len(dataset)}
+    name_model(args, model, dataset, data)
     loss_kwargs = parse_loss_args(args.loss_arg)
     if args.loss == RECIPE:
         from st_hardneg.training.recipe import recipe_loss
@@ -233,7 +241,11 @@ def _train_and_save(args: argparse.Namespace, dataset: Any, config: Any, score: 
     with run_time("training"):
         run = run_training(model, loss, dataset, config, keep_checkpoints=keep,
                            score=lambda trained: score(built.for_saving()), callbacks=run_callbacks(args, loss_kwargs))
-        final = save_final_model(args, built.for_saving(), output_dir)
+        evaluation = card_evaluation(built.model, **{key: run.scores.get(key) for key in ("sts", "retrieval", "dev",
+                                                                                           "test")},
+                                     beir_name=(data or {}).get("beir"))
+        final = save_final_model(args, built.for_saving(), output_dir,
+                                 identity=run_identity(args, run, loss_kwargs, data, evaluation, built.changes))
     result = run.train
     write_json(output_dir / "results.json", {
         **head,
@@ -270,10 +282,13 @@ def cmd_train_retrieval(args: argparse.Namespace) -> int:
                                                    cache_dir=args.cache_dir, limit=args.limit,
                                                    min_rows=args.batch_size)
     source = info["file"] if args.train_file else f"mined from {info['pairs']} MRPC train pairs, {info['cache_file']}"
+    card_data = ({"name": Path(args.train_file).stem, "description": f"the rows of {Path(args.train_file).name}"}
+                 if args.train_file else {"name": "MRPC", "description": "(anchor, positive, mined hard negative) "
+                                                                         "triplets of the MRPC train pairs"})
     run, final, _ = _train_and_save(
         args, dataset, config, lambda trained: recipe.evaluate_recipe(
             trained, args.data_dir, task=data.task, sts=not args.no_sts, batch_size=args.eval_batch_size,
-            show_progress_bar=not args.quiet), {"task": "retrieval"}, info)
+            show_progress_bar=not args.quiet), {"task": "retrieval"}, info, data=card_data)
     result = run.train
     print(recipe.recipe_table({args.loss: run.scores}))
     step = f"{result.median_step_seconds:.3f} s" if result.median_step_seconds is not None else "–"
@@ -302,7 +317,10 @@ def cmd_train_beir(args: argparse.Namespace) -> int:
             trained, split, batch_size=args.eval_batch_size, show_progress_bar=not args.quiet,
             max_seq_length=trained.max_seq_length,  # scored as saved (its saved length is set back first)
             files_dir=args.output_dir, tag=f"st-hardneg-{args.loss}"),
-        {"task": "beir", "data": str(data.root), "split": split.stats}, info, known=split.known_paraphrases)
+        {"task": "beir", "data": str(data.root), "split": split.stats}, info, known=split.known_paraphrases,
+        data={"name": data.name, "beir": data.name,
+              "description": f"(query, positive, mined hard negative) rows of the BEIR folder {data.name}'s training "
+                             f"qrels, negatives mined from its corpus of {len(data.corpus):,} documents"})
     for role in ("dev", "test"):
         print(f"### {data.name} {role}\n\n{recipe.beir_table({args.loss: run.scores}, role)}\n")
     print(f"training data: {len(dataset)} rows ({info['source']})  steps: {run.train.steps}  "
@@ -442,11 +460,15 @@ def training_model_of(args: argparse.Namespace, *, sts: bool) -> Any:
     return built
 
 
-def save_final_model(args: argparse.Namespace, model: Any, output_dir: Path) -> Path:
+def save_final_model(args: argparse.Namespace, model: Any, output_dir: Path,
+                     identity: dict[str, Any] | None = None) -> Path:
     """Save the trained model to ``OUTPUT/final``: without a train-only MLP head (it loads with plain
-    sentence-transformers), or with it for ``--save-train-head``."""
-    from st_hardneg.models import save_inference_model
+    sentence-transformers), or with it for ``--save-train-head``. With ``identity`` (:func:`run_identity`), its model
+    card gets the run's st-hardneg section (:func:`~st_hardneg.training.callbacks.add_run_to_card`) and
+    ``model_meta.json`` mteb's metadata (:func:`~st_hardneg.models.write_model_meta`)."""
+    from st_hardneg.models import save_inference_model, write_model_meta
     from st_hardneg.reporting import check_output_tree
+    from st_hardneg.training.callbacks import add_run_to_card
 
     final = output_dir / "final"
     check_output_tree(final, output_dir)  # inside the folder, no link in it: the files are written there, not through
@@ -454,4 +476,86 @@ def save_final_model(args: argparse.Namespace, model: Any, output_dir: Path) -> 
         model.save(str(final), keep_train_only_modules=True)  # loads with st_hardneg.models.load_checkpoint
     else:
         save_inference_model(model, final)  # without a train-only MLP head: loads with plain SentenceTransformer()
+    if identity is not None:
+        if (final / "README.md").is_file():
+            add_run_to_card(final, identity)
+        write_model_meta(final, model, name=identity["model_name"], adapted_from=identity["base_model"],
+                         training_datasets=[identity["training_data"]["name"]],
+                         st_hardneg={"version": identity["version"], "loss": identity["loss"],
+                                     "command": identity["command"]})
     return final
+
+
+# --------------------------------------------------------------------------- what the saved model says it is
+def run_name(args: argparse.Namespace) -> str:
+    """The trained model's name: ``--model-name``, else the ``--output-dir`` folder's name."""
+    return args.model_name or Path(args.output_dir).expanduser().resolve().name
+
+
+def base_model_name(args: argparse.Namespace) -> str:
+    """The model the run started from, as given (``--model``), or the embedded model's Hub name."""
+    from st_hardneg.models import DEFAULT_MODEL_NAME
+
+    return str(args.model) if args.model not in (None, "", "default") else f"sentence-transformers/{DEFAULT_MODEL_NAME}"
+
+
+def command_line(args: argparse.Namespace) -> str:
+    """The ``st-hardneg train …`` command of this run, as typed (``args.command_line``, set by
+    :func:`~st_hardneg.cli.app.main`), shell-quoted."""
+    import shlex
+
+    words = getattr(args, "command_line", None) or ["train"]
+    return "st-hardneg " + shlex.join(words)
+
+
+def name_model(args: argparse.Namespace, model: Any, dataset: Any, data: dict[str, Any]) -> None:
+    """Before training: the model card's name, base model and training data
+    (:func:`~st_hardneg.training.callbacks.name_card`)."""
+    from st_hardneg.training.callbacks import name_card
+
+    name_card(model, model_name=run_name(args), base_model=base_model_name(args), dataset=dataset,
+              dataset_name=data["name"])
+
+
+def card_evaluation(model: Any, *, sts: dict[str, float] | None = None, retrieval: dict[str, Any] | None = None,
+                    dev: dict[str, Any] | None = None, test: dict[str, Any] | None = None,
+                    beir_name: str | None = None) -> dict[str, dict[str, float]]:
+    """The run's computed evaluation in mteb's metric names and scale (``cosine_spearman`` per STS set,
+    ``ndcg_at_10`` / ``mrr_at_10`` / ``recall_at_100`` per retrieval task, x 0.01 of the printed tables),
+    registered in ``model``'s card (:func:`~st_hardneg.training.callbacks.add_card_evaluation`); returns it,
+    ``{data set: {metric: value}}``."""
+    from st_hardneg.training.callbacks import add_card_evaluation, mteb_metric_name
+
+    evaluation: dict[str, dict[str, float]] = {}
+    for task, value in (sts or {}).items():
+        if task != "avg" and value is not None:
+            evaluation[task] = {"cosine_spearman": value / 100}
+            add_card_evaluation(model, task, evaluation[task], description="Semantic Similarity",
+                                primary_metric="cosine_spearman",
+                                config={"evaluated_by": "st_hardneg.evaluation.evaluate_sts"})
+    named = {"MRPC-retrieval": retrieval} if retrieval else {}
+    for role, scores in (("dev", dev), ("test", test)):
+        if scores:
+            named[f"{beir_name or 'beir'}-{role}"] = scores
+    for name, scores in named.items():
+        metrics = {mteb_metric_name(m): scores[m] / 100 for m in ("ndcg@10", "mrr@10", "recall@10", "recall@100")
+                   if m in scores}
+        evaluation[name] = metrics
+        add_card_evaluation(model, name, metrics, description="Information Retrieval", primary_metric="ndcg_at_10",
+                            config={"evaluated_by": "st_hardneg.evaluation.retrieval.retrieve",
+                                    "queries": scores.get("queries"), "corpus": scores.get("corpus")})
+    return evaluation
+
+
+def run_identity(args: argparse.Namespace, run: Any, loss_kwargs: dict[str, Any], data: dict[str, Any] | None,
+                 evaluation: dict[str, dict[str, float]], changes: list[str] | None = None) -> dict[str, Any]:
+    """What the saved model says it is (its card's st-hardneg section, its ``model_meta.json``): the name, the base
+    model as given and what the run changed in it (``changes``), the training data, the loss (name, call,
+    configuration), the evaluation, the command and the st-hardneg version."""
+    from st_hardneg.training.registry import package_version
+
+    return {"model_name": run_name(args), "base_model": base_model_name(args), "model_changes": list(changes or []),
+            "training_data": data or {"name": "training data", "size": 0},
+            "loss": args.loss, "loss_call": _loss_call(args.loss, loss_kwargs, bool(getattr(args, "control", None))),
+            "loss_config": run.loss_config, "evaluation": evaluation, "command": command_line(args),
+            "version": package_version()}

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import random
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -91,20 +91,26 @@ def _encoder_class() -> Callable[[SentenceTransformer, ModelMeta, dict[str, Any]
     return _Encoder
 
 
-def _model_meta(model: SentenceTransformer, model_name: str | None, revision: str | None = None) -> ModelMeta:
+def _model_meta(model: SentenceTransformer, model_name: str | None, revision: str | None = None,
+                known: Mapping[str, Any] | None = None) -> ModelMeta:
+    """mteb's metadata of ``model``: what ``ModelMeta.from_sentence_transformer_model`` reads, the name and revision
+    results are filed under, ``n_parameters`` counted, and what an st-hardneg run saved (``known``, its
+    ``model_meta.json``: ``adapted_from``, ``training_datasets``)."""
     from mteb.models import ModelMeta
 
-    meta = ModelMeta.from_sentence_transformer_model(model)
-    card = getattr(model, "model_card_data", None)
-    base = getattr(card, "base_model", None)
-    name = model_name or getattr(card, "model_name", None) or "local/model"
-    if "/" not in name:
-        name = f"local/{name}"
-    from st_hardneg.models import weights_digest
+    from st_hardneg.models import count_parameters, mteb_model_name, weights_digest
 
-    update = {"name": name, "revision": revision or f"weights-{weights_digest(model)}"}
+    meta = ModelMeta.from_sentence_transformer_model(model)
+    known = dict(known or {})
+    card = getattr(model, "model_card_data", None)
+    base = known.get("adapted_from") or getattr(card, "base_model", None)
+    name = mteb_model_name(model_name or known.get("name") or getattr(card, "model_name", None) or "local/model")
+    update: dict[str, Any] = {"name": name, "revision": revision or f"weights-{weights_digest(model)}",
+                              "n_parameters": count_parameters(model)}
     if base:
-        update["adapted_from"] = base
+        update["adapted_from"] = str(base)
+    if known.get("training_datasets"):
+        update["training_datasets"] = set(map(str, known["training_datasets"]))
     return meta.model_copy(update=update)
 
 
@@ -183,6 +189,7 @@ def run_mteb(
     batch_size: int = 64,
     use_cache: bool = False,
     show_progress_bar: bool = True,
+    known_meta: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Run MTEB (the real ``mteb`` package, its own evaluators) on local SentEval STS tasks and/or official tasks.
 
@@ -202,8 +209,8 @@ def run_mteb(
       and need a network for their data. Without one (or with ``HF_HUB_OFFLINE=1``) this fails with
       :class:`MTEBOfflineError` naming the local equivalents, before any encoding.
     - mteb's result cache is bypassed unless ``use_cache=True``: its default cache would return stale scores for
-      an unnamed local model. Results are named after the model: ``model_name``, else the model card's
-      ``model_name``, else ``local/model``; the revision is ``revision``, else a digest of the weights
+      an unnamed local model. Results are named after the model: ``model_name``, else the name in
+      ``known_meta``, else the model card's ``model_name``, else ``local/model``; the revision is ``revision``, else a digest of the weights
       (``weights-<sha256[:12]>``), so result files are traceable and a cache can never mix two checkpoints.
     - Retrieval tasks are encoded by mteb itself (``encode_query`` / ``encode_document`` with the model's prompts,
       as ``mteb.evaluate(model, task)``); local STS tasks without a prompt use each distinct sentence once. Lengths:
@@ -224,6 +231,9 @@ def run_mteb(
         use_cache: reuse results already in ``output_dir`` (or in mteb's default cache ``$MTEB_CACHE`` /
             ``~/.cache/mteb`` when ``output_dir`` is None) instead of recomputing them.
         show_progress_bar: show mteb's and the encoding progress bars.
+        known_meta: what is known of the model beyond the model itself, mteb's ``ModelMeta`` fields (the
+            ``model_meta.json`` an st-hardneg run saves beside its model: ``name``, ``adapted_from``,
+            ``training_datasets``); ``n_parameters`` is always counted.
 
     Returns:
         ``{"model": name, "revision": revision, "scores": {task: main score x 100}, "main_score": {task: metric
@@ -264,7 +274,7 @@ def run_mteb(
         ordered = [by_name[n] for n in names if n in by_name]
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=".*get_sentence_embedding_dimension", category=FutureWarning)
-            meta = _model_meta(model, model_name, revision)
+            meta = _model_meta(model, model_name, revision, known_meta)
             encoder = _encoder_class()(model, meta, local, batch_size, show_progress_bar)
         cache_obj: ResultCache | None
         if output_dir is not None:

@@ -9,7 +9,8 @@
 - :class:`LossModelCheck` / :func:`check_loss_model`: warn when the loss was built on another model than the
   Trainer's (that model would not train; see :mod:`st_hardneg.losses.model_guard`);
 - :class:`ModelCardCallback` / :func:`add_model_card_data`: the ``st-hardneg`` tag, version and documentation links
-  in the model card; :class:`CheckpointRunInfo`: the loss of the run in every checkpoint (resume checks);
+  in the model card; :func:`name_card`, :func:`add_card_evaluation` and :func:`add_run_to_card`: a run's name, base
+  model, data, evaluation and command in it; :class:`CheckpointRunInfo`: the loss of the run in every checkpoint (resume checks);
 - :class:`CheckpointLedgerCallback`: the checkpoints this run wrote, by name; rotation among those only (see
   :mod:`st_hardneg.training.checkpoints`).
 
@@ -45,6 +46,7 @@ import statistics
 import time
 import warnings
 from collections.abc import Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from torch import nn
@@ -59,10 +61,11 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["CHECKPOINT_RUN_FILE", "CheckpointLedgerCallback", "CheckpointRunInfo", "EvaluateAtEnd", "FalseNegativeLog", "LossDiagnosticsCallback",
-           "LossModelCheck", "ModelCardCallback", "StatefulLossCallback", "StepTimer", "StopAfterSteps",
-           "add_model_card_data", "add_stateful_loss_callback", "check_loss_model", "find_stateful_losses",
-           "st_hardneg_losses"]
+__all__ = ["CHECKPOINT_RUN_FILE", "RUN_SECTION", "CardEvaluation", "CheckpointLedgerCallback", "CheckpointRunInfo",
+           "EvaluateAtEnd", "FalseNegativeLog", "LossDiagnosticsCallback", "LossModelCheck", "ModelCardCallback",
+           "StatefulLossCallback", "StepTimer", "StopAfterSteps", "add_card_evaluation", "add_model_card_data",
+           "add_run_to_card", "add_stateful_loss_callback", "check_loss_model", "find_stateful_losses",
+           "is_hub_name", "mteb_metric_name", "name_card", "run_card_section", "st_hardneg_losses"]
 
 
 def _is_stateful(module: Any) -> bool:
@@ -456,6 +459,140 @@ class ModelCardCallback(TrainerCallback):
         if model is not None:
             add_model_card_data(model, self.loss)
         return control
+
+
+class CardEvaluation:
+    """A result computed outside the Trainer (the 7-task STS table, dev and test nDCG@10), registered in the model
+    card as sentence-transformers registers an evaluator's (:func:`add_card_evaluation`): the card's Evaluation
+    section shows its metrics, the card's metadata carries them as the Hub's ``model-index``.
+
+    Args:
+        name: the data set, e.g. ``STS12`` or ``scifact-test``.
+        description: the task, as sentence-transformers' evaluators name it (``Semantic Similarity``,
+            ``Information Retrieval``).
+        primary_metric: the metric the task is ranked by, e.g. ``cosine_spearman``, ``ndcg_at_10``.
+        config: how it was computed (shown under the table).
+    """
+
+    def __init__(self, name: str, description: str, primary_metric: str,
+                 config: Mapping[str, Any] | None = None) -> None:
+        self.name, self.description, self.primary_metric = name, description, primary_metric
+        self.config = dict(config or {})
+
+    def get_config_dict(self) -> dict[str, Any]:
+        return dict(self.config)
+
+
+def mteb_metric_name(metric: str) -> str:
+    """st-hardneg's metric key as mteb names it: ``ndcg@10`` → ``ndcg_at_10``, ``recall@100`` →
+    ``recall_at_100``; ``spearman`` → ``cosine_spearman`` (the cosine Spearman correlation, mteb's STS main score)."""
+    if metric == "spearman":
+        return "cosine_spearman"
+    return metric.replace("@", "_at_")
+
+
+def add_card_evaluation(model: Any, name: str, metrics: Mapping[str, float], *, description: str,
+                        primary_metric: str, config: Mapping[str, Any] | None = None) -> CardEvaluation | None:
+    """Register ``metrics`` (mteb's names and scale, e.g. ``{"ndcg_at_10": 0.6623}``) of data set ``name`` in
+    ``model.model_card_data``, rendered when the model is saved; returns the registered entry (``None`` for a model
+    without card data).
+
+    Example:
+        ::
+
+            add_card_evaluation(model, "scifact-test", {"ndcg_at_10": 0.6623}, description="Information Retrieval",
+                                primary_metric="ndcg_at_10")
+            model.save("out")  # README.md: an Evaluation section and the model-index metadata
+    """
+    card = getattr(model, "model_card_data", None)
+    if card is None or not isinstance(getattr(card, "eval_results_dict", None), dict):
+        return None
+    entry = CardEvaluation(name, description, primary_metric, config)
+    card.eval_results_dict[entry] = {key: float(value) for key, value in metrics.items()}
+    return entry
+
+
+def is_hub_name(name: str) -> bool:
+    """Whether ``name`` reads as a Hugging Face Hub model id (``org/name`` or ``name``) rather than a local path."""
+    import os
+    import re
+
+    if os.path.exists(os.path.expanduser(name)):
+        return False
+    return re.fullmatch(r"[A-Za-z0-9][\w.-]*(/[\w.-]+)?", name) is not None
+
+
+def name_card(model: Any, *, model_name: str, base_model: str, dataset: Any = None,
+              dataset_name: str | None = None) -> None:
+    """Before training: the card's title (``model_name``), its base model (a Hub id; a local path is named in the
+    card's st-hardneg section instead, :func:`add_run_to_card`, since the Hub's metadata takes only model ids), and
+    the training ``dataset``'s name, ``dataset_name`` (its ``info.dataset_name``, which sentence-transformers'
+    card reads when the Trainer is made, adding its size, columns and examples)."""
+    card = getattr(model, "model_card_data", None)
+    if card is not None:
+        card.model_name = model_name
+        card.local_files_only = True  # nothing looked up on the Hub: the run knows what it trained
+        card.base_model = base_model if is_hub_name(base_model) else None
+    info = getattr(dataset, "info", None)
+    if dataset_name is not None and info is not None:
+        info.dataset_name = dataset_name
+
+
+#: the heading of the card's section that :func:`add_run_to_card` writes
+RUN_SECTION = "## Training with st-hardneg"
+
+
+def run_card_section(run: Mapping[str, Any]) -> str:
+    """The card's st-hardneg section (markdown) for ``run``: its ``model_name``, ``base_model`` (and
+    ``model_changes``, what the run changed in it, one line each), ``training_data``
+    (``name``, ``size``, ``description``), ``loss`` / ``loss_call`` / ``loss_config``, ``evaluation`` (``{data set:
+    {metric: value}}`` in mteb's names and scale), ``command`` and ``version``."""
+    import json
+
+    data = run["training_data"]
+    lines = [RUN_SECTION, "",
+             f"- **Model name:** {run['model_name']}",
+             f"- **Base model:** `{run['base_model']}`"
+             + "".join(f"\n  - {change}" for change in run.get("model_changes") or []),
+             f"- **Training data:** {data['name']}, {data['size']:,} rows"
+             + (f" ({data['description']})" if data.get("description") else ""),
+             f"- **Loss:** `{run['loss']}`: `{run['loss_call']}`",
+             f"- **st-hardneg version:** {run['version']}", "",
+             "Loss configuration:", "", "```json", json.dumps(run["loss_config"], indent=2, default=str), "```", ""]
+    evaluation = run.get("evaluation") or {}
+    if evaluation:
+        metrics = list(dict.fromkeys(metric for scores in evaluation.values() for metric in scores))
+        lines += ["Evaluation (mteb's metric names and scale):", "",
+                  "| data | " + " | ".join(metrics) + " |", "|---|" + "---|" * len(metrics)]
+        lines += [f"| {name} | " + " | ".join(f"{scores[m]:.4f}" if m in scores else "–" for m in metrics) + " |"
+                  for name, scores in evaluation.items()]
+        lines.append("")
+    lines += ["Trained with:", "", "```bash", run["command"], "```", ""]
+    return "\n".join(lines)
+
+
+def add_run_to_card(folder: str | Path, run: Mapping[str, Any]) -> Path:
+    """Write :func:`run_card_section` into the saved model's ``README.md`` (before "## Training Details", or at the
+    end; a section written before is replaced) and name a local base model where sentence-transformers leaves it
+    "Unknown"; returns the file.
+
+    Raises:
+        FileNotFoundError: ``folder`` holds no ``README.md``.
+    """
+    readme = Path(folder) / "README.md"
+    text = readme.read_text(encoding="utf-8")
+    section = run_card_section(run)
+    if RUN_SECTION in text:
+        start = text.index(RUN_SECTION)
+        following = text.find("\n## ", start + len(RUN_SECTION))
+        text = text[:start] + text[following + 1:] if following >= 0 else text[:start]
+    marker = "\n## Training Details"
+    text = text.replace(marker, f"\n{section}{marker}", 1) if marker in text else f"{text.rstrip()}\n\n{section}"
+    unknown = "<!-- - **Base model:** [Unknown](https://huggingface.co/unknown) -->"
+    text = text.replace(unknown, f"- **Base model:** `{run['base_model']}` (a local model)")
+    from st_hardneg.reporting import write_text
+
+    return write_text(readme, text, readme.parent)
 
 
 class CheckpointRunInfo(TrainerCallback):

@@ -3,6 +3,7 @@ warnings of a command-line run."""
 
 from __future__ import annotations
 
+import argparse
 import logging
 import subprocess
 import sys
@@ -99,3 +100,19 @@ def test_main_puts_the_logger_levels_back_when_it_returns(tmp_path, capsys):
     assert "error" in capsys.readouterr().err
     assert logging.getLogger("st_hardneg").level == logging.NOTSET
     assert logging.getLogger("sentence_transformers").level == logging.NOTSET
+
+
+def _all_parsers(parser):
+    yield parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                yield from _all_parsers(sub)
+
+
+def test_every_option_of_every_command_has_help():
+    parsers = list(_all_parsers(cli.build_parser()))
+    assert {p.prog.split()[-1] for p in parsers} == {"st-hardneg", "train", "eval", "compare", "download"}
+    missing = [f"{p.prog} {action.option_strings or action.dest}" for p in parsers for action in p._actions
+               if not isinstance(action, argparse._SubParsersAction) and not (action.help or "").strip()]
+    assert missing == []
