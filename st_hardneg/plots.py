@@ -39,7 +39,7 @@ def _check_png(path: str | Path) -> Path:
 
 def _save(fig: Figure, path: Path, dpi: int) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=dpi, bbox_inches="tight")
+    fig.savefig(path, dpi=dpi, bbox_inches="tight", metadata={"Software": None})  # no version: the same bytes
     return path
 
 
