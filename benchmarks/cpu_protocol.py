@@ -224,15 +224,19 @@ PLOT_BASELINE = "mnrl"
 def plot(data: dict[str, Any], path: Path) -> Path:
     """``cpu_protocol.png`` from the JSON: above, every method's 7-task STS average (mean ± std over the seeds, each
     seed a dot; the axis fitted to the scores and labelled so); below, each method's difference to ``mnrl`` at the
-    same seed (the same batches), each seed a dot, the mean with its 95 % t interval, on an axis that holds 0. Rows
-    are named as in the table (:func:`row_label`)."""
-    from benchmarks.harness import plot_seed_comparison
+    same seed (the same batches), each seed a dot, the mean with its 95 % t interval, on an axis that holds 0 (the
+    upper panel alone before mnrl has run). Rows are named as in the table (:func:`row_label`)."""
+    from benchmarks.harness import plot_seed_bars, plot_seed_comparison
     from st_hardneg.reporting import group_by_method
 
     labels = row_labels(data)
     per_seed = {labels[m]: {r["seed"]: r["sts"]["avg"] for r in runs}
                 for m, runs in group_by_method(data["runs"]).items()}
     grey = [labels[m] for m in ("untrained", *BASELINES) if m in labels]
+    if PLOT_BASELINE not in labels:  # before mnrl has run (a run resumed from the start): the scores alone
+        return plot_seed_bars({m: list(v.values()) for m, v in per_seed.items()}, path, grey=grey,
+                              ylabel="STS avg (Spearman x 100)",
+                              title="CPU protocol: 7-task STS average, mean ± std over seeds (dots: seeds)")
     return plot_seed_comparison(per_seed, path, baseline=labels[PLOT_BASELINE], grey=grey,
                                 ylabel="STS avg (Spearman x 100)",
                                 title="CPU protocol: 7-task STS average, mean ± std over seeds (dots: seeds)")
@@ -428,14 +432,16 @@ def queue_cpu_table(cpu: dict[str, Any]) -> tuple[str, str]:
             if not seeds:
                 continue
             values = [seeds[s] for s in sorted(seeds)]
-            config = next(r.get("loss_config", {}) for r in runs if r.get("method") == method)
+            own = [r for r in runs if r.get("method") == method]
+            config = own[0].get("loss_config", {})
             setting = (f"{config.get('queue_size')} rows, {config.get('queue_source', 'online')}"
                        if config.get("queue_size") else "no queue")
             gap = statistics.mean(values) - statistics.mean(mnrl.values()) if mnrl else None
-            body.append([method, setting, mean_std_text(values), ", ".join(f"{v:.2f}" for v in values),
+            shown = row_label(method, own)  # as cpu_protocol.md names it
+            body.append([shown, setting, mean_std_text(values), ", ".join(f"{v:.2f}" for v in values),
                          f"{gap:+.2f}" if gap is not None and method != "mnrl" else "–"])
             if method == queued and len(values) >= 3 and gap is not None and (best is None or gap > best[1]):
-                best = (method, gap)
+                best = (shown, gap)
     table_text = markdown_table(["CPU STS protocol", "queue", "STS avg", "per seed", "Δ vs mnrl"], body,
                                 align=["l", "l", "r", "l", "r"])
     if best is None:

@@ -226,6 +226,23 @@ def test_the_figure_draws_every_run_and_each_paired_difference_to_mnrl(tmp_path,
     cpu.plot(data, tmp_path / "b.png")
     assert (tmp_path / "a.png").read_bytes() == (tmp_path / "b.png").read_bytes()
     assert b"Matplotlib" not in (tmp_path / "a.png").read_bytes()  # no version stamp
+    cpu.plot({"runs": [r for r in data["runs"] if r["method"] != "mnrl"]}, tmp_path / "c.png")
+    assert len(drawn["fig"].axes) == 1  # no baseline yet: the scores alone
+
+
+def test_paired_differences_and_their_interval():
+    from benchmarks import harness
+
+    assert harness.paired_differences({None: 1.0, 2: 5.0, 0: 3.0, 1: 4.0}, {0: 1.0, 2: 2.0, None: 0.0}) == \
+        {0: 2.0, 2: 3.0}  # seeds both have, in order; an untrained model's None pairs with nothing
+    mean, half = harness.mean_interval([1.0, 2.0, 4.0])
+    # mean 7/3; sample std sqrt(((−4/3)² + (−1/3)² + (5/3)²) / 2) = sqrt(7/3); t(0.975, 2) = 4.302652729911275
+    assert mean == pytest.approx(7 / 3) and half == pytest.approx(4.302652729911275 * (7 / 3) ** 0.5 / 3 ** 0.5)
+    assert harness.mean_interval([2.5]) == (2.5, None)
+    with pytest.raises(ValueError, match="no values"):
+        harness.mean_interval([])
+    with pytest.raises(ValueError, match="baseline 'b'"):
+        harness.plot_seed_comparison({"a": {0: 1.0}}, "x.png", baseline="b", ylabel="y", title="t")
 
 
 # --------------------------------------------------------------------------- --queue-report
