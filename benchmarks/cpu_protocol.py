@@ -287,18 +287,22 @@ def reference_scores(protocol_json: Path, seed: int, step: int) -> dict[str, flo
 def screen_markdown(data: dict[str, Any]) -> str:
     """A screen's table (``tuning.md`` / ``tuning_queue.md``): every configuration's dev score at the screen's step,
     against mnrl's and its own loss's default at that step."""
+    from benchmarks.methods import recorded_loss, registry_loss
     from st_hardneg.reporting import markdown_table
 
     refs = data.get("references", {})
     base = refs.get("mnrl")
     header = ["configuration", "loss", "changed", "dev@step", "Δ vs mnrl", "Δ vs own default", "what it tests"]
+    # the loss column and the references under today's registry names (a record's "mixcse" with both directions is
+    # mixcse_two_way, its "hncse" of mode both hncse_both); the records keep the names they were written under
     intro = (f"Seed {data.get('seed')}, STS-B dev Spearman x 100 after {data.get('stop_after')} of 156 steps "
-             "(full-run references at that step: " + ", ".join(f"{k} {v:.2f}" for k, v in sorted(refs.items())) + ").")
+             "(full-run references at that step: "
+             + ", ".join(f"{registry_loss(k)} {v:.2f}" for k, v in sorted(refs.items())) + ").")
     body = []
     for run in sorted(data["runs"], key=lambda r: -(r["stsb_dev"] or 0)):
         score = run["stsb_dev"]
         own = refs.get(DEFAULT_METHOD.get(run["loss"], run["loss"]))
-        cells = [run["label"], run["loss"], ", ".join(f"{k}={v}" for k, v in run["changed"].items()) or "–",
+        cells = [run["label"], recorded_loss(run) if "loss_config" in run else run["loss"], ", ".join(f"{k}={v}" for k, v in run["changed"].items()) or "–",
                  f"{score:.2f}", f"{score - base:+.2f}" if base is not None else "–",
                  f"{score - own:+.2f}" if own is not None else "–", run["why"]]
         body.append(cells)

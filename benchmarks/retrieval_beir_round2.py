@@ -1151,7 +1151,7 @@ def plot(data: dict[str, Any], path: Path) -> bool:
     baseline = f"mnrl@{mining}" if mining else "MNRL"
     names = list(differences)
     rows = max(len(d["baseline"]) for d in differences.values())
-    fig = _figure(figsize=(12, 1.2 + (0.42 * rows + 1.3) * len(names)))
+    fig = _figure(figsize=(12, 1.2 + (0.42 * rows + 1.8) * len(names)))
     axes = fig.subplots(len(names), 2, squeeze=False)
     legend = ("each seed", f"mean, {CONFIDENCE:.0%} t interval")
     for (left, right), name in zip(axes, names, strict=True):
@@ -1171,7 +1171,7 @@ def plot(data: dict[str, Any], path: Path) -> bool:
             ax.set_xlabel("difference of test nDCG@10 x 100 (axis holds 0)", fontsize=8)
             ax.set_title(what, fontsize=9)
             ax.grid(axis="x", color="#dddddd", lw=0.5)
-            ax.legend(fontsize=7, loc="best", framealpha=0.9)
+            ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=3, frameon=False)
     fig.suptitle("Round 2: test nDCG@10 differences paired by seed; 0 is the baseline", fontsize=10)
     fig.text(0.01, 0.005, FIGURE_NOTE, fontsize=7, ha="left", va="bottom")
     fig.tight_layout(rect=(0, 0.03, 1, 1))

@@ -158,6 +158,9 @@ def test_every_row_is_shown_under_the_registry_name_that_builds_its_recorded_con
         if "symmetric" in recorded and "symmetric" not in built:
             recorded.update(SYMMETRIC_0_1[recorded.pop("symmetric")])
         assert {k: built.get(k, "absent") for k in recorded} == recorded, (run["method"], run["seed"])
+    # the screens' loss column: the same names (0.1's two-direction "mixcse", its "hncse" of mode both)
+    screen = cpu.screen_markdown(json.loads((RESULTS / "tuning.json").read_text()))
+    assert "| mixcse_lam0.4 | mixcse_two_way | lam=0.4 |" in screen and "| hncse_both+focal | hncse_both |" in screen
     # one label, two configurations: no single name
     runs = [{"method": "x", "loss": "mixcse", "loss_config": {"directions": d}}
             for d in (["query_to_doc"], ["query_to_doc", "doc_to_query"])]
