@@ -1084,8 +1084,8 @@ def control_points(data: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
 
 
 def reference_lines(data: dict[str, Any], name: str) -> dict[str, float]:
-    """The vertical lines of :func:`plot` on ``name``: test nDCG@10 of the untrained model, of the best built-in and
-    of MNRL on the chosen mining (mean over their seeds; those run)."""
+    """The references of ``name``'s rows: test nDCG@10 of the untrained model, of the best built-in and of MNRL on the
+    chosen mining (mean over their seeds; those run), one entry where two are the same row."""
     rows = {"untrained": "untrained", "best built-in": round2_recipe_choice(data, builtin=True),
             "MNRL, chosen mining": f"mnrl@{round2_mining_choice(data)}" if round2_mining_choice(data) else None}
     lines: dict[str, float] = {}
