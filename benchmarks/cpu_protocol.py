@@ -145,16 +145,68 @@ def summarize(data: dict[str, Any]) -> dict[str, dict[str, Any]]:
 BASELINES = ("mnrl", "mnrl_symmetric")
 
 
+def queue_options(config: dict[str, Any]) -> dict[str, Any]:
+    """The queue options of a recorded ``loss_config`` that differ from
+    :class:`~st_hardneg.losses.options.QueueOptions`' defaults (``{}``: no queue), in its fields' order."""
+    import dataclasses
+
+    from st_hardneg.losses.options import QueueOptions
+
+    defaults = {f"queue_{f.name}": f.default for f in dataclasses.fields(QueueOptions)}
+    return {key: config[key] for key, default in defaults.items() if key in config and config[key] != default}
+
+
+def row_label(method: str, runs: list[dict[str, Any]]) -> str:
+    """The name a row of the table and the figure is shown under: today's registry name of the loss its runs trained,
+    read from their record (:func:`benchmarks.methods.recorded_loss`: a ``mixcse`` run with both directions is
+    ``mixcse_two_way``, the form ``--loss mixcse`` no longer builds), with the options it adds to that loss's
+    defaults in the ``--variant`` form ``loss:key=value,...`` (a queue: ``focal:queue_size=512,...``). A row without a
+    loss (``untrained``) keeps its label. The JSON keeps the label each run was recorded under.
+
+    Raises:
+        ValueError: the runs of one label trained different configurations (one row cannot name them).
+
+    Example:
+        >>> row_label("mixcse", [{"loss": "mixcse", "loss_config": {"symmetric": True}}])
+        'mixcse_two_way'
+        >>> row_label("focal_queue", [{"loss": "focal", "loss_config": {"queue_size": 512, "queue_warmup_steps": 8}}])
+        'focal:queue_size=512,queue_warmup_steps=8'
+    """
+    from benchmarks.methods import recorded_loss
+
+    names = set()
+    for run in runs:
+        if "loss" not in run:
+            names.add(method)
+            continue
+        options = queue_options(run.get("loss_config") or {})
+        name = recorded_loss(run)
+        names.add(name + (":" + ",".join(f"{k}={v}" for k, v in options.items()) if options else ""))
+    if len(names) != 1:
+        raise ValueError(f"the runs recorded as {method!r} trained {sorted(names)}; give each its own label")
+    return names.pop()
+
+
+def row_labels(data: dict[str, Any]) -> dict[str, str]:
+    """``{recorded label: shown name}`` (:func:`row_label`) of every label in ``data``, in the runs' order."""
+    from st_hardneg.reporting import group_by_method
+
+    return {method: row_label(method, runs) for method, runs in group_by_method(data["runs"]).items()}
+
+
 def markdown(data: dict[str, Any]) -> str:
+    """The table of ``cpu_protocol.md``: a row per method (under :func:`row_label`'s name), every task's mean ± std
+    over the seeds, the average's difference to each baseline, STS-B dev and the step time."""
     from st_hardneg.reporting import markdown_table
 
     summary = summarize(data)
+    labels = row_labels(data)
     baselines = [b for b in BASELINES if b in summary]
-    header = ["method", "seeds", *TASKS, "avg", *(f"Δavg vs {b}" for b in baselines), "STS-B dev", "median step (s)",
-              "train (s, median)"]
+    header = ["method", "seeds", *TASKS, "avg", *(f"Δavg vs {labels[b]}" for b in baselines), "STS-B dev",
+              "median step (s)", "train (s, median)"]
     rows = []
     for method, row in summary.items():
-        cells = [method, ",".join(map(str, row["seeds"])) or "–"]
+        cells = [labels[method], ",".join(map(str, row["seeds"])) or "–"]
         cells += [f"{row[t][0]:.2f} ± {row[t][1]:.2f}" for t in (*TASKS, "avg")]
         for base in baselines:
             cells.append(f"{row['avg'][0] - summary[base]['avg'][0]:+.2f}" if method != base else "–")
@@ -165,15 +217,29 @@ def markdown(data: dict[str, Any]) -> str:
     return markdown_table(header, rows)
 
 
-def plot(data: dict[str, Any], path: Path) -> Path:
-    from benchmarks.harness import plot_seed_bars
-    from st_hardneg.reporting import group_by_method, mean_std
+#: the baseline the figure's lower panel takes each method's difference to, at the same seed
+PLOT_BASELINE = "mnrl"
 
-    per_seed = {m: [r["sts"]["avg"] for r in runs] for m, runs in group_by_method(data["runs"]).items()}
-    reference = ("mnrl (SimCSE) mean", mean_std(per_seed["mnrl"])[0]) if "mnrl" in per_seed else None
-    return plot_seed_bars(per_seed, path, ylabel="STS avg (Spearman x 100)", grey=("untrained", "mnrl"),
-                          title="CPU protocol: 7-task STS average, mean ± std over seeds (dots: seeds)",
-                          reference=reference)
+
+def plot(data: dict[str, Any], path: Path) -> Path:
+    """``cpu_protocol.png`` from the JSON: above, every method's 7-task STS average (mean ± std over the seeds, each
+    seed a dot; the axis fitted to the scores and labelled so); below, each method's difference to ``mnrl`` at the
+    same seed (the same batches), each seed a dot, the mean with its 95 % t interval, on an axis that holds 0 (the
+    upper panel alone before mnrl has run). Rows are named as in the table (:func:`row_label`)."""
+    from benchmarks.harness import plot_seed_bars, plot_seed_comparison
+    from st_hardneg.reporting import group_by_method
+
+    labels = row_labels(data)
+    per_seed = {labels[m]: {r["seed"]: r["sts"]["avg"] for r in runs}
+                for m, runs in group_by_method(data["runs"]).items()}
+    grey = [labels[m] for m in ("untrained", *BASELINES) if m in labels]
+    if PLOT_BASELINE not in labels:  # before mnrl has run (a run resumed from the start): the scores alone
+        return plot_seed_bars({m: list(v.values()) for m, v in per_seed.items()}, path, grey=grey,
+                              ylabel="STS avg (Spearman x 100)",
+                              title="CPU protocol: 7-task STS average, mean ± std over seeds (dots: seeds)")
+    return plot_seed_comparison(per_seed, path, baseline=labels[PLOT_BASELINE], grey=grey,
+                                ylabel="STS avg (Spearman x 100)",
+                                title="CPU protocol: 7-task STS average, mean ± std over seeds (dots: seeds)")
 
 
 def write_report(data: dict[str, Any], out: Path) -> None:
@@ -221,18 +287,22 @@ def reference_scores(protocol_json: Path, seed: int, step: int) -> dict[str, flo
 def screen_markdown(data: dict[str, Any]) -> str:
     """A screen's table (``tuning.md`` / ``tuning_queue.md``): every configuration's dev score at the screen's step,
     against mnrl's and its own loss's default at that step."""
+    from benchmarks.methods import recorded_loss, registry_loss
     from st_hardneg.reporting import markdown_table
 
     refs = data.get("references", {})
     base = refs.get("mnrl")
     header = ["configuration", "loss", "changed", "dev@step", "Δ vs mnrl", "Δ vs own default", "what it tests"]
+    # the loss column and the references under today's registry names (a record's "mixcse" with both directions is
+    # mixcse_two_way, its "hncse" of mode both hncse_both); the records keep the names they were written under
     intro = (f"Seed {data.get('seed')}, STS-B dev Spearman x 100 after {data.get('stop_after')} of 156 steps "
-             "(full-run references at that step: " + ", ".join(f"{k} {v:.2f}" for k, v in sorted(refs.items())) + ").")
+             "(full-run references at that step: "
+             + ", ".join(f"{registry_loss(k)} {v:.2f}" for k, v in sorted(refs.items())) + ").")
     body = []
     for run in sorted(data["runs"], key=lambda r: -(r["stsb_dev"] or 0)):
         score = run["stsb_dev"]
         own = refs.get(DEFAULT_METHOD.get(run["loss"], run["loss"]))
-        cells = [run["label"], run["loss"], ", ".join(f"{k}={v}" for k, v in run["changed"].items()) or "–",
+        cells = [run["label"], recorded_loss(run) if "loss_config" in run else run["loss"], ", ".join(f"{k}={v}" for k, v in run["changed"].items()) or "–",
                  f"{score:.2f}", f"{score - base:+.2f}" if base is not None else "–",
                  f"{score - own:+.2f}" if own is not None else "–", run["why"]]
         body.append(cells)
@@ -366,14 +436,16 @@ def queue_cpu_table(cpu: dict[str, Any]) -> tuple[str, str]:
             if not seeds:
                 continue
             values = [seeds[s] for s in sorted(seeds)]
-            config = next(r.get("loss_config", {}) for r in runs if r.get("method") == method)
+            own = [r for r in runs if r.get("method") == method]
+            config = own[0].get("loss_config", {})
             setting = (f"{config.get('queue_size')} rows, {config.get('queue_source', 'online')}"
                        if config.get("queue_size") else "no queue")
             gap = statistics.mean(values) - statistics.mean(mnrl.values()) if mnrl else None
-            body.append([method, setting, mean_std_text(values), ", ".join(f"{v:.2f}" for v in values),
+            shown = row_label(method, own)  # as cpu_protocol.md names it
+            body.append([shown, setting, mean_std_text(values), ", ".join(f"{v:.2f}" for v in values),
                          f"{gap:+.2f}" if gap is not None and method != "mnrl" else "–"])
             if method == queued and len(values) >= 3 and gap is not None and (best is None or gap > best[1]):
-                best = (method, gap)
+                best = (shown, gap)
     table_text = markdown_table(["CPU STS protocol", "queue", "STS avg", "per seed", "Δ vs mnrl"], body,
                                 align=["l", "l", "r", "l", "r"])
     if best is None:

@@ -1084,8 +1084,8 @@ def control_points(data: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
 
 
 def reference_lines(data: dict[str, Any], name: str) -> dict[str, float]:
-    """The vertical lines of :func:`plot` on ``name``: test nDCG@10 of the untrained model, of the best built-in and
-    of MNRL on the chosen mining (mean over their seeds; those run)."""
+    """The references of ``name``'s rows: test nDCG@10 of the untrained model, of the best built-in and of MNRL on the
+    chosen mining (mean over their seeds; those run), one entry where two are the same row."""
     rows = {"untrained": "untrained", "best built-in": round2_recipe_choice(data, builtin=True),
             "MNRL, chosen mining": f"mnrl@{round2_mining_choice(data)}" if round2_mining_choice(data) else None}
     lines: dict[str, float] = {}
@@ -1104,44 +1104,78 @@ def reference_lines(data: dict[str, Any], name: str) -> dict[str, float]:
     return lines
 
 
+def figure_differences(data: dict[str, Any]) -> dict[str, dict[str, dict[str, dict[int, float]]]]:
+    """The figure's paired differences of test nDCG@10, per dataset, each ``{row: {seed: difference}}``:
+    ``"baseline"``, each loss's chosen configuration with the control and the best built-in minus MNRL on the chosen
+    mining at the same seed (the baseline itself left out); ``"control"``, each chosen configuration minus the same
+    configuration without the control at the seeds both ran. Empty before a loss has a chosen configuration."""
+    from benchmarks.harness import paired_differences
+
+    def scores(name: str, label: str | None) -> dict[int, float]:
+        return {r["seed"]: r["test"]["ndcg@10"] for r in _runs(data, name, label)} if label else {}
+
+    mining = round2_mining_choice(data)
+    baseline = f"mnrl@{mining}" if mining else None
+    best = round2_recipe_choice(data, builtin=True)
+    out: dict[str, dict[str, dict[str, dict[int, float]]]] = {}
+    for name in MAIN:
+        chosen = [c for key in ROUND2_LOSSES if (c := round2_loss_choice(data, key)) is not None]
+        if not chosen:
+            continue
+        base = scores(name, baseline)
+        rows = [*chosen, *([best] if best and best != baseline else [])]
+        out[name] = {"baseline": {label: paired_differences(scores(name, label), base) for label in rows},
+                     "control": {label: paired_differences(scores(name, label), scores(name, round2_twin(label)))
+                                 for label in chosen}}
+    return out
+
+
+#: what the figure's row labels name where a label's loss part is not today's registry name (the table's labels)
+FIGURE_NOTE = ("Rows are the report's labels: mixcse = --loss mixcse_two_way (both directions), adcse_tied = --loss "
+               "adcse with untied=False; +ctl = the false-negative control; @t0.01 = temperature 0.01.")
+
+
 def plot(data: dict[str, Any], path: Path) -> bool:
-    """``path``: per dataset, each loss's chosen configuration with the false-negative control (filled) and without
-    it (open), test nDCG@10, against the untrained model, the best built-in and MNRL on the chosen mining; ``False``
-    (nothing written) before any loss has a chosen configuration."""
-    import matplotlib
+    """``path``, from the JSON: per dataset (a row of panels), test nDCG@10 differences paired by seed (every seed a
+    dot, the mean with its 95 % Student-t interval where there are two seeds or more) on axes that hold 0. Left: each
+    loss's chosen configuration with the false-negative control, and the best built-in, minus MNRL on the chosen
+    mining (the baseline, 0); right: each chosen configuration minus the same configuration without the control
+    (0: no effect), at the seeds both ran. ``False`` (nothing written) before any loss has a chosen configuration."""
+    from benchmarks.harness import CONFIDENCE, _include_origin, draw_differences
+    from st_hardneg.plots import _figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    points = control_points(data)
-    if not any(points.values()):
+    differences = figure_differences(data)
+    if not differences:
         return False
-    fig, axes = plt.subplots(1, len(MAIN), figsize=(11, 2.6 + 0.45 * max(len(v) for v in points.values())))
-    styles = ("grey", ":"), ("tab:red", "--"), ("tab:purple", "-.")
-    for ax, name in zip(axes, MAIN, strict=True):
-        rows = points[name]
-        for i, point in enumerate(rows):
-            xs = [v for v in (point["with"], point["without"]) if v is not None]
-            if len(xs) == 2:
-                ax.plot(xs, [i, i], color="tab:blue", lw=1, zorder=1)
-            if point["with"] is not None:
-                ax.scatter([point["with"]], [i], color="tab:blue", zorder=2,
-                           label="with the control" if i == 0 else None)
-            if point["without"] is not None:
-                ax.scatter([point["without"]], [i], facecolors="white", edgecolors="tab:blue", zorder=2,
-                           label="without" if i == 0 else None)
-        for (title, value), (color, style) in zip(reference_lines(data, name).items(), styles, strict=False):
-            ax.axvline(value, color=color, ls=style, lw=1, label=f"{title} {value:.2f}")
-        ax.set_yticks(range(len(rows)), [f"{p['label']}\n({p['with_seeds']} / {p['without_seeds']} seeds)"
-                                         for p in rows], fontsize=8)
-        ax.set_ylim(len(rows) - 0.5, -0.5)
-        ax.set_xlabel(f"{name} test nDCG@10")
-        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.22), ncol=2, frameon=False)
-    fig.suptitle("Each loss's chosen configuration with (filled) and without (open) the false-negative control",
-                 fontsize=10)
-    fig.tight_layout()
+    mining = round2_mining_choice(data)
+    baseline = f"mnrl@{mining}" if mining else "MNRL"
+    names = list(differences)
+    rows = max(len(d["baseline"]) for d in differences.values())
+    fig = _figure(figsize=(12, 1.2 + (0.42 * rows + 1.8) * len(names)))
+    axes = fig.subplots(len(names), 2, squeeze=False)
+    legend = ("each seed", f"mean, {CONFIDENCE:.0%} t interval")
+    for (left, right), name in zip(axes, names, strict=True):
+        for ax, key, zero, what in ((left, "baseline", f"0 = {baseline} at the same seed",
+                                     f"{name}: minus {baseline} (paired by seed)"),
+                                    (right, "control", "0 = no effect of the control",
+                                     f"{name}: with the control minus without it (paired by seed)")):
+            panel = differences[name][key]
+            several = any(len(seeds) > 1 for seeds in panel.values())
+            draw_differences(ax, panel, vertical=False,
+                             labels=legend if several else ("each seed", "mean (one seed: no interval)"))
+            ax.axvline(0.0, color="#c0392b", ls="--", lw=1, label=zero)
+            _include_origin(ax, "x")
+            ax.set_yticks(range(len(panel)), [f"{label}\n({len(seeds)} seed{'s' if len(seeds) != 1 else ''})"
+                                              for label, seeds in panel.items()], fontsize=8)
+            ax.set_ylim(len(panel) - 0.5, -0.5)
+            ax.set_xlabel("difference of test nDCG@10 x 100 (axis holds 0)", fontsize=8)
+            ax.set_title(what, fontsize=9)
+            ax.grid(axis="x", color="#dddddd", lw=0.5)
+            ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=3, frameon=False)
+    fig.suptitle("Round 2: test nDCG@10 differences paired by seed; 0 is the baseline", fontsize=10)
+    fig.text(0.01, 0.005, FIGURE_NOTE, fontsize=7, ha="left", va="bottom")
+    fig.tight_layout(rect=(0, 0.03, 1, 1))
     fig.savefig(path, dpi=100, metadata={"Software": None})
-    plt.close(fig)
     return True
 
 

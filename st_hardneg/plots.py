@@ -43,7 +43,8 @@ def _save(fig: Figure, path: Path, dpi: int, inside: str | Path | None = None) -
     from st_hardneg.reporting import atomic_write
 
     with atomic_write(path, inside) as handle:
-        fig.savefig(handle, format="png", dpi=dpi, bbox_inches="tight")
+        fig.savefig(handle, format="png", dpi=dpi, bbox_inches="tight",
+                    metadata={"Software": None})  # no version stamp: the same figure, the same bytes
     return path
 
 

@@ -103,6 +103,13 @@ def check_output_tree(path: str | os.PathLike[str], folder: str | os.PathLike[st
     return target
 
 
+def _umask() -> int:
+    """The process's umask (read by setting it, and set back at once)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 @contextmanager
 def atomic_write(path: str | os.PathLike[str], folder: str | os.PathLike[str] | None = None, *,
                  text: bool = False) -> Iterator[IO[Any]]:
@@ -134,6 +141,7 @@ def atomic_write(path: str | os.PathLike[str], folder: str | os.PathLike[str] | 
         with (os.fdopen(descriptor, "w", encoding="utf-8", newline="") if text else os.fdopen(descriptor, "wb")) \
                 as handle:
             yield handle
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp's 0600 would hide the file from the user's group: the usual mode
         tmp.replace(target)
     finally:  # never leave the temporary file beside the target
         tmp.unlink(missing_ok=True)

@@ -166,8 +166,9 @@ def test_the_sts_table_is_the_cpu_protocols_json():
     committed = {cells[0]: dict(zip(header, cells, strict=True))
                  for line in lines[1:] if (cells := [c.strip() for c in line.strip("|").split("|")])}
     labels = {"untrained": ["untrained"], "mnrl (SimCSE)": ["mnrl"], "mnrl_hardness": ["mnrl_hardness"],
-              "mixcse_two_way / hncse_pm / hncse_hnm / adcse": ["mixcse", "hncse_pm", "hncse_hnm", "adcse"],
-              "focal": ["focal"], "mnrl + 512-row queue": ["mnrl_queue"], "focal + 512-row queue": ["focal_queue"]}
+              "mixcse_two_way / hncse_pm / hncse_hnm / adcse": ["mixcse_two_way", "hncse_pm", "hncse_hnm", "adcse"],
+              "focal": ["focal"], "mnrl + 512-row queue": ["mnrl_queue:queue_size=512,queue_warmup_steps=8"],
+              "focal + 512-row queue": ["focal:queue_size=512,queue_warmup_steps=8"]}
     results = _section("Results")
     table = results[results.index("**STS**"):].split("\n\n")[1]
     rows = {line.split(" | ")[0].strip("| *"): [c.strip(" *|") for c in line.split(" | ")[1:]]

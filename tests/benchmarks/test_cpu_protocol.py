@@ -33,7 +33,8 @@ def test_cpu_protocol_and_tuning_smoke(tiny_model_dir, shared_data, tmp_path):
         assert run["steps"] == 3 and [s for s, _ in run["dev_curve"]] == [2, 3]  # every 2 steps and at the end
         assert run["stsb_dev_best"] == max(v for _, v in run["dev_curve"])
         assert set(run["sts"]) == {*cpu.TASKS, "avg"}
-    assert "| mixcse | 0 |" in out.with_suffix(".md").read_text() and out.with_suffix(".png").is_file()
+    # the row is named by the loss its record trained: the "mixcse" label runs the two-direction form
+    assert "| mixcse_two_way | 0 |" in out.with_suffix(".md").read_text() and out.with_suffix(".png").is_file()
     # resuming skips the finished runs
     assert cpu.main(["--methods", "mnrl", "--seeds", "0", "--out", str(out), *common]) == 0
     assert len(json.loads(out.read_text())["runs"]) == 3
@@ -126,6 +127,125 @@ def test_cpu_protocol_compares_with_both_baselines_when_present():
     assert rows["mnrl"][10:12] == ["–", "-2.20"]
     assert rows["mnrl_symmetric"][10:12] == ["+2.20", "–"]
     assert lines[1] == "|" + "---|" * len(header)
+
+
+# --------------------------------------------------------------------------- row names and the figure
+#: the name each committed label is shown under: today's registry name of what it trained, and its options
+SHOWN = {"untrained": "untrained", "mnrl": "mnrl", "mixcse": "mixcse_two_way", "focal": "focal",
+         "hncse_pm": "hncse_pm", "hncse_hnm": "hncse_hnm", "adcse": "adcse", "mnrl_hardness": "mnrl_hardness",
+         "mnrl_symmetric": "mnrl_symmetric", "focal_queue": "focal:queue_size=512,queue_warmup_steps=8",
+         "mnrl_queue": "mnrl_queue:queue_size=512,queue_warmup_steps=8"}
+#: st-hardneg 0.1's records name a loss's directions ``symmetric``: its value → today's keys of the same form
+SYMMETRIC_0_1 = {True: {"directions": ["query_to_doc", "doc_to_query"], "partition_mode": "per_direction"},
+                 False: {"directions": ["query_to_doc"]}}
+
+
+def test_every_row_is_shown_under_the_registry_name_that_builds_its_recorded_configuration(tiny_model):
+    """Each committed row's shown name, read as ``--variant`` (``loss:key=value,...``), builds today a loss whose
+    configuration equals every key the row's runs recorded (0.1's ``symmetric`` read as today's directions)."""
+    from benchmarks.harness import parse_variant
+    from st_hardneg.training import build_loss
+
+    cpu = _load()
+    data = json.loads((RESULTS / "cpu_protocol.json").read_text())
+    assert cpu.row_labels(data) == SHOWN
+    for run in data["runs"]:
+        if "loss" not in run:
+            continue
+        _, loss, options = parse_variant(f"x={SHOWN[run['method']]}")
+        built = json.loads(json.dumps(build_loss(loss, tiny_model, **options).get_config_dict()))
+        recorded = dict(run["loss_config"])
+        if "symmetric" in recorded and "symmetric" not in built:
+            recorded.update(SYMMETRIC_0_1[recorded.pop("symmetric")])
+        assert {k: built.get(k, "absent") for k in recorded} == recorded, (run["method"], run["seed"])
+    # the screens' loss column: the same names (0.1's two-direction "mixcse", its "hncse" of mode both)
+    screen = cpu.screen_markdown(json.loads((RESULTS / "tuning.json").read_text()))
+    assert "| mixcse_lam0.4 | mixcse_two_way | lam=0.4 |" in screen and "| hncse_both+focal | hncse_both |" in screen
+    # one label, two configurations: no single name
+    runs = [{"method": "x", "loss": "mixcse", "loss_config": {"directions": d}}
+            for d in (["query_to_doc"], ["query_to_doc", "doc_to_query"])]
+    with pytest.raises(ValueError, match="trained"):
+        cpu.row_label("x", runs)
+    assert cpu.row_label("q", [{"loss": "focal", "loss_config": {"queue_size": 64, "queue_source": "ema",
+                                                                  "queue_warmup_steps": 0}}]) \
+        == "focal:queue_size=64,queue_source=ema"
+
+
+def _drawn(monkeypatch):
+    from st_hardneg import plots
+
+    drawn = {}
+    real_save = plots._save
+
+    def keep(fig, path, dpi):
+        drawn["fig"] = fig
+        return real_save(fig, path, dpi)
+
+    monkeypatch.setattr(plots, "_save", keep)
+    return drawn
+
+
+def test_the_figure_draws_every_run_and_each_paired_difference_to_mnrl(tmp_path, monkeypatch):
+    """cpu_protocol.png from the committed JSON: above, a bar per row and a dot per run on an axis that says it does
+    not start at 0; below, a dot per seed of each row minus mnrl at that seed and the mean with its 95 % t interval
+    (computed here), on an axis that holds 0; the ticks are the table's names; the same bytes twice."""
+    from matplotlib.collections import PathCollection
+    from matplotlib.container import ErrorbarContainer
+
+    from benchmarks.harness import NOT_FROM_ZERO
+
+    cpu = _load()
+    data = json.loads((RESULTS / "cpu_protocol.json").read_text())
+    drawn = _drawn(monkeypatch)
+    cpu.plot(data, tmp_path / "a.png")
+    top, bottom = drawn["fig"].axes
+    rows = list(SHOWN.values())
+    assert len(top.patches) == len(rows)
+    assert [t.get_text() for t in bottom.get_xticklabels()] == rows
+    top_dots = [y for c in top.collections if isinstance(c, PathCollection) for _, y in c.get_offsets()]
+    assert sorted(top_dots) == sorted(r["sts"]["avg"] for r in data["runs"])
+    assert top.get_ylim()[0] > 0 and NOT_FROM_ZERO in top.get_ylabel()
+    low, high = bottom.get_ylim()
+    assert low < 0 < high and "holds 0" in bottom.get_ylabel()
+    mnrl = {r["seed"]: r["sts"]["avg"] for r in data["runs"] if r["method"] == "mnrl"}
+    expected = {}
+    for method in SHOWN:
+        seeds = {r["seed"]: r["sts"]["avg"] for r in data["runs"] if r["method"] == method}
+        diffs = [seeds[s] - mnrl[s] for s in sorted(seeds) if s in mnrl]
+        if diffs:
+            expected[method] = diffs
+    dots = [y for c in bottom.collections if isinstance(c, PathCollection) for _, y in c.get_offsets()]
+    assert len(dots) == sum(len(d) for d in expected.values()) == 3 * (len(rows) - 1)  # untrained has no seed
+    assert sorted(dots) == pytest.approx(sorted(v for d in expected.values() for v in d))
+    t_975_2 = 4.302652729911275  # Student's t, 97.5 %, 2 degrees of freedom
+    bars = [c for c in bottom.containers if isinstance(c, ErrorbarContainer)]
+    means = [float(c.lines[0].get_ydata()[0]) for c in bars]
+    halves = [seg[1][1] - seg[0][1] for c in bars for seg in c.lines[2][0].get_segments()]
+    assert means == pytest.approx([statistics.mean(d) for d in expected.values()])
+    assert halves == pytest.approx([2 * t_975_2 * statistics.stdev(d) / 3 ** 0.5 for d in expected.values()])
+    assert [t.get_text() for t in bottom.get_legend().get_texts()] == [
+        "each seed", "0 = mnrl at the same seed", "mean, 95% t interval"]
+    assert [t.get_text() for t in top.get_legend().get_texts()] == ["mnrl mean (75.77)"]
+    cpu.plot(data, tmp_path / "b.png")
+    assert (tmp_path / "a.png").read_bytes() == (tmp_path / "b.png").read_bytes()
+    assert b"Matplotlib" not in (tmp_path / "a.png").read_bytes()  # no version stamp
+    cpu.plot({"runs": [r for r in data["runs"] if r["method"] != "mnrl"]}, tmp_path / "c.png")
+    assert len(drawn["fig"].axes) == 1  # no baseline yet: the scores alone
+
+
+def test_paired_differences_and_their_interval():
+    from benchmarks import harness
+
+    assert harness.paired_differences({None: 1.0, 2: 5.0, 0: 3.0, 1: 4.0}, {0: 1.0, 2: 2.0, None: 0.0}) == \
+        {0: 2.0, 2: 3.0}  # seeds both have, in order; an untrained model's None pairs with nothing
+    mean, half = harness.mean_interval([1.0, 2.0, 4.0])
+    # mean 7/3; sample std sqrt(((−4/3)² + (−1/3)² + (5/3)²) / 2) = sqrt(7/3); t(0.975, 2) = 4.302652729911275
+    assert mean == pytest.approx(7 / 3) and half == pytest.approx(4.302652729911275 * (7 / 3) ** 0.5 / 3 ** 0.5)
+    assert harness.mean_interval([2.5]) == (2.5, None)
+    with pytest.raises(ValueError, match="no values"):
+        harness.mean_interval([])
+    with pytest.raises(ValueError, match="baseline 'b'"):
+        harness.plot_seed_comparison({"a": {0: 1.0}}, "x.png", baseline="b", ylabel="y", title="t")
 
 
 # --------------------------------------------------------------------------- --queue-report

@@ -446,6 +446,65 @@ def test_the_figure_shows_each_chosen_configuration_with_and_without_the_control
     assert r2.reference_lines(data, "nfcorpus") == {
         "untrained": 31.6, "best built-in, MNRL, chosen mining (mnrl@pairs)": 29.0}
     assert r2.plot(data, tmp_path / "f.png") and (tmp_path / "f.png").read_bytes()[:4] == b"\x89PNG"
+    # the figure's paired differences: against MNRL on the chosen mining (here also the best built-in: no row of
+    # its own) at each seed both ran, and with the control against without it
+    assert r2.figure_differences(data) == {
+        "scifact": {"baseline": {"focal+ctl@t0.01": {0: 62.0 - 63.0}}, "control": {"focal+ctl@t0.01": {0: 1.0}}},
+        "nfcorpus": {"baseline": {"focal+ctl@t0.01": {0: 31.0 - 29.0}}, "control": {"focal+ctl@t0.01": {}}}}
+
+
+def _figure_axes(monkeypatch, data, path):
+    from matplotlib.figure import Figure
+
+    drawn = {}
+    savefig = Figure.savefig
+
+    def keep(fig, *args, **kwargs):
+        drawn["fig"] = fig
+        return savefig(fig, *args, **kwargs)
+
+    monkeypatch.setattr(Figure, "savefig", keep)
+    assert r2.plot(data, path)
+    return drawn["fig"].axes
+
+
+def test_the_committed_figure_draws_each_seeds_paired_difference_on_axes_that_hold_0(tmp_path, monkeypatch):
+    """retrieval_beir_round2.png from the committed JSON: per dataset, a dot per seed of each chosen configuration
+    with the control and of the best built-in minus MNRL on the chosen mining at that seed, and a dot per seed both
+    ran of each configuration minus its twin without the control (computed here from the runs); every axis holds 0;
+    the ticks name the rows; the legends name what is drawn; the same bytes twice."""
+    from matplotlib.collections import PathCollection
+
+    data = json.loads((Path(r2.__file__).parent / "results" / "retrieval_beir_round2.json").read_text())
+
+    def scores(name, label):
+        return {r["seed"]: r["test"]["ndcg@10"] for r in data["runs"] if r["dataset"] == name
+                and r["method"] == label and "test" in r and "failed" not in r}
+
+    chosen = [r2.round2_loss_choice(data, key) for key in r2.ROUND2_LOSSES]
+    assert chosen == ["focal+ctl@t0.01", "mixcse+ctl", "hncse_hnm+ctl@t0.01", "hncse_pm+ctl", "adcse_tied+ctl@t0.01"]
+    axes = _figure_axes(monkeypatch, data, tmp_path / "a.png")
+    assert len(axes) == 2 * len(r2.MAIN)
+    for (left, right), name in zip(zip(axes[::2], axes[1::2], strict=True), r2.MAIN, strict=True):
+        base = scores(name, "mnrl@rel0.05")
+        expected = {"baseline": {label: [v - base[s] for s, v in sorted(scores(name, label).items())]
+                                 for label in [*chosen, "gist@rel0.05"]},
+                    "control": {label: [v - scores(name, r2.round2_twin(label))[s]
+                                        for s, v in sorted(scores(name, label).items())
+                                        if s in scores(name, r2.round2_twin(label))] for label in chosen}}
+        for ax, key in ((left, "baseline"), (right, "control")):
+            dots = [x for c in ax.collections if isinstance(c, PathCollection) for x, _ in c.get_offsets()]
+            assert sorted(dots) == pytest.approx(sorted(v for d in expected[key].values() for v in d)), (name, key)
+            assert [t.get_text().split("\n")[0] for t in ax.get_yticklabels()] == list(expected[key])
+            low, high = ax.get_xlim()
+            assert low < 0 < high and "holds 0" in ax.get_xlabel()
+            legend = [t.get_text() for t in ax.get_legend().get_texts()]
+            assert legend[0] == "each seed" and legend[1].startswith("0 = ")
+        assert sum(len(d) for d in expected["baseline"].values()) == 3 * 4 + 5 + 5  # rows x their seeds
+        assert [t.get_text() for t in right.get_legend().get_texts()][2] == "mean (one seed: no interval)"
+        assert "mnrl@rel0.05" in left.get_title() and name in left.get_title()
+    r2.plot(data, tmp_path / "b.png")
+    assert (tmp_path / "a.png").read_bytes() == (tmp_path / "b.png").read_bytes()
 
 
 def test_the_target_line_judges_the_mean_each_dataset_and_holm():

@@ -231,6 +231,11 @@ def test_seed_bars_show_mean_std_and_every_seed(tmp_path, monkeypatch):
     assert dots == sorted(v for scores in per_seed.values() for v in scores)
     assert [t.get_text() for t in ax.texts] == ["72.00", "75.50", "72.00"]
     assert any(line.get_ydata()[0] == 60.0 for line in ax.lines)  # the reference line
+    # the axis is fitted to the scores (from 60 - 0.3 x 15.5 here) and its label says it does not start at 0
+    assert ax.get_ylim()[0] == pytest.approx(60.0 - 0.3 * 15.5) and harness.NOT_FROM_ZERO in ax.get_ylabel()
+    harness.plot_seed_bars({"a": [0.1, 0.5]}, tmp_path / "low.png", ylabel="avg", title="t")
+    ax = drawn["fig"].axes[0]
+    assert ax.get_ylim()[0] < 0 and ax.get_ylabel() == "avg"  # it holds 0: no note
     with pytest.raises(ValueError, match="no method"):
         harness.plot_seed_bars({}, tmp_path / "x.png", ylabel="y", title="t")
     with pytest.raises(ValueError, match=r"\['b'\] have no scores"):
