@@ -149,3 +149,16 @@ def test_the_lock_refuses_a_second_holder_and_is_gone_after(tmp_path):
     with output_lock(tmp_path / "kept"):
         assert (tmp_path / "kept" / LOCK_FILE).read_text() == f"{os.getpid()}\n"
     assert sorted(os.listdir(tmp_path / "kept")) == []
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o077])
+@pytest.mark.parametrize("writer", list(WRITERS))
+def test_written_files_get_the_mode_the_umask_gives_not_the_temporary_files(folders, writer, umask):
+    out, _ = folders
+    previous = os.umask(umask)
+    try:
+        path = out / ("written.png" if writer == "plot_run_curve" else "written.txt")
+        WRITERS[writer](path, out)
+    finally:
+        os.umask(previous)
+    assert oct(os.stat(path).st_mode & 0o777) == oct(0o666 & ~umask)
