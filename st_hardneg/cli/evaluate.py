@@ -434,6 +434,10 @@ def cmd_compare(args: argparse.Namespace) -> int:
                          f"{len(runs)}")
     from st_hardneg.cli.paths import ensure_writable_file
 
+    if args.output is not None and getattr(args, "plot", None) is not None and (
+            Path(args.output).expanduser().resolve() == Path(args.plot).expanduser().resolve()):
+        raise ValueError(f"--output and --plot name the same file ({args.output}): the figure would replace the "
+                         "comparison; give two files")
     for option, value in (("--output", args.output), ("--plot", getattr(args, "plot", None))):
         if value is None:
             continue
@@ -447,7 +451,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     print(result.to_markdown())
     if args.output is not None:
         text = result.to_json() if str(args.output).endswith(".json") else result.to_markdown()
-        Path(args.output).expanduser().write_text(text)
+        Path(args.output).expanduser().write_text(text, encoding="utf-8")
         print(f"comparison: {args.output}")
     if getattr(args, "plot", None) is not None:
         from st_hardneg.plots import plot_comparison
