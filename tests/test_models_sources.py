@@ -206,6 +206,9 @@ def test_a_router_model_without_its_routes_or_with_pooling_is_refused_before_it_
     for task in (["--task", "beir", "--data", str(tmp_path)], ["--task", "retrieval"]):
         err = _one_line_exit_2([*base, *task, *mapping], capsys)
         assert "is a Router model" in err and "--train-file FILE" in err
+    err = _one_line_exit_2(["eval", "--model", str(router_dir), "--pooling", "cls", "--output-dir",
+                            str(tmp_path / "eval")], capsys)
+    assert "--pooling cls:" in err and "is a Router model" in err
 
 
 @pytest.mark.parametrize("loss", ["mixcse", "focal", "hncse", "adcse"])
