@@ -177,6 +177,9 @@ def test_a_bare_encoder_pools_by_mean_at_its_own_length_in_the_library_and_the_c
     expected = reference.encode(texts, convert_to_tensor=True)
     torch.testing.assert_close(library.encode(texts, convert_to_tensor=True), expected, rtol=0, atol=1e-6)
     torch.testing.assert_close(command_line.encode(texts, convert_to_tensor=True), expected, rtol=0, atol=1e-6)
+    from st_hardneg.models import BARE_ENCODER_POOLING
+
+    assert evaluate.BARE_ENCODER_POOLING == BARE_ENCODER_POOLING == "mean"  # one rule, stated in both places
     rebuilt = resolve_model(bare, device="cpu")  # "rebuild": the training defaults, CLS at 32 tokens
     assert rebuilt[1].get_config_dict()["pooling_mode"] == "cls" and rebuilt.max_seq_length == 32
 

@@ -17,8 +17,8 @@ EVAL_TASK_GROUPS = ("sts", "transfer", "mteb", "align", "beir")
 
 
 #: the pooling of an encoder without ``modules.json`` in every task: what ``SentenceTransformer(path)`` gives it, the
-#: rule of :func:`st_hardneg.models.resolve_model` with ``saved="as_is"`` (:data:`st_hardneg.models.
-#: BARE_ENCODER_POOLING`; kept here too so that ``--help`` imports no deep-learning library)
+#: rule of :func:`st_hardneg.models.resolve_model` with ``saved="as_is"``
+#: (:data:`st_hardneg.models.BARE_ENCODER_POOLING`; kept here too so that ``--help`` imports no deep-learning library)
 BARE_ENCODER_POOLING = "mean"
 
 

@@ -317,8 +317,9 @@ def run_mteb(
 
 def _stale_in_cache(cache: Any, tasks: Sequence[AbsTask], meta: Any) -> set[str]:
     """The tasks whose cached result was computed on other data: its recorded dataset revision differs from the
-    task's (a local task's revision is the digest of its files, :func:`~st_hardneg.evaluation.mteb_tasks.
-    content_revision`). mteb's ``only-missing`` would return such a result as it is; these are recomputed."""
+    task's (a local task's revision is the digest of its files,
+    :func:`~st_hardneg.evaluation.mteb_tasks.content_revision`). mteb's ``only-missing`` would return such a result
+    as it is; these are recomputed."""
     stale: set[str] = set()
     for task in tasks:
         try:
