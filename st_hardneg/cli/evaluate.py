@@ -147,8 +147,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
         ensure_writable_dir(args.output_dir, option)
     from st_hardneg.models import check_model_source
 
-    source = check_model_source(args.model, "--model")  # a file, a damaged folder: one line before the model loads
-    if source.router and args.pooling is not None:
+    model_source = check_model_source(args.model, "--model")  # a file, a damaged folder: one line before the model loads
+    if model_source.router and args.pooling is not None:
         raise ValueError(f"--pooling {args.pooling}: {args.model} is a Router model (query / document towers), whose "
                          "pooling is inside each route: drop --pooling to evaluate it as saved")
     model_name = eval_model_name(args)
