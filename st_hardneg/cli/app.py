@@ -30,8 +30,16 @@ logger = logging.getLogger("st_hardneg")
 
 
 def cmd_download(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
     from st_hardneg.data.senteval import download_senteval, download_wiki1m
 
+    if args.dest is not None:  # before any request: a file in the way is named, not a URL or "File exists" error
+        dest = Path(args.dest).expanduser()
+        blocker = next((p for p in (dest, *dest.parents) if p.exists()), None)
+        if blocker is not None and not blocker.is_dir():
+            what = "--dest" if blocker == dest else f"--dest {dest}: its parent"
+            raise ValueError(f"{what} {blocker} is a file, not a folder: give the folder to download into")
     if args.what == "senteval":
         path = download_senteval(args.dest)
         print(f"SentEval data in {path}; use --data-dir {path}")

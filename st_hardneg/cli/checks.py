@@ -103,6 +103,7 @@ def resolve_train_args(args: argparse.Namespace) -> argparse.Namespace:
     if getattr(args, "save_train_head", False) and not args.mlp_head:
         raise ValueError("--save-train-head keeps the head of --mlp-head; this run has no head: add --mlp-head or drop "
                          "--save-train-head")
+    check_train_model(args)  # a file, a damaged folder, a Router without its routes: before any model loads
     parse_loss_args(args.loss_arg)  # a repeated key fails here (the names are checked by cmd_train)
     mining_settings(args)  # a bad setting fails here, before any data is read or model loaded
     if args.eval_batch_size < 1:
@@ -124,6 +125,47 @@ def resolve_train_args(args: argparse.Namespace) -> argparse.Namespace:
     if not 0 <= args.warmup_ratio < 1:
         raise ValueError(f"--warmup-ratio must be in [0, 1) (a share of the steps), got {args.warmup_ratio}")
     return args
+
+
+#: the columns each ``train`` task feeds the loss, in order: what a Router model's ``router_mapping`` maps
+TASK_COLUMNS = {"sts": ("anchor", "positive"), "retrieval": ("anchor", "positive", "negative"),
+                "beir": ("anchor", "positive", "negative")}
+
+
+def check_train_model(args: argparse.Namespace) -> Any:
+    """``--model`` as ``train`` takes it (:func:`st_hardneg.models.check_model_source`, the check ``eval`` uses too),
+    and a ``Router`` model (query / document towers) against the options it needs: ``--training-arg
+    router_mapping=...`` (which column takes which route; the Trainer refuses a Router without it, after the model
+    loaded), no ``--pooling`` (its pooling is inside each route), and rows of your own (``--train-file``): the mined
+    tasks mine with one encoder. Returns the :class:`~st_hardneg.models.ModelSource`.
+
+    Raises:
+        ValueError: a bad model folder, or a Router model without what it needs, in one line naming ``Router``
+            and the option.
+    """
+    from st_hardneg.models import check_model_source
+
+    source = check_model_source(getattr(args, "model", None), "--model")
+    if not source.router:
+        return source
+    mapped = any(str(item).split("=", 1)[0].strip() == "router_mapping" for item in args.training_arg or [])
+    if getattr(args, "pooling", None) is not None and "pooling" in getattr(args, "model_options_given", ["pooling"]):
+        raise ValueError(f"--pooling {args.pooling}: {args.model} is a Router model (query / document towers), whose "
+                         "pooling is inside each route: drop --pooling (or change each tower's Pooling and save "
+                         "the model)")
+    if args.task == "beir" or (args.task == "retrieval" and not getattr(args, "train_file", None)):
+        raise ValueError(f"--model {args.model} is a Router model (query / document towers): --task {args.task} "
+                         "mines its negatives with one encoder; train it with --task retrieval --train-file FILE "
+                         "(your anchor, positive[, negative] rows)")
+    if not mapped:
+        columns = TASK_COLUMNS.get(args.task, ("anchor", "positive"))
+        if args.task == "retrieval":
+            columns = columns[:2]
+        example = ", ".join(f'"{c}": "{"query" if c == "anchor" else "document"}"' for c in columns)
+        raise ValueError(f"--model {args.model} is a Router model (query / document towers) and --training-arg "
+                         f"router_mapping is missing: say which column takes which route, e.g. --training-arg "
+                         f"'router_mapping={{{example}}}'")
+    return source
 
 
 def mining_settings(args: argparse.Namespace) -> dict[str, Any] | None:

@@ -16,20 +16,23 @@ if TYPE_CHECKING:
 EVAL_TASK_GROUPS = ("sts", "transfer", "mteb", "align", "beir")
 
 
-#: the pooling of an encoder without ``modules.json`` in every task: what ``SentenceTransformer(path)`` gives it
+#: the pooling of an encoder without ``modules.json`` in every task: what ``SentenceTransformer(path)`` gives it, the
+#: rule of :func:`st_hardneg.models.resolve_model` with ``saved="as_is"``
+#: (:data:`st_hardneg.models.BARE_ENCODER_POOLING`; kept here too so that ``--help`` imports no deep-learning library)
 BARE_ENCODER_POOLING = "mean"
 
 
 def load_for_eval(name: str | None, pooling: str | None) -> SentenceTransformer:
     """The model as published: a saved SentenceTransformer (a folder or a cached Hub snapshot with ``modules.json``,
     or the embedded all-MiniLM-L6-v2) with all its own modules; with ``pooling`` given, the encoder with a fresh
-    pooling of that mode. An encoder without a saved pooling gets :data:`BARE_ENCODER_POOLING` in every task (one
+    pooling of that mode. An encoder without a saved pooling gets :data:`BARE_ENCODER_POOLING` (mean) at its own
+    length in every task, as ``SentenceTransformer(path)`` and ``resolve_model(path, saved="as_is")`` give it (one
     rule, said in the printed module line by :func:`bare_encoder_note`). See :func:`st_hardneg.models.resolve_model`."""
     from st_hardneg.models import resolve_model
 
     if pooling is not None:
         return resolve_model(name, pooling=pooling, max_seq_length=None, saved="rebuild")
-    return resolve_model(name, pooling=BARE_ENCODER_POOLING, max_seq_length=None, saved="as_is")
+    return resolve_model(name, saved="as_is")
 
 
 def bare_encoder_note(name: str | None, pooling: str | None) -> str:
@@ -83,15 +86,24 @@ def read_saved_meta(model: str | None) -> dict[str, Any] | None:
     return read_model_meta(str(model))
 
 
+def _check_names(model_name: str, revision: str | None) -> None:
+    """``--model-name`` and ``--revision`` become folder names: each part a plain name (no ``..``, no separator),
+    checked before any model loads."""
+    from st_hardneg.cli.paths import check_path_component
+
+    if revision is not None:
+        check_path_component(revision, "--revision")
+    for part in model_name.split("/"):  # org/name: each part a plain name (mteb files it under org__name too)
+        check_path_component(part, "--model-name")
+
+
 def _eval_files(args: argparse.Namespace, model_name: str, revision: str) -> dict[str, Path]:
     """Where ``eval`` writes: ``--output-dir X.json`` → that file, side files ``X.per_query.tsv`` / ``X.<task>.trec``
     beside it; a folder → ``<folder>/st-hardneg/<org>__<name>/<revision>/eval.json`` (+ ``per_query.tsv``,
     ``<task>.trec``), mteb's own files under ``<folder>/results/`` (its ``ResultCache``)."""
-    from st_hardneg.cli.paths import check_path_component, ensure_inside
+    from st_hardneg.cli.paths import ensure_inside
 
-    check_path_component(revision, "--revision")
-    for part in model_name.split("/"):  # org/name: each part a plain name (mteb files it under org__name too)
-        check_path_component(part, "--model-name")
+    _check_names(model_name, revision)
     target = Path(args.output_dir).expanduser()
     if str(args.output_dir).endswith(".json"):
         stem = target.name[: -len(".json")]
@@ -107,9 +119,31 @@ def _eval_files(args: argparse.Namespace, model_name: str, revision: str) -> dic
     return files
 
 
+def _previous_record(args: argparse.Namespace, files: dict[str, Path], model_name: str,
+                     revision: str | None) -> dict[str, Any]:
+    """The earlier record at ``files["results"]``, checked as input (:func:`~st_hardneg.evaluation.planning.
+    read_eval_record`): ``{}`` when there is none, or with ``--overwrite`` when it is not a readable ``eval.json``
+    (then it is replaced). A ``--output X.json`` that exists is refused without ``--overwrite``."""
+    from st_hardneg.evaluation.planning import EvalRecordError, read_eval_record
+
+    path = files["results"]
+    if not path.exists():
+        return {}
+    if str(args.output_dir).endswith(".json") and not args.overwrite:  # a file the user named: replaced when asked
+        raise ValueError(f"{path} exists (an evaluation of {model_name}{f' {revision}' if revision else ''}); pass "
+                         "--overwrite to replace it")
+    try:
+        return read_eval_record(path)
+    except EvalRecordError:
+        if args.overwrite:
+            return {}
+        raise
+
+
 def cmd_eval(args: argparse.Namespace) -> int:
     from st_hardneg.cli.paths import ensure_writable_dir, ensure_writable_file
     from st_hardneg.evaluation import evaluate_sts
+    from st_hardneg.evaluation.planning import merge_mteb, merged_settings, plan_eval
     from st_hardneg.reporting import write_json
 
     groups = [g.strip() for g in args.tasks.split(",") if g.strip()]
@@ -127,6 +161,14 @@ def cmd_eval(args: argparse.Namespace) -> int:
         ensure_writable_file(args.output_dir, option)
     else:
         ensure_writable_dir(args.output_dir, option)
+    from st_hardneg.models import check_model_source
+
+    model_source = check_model_source(args.model, "--model")  # a file, a damaged folder: one line before the model loads
+    if model_source.router and args.pooling is not None:
+        raise ValueError(f"--pooling {args.pooling}: {args.model} is a Router model (query / document towers), whose "
+                         "pooling is inside each route: drop --pooling to evaluate it as saved")
+    model_name = eval_model_name(args)
+    _check_names(model_name, args.revision)  # --model-name .. fails here, before the model loads
     folders = args.data or []
     beir_tasks: list[Any] = []
     loaded: list[Any] = []
@@ -134,12 +176,13 @@ def cmd_eval(args: argparse.Namespace) -> int:
         raise ValueError("--data is the BEIR folder of --task beir (or of --tasks mteb); SentEval data is --data-dir")
     if "beir" in groups and not folders:
         raise ValueError("--task beir needs --data PATH: a BEIR folder (corpus.jsonl, queries.jsonl, qrels/*.tsv)")
-    if folders:  # before the model loads: a bad folder or split fails first
-        from st_hardneg.data.beir import load_beir
+    if args.max_seq_length is not None:
         from st_hardneg.validation import check_count
 
-        if args.max_seq_length is not None:
-            check_count(args.max_seq_length, "--max-seq-length", minimum=1)
+        check_count(args.max_seq_length, "--max-seq-length", minimum=1)
+    if folders:  # before the model loads: a bad folder or split fails first
+        from st_hardneg.data.beir import load_beir
+
         loaded = [load_beir(folder) for folder in folders]
         names = [data.name for data in loaded]
         if len(set(names)) != len(names):
@@ -149,14 +192,16 @@ def cmd_eval(args: argparse.Namespace) -> int:
         from st_hardneg.cli.checks import check_sts_files
 
         check_sts_files(args.data_dir)
+    if args.revision is not None or str(args.output_dir).endswith(".json"):  # its place is known: checked now
+        _previous_record(args, _eval_files(args, model_name, args.revision or "weights"), model_name, args.revision)
     pooling = args.pooling
     model = load_for_eval(args.model, pooling)
     if args.max_seq_length is None:  # the length the model is saved with, as mteb evaluates it
         args.max_seq_length = model.max_seq_length
     from st_hardneg.models import module_stack, weights_digest
 
-    model_name = eval_model_name(args)
-    revision = args.revision or f"weights-{weights_digest(model)}"
+    weights = weights_digest(model)
+    revision = args.revision or f"weights-{weights}"
     files = _eval_files(args, model_name, revision)
     mteb_tasks: list[Any] = []
     if "mteb" in groups:
@@ -165,14 +210,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
         default = "" if folders else "STSBenchmark-local"
         mteb_tasks = [t.strip() for t in (args.mteb_tasks or default).split(",") if t.strip()]
         mteb_tasks += [beir_mteb_task(data, args.split, max_seq_length=args.max_seq_length) for data in loaded]
-    settings = _eval_settings(args, groups, model, loaded, beir_tasks, mteb_tasks)
-    previous: dict[str, Any] = {}
-    if files["results"].exists() and not args.overwrite:
-        if str(args.output_dir).endswith(".json"):  # a file the user named: replaced only when asked
-            raise ValueError(f"{files['results']} exists (an evaluation of {model_name} {revision}); pass "
-                             "--overwrite to replace it")
-        previous = _read_previous(files["results"])
-    plan = _plan_eval(previous, settings, files["results"])
+    settings = _eval_settings(args, groups, model, weights, revision, loaded, beir_tasks, mteb_tasks)
+    previous = _previous_record(args, files, model_name, revision)
+    plan = plan_eval(previous, settings, files["results"], overwrite=args.overwrite)
+    previous = plan.record
     from st_hardneg.cli.paths import check_path_component
 
     todo_beir = [task for task in beir_tasks if task.name in plan.beir]
@@ -187,11 +228,13 @@ def cmd_eval(args: argparse.Namespace) -> int:
           + bare_encoder_note(args.model, args.pooling))
     if plan.skipped:
         print(f"already in {files['results']} (skipped; --overwrite recomputes): {', '.join(plan.skipped)}")
+    if plan.dropped:
+        print(f"removed from {files['results']} (computed with other weights): {', '.join(plan.dropped)}")
     source = args.model or "default (all-MiniLM-L6-v2, embedded)"
     name = args.model_name or source  # the tables name the model as --model-name does, else by its path
     results: dict[str, Any] = {**previous, "model": source, "model_name": model_name, "revision": revision,
                                "modules": module_stack(model), "files": dict(previous.get("files", {})),
-                               "settings": _merged_settings(previous, settings)}
+                               "settings": merged_settings(previous, settings)}
     start = time.perf_counter()
     if "sts" in plan.groups:
         results["sts"] = evaluate_sts(model, args.data_dir, batch_size=args.batch_size,
@@ -207,9 +250,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
         ran = run_mteb(model, todo_mteb, data_dir=args.data_dir, output_dir=files["mteb"],
                        model_name=model_name, revision=revision, batch_size=args.batch_size,
                        known_meta=read_saved_meta(args.model),
-                       use_cache=not args.overwrite and args.revision is None,  # keyed by the weights
+                       use_cache=not args.overwrite and args.revision is None,  # keyed by the weights and the data
                        show_progress_bar=not args.quiet)
-        results["mteb"] = _merge_mteb(previous.get("mteb"), ran)
+        results["mteb"] = merge_mteb(previous.get("mteb"), ran)
         results["files"]["mteb"] = str(files["mteb"])
     if "align" in plan.groups:
         from st_hardneg.evaluation import alignment_uniformity
@@ -236,17 +279,20 @@ def cmd_eval(args: argparse.Namespace) -> int:
     seconds = time.perf_counter() - start
     results["seconds"] = float(previous.get("seconds", 0.0)) + seconds
     print("\n\n".join(_eval_tables(results, groups, [task.name for task in beir_tasks], name)))
-    if not plan.groups:
+    if not plan.groups and not plan.dropped:
         print(f"\nnothing to compute: every requested result is in {files['results']} (--overwrite recomputes)")
         return 0
     files["folder"].mkdir(parents=True, exist_ok=True)
     if retrieved:
+        from st_hardneg.evaluation.planning import record_file
         from st_hardneg.evaluation.runs import read_per_query, write_per_query, write_trec_run
 
         per_query = {task: result.per_query for task, result in retrieved.items()}
         if previous.get("files", {}).get("per_query"):  # the earlier tasks' rows stay in the file
-            earlier = read_per_query(files["folder"] / previous["files"]["per_query"])
-            per_query = {**{t: q for t, q in earlier.items() if t not in per_query}, **per_query}
+            earlier_file = record_file(files["results"], "'files.per_query'", previous["files"]["per_query"])
+            earlier = read_per_query(files["folder"] / earlier_file)
+            per_query = {**{t: q for t, q in earlier.items() if t not in per_query and t in results["beir"]},
+                         **per_query}
         written = write_per_query(files["per_query"], per_query)
         results["files"]["per_query"] = written.name
         results["files"]["runs"] = dict(previous.get("files", {}).get("runs", {}))
@@ -262,141 +308,41 @@ def _mteb_task_name(task: Any) -> str:
     return task if isinstance(task, str) else str(task.metadata.name)
 
 
-def _eval_settings(args: argparse.Namespace, groups: list[str], model: Any, loaded: list[Any],
-                   beir_tasks: list[Any], mteb_tasks: list[Any]) -> dict[str, Any]:
-    """What each requested result depends on besides the weights (the folder is keyed by their digest): the
-    settings an earlier result in the same ``eval.json`` must match to be reused. ``beir`` holds one entry a task,
-    ``mteb`` the task names."""
-    from st_hardneg.data.senteval import DataNotFoundError, resolve_senteval_dir
+def _eval_settings(args: argparse.Namespace, groups: list[str], model: Any, weights: str, revision: str,
+                   loaded: list[Any], beir_tasks: list[Any], mteb_tasks: list[Any]) -> dict[str, Any]:
+    """The request's settings (:func:`~st_hardneg.evaluation.planning.eval_settings`) from the parsed options: the
+    model's modules, weights digest and revision, the content digests of the data (SentEval STS files, BEIR
+    folders, local mteb tasks)."""
+    from st_hardneg.data.senteval import STS_DEV_TASKS, STS_TASKS, DataNotFoundError, resolve_senteval_dir, sts_files
+    from st_hardneg.evaluation.mteb_tasks import LOCAL_MTEB_TASKS, content_revision
+    from st_hardneg.evaluation.planning import eval_settings, senteval_digest
     from st_hardneg.models import module_stack
 
-    senteval: str | None = None
+    senteval: Path | None = None
     if {"sts", "transfer", "align", "mteb"} & set(groups):
         try:
-            senteval = str(resolve_senteval_dir(args.data_dir).resolve())
+            senteval = resolve_senteval_dir(args.data_dir).resolve()
         except DataNotFoundError:  # an mteb run of BEIR folders only; the groups that need it fail when they run
             senteval = None
-    modules = module_stack(model)
-    common = {"modules": modules, "data_dir": senteval}
-    settings: dict[str, Any] = {}
-    for group in groups:
-        if group in ("sts", "align"):
-            settings[group] = dict(common)
-        elif group == "transfer":
-            settings[group] = {**common, "fast": bool(args.fast)}
-        elif group == "mteb":
-            settings[group] = {**common, "max_seq_length": args.max_seq_length,
-                               "tasks": [_mteb_task_name(t) for t in mteb_tasks]}
-        elif group == "beir":
-            settings["beir"] = {task.name: {"modules": modules, "data": str(data.root.resolve()), "split": args.split,
-                                            "max_seq_length": args.max_seq_length,
-                                            "query_prompt_name": args.query_prompt_name,
-                                            "document_prompt_name": args.document_prompt_name}
-                                for data, task in zip(loaded, beir_tasks, strict=True)}
-    return settings
-
-
-def _read_previous(path: Path) -> dict[str, Any]:
-    import json
-
-    try:
-        previous = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise ValueError(f"{path} exists but cannot be read as an eval.json ({error}); pass --overwrite to replace "
-                         "it") from None
-    if not isinstance(previous, dict):
-        raise ValueError(f"{path} exists but holds no eval.json object; pass --overwrite to replace it")
-    return previous
-
-
-class _EvalPlan:
-    """What ``eval`` computes into an existing folder: ``groups`` (the groups with anything to compute), ``beir``
-    and ``mteb`` (the task names to compute), and ``skipped`` (what the earlier ``eval.json`` already holds)."""
-
-    def __init__(self) -> None:
-        self.groups: list[str] = []
-        self.beir: set[str] = set()
-        self.mteb: set[str] = set()
-        self.skipped: list[str] = []
-
-
-def _plan_eval(previous: dict[str, Any], settings: dict[str, Any], path: Path) -> _EvalPlan:
-    """Compare the request's ``settings`` with an earlier ``eval.json`` (``previous``; empty: none, or
-    ``--overwrite``): a result recorded with the same settings is skipped, a missing one computed, and one recorded
-    with other settings (or by a version that recorded none) is refused, since computing it would replace it."""
-    plan = _EvalPlan()
-    before = previous.get("settings", {}) if isinstance(previous.get("settings"), dict) else {}
-    conflicts: list[str] = []
-    for group, wanted in settings.items():
-        if group == "beir":
-            earlier = before.get("beir", {}) if isinstance(before.get("beir"), dict) else {}
-            for task, task_settings in wanted.items():
-                if task in previous.get("beir", {}):
-                    if earlier.get(task) == task_settings:
-                        plan.skipped.append(f"beir {task}")
-                        continue
-                    conflicts.append(f"beir {task}" + _differs(earlier.get(task), task_settings))
-                plan.beir.add(task)
-            if plan.beir:
-                plan.groups.append("beir")
-        elif group == "mteb":
-            recorded = before.get("mteb")
-            if group in previous:
-                same = isinstance(recorded, dict) and all(
-                    recorded.get(k) == v for k, v in wanted.items() if k != "tasks")
-                if not same:
-                    conflicts.append("mteb" + _differs(recorded, wanted))
-                done = set(recorded.get("tasks", [])) if same and isinstance(recorded, dict) else set()
-            else:
-                done = set()
-            plan.mteb = {t for t in wanted["tasks"] if t not in done}
-            plan.skipped += [f"mteb {t}" for t in wanted["tasks"] if t in done]
-            if plan.mteb:
-                plan.groups.append("mteb")
-        elif group in previous:
-            if before.get(group) == wanted:
-                plan.skipped.append(group)
-            else:
-                conflicts.append(group + _differs(before.get(group), wanted))
-                plan.groups.append(group)
+    sts_digest = None
+    if {"sts", "align"} & set(groups):
+        sts_digest = senteval_digest(senteval, [f for t in (*STS_TASKS, *STS_DEV_TASKS) for f in sts_files(t)])
+    mteb: list[tuple[str, str | None]] = []
+    for task in mteb_tasks:
+        if not isinstance(task, str):
+            mteb.append((str(task.metadata.name), str(task.metadata.revision)))
+        elif task in LOCAL_MTEB_TASKS and senteval is not None:
+            relative = sts_files(LOCAL_MTEB_TASKS[task])
+            present = all((senteval / f).is_file() for f in relative)
+            mteb.append((task, content_revision([senteval / f for f in relative]) if present else None))
         else:
-            plan.groups.append(group)
-    if conflicts:
-        raise ValueError(f"{path} exists and holds {'; '.join(conflicts)}; pass --overwrite to replace it")
-    return plan
-
-
-def _differs(recorded: Any, wanted: dict[str, Any]) -> str:
-    if not isinstance(recorded, dict):
-        return " without its settings (an older eval.json)"
-    keys = [k for k in wanted if recorded.get(k) != wanted[k]]
-    return " with other settings (" + ", ".join(f"{k} {recorded.get(k)!r}, now {wanted[k]!r}" for k in keys) + ")"
-
-
-def _merged_settings(previous: dict[str, Any], settings: dict[str, Any]) -> dict[str, Any]:
-    """The settings ``eval.json`` records: the earlier file's, with this run's groups and tasks added (a reused
-    result's settings are equal by :func:`_plan_eval`)."""
-    merged = dict(previous.get("settings", {}))
-    for group, wanted in settings.items():
-        if group == "beir":
-            merged["beir"] = {**merged.get("beir", {}), **wanted}
-        elif group == "mteb" and isinstance(merged.get("mteb"), dict) and "mteb" in previous:
-            merged["mteb"] = {**wanted, "tasks": list(dict.fromkeys([*merged["mteb"].get("tasks", []),
-                                                                     *wanted["tasks"]]))}
-        else:
-            merged[group] = wanted
-    return merged
-
-
-def _merge_mteb(earlier: dict[str, Any] | None, ran: dict[str, Any]) -> dict[str, Any]:
-    """mteb's scores of an earlier run and this one, by task; ``avg`` over all of them."""
-    if not earlier:
-        return ran
-    import numpy as np
-
-    scores = {**earlier.get("scores", {}), **ran["scores"]}
-    main_score = {**earlier.get("main_score", {}), **ran["main_score"]}
-    return {**ran, "scores": scores, "main_score": main_score, "avg": float(np.mean(list(scores.values())))}
+            mteb.append((task, None))
+    beir = [(task.name, str(data.root.resolve()), data.digest(), args.split)
+            for data, task in zip(loaded, beir_tasks, strict=True)]
+    return eval_settings(groups, modules=module_stack(model), weights=weights, revision=revision,
+                         senteval_dir=senteval, sts_digest=sts_digest, fast=bool(args.fast),
+                         max_seq_length=args.max_seq_length, beir=beir, mteb=mteb,
+                         query_prompt_name=args.query_prompt_name, document_prompt_name=args.document_prompt_name)
 
 
 def _eval_tables(results: dict[str, Any], groups: list[str], beir_names: list[str], name: str) -> list[str]:
@@ -451,6 +397,10 @@ def cmd_compare(args: argparse.Namespace) -> int:
                          f"{len(runs)}")
     from st_hardneg.cli.paths import ensure_writable_file
 
+    if args.output is not None and getattr(args, "plot", None) is not None and (
+            Path(args.output).expanduser().resolve() == Path(args.plot).expanduser().resolve()):
+        raise ValueError(f"--output and --plot name the same file ({args.output}): the figure would replace the "
+                         "comparison; give two files")
     for option, value in (("--output", args.output), ("--plot", getattr(args, "plot", None))):
         if value is None:
             continue
@@ -464,7 +414,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     print(result.to_markdown())
     if args.output is not None:
         text = result.to_json() if str(args.output).endswith(".json") else result.to_markdown()
-        Path(args.output).expanduser().write_text(text)
+        Path(args.output).expanduser().write_text(text, encoding="utf-8")
         print(f"comparison: {args.output}")
     if getattr(args, "plot", None) is not None:
         from st_hardneg.plots import plot_comparison

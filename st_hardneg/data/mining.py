@@ -12,7 +12,7 @@ import json
 import logging
 import time
 import warnings
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -29,7 +29,9 @@ def file_digest(paths: Iterable[str | Path]) -> str:
     """SHA-256 (first 12 hex digits) of the files' bytes, in order: part of a cache key that follows the data."""
     digest = hashlib.sha256()
     for path in paths:
-        digest.update(Path(path).read_bytes())
+        with open(path, "rb") as handle:  # in chunks: a large corpus is never held in memory to be hashed
+            for chunk in iter(lambda: handle.read(1 << 20), b""):
+                digest.update(chunk)
     return digest.hexdigest()[:12]
 
 
@@ -132,8 +134,9 @@ def mine_training_negatives(
         ``datasets.Dataset`` with columns ``anchor``, ``positive``, ``negative`` (pairs in input order).
 
     Raises:
-        TypeError: ``pairs`` is not a sequence of 2-item pairs of strings, or ``corpus`` holds a non-string (the
-            message names the index; texts are never converted with ``str``).
+        TypeError: ``pairs`` is not a sequence of 2-item pairs of strings, ``corpus`` holds a non-string (the
+            message names the index; texts are never converted with ``str``), or ``known_positives`` is not a
+            mapping of texts to collections of texts (a string value would be read as its characters).
         ValueError: an empty text, no pair, a corpus of fewer than 2 sentences, a forbidden sentence, a bad
             candidate range, a prompt name the model does not define, or ``known_as_positives`` not a bool or without
             ``known_positives``.
@@ -177,6 +180,12 @@ def mine_training_negatives(
     leaked = sorted(forbidden.intersection(corpus) | forbidden.intersection(s for pair in pairs for s in pair))
     if leaked:
         raise ValueError(f"{len(leaked)} forbidden sentence(s) in the pairs or the mining corpus, e.g. {leaked[0]!r}")
+    if known_positives:  # a string value would be read as its characters (the message names the entry)
+        from st_hardneg.validation import check_known_positives
+
+        known_positives = check_known_positives(known_positives)  # type: ignore[assignment]
+    elif known_positives is not None and not isinstance(known_positives, Mapping):
+        raise TypeError(f"known_positives must map anchor texts to sets of texts, got {type(known_positives).__name__}")
     known_positives = known_positives or {}
     rows = pairs
     if known_as_positives:  # each anchor once, with its pairs' positives and every known one (sorted)

@@ -36,7 +36,8 @@ import numpy as np
 
 from st_hardneg.evaluation.runs import RunFormatError, read_per_query
 
-__all__ = ["ComparisonResult", "DatasetComparison", "compare_runs", "holm", "parse_run_specs"]
+__all__ = ["ComparisonResult", "DatasetComparison", "block_size", "compare_runs", "holm", "parse_run_specs",
+           "resolve_run_file"]
 
 #: per-query values as the per-query files hold them: ``{task: {query id: {metric: value}}}``
 PerQuery = Mapping[str, Mapping[str, Mapping[str, float]]]
@@ -130,16 +131,22 @@ def parse_run_specs(specs: Sequence[str]) -> dict[str, list[str]]:
     """``["A=run_s0.tsv,run_s1.tsv", "B=run.tsv"]`` → ``{"A": [...], "B": [...]}``; a spec without ``=`` is one
     method named after its file (without the suffixes).
 
+    A path may hold ``=`` or ``,``: a spec that is an existing path as a whole is one bare path (``runs/lr=2e-5``);
+    the part after ``NAME=`` that is an existing path as a whole is one path; otherwise it is split at the commas,
+    and pieces are joined back where only their join (``a,b``) exists. A path can also be quoted, ``NAME="a,b"``
+    (double quotes, each path on its own between commas). The name is what comes before the first ``=`` and holds no
+    ``/``.
+
     Raises:
-        ValueError: an empty name or path, or a method named twice.
+        ValueError: an empty name or path, an unclosed quote, or a method named twice.
     """
     out: dict[str, list[str]] = {}
     for spec in specs:
-        name, _, paths = spec.partition("=") if "=" in spec else ("", "", spec)
-        files = [p.strip() for p in paths.split(",")]
+        name, paths = _split_spec(spec)
+        files = _split_paths(spec, paths)
         if not name:
-            name = Path(files[0]).name.split(".")[0]
-        if not name.strip() or not all(files):
+            name = Path(files[0]).name.split(".")[0] if files and files[0] else ""
+        if not name.strip() or not files or not all(files):
             raise ValueError(f"run {spec!r}: expected NAME=PATH[,PATH...] or PATH")
         if name in out:
             raise ValueError(f"run {spec!r}: the method {name!r} is named twice")
@@ -147,10 +154,53 @@ def parse_run_specs(specs: Sequence[str]) -> dict[str, list[str]]:
     return out
 
 
-def _load(source: str | Path | PerQuery) -> tuple[str, dict[str, dict[str, dict[str, float]]]]:
-    if isinstance(source, Mapping):
-        return "<mapping>", {t: {q: dict(v) for q, v in qs.items()} for t, qs in source.items()}
-    path = Path(source)
+def _split_spec(spec: str) -> tuple[str, str]:
+    """``(name, paths)`` of a spec: ``("", spec)`` for a bare path (an existing path, no ``=``, or a ``/`` before the
+    first ``=``)."""
+    if Path(spec).expanduser().exists() or "=" not in spec:
+        return "", spec
+    name, _, paths = spec.partition("=")
+    if "/" in name or "\\" in name or name.startswith(("'", '"')):  # a path with "=" in it, not a name
+        return "", spec
+    return name.strip(), paths
+
+
+def _split_paths(spec: str, paths: str) -> list[str]:
+    """The paths of ``NAME=PATHS``: quoted ones as written, else at the commas, joining back pieces whose join is
+    an existing path (``a,b`` beside ``a`` and ``b`` that do not exist)."""
+    if '"' in paths:
+        import csv
+
+        try:
+            [fields] = list(csv.reader([paths], delimiter=",", quotechar='"', strict=True))
+        except (csv.Error, ValueError):
+            raise ValueError(f"run {spec!r}: an unclosed or misplaced quote; quote a whole path, "
+                             'NAME="PATH,WITH,COMMAS"') from None
+        return [field.strip() for field in fields]
+    if Path(paths.strip()).expanduser().exists():
+        return [paths.strip()]
+    pieces = paths.split(",")
+    files: list[str] = []
+    start = 0
+    while start < len(pieces):
+        end = next((stop for stop in range(len(pieces), start + 1, -1)
+                    if Path(",".join(pieces[start:stop]).strip()).expanduser().exists()), start + 1)
+        files.append(",".join(pieces[start:end]).strip())
+        start = end
+    return files
+
+
+def resolve_run_file(source: str | Path) -> Path:
+    """The per-query file a run source stands for: the file itself, the ``files.per_query`` of a results file
+    (``results.json`` / ``eval.json``), or that of a run folder's results file; resolved (symlinks followed), so
+    that one run given as its folder and as its file is recognised as one.
+
+    Raises:
+        FileNotFoundError: no such file or folder.
+        RunFormatError: a folder without a results or per-query file, a results file that is not UTF-8 JSON or
+            names no per-query file beside it.
+    """
+    path = Path(source).expanduser()
     if path.is_dir():  # a run folder (st-hardneg train --task beir, or an eval folder): its results file or its file
         found = [path / name for name in ("results.json", "eval.json", "per_query.tsv") if (path / name).is_file()]
         if not found:
@@ -159,15 +209,50 @@ def _load(source: str | Path | PerQuery) -> tuple[str, dict[str, dict[str, dict[
         path = found[0]
     if path.suffix == ".json" and path.is_file():  # a results file: its per-query file beside it
         try:
-            recorded = json.loads(path.read_text()).get("files", {}).get("per_query")
-        except (json.JSONDecodeError, AttributeError):
-            recorded = None
+            record = json.loads(path.read_text(encoding="utf-8"))
+        except UnicodeDecodeError as error:
+            raise RunFormatError(f"{path}: the results file is not UTF-8 text ({error.reason}): save it as UTF-8"
+                                 ) from None
+        except json.JSONDecodeError as error:
+            raise RunFormatError(f"{path}: the results file is not JSON ({error.msg}, line {error.lineno})") from None
+        files = record.get("files") if isinstance(record, dict) else None
+        recorded = files.get("per_query") if isinstance(files, dict) else None
         if not recorded:
             raise RunFormatError(f"{path}: a results file without a per-query file (files.per_query)")
         if not isinstance(recorded, str) or Path(recorded).name != recorded or recorded in (".", ".."):
             raise RunFormatError(f"{path}: files.per_query must name a file beside it, got {recorded!r}")
         path = path.parent / recorded
+    if not path.exists():
+        raise FileNotFoundError(f"run not found: {path}")
+    return path.resolve()
+
+
+def _load(source: str | Path | PerQuery) -> tuple[str, dict[str, dict[str, dict[str, float]]]]:
+    if isinstance(source, Mapping):
+        return "<mapping>", {t: {q: dict(v) for q, v in qs.items()} for t, qs in source.items()}
+    path = resolve_run_file(source)
     return str(path), read_per_query(path)
+
+
+def _distinct_runs(name: str, given: Sequence[str | Path | PerQuery]) -> list[str | Path | PerQuery]:
+    """The runs of one method, each counted once: the same path given twice is refused (a slip), one run given as
+    two spellings (its folder and its ``results.json`` or ``per_query.tsv``) is kept once, with a warning."""
+    paths = [str(Path(s).expanduser().resolve()) for s in given if isinstance(s, str | Path)]
+    twice = sorted({f for f in paths if paths.count(f) > 1})
+    if twice:
+        raise ValueError(f"method {name!r} lists {twice[0]} twice: each run (one seed) counts once")
+    kept: list[str | Path | PerQuery] = []
+    seen: dict[Path, str | Path] = {}
+    for source in given:
+        if isinstance(source, str | Path):
+            file = resolve_run_file(source)
+            if file in seen:
+                warnings.warn(f"method {name!r}: {source} is the run {seen[file]} already lists (both are {file}); "
+                              "it counts once", UserWarning, stacklevel=3)
+                continue
+            seen[file] = source
+        kept.append(source)
+    return kept
 
 
 def _average_seeds(name: str, sources: Sequence[str | Path | PerQuery], metric: str
@@ -192,16 +277,37 @@ def _average_seeds(name: str, sources: Sequence[str | Path | PerQuery], metric: 
             for task in first}
 
 
+#: the values one block of the paired tests holds (resamples x queries): about 16 MB of indices and values at once,
+#: whatever the number of queries and permutations
+BLOCK_ELEMENTS = 1 << 20
+
+
+def block_size(permutations: int, queries: int, elements: int = BLOCK_ELEMENTS) -> int:
+    """The sign flips (and bootstrap resamples) computed at once: the largest divisor of ``permutations`` whose block
+    of ``block x queries`` values fits in ``elements`` (at least 1).
+
+    A divisor, because scipy draws a whole block of sign flips at a time: a last block cut short would draw more
+    random numbers than the test uses and shift the bootstrap's draws that follow it on the same generator. With a
+    divisor, the blocks draw exactly the numbers one all-at-once call draws, in the same order, so the p-values and
+    the interval are those of the unblocked computation for the same seed.
+    """
+    limit = max(1, min(permutations, elements // max(1, queries)))
+    return next(size for size in range(limit, 0, -1) if permutations % size == 0)
+
+
 def _compare(a: np.ndarray, b: np.ndarray, *, permutations: int, confidence: float, seed: int,
-             tolerance: float) -> tuple[float, float, float, float, float, int, int, int]:
+             tolerance: float, block: int | None = None) -> tuple[float, float, float, float, float, int, int, int]:
+    """The paired tests of one data set, computed ``block`` resamples at a time (default :func:`block_size`): memory
+    is O(block x queries), never O(permutations x queries)."""
     from scipy import stats
 
     diff = b - a
     mean = float(diff.mean())
     rng = np.random.default_rng(seed)
+    block = block_size(permutations, len(diff)) if block is None else block
     test = stats.permutation_test((b, a), lambda x, y, axis: np.mean(x - y, axis=axis), permutation_type="samples",
                                   n_resamples=permutations, vectorized=True, alternative="two-sided",
-                                  random_state=rng)
+                                  random_state=rng, batch=block)
     p_rand = float(test.pvalue)
     if np.all(diff == diff[0]):  # no spread: the interval is the value, the t statistic is undefined
         low = high = mean
@@ -210,11 +316,11 @@ def _compare(a: np.ndarray, b: np.ndarray, *, permutations: int, confidence: flo
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
             boot = stats.bootstrap((diff,), np.mean, confidence_level=confidence, n_resamples=permutations,
-                                   method="BCa", random_state=rng)
+                                   method="BCa", random_state=rng, batch=block)
         low, high = float(boot.confidence_interval.low), float(boot.confidence_interval.high)
         if math.isnan(low) or math.isnan(high):  # BCa undefined (e.g. all values but one equal): percentile
             boot = stats.bootstrap((diff,), np.mean, confidence_level=confidence, n_resamples=permutations,
-                                   method="percentile", random_state=rng)
+                                   method="percentile", random_state=rng, batch=block)
             low, high = float(boot.confidence_interval.low), float(boot.confidence_interval.high)
         p_t = float(stats.ttest_rel(b, a).pvalue)
     wins = int((diff > tolerance).sum())
@@ -229,11 +335,14 @@ def compare_runs(runs: Mapping[str, Sequence[str | Path | PerQuery]], *, metric:
 
     Args:
         runs: ``{method name: [per-query files or mappings, one per seed]}``; a file is what
-            :func:`~st_hardneg.evaluation.runs.write_per_query` writes (or the results JSON that names it). The
-            seeds of a method are averaged per query before any test.
+            :func:`~st_hardneg.evaluation.runs.write_per_query` writes, the results JSON that names it, or a run
+            folder (:func:`resolve_run_file`). The seeds of a method are averaged per query before any test; one run
+            given twice under two spellings (its folder and its file) counts once, with a warning.
         metric: the per-query metric compared (``"ndcg@10"``, ``"mrr@10"``, ``"recall@100"`` …).
         baseline: the method every other one is compared with (default: the first).
-        permutations: sign flips drawn by the randomization test (and bootstrap resamples); at least 10,000.
+        permutations: sign flips drawn by the randomization test (and bootstrap resamples); at least 10,000. They
+            are computed in blocks (:func:`block_size`), so memory does not grow with permutations x queries, and
+            the p-values and interval are those of the all-at-once computation for the same seed.
         confidence: the bootstrap interval's level.
         seed: seeds the draws (the result is reproducible).
         tie_tolerance: a per-query difference within it counts as a tie.
@@ -266,11 +375,7 @@ def compare_runs(runs: Mapping[str, Sequence[str | Path | PerQuery]], *, metric:
     confidence = check_number(confidence, "confidence", minimum=0.5, maximum=1.0, maximum_open=True)
     seed = check_count(seed, "seed", minimum=0)
     tie_tolerance = check_number(tie_tolerance, "tie_tolerance", minimum=0.0)
-    for name, given in runs.items():  # one file is one seed: listed twice, it would count twice
-        files = [str(Path(s).resolve()) for s in given if isinstance(s, str | Path)]
-        twice = sorted({f for f in files if files.count(f) > 1})
-        if twice:
-            raise ValueError(f"method {name!r} lists {twice[0]} twice: each run (one seed) counts once")
+    runs = {name: _distinct_runs(name, given) for name, given in runs.items()}  # one run is one seed, counted once
     names = list(runs)
     baseline = names[0] if baseline is None else baseline
     if baseline not in runs:

@@ -209,8 +209,12 @@ def run_mteb(
       and need a network for their data. Without one (or with ``HF_HUB_OFFLINE=1``) this fails with
       :class:`MTEBOfflineError` naming the local equivalents, before any encoding.
     - mteb's result cache is bypassed unless ``use_cache=True``: its default cache would return stale scores for
-      an unnamed local model. Results are named after the model: ``model_name``, else the name in
-      ``known_meta``, else the model card's ``model_name``, else ``local/model``; the revision is ``revision``, else a digest of the weights
+      an unnamed local model. With it, a cached result whose dataset revision is not the task's is recomputed: a
+      local task's revision is the digest of its files (:func:`~st_hardneg.evaluation.mteb_tasks.content_revision`),
+      so a BEIR folder or SentEval file with the same task name but other contents is never answered from the
+      cache (mteb's ``only-missing`` would). Results are named after the model: ``model_name``, else the name in
+      ``known_meta``, else the model card's ``model_name``, else ``local/model``; the revision is ``revision``, else
+      a digest of the weights
       (``weights-<sha256[:12]>``), so result files are traceable and a cache can never mix two checkpoints.
     - Retrieval tasks are encoded by mteb itself (``encode_query`` / ``encode_document`` with the model's prompts,
       as ``mteb.evaluate(model, task)``); local STS tasks without a prompt use each distinct sentence once. Lengths:
@@ -285,23 +289,30 @@ def run_mteb(
             with warnings.catch_warnings():
                 # mteb 2.x still calls ST's renamed get_sentence_embedding_dimension (a FutureWarning per task)
                 warnings.filterwarnings("ignore", message=".*get_sentence_embedding_dimension", category=FutureWarning)
-                result = mteb.evaluate(
-                    encoder,
-                    ordered,
-                    cache=cache_obj,
-                    overwrite_strategy="only-missing" if use_cache else "always",
-                    encode_kwargs={"batch_size": batch_size, "show_progress_bar": show_progress_bar},
-                    show_progress_bar=show_progress_bar,
-                    co2_tracker=False,
-                )
+                stale = _stale_in_cache(cache_obj, ordered, meta) if use_cache and cache_obj is not None else set()
+                results = []
+                for strategy, group in (("always", [t for t in ordered if t.metadata.name in stale]),
+                                        ("only-missing" if use_cache else "always",
+                                         [t for t in ordered if t.metadata.name not in stale])):
+                    if group:
+                        results.append(mteb.evaluate(
+                            encoder,
+                            group,
+                            cache=cache_obj,
+                            overwrite_strategy=strategy,
+                            encode_kwargs={"batch_size": batch_size, "show_progress_bar": show_progress_bar},
+                            show_progress_bar=show_progress_bar,
+                            co2_tracker=False,
+                        ))
         finally:
             if was_training:
                 model.train()
-    if result.exceptions:
-        raise RuntimeError(f"mteb failed on: {result.exceptions}")
+    failed = [error for result in results for error in result.exceptions]
+    if failed:
+        raise RuntimeError(f"mteb failed on: {failed}")
     scores: dict[str, float] = {}
     metrics: dict[str, str] = {}
-    for task_result in result.task_results:
+    for task_result in (task_result for result in results for task_result in result.task_results):
         splits = ["test"] if "test" in task_result.scores else None
         scores[task_result.task_name] = 100.0 * float(task_result.get_score(splits=splits))
         metrics[task_result.task_name] = by_name[task_result.task_name].metadata.main_score
@@ -313,6 +324,22 @@ def run_mteb(
         "main_score": {n: metrics[n] for n in scores},
         "avg": float(np.mean(list(scores.values()))),
     }
+
+
+def _stale_in_cache(cache: Any, tasks: Sequence[AbsTask], meta: Any) -> set[str]:
+    """The tasks whose cached result was computed on other data: its recorded dataset revision differs from the
+    task's (a local task's revision is the digest of its files,
+    :func:`~st_hardneg.evaluation.mteb_tasks.content_revision`). mteb's ``only-missing`` would return such a result
+    as it is; these are recomputed."""
+    stale: set[str] = set()
+    for task in tasks:
+        try:
+            cached = cache.load_task_result(task.metadata.name, meta)
+        except Exception:  # an unreadable cached file: mteb's own strategy decides
+            continue
+        if cached is not None and getattr(cached, "dataset_revision", None) != task.metadata.revision:
+            stale.add(task.metadata.name)
+    return stale
 
 
 def format_mteb_table(rows: dict[str, dict[str, Any]], tasks: Sequence[str] | None = None) -> str:

@@ -89,13 +89,25 @@ def require_mteb() -> ModuleType:
     return mteb
 
 
-def _metadata(name: str, data_file: Path, description: str, split: str = "test", **fields: Any) -> TaskMetadata:
+def content_revision(files: Sequence[str | Path]) -> str:
+    """The dataset revision of a local task: ``local-<SHA-256 of its files' bytes, 12 hex digits>``. mteb files a
+    result under the task's name and records this revision beside it, so a cached result computed on other data
+    (another folder with the same task name, or changed files) is told apart (see
+    :func:`~st_hardneg.evaluation.mteb_run.run_mteb`)."""
+    from st_hardneg.data.mining import file_digest
+
+    return f"local-{file_digest(files)}"
+
+
+def _metadata(name: str, data_file: Path, description: str, split: str = "test", *, revision: str = "local",
+              **fields: Any) -> TaskMetadata:
     """mteb ``TaskMetadata`` of a local English text-to-text task on its test split (the file's folder as dataset
-    path, revision ``local``); ``fields`` adds the task-specific ones (``reference``, ``type``, ``main_score`` …)."""
+    path; ``revision``: :func:`content_revision` of its files); ``fields`` adds the task-specific ones
+    (``reference``, ``type``, ``main_score`` …)."""
     from mteb.abstasks.task_metadata import TaskMetadata
 
     return TaskMetadata(
-        name=name, dataset={"path": str(data_file.parent), "revision": "local"}, description=description,
+        name=name, dataset={"path": str(data_file.parent), "revision": revision}, description=description,
         category="t2t", modalities=["text"], eval_splits=[split], eval_langs=["eng-Latn"], license="not specified",
         annotations_creators="human-annotated", dialect=[], sample_creation="found", bibtex_citation="", **fields,
     )
@@ -171,7 +183,7 @@ def local_sts_task(name: str, data_dir: str | Path | None = None) -> AbsTaskSTS:
         + (f" (all scored pairs of {', '.join(subsets)} pooled)" if subsets else "")
         + "; scored by mteb's STS evaluator (main score: cosine Spearman).",
         reference="https://github.com/facebookresearch/SentEval", type="STS", main_score="cosine_spearman",
-        adapted_from=official or None,
+        adapted_from=official or None, revision=content_revision([root / f for f in sts_files(sts_task)]),
     )
     attributes = {"metadata": metadata, "sts_task": sts_task, "root": root, "min_score": min_score,
                   "max_score": max_score}
@@ -342,6 +354,7 @@ def beir_mteb_task(data: BEIRData | str | Path, split: str = "test", name: str |
         f"The {split} split of the BEIR folder {data.root} ({len(data.corpus)} documents), read by "
         "st_hardneg.data.beir; scored by mteb's retrieval evaluator (main score: nDCG@10).",
         split=split, reference="https://github.com/beir-cellar/beir", type="Retrieval", main_score="ndcg_at_10",
+        revision=content_revision(data.files()),
     )
     attributes = {"metadata": metadata, "beir": data, "split": split, "max_seq_length": max_seq_length,
                   "root": data.root, "retrieval_task": name}

@@ -362,10 +362,14 @@ def retrieve(model: SentenceTransformer, tasks: Sequence[RetrievalTask], *,
         ``{task name: RetrievalResult}``.
 
     Raises:
-        ValueError: no task, two tasks with one name, a prompt name the model does not define, or bad judgements.
+        ValueError: no task, two tasks with one name, a ``max_seq_length`` that is not a positive integer (or
+            ``None``), a prompt name the model does not define, or bad judgements.
     """
     from st_hardneg.evaluation.runs import score_run, search
+    from st_hardneg.validation import check_count
 
+    if max_seq_length is not None:  # 0 or a negative length would encode nothing and still score
+        check_count(max_seq_length, "max_seq_length", minimum=1)
     if not tasks:
         raise ValueError("at least one retrieval task is needed")
     names = [task.name for task in tasks]

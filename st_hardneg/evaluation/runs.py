@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import csv
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -109,7 +110,8 @@ def score_run(run: Mapping[str, Mapping[str, float]], qrels: Mapping[str, Mappin
         and ``{query id: {metric: value x 100}}`` for the scored queries.
 
     Raises:
-        ValueError: a bad grade, no query with a relevant document, or a scored query absent from ``run``.
+        ValueError: a bad grade, no query with a relevant document, a scored query absent from ``run``, or a score
+            that is not a finite number (NaN would be ranked as if it were one).
 
     Example:
         ::
@@ -131,7 +133,7 @@ def score_run(run: Mapping[str, Mapping[str, float]], qrels: Mapping[str, Mappin
     missing = [q for q in scored if q not in run]
     if missing:
         raise ValueError(f"{len(missing)} judged query id(s) have no ranking in the run, e.g. {missing[0]!r}")
-    run = {q: {str(d): float(s) for d, s in run[q].items()} for q in scored}
+    run = {q: {str(d): _finite_score(q, d, s) for d, s in run[q].items()} for q in scored}
     per_query_raw = pytrec_eval.RelevanceEvaluator(scored, _metric_names(ks)).evaluate(run)
     ranked = {q: _ranked(docs) for q, docs in run.items()}
     rr_evaluator = pytrec_eval.RelevanceEvaluator(scored, {"recip_rank"})
@@ -151,6 +153,17 @@ def score_run(run: Mapping[str, Mapping[str, float]], qrels: Mapping[str, Mappin
     names = list(next(iter(per_query.values())))
     means = {name: float(np.mean([values[name] for values in per_query.values()])) for name in names}
     return means, per_query
+
+
+def _finite_score(query: str, doc: Any, value: Any) -> float:
+    try:
+        score = float(value)
+    except (TypeError, ValueError):
+        score = math.nan
+    if isinstance(value, bool) or not math.isfinite(score):
+        raise ValueError(f"the run's score of ({query!r}, {doc!r}) is {value!r}, not a finite number: a run with "
+                         "NaN or infinite scores cannot be ranked (check the embeddings for NaN)")
+    return score
 
 
 def search(query_embeddings: Tensor | np.ndarray, doc_embeddings: Tensor | np.ndarray, query_ids: Sequence[str],
@@ -239,37 +252,55 @@ def write_trec_run(path: str | Path, run: Mapping[str, Mapping[str, float]], *, 
 def read_trec_run(path: str | Path) -> dict[str, dict[str, float]]:
     """A TREC run file as ``{query id: {document id: score}}``.
 
+    Every score must be a finite number, every rank a non-negative integer, and within a query the ranks must follow
+    the scores (a document ranked after another never scores higher): a file whose rank and score columns are
+    swapped, or whose ranks contradict its scores, is refused rather than scored by its scores alone.
+
     Raises:
         FileNotFoundError: no file at ``path``.
-        RunFormatError: a folder, a line without 6 fields, a score that is not a finite number, or a (query,
-            document) pair listed twice; the message names the file and line.
+        RunFormatError: a folder, a file that is not UTF-8 text, a line without 6 fields, a score that is not a
+            finite number, a rank that is not an integer, ranks that do not follow the scores, or a (query, document)
+            pair listed twice; the message names the file and line.
     """
     path = Path(path)
     _check_file(path, "run file")
     run: dict[str, dict[str, float]] = {}
     first: dict[tuple[str, str], int] = {}
-    with path.open(encoding="utf-8") as handle:
-        for number, line in enumerate(handle, start=1):
+    ranked: dict[str, list[tuple[int, float, int]]] = {}
+    with _utf8_lines(path, "run file") as lines:
+        for number, line in lines:
             if not line.strip():
                 continue
             fields = line.split()
             if len(fields) != 6:
                 raise RunFormatError(f"{path}, line {number}: expected 6 fields (qid Q0 docid rank score tag), got "
                                      f"{len(fields)}")
-            qid, _, doc, _, raw, _ = fields
+            qid, _, doc, raw_rank, raw, _ = fields
             try:
                 value = float(raw)
             except ValueError:
                 value = math.nan
             if not math.isfinite(value):
                 raise RunFormatError(f"{path}, line {number}: the score must be a finite number, got {raw!r}")
+            if not raw_rank.isdigit():
+                raise RunFormatError(f"{path}, line {number}: the rank (4th field) must be a non-negative integer, "
+                                     f"got {raw_rank!r} (are the rank and score columns swapped? the format is qid "
+                                     "Q0 docid rank score tag)")
             if (qid, doc) in first:
                 raise RunFormatError(f"{path}, line {number}: the pair ({qid!r}, {doc!r}) is listed twice (first on "
                                      f"line {first[qid, doc]})")
             first[qid, doc] = number
             run.setdefault(qid, {})[doc] = value
+            ranked.setdefault(qid, []).append((int(raw_rank), value, number))
     if not run:
         raise RunFormatError(f"{path}: the run file is empty")
+    for qid, entries in ranked.items():
+        entries.sort(key=lambda entry: (entry[0], entry[2]))
+        for (rank, score, _), (next_rank, next_score, number) in zip(entries, entries[1:], strict=False):
+            if next_score > score:
+                raise RunFormatError(f"{path}, line {number}: query {qid!r} ranks a document scored {next_score!r} "
+                                     f"at rank {next_rank}, after one scored {score!r} at rank {rank}: the ranks must "
+                                     "follow the scores (are the rank and score columns swapped?)")
     return run
 
 
@@ -303,14 +334,14 @@ def read_per_query(path: str | Path) -> dict[str, dict[str, dict[str, float]]]:
 
     Raises:
         FileNotFoundError: no file at ``path``.
-        RunFormatError: a folder, a missing header, a short line, a value that is not a finite number or a query
-            listed twice for one task; the message names the file and line.
+        RunFormatError: a folder, a file that is not UTF-8 text, a missing header, a short line, a value that is not
+            a finite number or a query listed twice for one task; the message names the file and line.
     """
     path = Path(path)
     _check_file(path, "per-query file")
     out: dict[str, dict[str, dict[str, float]]] = {}
-    with path.open(encoding="utf-8", newline="") as handle:
-        rows = csv.reader(handle, delimiter="\t")
+    with _utf8_lines(path, "per-query file") as lines:
+        rows = csv.reader((line for _, line in lines), delimiter="\t")
         header = next(rows, None)
         if not header or header[:2] != ["task", "query-id"] or len(header) < 3:
             raise RunFormatError(f"{path}, line 1: expected the header 'task<TAB>query-id<TAB><metric>...', got "
@@ -338,6 +369,30 @@ def read_per_query(path: str | Path) -> dict[str, dict[str, dict[str, float]]]:
     if not out:
         raise RunFormatError(f"{path}: no query in the per-query file")
     return out
+
+
+@contextmanager
+def _utf8_lines(path: Path, what: str) -> Iterator[Iterator[tuple[int, str]]]:
+    """The numbered lines of a UTF-8 text file; a byte that is not UTF-8 is one :class:`RunFormatError` naming the
+    file and line, not a bare codec error."""
+    with path.open(encoding="utf-8", newline="") as handle:
+        numbered = enumerate(handle, start=1)
+        state = {"line": 0}
+
+        def lines() -> Iterator[tuple[int, str]]:
+            while True:
+                try:
+                    number, line = next(numbered)
+                except StopIteration:
+                    return
+                except UnicodeDecodeError as error:
+                    where = f" after line {state['line']}" if state["line"] else ""
+                    raise RunFormatError(f"{path}: the {what} is not UTF-8 text ({error.reason}{where}): save it as "
+                                         "UTF-8") from None
+                state["line"] = number
+                yield number, line
+
+        yield lines()
 
 
 def _check_file(path: Path, what: str) -> None:

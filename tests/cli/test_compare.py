@@ -82,3 +82,32 @@ def test_compare_refuses_values_it_would_take_silently(tmp_path, capsys):
         (tmp_path / "bad.tsv").write_text(f"task\tquery-id\tndcg@10\ndata-test\tq1\t{bad}\n")
         assert app.main(["compare", str(tmp_path / "bad.tsv"), str(b0)]) == 2
         assert "every metric is a share x 100 in [0, 100]" in capsys.readouterr().err
+
+
+def test_compare_refuses_one_file_for_output_and_plot_and_names_a_file_that_is_not_utf8(tmp_path, capsys):
+    a0 = _write(tmp_path / "a0.tsv", {f"q{i}": 10.0 + i for i in range(4)})
+    b0 = _write(tmp_path / "b0.tsv", {f"q{i}": 12.0 + i for i in range(4)})
+    same = tmp_path / "cmp.png"
+    assert app.main(["compare", str(a0), str(b0), "--output", str(same), "--plot", str(tmp_path / "." / "cmp.png")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "--output and --plot name the same file" in err and len(err.splitlines()) == 1
+    assert not same.exists()
+    bad = tmp_path / "bad.tsv"
+    bad.write_bytes(b"task\tquery-id\tndcg@10\ndata-test\tq\xff\t1.0\n")
+    assert app.main(["compare", str(bad), str(b0)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert f"{bad}: the per-query file is not UTF-8 text" in err and len(err.splitlines()) == 1
+
+
+def test_compare_counts_a_run_given_as_its_folder_and_its_file_once(tmp_path, capsys):
+    run = tmp_path / "mnrl_s0"
+    run.mkdir()
+    a0 = _write(run / "per_query.tsv", {f"q{i}": 10.0 + i for i in range(6)})
+    (run / "results.json").write_text(json.dumps({"files": {"per_query": "per_query.tsv"}}))
+    b0 = _write(tmp_path / "b0.tsv", {f"q{i}": 12.0 + i * (i % 2) for i in range(6)})
+    out1, out2 = tmp_path / "one.json", tmp_path / "two.json"
+    assert app.main(["compare", f"A={a0}", f"B={b0}", "--output", str(out1)]) == 0
+    assert app.main(["compare", f"A={run},{run / 'results.json'}", f"B={b0}", "--output", str(out2)]) == 0
+    captured = capsys.readouterr()
+    assert "counts once" in captured.err
+    assert json.loads(out2.read_text())["rows"] == json.loads(out1.read_text())["rows"]

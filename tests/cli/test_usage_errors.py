@@ -89,6 +89,24 @@ def test_download_offline_names_the_url_and_the_cause(tmp_path, capsys, monkeypa
     assert f"cannot download {SENTEVAL_URL}: HF_HUB_OFFLINE is set" in capsys.readouterr().err
 
 
+def test_download_into_a_file_says_the_destination_is_a_file(tmp_path, capsys, monkeypatch):
+    import urllib.request
+
+    def no_request(*args, **kwargs):
+        raise AssertionError("a request was made")
+
+    monkeypatch.setattr(urllib.request, "urlopen", no_request)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    file = tmp_path / "notes.txt"
+    file.write_text("mine")
+    for what, dest, message in (("senteval", file, f"--dest {file} is a file, not a folder"),
+                                ("wiki1m", file / "sub", f"--dest {file / 'sub'}: its parent {file} is a file")):
+        assert cli.main(["download", what, "--dest", str(dest)]) == 2
+        err = capsys.readouterr().err.strip()
+        assert message in err and len(err.splitlines()) == 1
+    assert file.read_text() == "mine"
+
+
 def test_a_damaged_checkpoint_run_file_is_named(no_model, tmp_path, capsys):
     folder = tmp_path / "ckpt" / "checkpoint-2"
     folder.mkdir(parents=True)

@@ -349,3 +349,28 @@ def test_cli_train_beir_end_to_end(beir_dir, tiny_model_dir, tmp_path, capsys):
     assert f"| mixcse | {results['test']['ndcg@10']:.2f} |" in printed
     assert app.main(argv) == 2  # a finished run is not overwritten
     assert "holds a finished run" in capsys.readouterr().err
+
+
+def test_float_ids_are_refused_as_numbers_and_kept_as_written_as_strings(tmp_path):
+    import json
+
+    from st_hardneg.data.beir import BEIRFormatError, load_beir
+    from st_hardneg.evaluation.retrieval import task_qrels
+    from st_hardneg.testing.beir import make_tiny_beir
+
+    root = make_tiny_beir(tmp_path / "tiny")
+    corpus = root / "corpus.jsonl"
+    original = corpus.read_text()
+    corpus.write_text(original + '{"_id": 7.9, "text": "a float id"}\n')
+    with pytest.raises(BEIRFormatError, match=r"_id must be a non-empty string, got 7\.9"):  # never int(7.9) = 7
+        load_beir(root)
+    rows = [json.loads(line) for line in original.splitlines()]
+    corpus.write_text("".join(json.dumps({**row, "_id": f"{row['_id']}.50"}) + "\n" for row in rows))
+    qrels = root / "qrels" / "test.tsv"
+    lines = qrels.read_text().splitlines()
+    qrels.write_text("\n".join([lines[0], *(f"{q}\t{d}.50\t{s}" for q, d, s in
+                                            (line.split("\t") for line in lines[1:]))]) + "\n")
+    (root / "qrels" / "train.tsv").unlink()
+    data = load_beir(root)
+    judged = {doc for docs in task_qrels(data.task("test")).values() for doc in docs}
+    assert judged and all(doc.endswith(".50") for doc in judged) and judged <= set(data.corpus)

@@ -92,3 +92,17 @@ def test_known_as_positives_refuses_bad_values(text_model, tiny_sentences):
         mine_training_negatives(text_model, pairs, tiny_sentences[2:], known_as_positives="yes")
     with pytest.raises(ValueError, match="none were given"):
         mine_training_negatives(text_model, pairs, tiny_sentences[2:], known_as_positives=True)
+
+
+def test_known_positives_given_a_string_is_refused_not_read_character_by_character(text_model, tiny_sentences):
+    anchor, positive, corpus = tiny_sentences[0], tiny_sentences[1], tiny_sentences[2:]
+    ranked = sorted(corpus, key=_cosines(text_model, anchor, corpus).get, reverse=True)
+    for bad, message in (({anchor: ranked[0]}, r"is the string .*not a set of texts"),
+                         (ranked[0], "known_positives must map anchor texts to sets of texts"),
+                         ({anchor: [1, 2]}, r"holds 1 \(int\)")):
+        with pytest.raises(TypeError, match=message):
+            mine_training_negatives(text_model, [(anchor, positive)], corpus, known_positives=bad,
+                                    num_candidates=1, relative_margin=None)
+    kept = mine_training_negatives(text_model, [(anchor, positive)], corpus, known_positives={anchor: [ranked[0]]},
+                                   num_candidates=3, relative_margin=None)
+    assert kept["negative"] == [ranked[1]]  # a list of texts masks the whole text, not its characters

@@ -105,3 +105,102 @@ def test_run_specs_name_methods_and_refuse_a_name_twice():
         parse_run_specs(["A=a.tsv", "A=b.tsv"])
     with pytest.raises(ValueError, match="NAME=PATH"):
         parse_run_specs(["A="])
+
+
+def test_blocks_give_the_all_at_once_p_values_and_interval_exactly():
+    from st_hardneg.evaluation.compare import _compare, block_size
+
+    rng = np.random.default_rng(11)
+    a = rng.uniform(10, 70, size=60)
+    b = np.clip(a + rng.normal(2.0, 9.0, size=60), 0, 100)
+    whole = _compare(a, b, permutations=10_000, confidence=0.95, seed=4, tolerance=1e-9, block=10_000)
+    assert block_size(10_000, 60, elements=60 * 500) == 500
+    for block in (None, 1_000, 500, 80, 16):
+        assert _compare(a, b, permutations=10_000, confidence=0.95, seed=4, tolerance=1e-9, block=block) == whole
+    assert 0.0 < whole[3] < 0.5 and whole[1] < whole[0] < whole[2]  # a p-value and an interval that say something
+
+
+def test_block_size_divides_the_permutations_and_bounds_the_block():
+    from st_hardneg.evaluation.compare import BLOCK_ELEMENTS, block_size
+
+    for permutations, queries in ((10_000, 10_000), (10_000, 7), (12_345, 3_000), (10_007, 500), (20_000, 1)):
+        size = block_size(permutations, queries)
+        assert permutations % size == 0 and 1 <= size <= permutations
+        assert size * queries <= max(BLOCK_ELEMENTS, queries)
+    assert block_size(10_000, 10_000) == 100  # the largest divisor of 10,000 within 2^20 / 10,000 = 104
+    assert block_size(10_007, 500) == 1  # a prime: one resample at a time, never a short last block
+
+
+def test_compare_of_ten_thousand_queries_peaks_under_one_gigabyte(tmp_path):
+    import subprocess
+    import sys
+
+    # the resident high-water mark of the process image (VmHWM: ru_maxrss would carry over the forking parent's,
+    # here pytest's, since Linux keeps it across exec)
+    script = (
+        "import resource, numpy as np\n"
+        "from st_hardneg.evaluation.compare import compare_runs\n"
+        "rng = np.random.default_rng(0)\n"
+        "a = rng.uniform(0, 100, 10_000); b = np.clip(a + rng.normal(0.5, 10, 10_000), 0, 100)\n"
+        "q = [f'q{i:05d}' for i in range(10_000)]\n"
+        "run = lambda v: [{'quora-test': {k: {'ndcg@10': float(x)} for k, x in zip(q, v)}}]\n"
+        "runs = {'A': run(a), 'B': run(b)}\n"
+        "row = compare_runs(runs).rows[0]\n"
+        "try:\n"
+        "    status = open('/proc/self/status').read().split('VmHWM:')[1]\n"
+        "    peak = int(status.split()[0])\n"
+        "except (OSError, IndexError):\n"
+        "    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
+        "print(peak, row.p_randomization, row.ci_low, row.ci_high)\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, check=True)
+    peak_kib, p_value, low, high = done.stdout.split()
+    assert int(peak_kib) < 1024 * 1024  # the whole process, imports included: under 1 GiB (all at once: 7.4 GB)
+    # the values the all-at-once computation gives for this case and seed (measured before the blocks)
+    assert float(p_value) == pytest.approx(0.00019998000199980003, abs=0)
+    assert (float(low), float(high)) == (0.33056278725746746, 0.6884099629160838)
+
+
+def test_run_specs_keep_paths_that_hold_equals_signs_and_commas(tmp_path):
+    odd = tmp_path / "lr=2e-5,bs=64"
+    odd.mkdir()
+    for name in ("s0.tsv", "s1.tsv"):
+        (odd / name).write_text("x")
+    s0, s1 = str(odd / "s0.tsv"), str(odd / "s1.tsv")
+    assert parse_run_specs([f"A={s0},{s1}"]) == {"A": [s0, s1]}  # the pieces joined back where only the join exists
+    assert parse_run_specs([s0]) == {"s0": [s0]}  # an existing path as a whole: a bare path, "=" and all
+    assert parse_run_specs([f'B="{s0}","{s1}"']) == {"B": [s0, s1]}  # quoted
+    assert parse_run_specs(["runs/lr=2e-5/per_query.tsv"]) == {"per_query": ["runs/lr=2e-5/per_query.tsv"]}
+    with pytest.raises(ValueError, match="unclosed or misplaced quote"):
+        parse_run_specs(['C="a.tsv'])
+
+
+def test_one_run_given_as_its_folder_and_as_its_file_counts_once(tmp_path):
+    folder = tmp_path / "run0"
+    folder.mkdir()
+    a = write_per_query(folder / "per_query.tsv", _per_query({"q1": 10.0, "q2": 20.0, "q3": 35.0}), metrics=("ndcg@10",))
+    (folder / "results.json").write_text(json.dumps({"files": {"per_query": "per_query.tsv"}}))
+    b = write_per_query(tmp_path / "b.tsv", _per_query({"q1": 12.0, "q2": 26.0, "q3": 30.0}), metrics=("ndcg@10",))
+    once = compare_runs({"A": [a], "B": [b]})
+    for spellings in ([folder, a], [folder / "results.json", folder], [a, folder / "results.json"]):
+        with pytest.warns(UserWarning, match="counts once"):
+            twice = compare_runs({"A": spellings, "B": [b]})
+        assert twice.to_dict()["rows"] == once.to_dict()["rows"]
+        assert len(twice.methods["A"]) == 1
+
+
+def test_a_results_or_per_query_file_that_is_not_utf8_is_named():
+    import tempfile
+    from pathlib import Path
+
+    from st_hardneg.evaluation.runs import RunFormatError
+
+    with tempfile.TemporaryDirectory() as tmp:
+        good = write_per_query(Path(tmp) / "good.tsv", _per_query({"q1": 1.0, "q2": 2.0}), metrics=("ndcg@10",))
+        bad = Path(tmp) / "latin1.tsv"
+        bad.write_bytes("task\tquery-id\tndcg@10\nt\tq\xe9\t1.0\n".encode("latin-1"))
+        with pytest.raises(RunFormatError, match=r"latin1\.tsv: the per-query file is not UTF-8 text"):
+            compare_runs({"A": [bad], "B": [good]})
+        results = Path(tmp) / "results.json"
+        results.write_bytes(b'{"files": {"per_query": "caf\xe9.tsv"}}')
+        with pytest.raises(RunFormatError, match=r"results\.json: the results file is not UTF-8 text"):
+            compare_runs({"A": [results], "B": [good]})

@@ -63,3 +63,32 @@ def test_the_default_revision_is_a_digest_of_the_weights(setup, tmp_path):
     result = run_mteb(model, [beir_mteb_task(data, "test", max_seq_length=64)], output_dir=tmp_path,
                       show_progress_bar=False)
     assert result["revision"] == f"weights-{weights_digest(model)}" and result["model"] == "local/model"
+
+
+def test_the_result_cache_never_answers_for_another_folder_with_the_same_task_name(setup, tmp_path):
+    import shutil
+
+    from st_hardneg.evaluation.mteb_run import run_mteb
+    from st_hardneg.evaluation.mteb_tasks import beir_mteb_task
+    from st_hardneg.evaluation.retrieval import evaluate_beir
+
+    data, model = setup
+    other = tmp_path / "b" / "tiny"  # the same folder name, so the same task name, and other judgements
+    shutil.copytree(data.root, other)
+    qrels = other / "qrels" / "test.tsv"
+    lines = qrels.read_text().splitlines()
+    queries = dict.fromkeys(line.split("\t")[0] for line in lines[1:])  # one judgement each, of another topic
+    qrels.write_text("\n".join([lines[0], *(f"{q}\t{1000 + (7 * int(q)) % 48}\t1" for q in queries)]) + "\n")
+    changed = load_beir(other)
+    kwargs = {"output_dir": tmp_path / "out", "model_name": "org/tiny", "revision": "r1", "use_cache": True,
+              "show_progress_bar": False}
+    first = run_mteb(model, [beir_mteb_task(data, "test", max_seq_length=64)], **kwargs)
+    second = run_mteb(model, [beir_mteb_task(changed, "test", max_seq_length=64)], **kwargs)
+    assert first["scores"].keys() == second["scores"].keys() == {"tiny-test-local"}
+    expected = evaluate_beir(model, [changed.task("test")], max_seq_length=64)[changed.task("test").name]["ndcg@10"]
+    assert second["scores"]["tiny-test-local"] == pytest.approx(expected, abs=1e-4)
+    assert abs(second["scores"]["tiny-test-local"] - first["scores"]["tiny-test-local"]) > 1.0
+    again = run_mteb(model, [beir_mteb_task(changed, "test", max_seq_length=64)], **kwargs)  # the same data: cached
+    # read back from mteb's file (rounded to 5 decimals there): the cache still serves the data it was computed on
+    assert again["scores"]["tiny-test-local"] == pytest.approx(second["scores"]["tiny-test-local"], abs=1e-4)
+    assert again["scores"] != second["scores"]

@@ -147,3 +147,12 @@ def test_the_trainer_evaluator_scores_its_hits_with_the_same_scorer(folders, tex
     ours = retrieve(model, [task], max_seq_length=64)[task.name].scores
     for metric in ("ndcg@10", "mrr@10", "recall@10", "map@100", "accuracy@1"):
         assert 100 * scores[f"t_cosine_{metric}"] == pytest.approx(ours[metric], abs=1e-4), metric
+
+
+@pytest.mark.parametrize("length", [0, -1, 2.5, True])
+def test_retrieve_refuses_a_length_that_encodes_nothing(folders, text_model_dir, length):
+    from st_hardneg.evaluation.retrieval import retrieve
+
+    task = load_beir(folders["binary"]).task("test")
+    with pytest.raises(ValueError, match=rf"max_seq_length must be an integer >= 1, got {length!r}"):
+        retrieve(_model(text_model_dir, False), [task], max_seq_length=length)

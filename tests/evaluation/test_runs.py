@@ -140,3 +140,31 @@ def test_a_grade_pytrec_eval_cannot_hold_is_refused():
     assert check_qrels({"q": {"d": MAX_GRADE}}) == {"q": {"d": MAX_GRADE}}
     with pytest.raises(ValueError, match="cannot be scored exactly by pytrec_eval"):
         check_qrels({"q": {"d": MAX_GRADE + 1}})
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("q1 Q0 d1 0.9 1 x\nq1 Q0 d2 0.8 2 x\n", r"line 1: the rank \(4th field\) must be a non-negative integer, got "
+                                             r"'0\.9' \(are the rank and score columns swapped"),
+    ("q1 Q0 d1 1 1 x\nq1 Q0 d2 2 2 x\n", r"line 2: query 'q1' ranks a document scored 2\.0 at rank 2, after one "
+                                         r"scored 1\.0 at rank 1: the ranks must follow the scores"),
+])
+def test_a_run_whose_ranks_do_not_follow_its_scores_is_refused(tmp_path, text, message):
+    from st_hardneg.evaluation.runs import RunFormatError, read_trec_run
+
+    path = tmp_path / "run.trec"
+    path.write_text(text)
+    with pytest.raises(RunFormatError, match=message):
+        read_trec_run(path)
+    path.write_text("q1 Q0 d2 2 0.8 x\nq1 Q0 d1 1 0.9 x\nq1 Q0 d3 3 0.8 x\n")  # any line order, ties allowed
+    assert read_trec_run(path) == {"q1": {"d2": 0.8, "d1": 0.9, "d3": 0.8}}
+
+
+def test_a_run_with_nan_or_infinite_scores_is_not_scored():
+    from st_hardneg.evaluation.runs import score_run
+
+    qrels = {"q1": {"d1": 1}}
+    for bad in (float("nan"), float("inf"), "high"):
+        with pytest.raises(ValueError, match=r"score of \('q1', 'd2'\) is .*not a finite number"):
+            score_run({"q1": {"d1": 0.5, "d2": bad}}, qrels)
+    means, _ = score_run({"q1": {"d1": 0.5, "d2": 0.9}}, qrels)
+    assert means["mrr@10"] == pytest.approx(50.0)  # d1 at rank 2: 1/2
