@@ -10,6 +10,7 @@ step post-hook, plus :class:`~st_hardneg.training.callbacks.StatefulLossCallback
 from __future__ import annotations
 
 import functools
+import weakref
 from typing import Any, Unpack, cast
 
 import torch
@@ -23,12 +24,23 @@ from st_hardneg.functional import ranking as fr
 from st_hardneg.losses import distributed as dist
 from st_hardneg.losses import stateful
 from st_hardneg.losses.adversaries import NegativeAdversaries
-from st_hardneg.losses.base import HardNegativeLoss, LossOptions
+from st_hardneg.losses.base import HardNegativeLoss, LossOptions, SharedOptions
 from st_hardneg.losses.batch import Batch
 from st_hardneg.losses.momentum import frozen_copy, update_momentum
 from st_hardneg.losses.routes import column_routes
 
 _STATE_FORMAT = 1
+
+
+def _unwrapped(model: nn.Module) -> nn.Module:
+    """``model`` without the wrappers that share its parameters (DDP ``.module``, ``torch.compile``'s
+    ``._orig_mod``)."""
+    for _ in range(8):
+        inner = getattr(model, "module", None) or getattr(model, "_orig_mod", None)
+        if not isinstance(inner, nn.Module):
+            break
+        model = inner
+    return model
 
 
 class AdversarialNegativesLoss(stateful.OptimizerDrivenLoss, HardNegativeLoss):
@@ -103,7 +115,7 @@ class AdversarialNegativesLoss(stateful.OptimizerDrivenLoss, HardNegativeLoss):
                 train (:meth:`key_columns` says why this is the paper's case: the Router already unties the
                 encoders of queries and documents); with ``queue_source="ema"`` that is refused (use ``"online"``). With a queue (``queue_size``): untied, the queued
                 rows are the key encoder's under either ``queue_source`` (``queue_momentum`` does not apply: the
-                encoder moves with ``momentum``, dropout on as in the paper); tied with ``queue_source="ema"``, the
+                encoder moves with ``momentum``, dropout on in training as in the paper); tied with ``queue_source="ema"``, the
                 queue keeps its own key encoder like the other losses.
             in_batch_keys: ``True`` (default): the other pairs' keys and all explicit negatives are negatives of
                 every anchor. ``False``: paper Eq. 5, row ``i`` sees only its positive, its own explicit negatives
@@ -200,10 +212,8 @@ class AdversarialNegativesLoss(stateful.OptimizerDrivenLoss, HardNegativeLoss):
         # its own key encoder (dropout off) as for the other losses
         self.untied = validation.check_bool(untied, "untied")
         super().__init__(model, guide, **options)
-        if num_adversaries and self.similarity_fct_name != "cos_sim":
-            raise ValueError("AdversarialNegativesLoss with num_adversaries > 0 needs similarity_fct=cos_sim: the "
-                             "adversaries are points on the unit sphere (AdCo), scored by their cosines")
         self.num_adversaries = validation.check_count(num_adversaries, "num_adversaries (M)", minimum=0)
+        self.check_options(self.options)
         self.in_batch_keys = validation.check_bool(in_batch_keys, "in_batch_keys")
         if not in_batch_keys and not num_adversaries:
             raise ValueError("in_batch_keys=False (paper Eq. 5) needs num_adversaries > 0: no negatives are left")
@@ -211,7 +221,6 @@ class AdversarialNegativesLoss(stateful.OptimizerDrivenLoss, HardNegativeLoss):
         self._ema_updates = 0
         self._state_synced = False
         self.adversary_temperature = validation.check_temperature(adversary_temperature, "adversary_temperature")
-        self.min_batch_size = 1 if num_adversaries > 0 else 2  # with adversaries a single pair has negatives
         if num_adversaries > 0 and self.embedding_dimension is None:
             raise ValueError("AdversarialNegativesLoss needs the model's embedding dimension for its adversaries, "
                              "but model.get_embedding_dimension() returned None.")
@@ -225,6 +234,23 @@ class AdversarialNegativesLoss(stateful.OptimizerDrivenLoss, HardNegativeLoss):
         vars(self).update(_online=model, _key_encoder=frozen_copy(model) if untied else None)
         self._start_listening()
 
+    def check_options(self, options: SharedOptions) -> None:
+        """The shared options' rules, and the adversaries' similarity: cosines."""
+        super().check_options(options)
+        if vars(self).get("num_adversaries") and options.similarity_fct != "cos_sim":
+            raise ValueError("AdversarialNegativesLoss with num_adversaries > 0 needs similarity_fct=cos_sim: the "
+                             "adversaries are points on the unit sphere (AdCo), scored by their cosines")
+
+    def follow_model(self, model: nn.Module) -> bool:
+        """Tied (``untied=False``) the loss keeps no copy of the old model (its adversaries are vectors of the
+        embedding space, not of a model's weights): it follows the model the Trainer's ``model_init`` made, as
+        sentence-transformers' MNRL does. Untied, the key encoder is the old model's copy: refused."""
+        if self.key_encoder is not None:
+            return False
+        vars(self)["_online"] = _unwrapped(model)
+        self._owned_optimizers = weakref.WeakSet()
+        return True
+
     def queues_own_key_encoder_rows(self) -> bool:
         """Untied, the candidates come from the key encoder: the queue queues those rows."""
         return self.untied
@@ -232,7 +258,8 @@ class AdversarialNegativesLoss(stateful.OptimizerDrivenLoss, HardNegativeLoss):
     # ------------------------------------------------------------------ public state
     @property
     def key_encoder(self) -> nn.Module | None:
-        """The momentum (EMA) key encoder; ``None`` when ``untied=False``. Frozen, always in train mode."""
+        """The momentum (EMA) key encoder; ``None`` when ``untied=False``. Frozen; each forward puts it in the online
+        model's train / eval mode (dropout on in training, as in the paper; off in evaluation)."""
         return self._key_encoder
 
     @property
@@ -288,7 +315,10 @@ class AdversarialNegativesLoss(stateful.OptimizerDrivenLoss, HardNegativeLoss):
     # ------------------------------------------------------------------ forward
     def before_embedding(self, sentence_features: list[dict[str, Tensor]]) -> None:
         """Before either embedding path (plain or GradCache): the online model's check, the forward count, the
-        state's first sync across processes, and the key encoder on the online model's device, in train mode."""
+        state's first sync across processes, and the key encoder on the online model's device, in the online
+        model's train / eval mode: in training its dropout is on, as in the paper (the key encoder's dropout is
+        part of the noise between a query and its key); in evaluation it is off, as the online model's, so that an
+        evaluation loss is deterministic (two calls on one batch give one value)."""
         self._check_online_model()
         self._count_forward()
         self._sync_state_across_processes()
@@ -297,7 +327,7 @@ class AdversarialNegativesLoss(stateful.OptimizerDrivenLoss, HardNegativeLoss):
             param, online = next(key_encoder.parameters(), None), next(self.online_model.parameters(), None)
             if param is not None and online is not None and param.device != online.device:
                 key_encoder.to(online.device)
-            key_encoder.train()
+            key_encoder.train(self.model.training)
 
     def key_columns(self, sentence_features: list[dict[str, Tensor]]) -> list[int]:
         """The input columns the momentum key encoder embeds (without gradient): with ``untied=True`` every column

@@ -26,6 +26,7 @@ from __future__ import annotations
 import functools
 import logging
 import operator
+import warnings
 from collections.abc import Callable, Iterable
 from dataclasses import fields, replace
 from typing import Any, Unpack, cast
@@ -40,7 +41,7 @@ from st_hardneg import functional as fn
 from st_hardneg import validation
 from st_hardneg.losses import columns, false_negatives
 from st_hardneg.losses import distributed as dist
-from st_hardneg.losses.batch import Batch, SideInputs
+from st_hardneg.losses.batch import Batch, CallContext, SideInputs
 from st_hardneg.losses.blocks import Ranking, combine_chunk_stats, unusable_stats
 from st_hardneg.losses.gradcache import (
     GradCacheEngine,
@@ -55,6 +56,7 @@ from st_hardneg.losses.options import (
     SharedOptions,
     constructor_signature,
     option_attributes,
+    owned_error,
 )
 from st_hardneg.losses.prepare import BatchPreparer
 from st_hardneg.losses.queue import QueueBanks
@@ -99,8 +101,11 @@ class HardNegativeLoss(CachedLossMixin, nn.Module):
     model or the guide is checked here.
     """
 
-    #: smallest batch the loss accepts (in-batch mixing needs a partner)
-    min_batch_size: int = 2
+    #: smallest batch the loss's equation computes: InfoNCE computes a batch of one pair as sentence-transformers'
+    #: MultipleNegativesRankingLoss does (its positive, and any explicit negatives, its only candidates); a paper
+    #: whose equation needs another row (in-batch mixing needs a partner) raises it, and a smaller batch (the last
+    #: batch of an epoch) is skipped with one warning per loss (:meth:`compute`)
+    min_batch_size: int = 1
     #: whether the loss reads labels (the st-hardneg losses do not; a labelled dataset triggers a warning)
     uses_labels: bool = False
     #: whether the loss has a hardest-negative choice that can take queued rows (``queue_as_pool``)
@@ -126,9 +131,7 @@ class HardNegativeLoss(CachedLossMixin, nn.Module):
         #: names read them)
         self.options = shared
         self.similarity_fct_name = cast(str, shared.similarity_fct)
-        cosine_reason = self.cosine_only_reason()
-        if self.similarity_fct_name != "cos_sim" and cosine_reason:
-            raise ValueError(f"{name} needs similarity_fct=cos_sim: {cosine_reason}")
+        HardNegativeLoss.check_options(self, shared)  # the paper's own rules: its constructor, after its arguments
         # sentence-transformers' CachedLossMixin reads (and a caller may set) these two
         self.mini_batch_size, self.mini_batch_num_tokens = shared.mini_batch_size, shared.mini_batch_num_tokens
         if self.uses_gradient_cache:
@@ -142,37 +145,121 @@ class HardNegativeLoss(CachedLossMixin, nn.Module):
         # kept out of the module tree (as AdCSE's key encoder): not trained, not in state_dict(), not in the optimizer
         vars(self)["guide"] = guide
         self._generator: torch.Generator | None = None
+        # the call in progress: forward's context during a cached forward, set_false_negative_inputs' for the next
+        # compute_loss_from_embeddings (each dropped when its call ends)
+        vars(self).update(_call_context=None, _given_inputs=None)
         #: the statistics of the last batch (:attr:`diagnostics`): the one attribute a batch rebinds
         self._last_stats: dict[str, Tensor] = {}
         self.embedding_dimension = columns.model_embedding_dimension(model)
         tag_model_card(model)
-        dot = self.similarity_fct_name == "dot_score"
         #: the parts (see the module docstring)
         self.preparer = BatchPreparer(
             name, blocks=self.blocks, mask_duplicates=shared.mask_duplicates, margin=shared.margin,
             margin_strategy=shared.margin_strategy, known_positives=self.known_positives, guided=guide is not None,
             gather_across_devices=shared.gather_across_devices, uses_labels=self.uses_labels)
         self.queues = QueueBanks(
-            name, model, guide, shared.queue, directions=shared.directions, dot=dot,
-            mask_duplicates=shared.mask_duplicates, margin=shared.margin, margin_strategy=shared.margin_strategy,
-            known_positives=self.known_positives, chooses_from_pool=self.chooses_from_queue_pool,
-            pool_refusal=self.queue_pool_refusal, own_key_encoder=self.queues_own_key_encoder_rows())
+            name, model, guide, shared.queue, directions=shared.directions,
+            dot=self.similarity_fct_name == "dot_score", mask_duplicates=shared.mask_duplicates,
+            margin=shared.margin, margin_strategy=shared.margin_strategy, known_positives=self.known_positives,
+            chooses_from_pool=self.chooses_from_queue_pool, pool_refusal=self.queue_pool_refusal,
+            own_key_encoder=self.queues_own_key_encoder_rows())
         # the banks are the loss's child modules (stateful parts: the training callbacks find them among its modules)
         self.queue, self.anchor_queue = self.queues.queue, self.queues.anchor_queue
-        self.ranking = Ranking(
-            name, blocks=self.blocks, dot=dot, temperature=shared.temperature, partition_mode=shared.partition_mode,
-            hardness_mode=shared.hardness_mode, hardness_strength=shared.hardness_strength, queues=self.queues,
-            known_positives=self.known_positives is not None)
+        self.ranking = self._ranking()
         self.gradcache = GradCacheEngine()
+        vars(self)["_built"] = True  # from here on an option is assigned through _apply_options
+
+    def _ranking(self) -> Ranking:
+        """The ranking part, from the loss's current options."""
+        options = self.options
+        return Ranking(
+            type(self).__name__, blocks=self.blocks, dot=self.similarity_fct_name == "dot_score",
+            temperature=options.temperature, partition_mode=options.partition_mode,
+            hardness_mode=options.hardness_mode, hardness_strength=options.hardness_strength, queues=self.queues,
+            known_positives=self.known_positives is not None)
 
     def __setattr__(self, name: str, value: Any) -> None:
-        if name in _FIXED_OPTIONS:  # a clear message, not "property has no setter"
-            raise AttributeError(
-                f"{type(self).__name__}.{name} is fixed when the loss is built (loss.options holds it and the "
-                f"loss's parts were built from it); build a new loss with {name}=... instead")
+        if vars(self).get("_built"):
+            if name in _ASSIGNABLE_OPTIONS:  # as sentence-transformers' losses keep them: checked, then applied
+                try:
+                    options = _replaced(self.options, name, value)
+                except ValueError as error:  # a rule between the options: named after the loss
+                    raise owned_error(error, type(self).__name__) from None
+                self._apply_options(options)
+                return
+            if name == "options":
+                self._apply_options(value)
+                return
+            if name == "known_positives":
+                self._apply_options(replace(self.options, known_positives=value))
+                return
+            if name in _FIXED_OPTIONS or (name == "guide" and value is not self.guide):
+                why = ("the guide decides the margin and the contrast blocks" if name in ("guide", "guided") else
+                       "the queue's banks hold the queued rows and their state")
+                raise AttributeError(f"{type(self).__name__}.{name} is fixed when the loss is built ({why}); build "
+                                     f"a new loss with {'guide' if name == 'guided' else name}=... instead")
         if name == "model" and "model_guard" in self.__dict__:
             self.model_guard.check(type(self).__name__, self.__dict__.get("_modules", {}).get("model"), value)
         super().__setattr__(name, value)
+
+    def _apply_options(self, options: SharedOptions) -> None:
+        """Make ``options`` the loss's (``loss.options = ...``, or one option assigned): checked as the constructor
+        checks them (:meth:`check_options`), then given to the parts, so that the next batch computes with them.
+
+        Raises:
+            TypeError: ``options`` is not a :class:`SharedOptions`.
+            AttributeError: it changes what is fixed when the loss is built: the queue's options, the guide, or
+                (with a queue) the similarity function of the queued rows.
+            ValueError: a value or a rule the constructor refuses, with its message.
+        """
+        name = type(self).__name__
+        if not isinstance(options, SharedOptions):
+            raise TypeError(f"{name}.options must be a SharedOptions (e.g. dataclasses.replace(loss.options, "
+                            f"temperature=0.1)), got {type(options).__name__}")
+        old = self.options
+        if options.queue != old.queue:
+            raise AttributeError(f"{name}: the queue's options are fixed when the loss is built (its banks hold the "
+                                 "queued rows and their state); build a new loss with queue=... instead")
+        if options.guided != old.guided:
+            raise AttributeError(f"{name}: guided follows the guide model given to the constructor; build a new loss "
+                                 "with guide=... instead")
+        similarity = cast(str, options.similarity_fct)
+        if similarity != self.similarity_fct_name and self.queues.queue is not None:
+            raise AttributeError(f"{name}: similarity_fct is fixed with a queue (its rows are queued as the loss "
+                                 "scores them); build a new loss with similarity_fct=... instead")
+        self.check_options(options)
+        known = self.known_positives
+        if options.known_positives is not old.known_positives:
+            known = KnownPositives.for_loss(name, options.known_positives, self.model)
+        if options.seed != old.seed:
+            self._generator = None
+        for key, value in (("options", options), ("similarity_fct_name", similarity), ("known_positives", known),
+                           ("mini_batch_size", options.mini_batch_size),
+                           ("mini_batch_num_tokens", options.mini_batch_num_tokens)):
+            object.__setattr__(self, key, value)
+        preparer = self.preparer
+        self.preparer = BatchPreparer(
+            name, blocks=self.blocks, mask_duplicates=options.mask_duplicates, margin=options.margin,
+            margin_strategy=options.margin_strategy, known_positives=known, guided=options.guided,
+            gather_across_devices=options.gather_across_devices, uses_labels=self.uses_labels)
+        self.preparer.reports_false_negatives = preparer.reports_false_negatives
+        self.preparer.warned_labels = preparer.warned_labels
+        queues = self.queues
+        queues.mask_duplicates, queues.margin, queues.margin_strategy = (options.mask_duplicates, options.margin,
+                                                                         options.margin_strategy)
+        queues.known_positives = known
+        warned = self.ranking._warned_unusable
+        self.ranking = self._ranking()
+        self.ranking._warned_unusable = warned
+
+    def check_options(self, options: SharedOptions) -> None:
+        """Raise ``ValueError`` if the shared ``options`` break a rule of this loss (its equation's): called by the
+        constructor and when an option is assigned. The base checks ``similarity_fct`` against
+        :meth:`cosine_only_reason`; a paper whose own arguments bound an option (Focal-InfoNCE's ``m`` and the
+        temperature) extends it."""
+        cosine_reason = self.cosine_only_reason()
+        if options.similarity_fct != "cos_sim" and cosine_reason:
+            raise ValueError(f"{type(self).__name__} needs similarity_fct=cos_sim: {cosine_reason}")
 
     def cosine_only_reason(self) -> str | None:
         """Why this loss's equation needs cosine similarities (then ``similarity_fct=dot_score`` is rejected), or
@@ -225,11 +312,13 @@ class HardNegativeLoss(CachedLossMixin, nn.Module):
 
     # ------------------------------------------------------------------ forward
     def forward(self, sentence_features: Iterable[dict[str, Tensor]], labels: Tensor | None) -> Tensor:
-        sentence_features = self.remember_side_inputs(sentence_features)
+        sentence_features = list(sentence_features)
+        vars(self)["_given_inputs"] = None  # forward sees the texts itself
+        context = self.call_context(sentence_features)
         self.before_embedding(sentence_features)
         if self.uses_gradient_cache:
-            return self.cached_forward(sentence_features, labels)
-        return self.compute_loss_from_embeddings(self.embed(sentence_features), labels)
+            return self.cached_forward(sentence_features, labels, context)
+        return self.compute(self.embed(sentence_features), labels, context=context)
 
     def before_embedding(self, sentence_features: list[dict[str, Tensor]]) -> None:
         """Called by ``forward`` before the columns are embedded (plain or GradCache); a loss with state that must
@@ -240,19 +329,18 @@ class HardNegativeLoss(CachedLossMixin, nn.Module):
         can. A loss that embeds some columns with another encoder (AdCSE's key encoder) overrides it."""
         return embed_columns(self.model, sentence_features)
 
-    def remember_side_inputs(self, sentence_features: Iterable[dict[str, Tensor]]) -> list[dict[str, Tensor]]:
-        """Called by ``forward`` before the model runs: hand the preparer each row's text key (for
-        ``mask_duplicates``) and the guide's embeddings (no gradient), and, with ``queue_source="ema"`` and
-        gradients on, the queue the key encoder's rows of the candidate columns. Returns the features as a list."""
-        sentence_features = list(sentence_features)
-        self.preparer.remember(false_negatives.side_inputs(
+    def call_context(self, sentence_features: list[dict[str, Tensor]]) -> CallContext:
+        """Built by ``forward`` before the model runs: what this call knows besides the embeddings
+        (:class:`~st_hardneg.losses.batch.CallContext`): each row's text key (for ``mask_duplicates`` and
+        ``known_positives``) and the guide's embeddings (no gradient), and, with ``queue_source="ema"`` and
+        gradients on, the queue's key encoder's rows of the input columns."""
+        side = false_negatives.side_inputs(
             sentence_features, mask_duplicates=self.options.mask_duplicates or self.known_positives is not None,
-            guide=self.guide, model=self.model, retokenize=self._must_retokenize))
+            guide=self.guide, model=self.model, retokenize=self._must_retokenize)
         embed = (functools.partial(embed_without_grad, mini_batch_size=self.mini_batch_size,
                                    mini_batch_num_tokens=self.mini_batch_num_tokens)
                  if self.uses_gradient_cache else _embed_column)
-        self.queues.remember_key_columns(sentence_features, embed)
-        return sentence_features
+        return CallContext(side_inputs=side, queue_keys=self.queues.key_columns(sentence_features, embed))
 
     def set_false_negative_inputs(self, text_keys: Tensor | None = None,
                                   guide_embeddings: list[Tensor] | None = None) -> None:
@@ -262,7 +350,7 @@ class HardNegativeLoss(CachedLossMixin, nn.Module):
         inputs = SideInputs(
             text_keys=torch.as_tensor(text_keys, dtype=torch.long) if text_keys is not None else None,
             guide=[g.detach() for g in guide_embeddings] if guide_embeddings is not None else None)
-        self.preparer.remember(inputs if inputs.text_keys is not None or inputs.guide is not None else None)
+        vars(self)["_given_inputs"] = inputs if inputs.text_keys is not None or inputs.guide is not None else None
 
     # ------------------------------------------------------------------ GradCache (sentence-transformers' contract)
     @property
@@ -274,12 +362,19 @@ class HardNegativeLoss(CachedLossMixin, nn.Module):
         module (none by default; AdCSE's key encoder embeds its key columns)."""
         return {}
 
-    def cached_forward(self, sentence_features: Iterable[dict[str, Tensor]], labels: Tensor | None) -> Tensor:
+    def cached_forward(self, sentence_features: Iterable[dict[str, Tensor]], labels: Tensor | None,
+                       context: CallContext | None = None) -> Tensor:
         """The GradCache forward pass (:meth:`GradCacheEngine.forward`): returns the (detached, hooked) loss;
-        ``loss.backward()`` fills the gradients."""
+        ``loss.backward()`` fills the gradients. ``context`` (``forward``'s) is the one every ``calculate_loss`` of
+        this call computes with (``MatryoshkaLoss`` calls it once per dimension); it is dropped when the call
+        returns or raises."""
         sentence_features = list(sentence_features)
-        return self.gradcache.forward(self, sentence_features, labels, self.frozen_columns(sentence_features),
-                                      self.mini_batch_size, self.mini_batch_num_tokens)
+        vars(self)["_call_context"] = context
+        try:
+            return self.gradcache.forward(self, sentence_features, labels, self.frozen_columns(sentence_features),
+                                          self.mini_batch_size, self.mini_batch_num_tokens)
+        finally:
+            vars(self)["_call_context"] = None
 
     def embed_minibatch(self, sentence_feature: dict[str, Tensor], begin: int, end: int, with_grad: bool,
                         copy_random_state: bool, random_state: Any = None) -> tuple[Tensor, Any]:
@@ -294,7 +389,7 @@ class HardNegativeLoss(CachedLossMixin, nn.Module):
         per-mini-batch embeddings, by :meth:`compute` a chunk of :attr:`loss_chunk_size` rows at a time; with
         ``with_backward``, back-propagated to the embeddings chunk by chunk and detached."""
         return self.compute(self.gradcache.columns(reps), labels, chunk_size=self.loss_chunk_size,
-                            with_backward=with_backward)
+                            with_backward=with_backward, context=vars(self).get("_call_context"))
 
     @property
     def supports_row_chunks(self) -> bool:
@@ -312,33 +407,57 @@ class HardNegativeLoss(CachedLossMixin, nn.Module):
     def compute_loss_from_embeddings(self, embeddings: list[Tensor], labels: Tensor | None = None) -> Tensor:
         """The loss of a batch of embeddings, one per column ``[anchors, positives, negatives...]``
         (:meth:`compute` with this process's rows as one window; under GradCache the same template runs a chunk of
-        rows at a time)."""
-        return self.compute(embeddings, labels)
+        rows at a time), with an empty call context, or the text keys and guide embeddings that
+        :meth:`set_false_negative_inputs` gave for this call."""
+        given = vars(self).get("_given_inputs")
+        vars(self)["_given_inputs"] = None
+        return self.compute(embeddings, labels, context=CallContext(side_inputs=given))
 
     def compute(self, embeddings: list[Tensor], labels: Tensor | None = None, *, chunk_size: int | None = None,
-                with_backward: bool = False) -> Tensor:
+                with_backward: bool = False, context: CallContext | None = None) -> Tensor:
         """The one compute template of every loss. With autocast disabled (float32 under bf16/fp16 mixed precision
         too): ``preparer.prepare`` (the columns checked and normalised, labels warned about once), the paper's
         :meth:`begin_batch`, then per window of ``chunk_size`` anchor rows of this process (``None``: one window)
         ``preparer.window`` (the false-negative masks) → the paper's :meth:`window_rows` (or, for a loss computed
         whole, :meth:`whole_batch_rows` on one window of every row) → ``ranking.usable_sum``; then the unusable
         rows judged once (``ranking.batch_tally``, ``ranking.judge``), the paper's :meth:`end_batch` and the mean
-        (``ranking.mean``); :meth:`close_batch` always, also when a step raised. What ``forward`` remembered for the batch is dropped
-        afterwards, also when the loss raised.
+        (``ranking.mean``); :meth:`close_batch` always, also when a step raised. ``context``: what the call knows
+        besides the embeddings (:class:`~st_hardneg.losses.batch.CallContext`, built by ``forward``; ``None``: an
+        empty one); the template keeps nothing of it.
 
         With ``with_backward`` (GradCache's step (2)) each window's rows are back-propagated to leaf copies of the
         normalised embeddings and freed before the next window, so the loss side holds O(chunk × candidates) at a
         time, never the (N, C) matrices; the gradient then flows once through the normalisation (and the
         gathering) into ``embeddings`` and the returned loss is detached. Equal to the one-window loss (loss,
         gradients, diagnostics, warnings and errors), up to float summation order."""
-        try:
-            with fn.autocast_disabled(embeddings):
-                batch = self.preparer.prepare(embeddings, labels, min_batch_size=self.min_batch_size,
-                                              embedding_dimension=self.embedding_dimension,
-                                              in_matryoshka=functools.partial(columns.in_matryoshka, self))
-                return self._run(batch, chunk_size, with_backward)
-        finally:
-            self.preparer.forget()
+        with fn.autocast_disabled(embeddings):
+            batch = self.preparer.prepare(embeddings, labels, min_batch_size=1,
+                                          embedding_dimension=self.embedding_dimension,
+                                          in_matryoshka=functools.partial(columns.in_matryoshka, self),
+                                          context=context)
+            if batch.size < self.min_batch_size:
+                return self._skip(batch, with_backward)
+            return self._run(batch, chunk_size, with_backward)
+
+    def _skip(self, batch: Batch, with_backward: bool) -> Tensor:
+        """A batch smaller than the paper's equation needs (:attr:`min_batch_size`; the Trainer's last batch under
+        ``dataloader_drop_last=False``): warned once per loss and skipped, a zero loss whose gradient is zero for
+        every embedding (so a Trainer step, GradCache's cached gradients and ``MatryoshkaLoss``' backward all go
+        through); nothing is drawn, queued or recorded."""
+        if not vars(self).get("_warned_small_batch"):
+            vars(self)["_warned_small_batch"] = True
+            message = (f"{type(self).__name__}: a batch of {batch.size} pair(s) is smaller than the "
+                       f"{self.min_batch_size} its equation needs (it mixes or mines other in-batch pairs); the batch "
+                       "is skipped (loss 0, no gradient). With the Trainer this is the last batch of an epoch: set "
+                       "dataloader_drop_last=True to drop it. This warning is shown once.")
+            logger.warning(message)
+            warnings.warn(message, UserWarning, stacklevel=4)
+        zero = (batch.anchors.sum() + batch.positives.sum() + batch.negatives.sum()) * 0.0
+        if with_backward:
+            if zero.requires_grad:
+                zero.backward()
+            return zero.detach()
+        return zero
 
     def _run(self, batch: Batch, chunk_size: int | None, with_backward: bool) -> Tensor:
         """:meth:`compute` after the preparer: the hooks, the windows, the reduction."""
@@ -475,8 +594,25 @@ for _name in option_attributes():
 for _option in fields(QueueOptions):
     setattr(HardNegativeLoss, f"queue_{_option.name}",
             _read_only(f"options.queue.{_option.name}", f"``loss.options.queue.{_option.name}`` (read-only)."))
-#: the options a built loss shows but never takes a new value of (``mini_batch_size`` / ``mini_batch_num_tokens``,
-#: which sentence-transformers sets, stay writable)
-_FIXED_OPTIONS = frozenset({*option_attributes(), *(f"queue_{o.name}" for o in fields(QueueOptions)), "scale",
-                            "queue_options"}) - {"mini_batch_size", "mini_batch_num_tokens"}
+#: the shared options a built loss takes a new value of, as sentence-transformers' losses keep them assignable
+#: (``loss.scale = 5.0``): checked as the constructor checks them and given to the parts (``_apply_options``)
+_ASSIGNABLE_OPTIONS = frozenset({*option_attributes(), "scale", "similarity_fct", "mini_batch_size",
+                                 "mini_batch_num_tokens"})
+#: what a built loss shows but never takes a new value of: the queue's options (its banks hold rows and state)
+_FIXED_OPTIONS = frozenset({*(f"queue_{o.name}" for o in fields(QueueOptions)), "queue_options", "queue",
+                            "anchor_queue", "guided"})
+
+
+def _replaced(options: SharedOptions, name: str, value: Any) -> SharedOptions:
+    """``options`` with the option ``name`` (a loss attribute's name) given ``value``, checked as the constructor
+    checks its keyword (``scale`` and ``temperature`` resolved into τ by the same rule)."""
+    if name in ("scale", "temperature"):
+        tau = validation.check_scale_or_temperature(value if name == "scale" else None,
+                                                    value if name == "temperature" else None)
+        return replace(options, temperature=tau)
+    if name == "similarity_fct":
+        return replace(options, similarity_fct=validation.check_similarity_fct(value))
+    return replace(options, **{name: value})
+
+
 HardNegativeLoss.__init__.__signature__ = constructor_signature(HardNegativeLoss.__init__)  # type: ignore[attr-defined]

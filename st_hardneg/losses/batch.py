@@ -17,7 +17,7 @@ from st_hardneg import functional as fn
 if TYPE_CHECKING:
     from st_hardneg.losses.relevance import KnownPositives
 
-__all__ = ["Batch", "BatchState", "SideInputs", "column_name"]
+__all__ = ["Batch", "BatchState", "CallContext", "SideInputs", "column_name"]
 
 
 @dataclass
@@ -105,6 +105,9 @@ class Batch:
     #: the loss's ``known_positives`` index: a candidate whose text key it pairs with anchor ``i``'s is masked
     #: (needs :attr:`text_keys`)
     known: KnownPositives | None = None
+    #: with ``queue_source="ema"`` in training: the queue's key encoder's rows of this batch's input columns (one per
+    #: column, ``None`` for the anchors without ``queue_anchors``), from the call's :class:`CallContext`
+    queue_keys: list[Tensor | None] | None = None
     #: what the loss learned about the batch while computing it (shared by every window cut from it)
     state: BatchState = field(default_factory=BatchState)
 
@@ -184,6 +187,23 @@ class SideInputs:
     text_keys: Tensor | None = None
     #: the guide model's embeddings, one (N, d') tensor per column, or ``None``
     guide: list[Tensor] | None = None
+
+
+@dataclass(frozen=True)
+class CallContext:
+    """What one call of a loss knows about its batch besides the embeddings, built by ``forward`` before the model
+    runs and passed to :meth:`~st_hardneg.losses.base.HardNegativeLoss.compute` with them.
+
+    It lives exactly as long as the call: under GradCache every ``calculate_loss`` of one cached forward computes
+    with it (``MatryoshkaLoss`` calls ``calculate_loss`` once per dimension), and nothing of it is left on the loss
+    afterwards. ``compute_loss_from_embeddings`` passes an empty one (or what
+    :meth:`~st_hardneg.losses.base.HardNegativeLoss.set_false_negative_inputs` gave for that call).
+    """
+
+    #: the rows' text keys and the guide's embeddings, for the false-negative masks (``None``: none)
+    side_inputs: SideInputs | None = None
+    #: with ``queue_source="ema"`` in training: the queue's key encoder's rows of every input column
+    queue_keys: list[Tensor | None] | None = None
 
 
 def column_name(index: int) -> str:

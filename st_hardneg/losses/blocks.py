@@ -201,6 +201,10 @@ class Ranking:
         loss but do not make a row usable (AdCSE's adversaries: learned vectors, not data; they are never masked)."""
         blocks = self.queues.join(batch, blocks)
         available, n, masked, total = count_negatives(blocks, uncounted_columns)
+        if batch.size == 1 and batch.negatives.size(0) == 0:
+            # one pair and no explicit negative: no candidate was masked, there is none; the row is computed as
+            # sentence-transformers' MNRL computes it (its positive alone, and any column a paper adds)
+            available = None
         self.note_unusable_rows(batch, available, n, masked, total, start=blocks["query_to_doc"].row_offset)
         return fr.ranking_rows(blocks, self.scale, self.partition_mode, focal_m)
 

@@ -9,7 +9,7 @@ from sentence_transformers import SentenceTransformer
 from torch import Tensor
 
 from st_hardneg import validation
-from st_hardneg.losses.base import HardNegativeLoss, LossOptions
+from st_hardneg.losses.base import HardNegativeLoss, LossOptions, SharedOptions
 from st_hardneg.losses.batch import Batch
 
 
@@ -122,8 +122,12 @@ class FocalInfoNCELoss(HardNegativeLoss):
         """
         super().__init__(model, guide, **options)
         self.m = validation.check_number(m, "m (the Focal-InfoNCE margin)", minimum=0.0, maximum=1e6)
-        # the largest negative logit is (1 + m) / τ: an overflow blames m (the temperature passed for cosines)
-        validation.check_focal_margin_range(self.m, "m (the Focal-InfoNCE margin)", self.options.temperature)
+        self.check_options(self.options)
+
+    def check_options(self, options: SharedOptions) -> None:
+        """The shared options' rules, and the largest negative logit, ``(1 + m) / τ``: an overflow blames ``m``."""
+        super().check_options(options)
+        validation.check_focal_margin_range(self.m, "m (the Focal-InfoNCE margin)", options.temperature)
 
     def cosine_only_reason(self) -> str | None:
         return "the Focal-InfoNCE logits s_p² and s_n (s_n + m) are defined on cosines"

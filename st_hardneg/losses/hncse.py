@@ -15,7 +15,7 @@ from torch import Tensor
 from st_hardneg import functional as fn
 from st_hardneg import validation
 from st_hardneg.losses import false_negatives
-from st_hardneg.losses.base import HardNegativeLoss, LossOptions
+from st_hardneg.losses.base import HardNegativeLoss, LossOptions, SharedOptions
 from st_hardneg.losses.batch import Batch
 
 Mode = Literal["pm", "hnm", "both"]
@@ -238,7 +238,7 @@ class HNCSELoss(HardNegativeLoss):
                                                          names=fn.ALPHA_FUNCTIONS)
         self.hnm_gradient = validation.check_bool(hnm_gradient, "hnm_gradient")
         self.focal_m = validation.check_optional_non_negative(focal_m, "focal_m (the Focal-InfoNCE margin m)")
-        validation.check_focal_margin_range(self.focal_m, "focal_m (the Focal-InfoNCE margin m)", self.options.temperature)
+        self.check_options(self.options)
         self._warned_k = False
         self._warned_num_mixed = False
         #: per batch (begin_batch): the positive-mixing share for the diagnostics, HNM's random pair positions
@@ -249,6 +249,11 @@ class HNCSELoss(HardNegativeLoss):
                              "HNM, so it would be ignored; use mode='hnm' or 'both', or drop hnm_pool")
         # a pair of distinct in-batch negatives needs two other pairs in the batch
         self.min_batch_size = 3 if self.uses_hnm and not self.hnm_single else 2
+
+    def check_options(self, options: SharedOptions) -> None:
+        """The shared options' rules, and ``focal_m``'s largest logit at the temperature."""
+        super().check_options(options)
+        validation.check_focal_margin_range(self.focal_m, "focal_m (the Focal-InfoNCE margin m)", options.temperature)
 
     @property
     def uses_pm(self) -> bool:

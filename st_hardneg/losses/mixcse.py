@@ -10,7 +10,7 @@ from torch import Tensor
 
 from st_hardneg import functional as fn
 from st_hardneg import validation
-from st_hardneg.losses.base import HardNegativeLoss, LossOptions
+from st_hardneg.losses.base import HardNegativeLoss, LossOptions, SharedOptions
 from st_hardneg.losses.batch import Batch
 
 Layout = Literal["paper", "official"]
@@ -18,6 +18,7 @@ Layout = Literal["paper", "official"]
 
 class MixCSELoss(HardNegativeLoss):
     chooses_from_queue_pool = True  # partner="hardest" may pick queued rows (queue_as_pool)
+    min_batch_size = 2  # the mixed negative needs another pair's positive
 
     def __init__(
         self,
@@ -170,6 +171,16 @@ class MixCSELoss(HardNegativeLoss):
         if reverse_mix is None:
             reverse_mix = two_way or self.layout == "official"
         self.reverse_mix = validation.check_bool(reverse_mix, "reverse_mix")
+        self.focal_m = validation.check_optional_non_negative(focal_m, "focal_m (the Focal-InfoNCE margin m)")
+        self.check_options(self.options)
+
+    def check_options(self, options: SharedOptions) -> None:
+        """The shared options' rules, and MixCSE's with them: ``reverse_mix`` needs ``doc_to_query`` (paper layout),
+        the official layout takes none of sentence-transformers' extra options, ``queue_as_pool`` needs the hardest
+        partner, ``focal_m`` needs cosines and a logit in range at the temperature."""
+        super().check_options(options)
+        two_way = "doc_to_query" in options.directions
+        similarity = options.similarity_fct
         if self.layout == "paper" and self.reverse_mix and not two_way:
             raise ValueError(
                 "reverse_mix=True needs 'doc_to_query' in directions with layout='paper': the reverse mixed negative "
@@ -177,10 +188,10 @@ class MixCSELoss(HardNegativeLoss):
                 "'doc_to_query'), partition_mode='per_direction', reverse_mix=False for MixCSE_single.")
         if self.layout == "official":
             changed = [f"{key}={value!r}" for key, value, default in (
-                ("directions", self.options.directions, ("query_to_doc",)), ("partition_mode", self.options.partition_mode, "joint"),
-                ("hardness_mode", self.options.hardness_mode, None), ("similarity_fct", self.similarity_fct_name, "cos_sim"),
-                ("contrast_anchors", self.options.contrast_anchors, False),
-                ("contrast_positives", self.options.contrast_positives, False)) if value != default]
+                ("directions", options.directions, ("query_to_doc",)), ("partition_mode", options.partition_mode, "joint"),
+                ("hardness_mode", options.hardness_mode, None), ("similarity_fct", similarity, "cos_sim"),
+                ("contrast_anchors", options.contrast_anchors, False),
+                ("contrast_positives", options.contrast_positives, False)) if value != default]
             if changed:
                 raise ValueError(f"layout='official' is the released code's N×3N cross-entropy over cosines and takes "
                                  f"none of {', '.join(changed)} (its block 3 is reverse_mix); use layout='paper'")
@@ -189,15 +200,14 @@ class MixCSELoss(HardNegativeLoss):
                     "layout='official' needs the mixing partners to form a permutation (partner='shift' or 'random'); "
                     f"partner={self.partner!r} does not."
                 )
-        if self.queue_as_pool and (self.partner != "hardest" or self.layout != "paper"):
+        if options.queue.as_pool and (self.partner != "hardest" or self.layout != "paper"):
             raise ValueError("MixCSELoss: queue_as_pool=True lets the hardest-partner choice pick queued rows; it "
                              f"needs partner='hardest' and layout='paper', got partner={self.partner!r}, "
                              f"layout={self.layout!r}")
-        self.focal_m = validation.check_optional_non_negative(focal_m, "focal_m (the Focal-InfoNCE margin m)")
-        if self.focal_m is not None and self.similarity_fct_name != "cos_sim":
+        if self.focal_m is not None and similarity != "cos_sim":
             raise ValueError("MixCSELoss: focal_m needs similarity_fct=cos_sim (the Focal-InfoNCE logits s² and "
                              "s (s + m) are defined on cosines)")
-        validation.check_focal_margin_range(self.focal_m, "focal_m (the Focal-InfoNCE margin m)", self.options.temperature)
+        validation.check_focal_margin_range(self.focal_m, "focal_m (the Focal-InfoNCE margin m)", options.temperature)
 
     # ------------------------------------------------------------------ helpers
     def _partners(self, batch: Batch, similarity: Tensor | None) -> Tensor:

@@ -22,7 +22,8 @@ from st_hardneg.functional import ranking as fr
 if TYPE_CHECKING:
     from st_hardneg.losses.relevance import KnownPositives
 
-__all__ = ["LossOptions", "QueueOptions", "SharedOptions", "constructor_signature", "not_given", "option_attributes"]
+__all__ = ["LossOptions", "QueueOptions", "SharedOptions", "constructor_signature", "not_given", "option_attributes",
+           "owned_error"]
 
 _T = TypeVar("_T")
 _OWNER = "QueueOptions"  # whom a message about a rule between the queue's options names, unless a loss made them
@@ -36,6 +37,11 @@ def _owned(error: ValueError, default: str, owner: str) -> ValueError:
     if message.startswith(f"{default}: "):
         return ValueError(f"{owner}: {message.removeprefix(f'{default}: ')}")
     return error
+
+
+def owned_error(error: ValueError, owner: str) -> ValueError:
+    """``error`` naming the loss ``owner`` where a rule between the shared options named :class:`SharedOptions`."""
+    return _owned(error, _SHARED, owner)
 
 
 class LossOptions(TypedDict, total=False):

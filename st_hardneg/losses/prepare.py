@@ -1,7 +1,7 @@
 """The input side of every loss, one part (:class:`BatchPreparer`): the columns checked, in float32, normalised once,
 as a :class:`~st_hardneg.losses.batch.Batch` of the rows a loss computes (:meth:`BatchPreparer.window`), with their
 false-negative masks (:mod:`~st_hardneg.losses.false_negatives`), known relevance and the text keys and guide
-embeddings that ``forward`` saw (:meth:`BatchPreparer.remember`).
+embeddings that ``forward`` saw (the call's :class:`~st_hardneg.losses.batch.CallContext`).
 
 This module imports nothing of :mod:`st_hardneg.losses.base`.
 """
@@ -18,7 +18,7 @@ from torch import Tensor
 from st_hardneg import functional as fn
 from st_hardneg.losses import columns, false_negatives
 from st_hardneg.losses import distributed as dist
-from st_hardneg.losses.batch import Batch, BatchState, SideInputs
+from st_hardneg.losses.batch import Batch, BatchState, CallContext
 from st_hardneg.losses.relevance import KnownPositives
 
 __all__ = ["BatchPreparer"]
@@ -28,8 +28,8 @@ class BatchPreparer:
     """The batch preparer a loss owns (``loss.preparer``): turns the embeddings of one call into a :class:`Batch`.
 
     It holds what it needs from the loss's options (given to it, never read back from the loss) and the little it
-    learns across batches: whether false-negative counts are reported yet, whether the label warning was shown, and
-    what ``forward`` saw for the next call (:meth:`remember`, consumed by :meth:`prepare`).
+    learns across batches: whether false-negative counts are reported yet and whether the label warning was shown.
+    What ``forward`` saw of a call (text keys, guide embeddings) comes with that call's :meth:`prepare`.
 
     Args:
         loss_name: the loss's class name, for the messages.
@@ -56,21 +56,11 @@ class BatchPreparer:
         #: that masked one on)
         self.reports_false_negatives = False
         self.warned_labels = False
-        #: what forward saw for the next prepare call (text keys, guide embeddings)
-        self._side_inputs: SideInputs | None = None
 
     @property
     def controls_false_negatives(self) -> bool:
         """Whether any candidate can be masked (``mask_duplicates``, ``known_positives`` or a ``margin``)."""
         return self.mask_duplicates or self.margin is not None or self.known_positives is not None
-
-    def remember(self, inputs: SideInputs | None) -> None:
-        """Keep what ``forward`` saw (text keys, guide embeddings) for the next :meth:`prepare`."""
-        self._side_inputs = inputs
-
-    def forget(self) -> None:
-        """Drop what :meth:`remember` kept (after every call, also one that raised)."""
-        self._side_inputs = None
 
     def check_labels(self, labels: Tensor | None) -> None:
         """Warn once per loss if it receives labels it ignores. ``None`` and an all-zeros tensor (what
@@ -154,10 +144,12 @@ class BatchPreparer:
         return cached
 
     def prepare(self, embeddings: list[Tensor], labels: Tensor | None = None, *, min_batch_size: int = 2,
-                embedding_dimension: int | None = None, in_matryoshka: Callable[[], bool] = lambda: False) -> Batch:
+                embedding_dimension: int | None = None, in_matryoshka: Callable[[], bool] = lambda: False,
+                context: CallContext | None = None) -> Batch:
         """Check the columns and return them in float32, normalised once, as a :class:`Batch` (with gathering: of
-        every process's rows), with the text keys and guide embeddings that ``forward`` saw (consumed); no masks yet
-        (:meth:`window` adds those of the rows a loss computes).
+        every process's rows), with the text keys and guide embeddings that ``forward`` saw (``context``, the call's
+        :class:`~st_hardneg.losses.batch.CallContext`; ``None``: nothing) and the queue's key-encoder rows; no masks
+        yet (:meth:`window` adds those of the rows a loss computes).
 
         Raises ``ValueError`` for fewer than 2 columns, columns that are not (batch, dim) tensors of one batch size
         and one width, a width that differs from ``embedding_dimension`` (the model's, recorded by the loss), a batch
@@ -184,7 +176,9 @@ class BatchPreparer:
             fn.row_norms(raw[1].detach()).squeeze(-1) < fn.NORM_EPS)
         batch = Batch.from_units(units, raw=raw)
         batch.state = BatchState(local_rows=local_rows, zero_rows=zero_rows)
-        inputs, self._side_inputs = self._side_inputs, None
+        context = context if context is not None else CallContext()
+        batch.queue_keys = context.queue_keys
+        inputs = context.side_inputs
         if not self.controls_false_negatives:
             return batch
         batch = false_negatives.attach_side_inputs(

@@ -324,9 +324,6 @@ class QueueBanks:
                                       "denominator only")
             raise ValueError(f"{name}: queue_as_pool=True lets a hardest-negative choice pick queued rows; {reason}. "
                              "Only MixCSELoss(partner='hardest') takes it.")
-        #: with source="ema": the key encoder's rows of the next batch's columns (one per column; the anchors' only
-        #: with anchors, else None in their place)
-        self._key_columns: list[Tensor | None] | None = None
         self.queue: CandidateQueue | None = None
         self.anchor_queue: CandidateQueue | None = None
         if options.size:
@@ -348,15 +345,14 @@ class QueueBanks:
                             "for doc_to_query", name)
 
     # ------------------------------------------------------------------ before the model runs
-    def remember_key_columns(self, sentence_features: list[dict[str, Tensor]],
-                             embed: Callable[[nn.Module, dict[str, Tensor]], Tensor]) -> None:
-        """``source="ema"``, in a training forward (gradients on: the queue stages rows exactly then): keep the key
-        encoder's rows of the candidate columns (and the anchors' with ``anchors``) for this batch, embedded by
-        ``embed(encoder, features)``. Otherwise forget any."""
-        self._key_columns = None
-        if self.queue is not None and self.queue.key_encoder is not None and torch.is_grad_enabled():
-            self._key_columns = [
-                self.queue.embed_keys(features, embed) if column or self.anchor_queue is not None else None
+    def key_columns(self, sentence_features: list[dict[str, Tensor]],
+                    embed: Callable[[nn.Module, dict[str, Tensor]], Tensor]) -> list[Tensor | None] | None:
+        """``source="ema"``, in a training forward (gradients on: the queue stages rows exactly then): the key
+        encoder's rows of the candidate columns (and the anchors' with ``anchors``, else ``None`` in their place) of
+        this call, embedded by ``embed(encoder, features)``, for the call's context. Otherwise ``None``."""
+        if self.queue is None or self.queue.key_encoder is None or not torch.is_grad_enabled():
+            return None
+        return [self.queue.embed_keys(features, embed) if column or self.anchor_queue is not None else None
                 for column, features in enumerate(sentence_features)]
 
     # ------------------------------------------------------------------ one batch
@@ -380,7 +376,7 @@ class QueueBanks:
         own_start = state.local_rows[0].start if state.local_rows is not None else 0
         if batch.rows is None or batch.rows[0] == own_start:  # once per batch: its first window
             ema = self.queue.key_encoder is not None and torch.is_grad_enabled()
-            key_rows = self._key_encoder_rows(state.local_rows is not None) if ema else None
+            key_rows = self._key_encoder_rows(batch.queue_keys, state.local_rows is not None) if ema else None
             candidates = batch.raw_candidates if dot else batch.candidates
             if key_rows is not None:
                 candidates = torch.cat(key_rows[1:])
@@ -404,11 +400,10 @@ class QueueBanks:
         batch.state.queue_stats = {**batch.state.queue_stats, **stats}
         return similarity, exclude, vectors
 
-    def _key_encoder_rows(self, gathered: bool) -> list[Tensor]:
-        """``source="ema"``: the key encoder's rows of this batch, one tensor per column (the anchors' only with
-        ``anchors``, else an empty tensor), gathered from every process like the batch, normalised unless
-        ``dot_score``."""
-        columns, self._key_columns = self._key_columns, None
+    def _key_encoder_rows(self, columns: list[Tensor | None] | None, gathered: bool) -> list[Tensor]:
+        """``source="ema"``: the key encoder's rows of this batch (``columns``, :attr:`Batch.queue_keys`), one tensor
+        per column (the anchors' only with ``anchors``, else an empty tensor), gathered from every process like the
+        batch, normalised unless ``dot_score``."""
         if columns is None:
             raise ValueError(
                 f"{self.loss_name}: queue_source='ema' queues the key encoder's embeddings of the input texts, "
