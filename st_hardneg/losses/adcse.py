@@ -10,7 +10,6 @@ step post-hook, plus :class:`~st_hardneg.training.callbacks.StatefulLossCallback
 from __future__ import annotations
 
 import functools
-import weakref
 from typing import Any, Unpack, cast
 
 import torch
@@ -247,8 +246,7 @@ class AdversarialNegativesLoss(stateful.OptimizerDrivenLoss, HardNegativeLoss):
         sentence-transformers' MNRL does. Untied, the key encoder is the old model's copy: refused."""
         if self.key_encoder is not None:
             return False
-        vars(self)["_online"] = _unwrapped(model)
-        self._owned_optimizers = weakref.WeakSet()
+        vars(self).update(_online=_unwrapped(model))
         return True
 
     def queues_own_key_encoder_rows(self) -> bool:

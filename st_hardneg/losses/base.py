@@ -75,7 +75,11 @@ def _embed_column(module: nn.Module, features: dict[str, Tensor]) -> Tensor:
 
 
 class HardNegativeLoss(CachedLossMixin, nn.Module):
-    """Base class of the st-hardneg losses.
+    """Base class of the st-hardneg losses, and itself InfoNCE: ``HardNegativeLoss(model)`` is sentence-transformers'
+    ``MultipleNegativesRankingLoss`` (loss and gradients, every ``directions``, ``partition_mode``, ``hardness_mode``
+    and ``similarity_fct``) with every shared feature of the papers' losses: the queue, GradCache, gathering,
+    false-negative control (``mask_duplicates=False`` for MNRL's exact value on data with duplicates) and Router
+    models. A paper's loss adds its columns to the same template.
 
     Subclasses take their paper's hyperparameters and pass the shared options (:class:`LossOptions`) on, and
     implement :meth:`window_rows` (the rows of their equation; :meth:`compute` is the one template that calls it)
@@ -522,8 +526,17 @@ class HardNegativeLoss(CachedLossMixin, nn.Module):
     def window_rows(self, batch: Batch) -> Tensor:
         """The (R,) per-row losses of the anchor rows of ``batch`` (:attr:`Batch.rows`) against all its candidates:
         the paper's equation. Under GradCache it is computed a chunk of anchors at a time; whatever it chooses per row
-        (partners, hardest negatives, top-k, random draws) must not depend on which other rows share the chunk."""
-        raise NotImplementedError
+        (partners, hardest negatives, top-k, random draws) must not depend on which other rows share the chunk.
+
+        Here (the base, no paper): InfoNCE over sentence-transformers' blocks, ``MultipleNegativesRankingLoss``
+        with every shared feature (the queue, GradCache, gathering, false-negative control, Router models)::
+
+            ℓ_i = -log  e^{s(h_i, h'_i)} / (Σ_j e^{s(h_i, h'_j)} + Σ_k e^{s(h_i, n_k)})
+        """
+        blocks = self.ranking.blocks(batch)
+        batch.state.record_stats(blocks["query_to_doc"].similarity, num_in_batch=batch.size,
+                                 row_offset=batch.row_range[0])
+        return self.ranking.rows(batch, blocks)
 
     def whole_batch_rows(self, batch: Batch) -> Tensor:
         """The (N,) rows of a loss computed whole (every row of the gathered batch), when it has no

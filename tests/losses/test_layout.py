@@ -43,13 +43,15 @@ def test_base_holds_the_loss_only_and_each_part_lives_in_its_own_module() -> Non
            if not name.startswith("__")}
     allowed = {
         # the forward side and what forward hands the parts
-        "forward", "before_embedding", "embed", "remember_side_inputs", "set_false_negative_inputs",
+        "forward", "before_embedding", "embed", "call_context", "set_false_negative_inputs",
         # sentence-transformers' GradCache contract (CachedLossMixin)
         "uses_gradient_cache", "frozen_columns", "cached_forward", "embed_minibatch", "calculate_loss",
         "supports_row_chunks", "loss_chunk_size",
         # the one compute template and the paper's hooks
-        "compute_loss_from_embeddings", "compute", "_run", "begin_batch", "window_rows", "whole_batch_rows",
+        "compute_loss_from_embeddings", "compute", "_run", "_skip", "begin_batch", "window_rows", "whole_batch_rows",
         "end_batch", "close_batch",
+        # options checked and given to the parts (when built, and when one is assigned)
+        "check_options", "_apply_options", "_ranking",
         # options, draws, diagnostics and config
         "cosine_only_reason", "queues_own_key_encoder_rows", "blocks", "scale", "controls_false_negatives",
         "similarity_fct", "check_logit_range", "queue_options", "generator", "diagnostics", "paper_config",
@@ -247,7 +249,7 @@ def test_one_mixcse_batch_takes_the_path_architecture_md_states(tiny_model, tiny
     assert calls == documented
     assert [f for i, (f, _) in enumerate(calls) if i == 0 or calls[i - 1][0] != f] == files
     assert {method.split(".")[-1] for file, method in calls if file == "base.py"} <= {
-        "forward", "remember_side_inputs", "before_embedding", "embed", "compute_loss_from_embeddings", "compute",
+        "forward", "call_context", "before_embedding", "embed", "compute",
         "end_batch", "close_batch"}
     after = dict(vars(loss))
 
