@@ -255,7 +255,7 @@ class OptimizerDrivenLoss:
             if any(map(is_flattened_parameter, self.model.parameters())):
                 raise self._flat_error()
             if self.follow_model(self.model):  # no state of the old model's (the Trainer's model_init)
-                self._owned_optimizers = weakref.WeakSet()
+                self._owned_optimizers.clear()  # they held the old model
                 self._checked_model_id = id(self.model)
                 return
             raise RuntimeError(
