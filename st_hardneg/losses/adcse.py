@@ -10,7 +10,7 @@ step post-hook, plus :class:`~st_hardneg.training.callbacks.StatefulLossCallback
 from __future__ import annotations
 
 import functools
-from typing import Any, Unpack, cast
+from typing import TYPE_CHECKING, Any, Unpack, cast
 
 import torch
 from sentence_transformers import SentenceTransformer
@@ -27,6 +27,9 @@ from st_hardneg.losses.base import HardNegativeLoss, LossOptions, SharedOptions
 from st_hardneg.losses.batch import Batch
 from st_hardneg.losses.momentum import frozen_copy, update_momentum
 from st_hardneg.losses.routes import column_routes
+
+if TYPE_CHECKING:
+    from st_hardneg.losses.queue import QueueRead
 
 _STATE_FORMAT = 1
 
@@ -384,35 +387,31 @@ class AdversarialNegativesLoss(stateful.OptimizerDrivenLoss, HardNegativeLoss):
                 tensor.copy_(dist.broadcast_from_rank0(tensor))
         self._state_synced = True
 
-    def window_rows(self, batch: Batch) -> Tensor:
+    def paper_columns(self, batch: Batch, blocks: dict[str, fr.Block], queue: QueueRead | None
+                      ) -> dict[str, fr.Block]:
         """AdCSE (paper Eq. 5 with the in-batch keys, as the authors' code) on the embeddings ``[anchors (online),
-        keys, explicit negatives...]``; while training (grad enabled), :meth:`end_batch` adds the adversaries'
-        ascent gradient to the window of the next optimizer step. The rows of ``batch``'s anchors (:attr:`Batch.rows`) against every candidate and the adversaries; while
-        training, their share of the adversaries' ascent gradient is added up for :meth:`end_batch`."""
+        keys, explicit negatives...]``: the adversaries appended to ``query_to_doc``, marked as learned vectors (not
+        data: they never make a row usable, and are never masked), the other pairs' keys dropped for Eq. 5
+        (``in_batch_keys=False``, where the adversaries are the row's negatives by design). While training, the
+        rows' share of the adversaries' ascent gradient is added up on the batch for :meth:`end_batch`."""
         masked = batch.false_negatives
         start, stop = batch.row_range
-        blocks = self.ranking.blocks(batch)
         q2d = blocks["query_to_doc"]
         if not self.in_batch_keys:  # paper Eq. 5: drop the other rows' keys and explicit negatives
             q2d = q2d.excluding(~fr.own_pair_mask(batch.size, q2d.similarity.size(1), q2d.similarity.device,
                                                   rows=(start, stop)))
         if self.num_adversaries:  # never masked; inside MatryoshkaLoss the first `width` dimensions of each
             adversaries = self._prefix(self.adversaries.detach(), batch.anchors.size(1)).to(batch.anchors.dtype)
-            q2d = q2d.with_columns(batch.row_anchors @ fn.normalize(adversaries).T)
-        blocks["query_to_doc"] = q2d
-        # adversaries alone do not make a row usable: a row whose every in-batch negative is masked is left out (and
-        # a batch of only such rows refused), as in every loss; with in_batch_keys=False they are its only negatives
-        rows = self.ranking.rows(batch, blocks, uncounted_columns=self.num_adversaries if self.in_batch_keys else 0)
-        batch.state.record_stats(q2d.similarity, num_in_batch=batch.size, num_synthetic=self.num_adversaries,
-                          row_offset=start)
+            q2d = q2d.with_columns(batch.row_anchors @ fn.normalize(adversaries).T, learned=self.in_batch_keys)
         summed = batch.state.draws.get("adversary_gradient")
         if summed is not None:
-            own_start, own_stop = self.preparer.own_rows(batch)
+            local = batch.state.local_rows  # this process's rows of a gathered batch
+            own_start, own_stop = (local[0].start, local[0].stop) if local is not None else (0, batch.size)
             grad = self._adversary_gradient(batch.row_anchors, batch.candidates, masked, row_offset=start,
                                             num_pairs=batch.size)
             weighted = grad * ((stop - start) / (own_stop - own_start))  # the chunk's share of the rows' mean
             batch.state.draws["adversary_gradient"] = weighted if not len(summed) else summed + weighted
-        return rows
+        return {**blocks, "query_to_doc": q2d}
 
     def begin_batch(self, batch: Batch) -> Batch:
         """Before the rows of a batch: start summing the adversaries' gradient on the batch (while training:

@@ -39,9 +39,10 @@ from torch import Tensor, nn
 
 from st_hardneg import functional as fn
 from st_hardneg import validation
+from st_hardneg.functional import ranking as fr
 from st_hardneg.losses import columns, false_negatives
 from st_hardneg.losses import distributed as dist
-from st_hardneg.losses.batch import Batch, CallContext, SideInputs
+from st_hardneg.losses.batch import Batch, CallContext, SideInputs, WindowRecord
 from st_hardneg.losses.blocks import Ranking, combine_chunk_stats, unusable_stats
 from st_hardneg.losses.gradcache import (
     GradCacheEngine,
@@ -59,7 +60,7 @@ from st_hardneg.losses.options import (
     owned_error,
 )
 from st_hardneg.losses.prepare import BatchPreparer
-from st_hardneg.losses.queue import QueueBanks
+from st_hardneg.losses.queue import QueueBanks, QueueRead
 from st_hardneg.losses.relevance import KnownPositives
 
 __all__ = ["HardNegativeLoss", "LossOptions", "QueueOptions", "SharedOptions"]
@@ -179,7 +180,7 @@ class HardNegativeLoss(CachedLossMixin, nn.Module):
         return Ranking(
             type(self).__name__, blocks=self.blocks, dot=self.similarity_fct_name == "dot_score",
             temperature=options.temperature, partition_mode=options.partition_mode,
-            hardness_mode=options.hardness_mode, hardness_strength=options.hardness_strength, queues=self.queues,
+            hardness_mode=options.hardness_mode, hardness_strength=options.hardness_strength,
             known_positives=self.known_positives is not None)
 
     def __setattr__(self, name: str, value: Any) -> None:
@@ -480,7 +481,6 @@ class HardNegativeLoss(CachedLossMixin, nn.Module):
                         leaves[name] = value.detach()
                 batch = replace(batch, **cast(dict[str, Any], leaves))
             state = batch.state  # shared by every window cut from the batch
-            state.chunk_tallies = []
             start, stop = self.preparer.own_rows(batch)
             whole = not self.supports_row_chunks
             windows = [(None, None)] if whole else [
@@ -488,19 +488,18 @@ class HardNegativeLoss(CachedLossMixin, nn.Module):
                 for begin in range(start, stop, chunk_size or max(stop - start, 1))]
             total = torch.zeros((), dtype=batch.anchors.dtype, device=batch.device)
             count, every = 0, None
-            pieces: list[tuple[int, dict[str, Tensor]]] = []
             for begin, end in windows:
-                window = self.preparer.window(batch, begin, end)
-                state.stats = {}
+                window = self.preparer.window(batch, begin, end)  # the rows' false-negative masks
                 rows = self.whole_batch_rows(window) if whole else self.window_rows(window)
-                window_sum, window_count, every = self.ranking.usable_sum(rows, window)
+                window_sum, window_count, every = self.ranking.usable_sum(rows, window, state.windows[-1].usable)
                 if with_backward and window_sum.requires_grad:
                     window_sum.backward()
                     window_sum = window_sum.detach()
-                total = total + window_sum
+                total = total + window_sum  # the running sum
                 count += window_count
-                first, last = window.row_range
-                pieces.append((last - first, {**state.stats, **state.queue_stats}))
+            if self.queue is not None:  # after the windows, once: this batch's candidates join the queue's next reads
+                self.queues.stage(batch)
+            pieces = [(record.rows, record.stats) for record in state.windows]
             tally = self.ranking.batch_tally(state)
             unusable = unusable_stats(tally, self.preparer.reports_false_negatives) if tally is not None else {}
             self._last_stats = {**(pieces[0][1] if len(pieces) == 1 else combine_chunk_stats(pieces)), **unusable}
@@ -524,23 +523,61 @@ class HardNegativeLoss(CachedLossMixin, nn.Module):
         return batch
 
     def window_rows(self, batch: Batch) -> Tensor:
-        """The (R,) per-row losses of the anchor rows of ``batch`` (:attr:`Batch.rows`) against all its candidates:
-        the paper's equation. Under GradCache it is computed a chunk of anchors at a time; whatever it chooses per row
-        (partners, hardest negatives, top-k, random draws) must not depend on which other rows share the chunk.
+        """The (R,) per-row losses of the anchor rows of ``batch`` (:attr:`Batch.rows`, a window with its
+        false-negative masks) against all its candidates: the template's step per window, in this order:
+        sentence-transformers' blocks (``ranking.blocks``) → with a queue, its columns for these rows
+        (``queues.read``) → the paper's columns (:meth:`paper_columns`) → the window's statistics, from the
+        paper's final ``query_to_doc`` block → the queue's columns joined (``queues.join``) → the rows and their
+        counts (``ranking.rows``, with the paper's logit rule :attr:`logit_margin`), recorded for the batch
+        (``batch.state.windows``). Without a queue nothing of ``queue.py`` runs.
 
-        Here (the base, no paper): InfoNCE over sentence-transformers' blocks, ``MultipleNegativesRankingLoss``
-        with every shared feature (the queue, GradCache, gathering, false-negative control, Router models)::
+        Under GradCache it runs a chunk of anchors at a time; whatever a paper chooses per row (partners, hardest
+        negatives, top-k, random draws) must not depend on which other rows share the chunk. With no paper
+        columns (the base) it is InfoNCE, ``MultipleNegativesRankingLoss`` with every shared feature::
 
             ℓ_i = -log  e^{s(h_i, h'_i)} / (Σ_j e^{s(h_i, h'_j)} + Σ_k e^{s(h_i, n_k)})
         """
         blocks = self.ranking.blocks(batch)
-        batch.state.record_stats(blocks["query_to_doc"].similarity, num_in_batch=batch.size,
-                                 row_offset=batch.row_range[0])
-        return self.ranking.rows(batch, blocks)
+        read = self.queues.read(batch) if self.queue is not None else None
+        blocks = self.paper_columns(batch, blocks, read)
+        q2d = blocks["query_to_doc"]
+        start, stop = batch.row_range
+        documents = batch.size + batch.negatives.size(0)
+        stats = fn.contrastive_stats(q2d.similarity.detach(), batch.size, q2d.similarity.size(1) - documents,
+                                     row_offset=start)
+        stats.update(batch.false_negative_stats)
+        stats.update(self.paper_stats(batch))
+        if read is not None:
+            blocks, joined = self.queues.join(blocks, read)
+            stats.update({**read.stats, **joined})
+        ranked = self.ranking.rows(batch, blocks, focal_m=self.logit_margin)
+        batch.state.windows.append(WindowRecord(ranked.usable, ranked.tally, stats, stop - start))
+        return ranked.losses
+
+    def paper_columns(self, batch: Batch, blocks: dict[str, fr.Block], queue: QueueRead | None
+                      ) -> dict[str, fr.Block]:
+        """The paper's equation as columns: ``blocks`` (sentence-transformers' blocks of the rows of ``batch``,
+        their false-negative masks applied) in, the blocks with the paper's columns out (``Block.with_columns``:
+        MixCSE's mixed negative, HNCSE's mixtures, AdCSE's adversaries marked ``learned``). ``queue``: the queue's
+        columns for these rows (``None``: no queue, or nothing readable yet), for a choice that may take queued
+        rows; the template joins them after this. The base adds none: InfoNCE."""
+        return blocks
+
+    @property
+    def logit_margin(self) -> float | None:
+        """The paper's logit rule: Focal-InfoNCE's margin ``m`` (``s_p²`` for the positive, ``s_n (s_n + m)`` for
+        every other entry), or ``None``: plain logits ``s / τ``."""
+        return None
+
+    def paper_stats(self, batch: Batch) -> dict[str, Tensor]:
+        """The paper's own statistics of the rows of ``batch`` for the diagnostics (HNCSE's ``pm_mixed``); none by
+        default. The template records the mean cosines itself, from the final ``query_to_doc`` block."""
+        return {}
 
     def whole_batch_rows(self, batch: Batch) -> Tensor:
         """The (N,) rows of a loss computed whole (every row of the gathered batch), when it has no
-        :meth:`window_rows` for chunks of rows (MixCSE's official layout)."""
+        :meth:`window_rows` for chunks of rows (MixCSE's official layout); it records its window for the batch
+        (``batch.state.windows``: its usable rows, counts and statistics) as :meth:`window_rows` does."""
         raise NotImplementedError(f"{type(self).__name__} computes its rows with window_rows")
 
     def end_batch(self, batch: Batch) -> None:

@@ -90,20 +90,18 @@ class BatchPreparer:
 
     def window(self, batch: Batch, start: int | None, stop: int | None = None) -> Batch:
         """``batch`` restricted to the anchor rows ``[start, stop)`` (``None``: every row), with the false-negative
-        masks of those rows (``false_negatives``, ``block_masks``) and their counts on ``batch.state``."""
+        masks of those rows (``false_negatives``, ``block_masks``) and their counts (``false_negative_stats``)."""
         rows = None if start is None else (int(start), int(stop if stop is not None else batch.size))
         if self.mask_duplicates:  # computed once on the batch the windows are cut from, not once per window
             false_negatives.duplicate_ids(batch)
         nothing_to_mask = self._nothing_to_mask(batch)
-        batch = replace(batch, rows=rows, false_negatives=None, block_masks=None)
-        batch.state.false_negative_stats = {}
+        batch = replace(batch, rows=rows, false_negatives=None, block_masks=None, false_negative_stats={})
         if not self.controls_false_negatives:
             return batch
         if nothing_to_mask:
             if self.reports_false_negatives:  # reported as 0 once reporting started
                 zero = torch.zeros((), device=batch.device)
-                batch.state.false_negative_stats = {"masked_false_negatives": zero,
-                                                    "masked_false_negatives_total": zero}
+                batch.false_negative_stats = {"masked_false_negatives": zero, "masked_false_negatives_total": zero}
             return batch
         batch.false_negatives, stats = false_negatives.false_negative_mask(
             batch, mask_duplicates=self.mask_duplicates, margin=self.margin,
@@ -118,7 +116,7 @@ class BatchPreparer:
                 self.margin is not None or (total.device.type != "meta" and bool(total > 0))):
             self.reports_false_negatives = True
         if self.reports_false_negatives:
-            batch.state.false_negative_stats = stats
+            batch.false_negative_stats = stats
         return batch
 
     def _nothing_to_mask(self, batch: Batch) -> bool:

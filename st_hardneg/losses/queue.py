@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
 import torch
@@ -55,7 +56,7 @@ if TYPE_CHECKING:
     from st_hardneg.losses.batch import Batch
     from st_hardneg.losses.relevance import KnownPositives
 
-__all__ = ["CandidateQueue", "QueueBanks", "queue_columns"]
+__all__ = ["CandidateQueue", "QueueBanks", "QueueRead", "queue_columns"]
 
 logger = logging.getLogger(__name__)
 
@@ -279,12 +280,34 @@ def queue_columns(queue: CandidateQueue, batch: Batch, rows: Tensor, unit_rows: 
     return similarity, exclude, vectors, stats
 
 
+@dataclass
+class QueueRead:
+    """The queue's columns for the rows being computed (:meth:`QueueBanks.read`): passed to the paper (a choice
+    that may take queued rows: ``queue_as_pool``) and joined to the blocks after it (:meth:`QueueBanks.join`)."""
+
+    #: ``(similarity (R, Q), exclude (R, Q) or None)`` of the main bank's readable rows, or ``None``
+    columns: tuple[Tensor, Tensor | None] | None
+    #: (Q, d) the main bank's readable rows, as the loss scores them (the pool of a hardest-negative choice)
+    vectors: Tensor | None
+    #: the same as :attr:`columns` for the anchors' bank (``queue_anchors``, joined to ``doc_to_query``)
+    anchor_columns: tuple[Tensor, Tensor | None] | None
+    #: the counts of these rows (read, masked; a paper adds its own, e.g. MixCSE's ``queue_partner_fraction``)
+    stats: dict[str, Tensor]
+
+    @property
+    def pool(self) -> tuple[Tensor, Tensor | None, Tensor] | None:
+        """``(similarity, exclude, rows)`` of the main bank for a hardest-negative choice, or ``None``."""
+        if self.columns is None or self.vectors is None:
+            return None
+        return self.columns[0], self.columns[1], self.vectors
+
+
 class QueueBanks:
     """The queue part a loss owns (``loss.queues``): its options (:class:`~st_hardneg.losses.options.QueueOptions`,
     checked as they were made; what depends on the loss is checked here) and its banks (:attr:`queue`, and
-    :attr:`anchor_queue` with ``anchors``), read for the rows being computed (:meth:`read_and_stage`, :meth:`join`,
-    :meth:`pool`) and fed with each training batch's candidates. Without a queue (``size=0``) it holds no bank and
-    every call is a no-op. The loss registers the banks as its child modules ``queue`` and ``anchor_queue``
+    :attr:`anchor_queue` with ``anchors``), read for the rows being computed (:meth:`read`, joined by :meth:`join`)
+    and fed with each training batch's candidates (:meth:`stage`, once per batch, after its rows); the compute
+    template calls it only when the loss has a queue (``size=0``: no bank, and nothing here runs). The loss registers the banks as its child modules ``queue`` and ``anchor_queue``
     (stateful: :class:`CandidateQueue`, found among the loss's modules by the training callbacks).
 
     Args:
@@ -356,48 +379,50 @@ class QueueBanks:
                 for column, features in enumerate(sentence_features)]
 
     # ------------------------------------------------------------------ one batch
-    def read_and_stage(self, batch: Batch, queries: Tensor) -> None:
-        """The queue's columns for the rows of this batch (``queries``: the rows as the loss scores them) onto
-        ``batch.state`` (``queue_columns``, ``queue_vectors``, and with ``anchors`` ``anchor_queue_columns``); then
-        (once per batch: at its first window) this batch's candidates are staged (they enter the queue after the
-        optimizer step, so a batch never reads itself)."""
-        if self.queue is None:
-            return
-        dot = self.dot
-        state = batch.state
-        state.queue_stats = {}
-        read = self._columns_for(self.queue, batch, queries, batch.row_anchors)
-        state.queue_columns, state.queue_vectors = (read[:2], read[2]) if read is not None else (None, None)
-        state.anchor_queue_columns = None
+    def read(self, batch: Batch) -> QueueRead | None:
+        """The queue's columns for the rows of ``batch`` being computed (its readable rows scored as the loss scores
+        them, their false-negative masks and counts; with ``anchors`` the anchors' bank for ``doc_to_query``), or
+        ``None`` when the queue has no readable row yet. Nothing is staged here (:meth:`stage`)."""
+        queue = cast(CandidateQueue, self.queue)
+        queries = batch.raw_rows()[0] if self.dot else batch.row_anchors
+        stats: dict[str, Tensor] = {}
+        main = self._columns_for(queue, batch, queries, batch.row_anchors, stats)
+        anchors = None
         if self.anchor_queue is not None:
-            row_positives = batch.raw_rows()[1] if dot else batch.row_positives
-            anchors_read = self._columns_for(self.anchor_queue, batch, row_positives, batch.row_positives)
-            state.anchor_queue_columns = anchors_read[:2] if anchors_read is not None else None
-        own_start = state.local_rows[0].start if state.local_rows is not None else 0
-        if batch.rows is None or batch.rows[0] == own_start:  # once per batch: its first window
-            ema = self.queue.key_encoder is not None and torch.is_grad_enabled()
-            key_rows = self._key_encoder_rows(batch.queue_keys, state.local_rows is not None) if ema else None
-            candidates = batch.raw_candidates if dot else batch.candidates
-            if key_rows is not None:
-                candidates = torch.cat(key_rows[1:])
-            keys_now = batch.text_keys[1:].reshape(-1) if batch.text_keys is not None else None
-            self.queue.stage(candidates, keys_now)
-            if self.anchor_queue is not None:
-                anchors = key_rows[0] if key_rows is not None else (batch.raw_anchors if dot else batch.anchors)
-                self.anchor_queue.stage(cast(Tensor, anchors),
-                                        batch.text_keys[0] if batch.text_keys is not None else None)
+            row_positives = batch.raw_rows()[1] if self.dot else batch.row_positives
+            anchors = self._columns_for(self.anchor_queue, batch, row_positives, batch.row_positives, stats)
+        if main is None and anchors is None:
+            return QueueRead(None, None, None, stats) if stats else None
+        return QueueRead(main[:2] if main is not None else None, main[2] if main is not None else None,
+                         anchors[:2] if anchors is not None else None, stats)
 
-    def _columns_for(self, queue: CandidateQueue, batch: Batch, rows: Tensor, unit_rows: Tensor
-                     ) -> tuple[Tensor, Tensor | None, Tensor] | None:
-        """:func:`queue_columns` with the loss's false-negative options (its counts join the batch's queue
-        counts)."""
+    def stage(self, batch: Batch) -> None:
+        """Stage this batch's candidates (and with ``anchors`` its anchors), once per batch, after its rows: they
+        enter the queue after the optimizer step, so a batch never reads itself. With ``source="ema"`` in training
+        the rows are the key encoder's (:attr:`Batch.queue_keys`, from the call's context)."""
+        queue = cast(CandidateQueue, self.queue)
+        dot, state = self.dot, batch.state
+        ema = queue.key_encoder is not None and torch.is_grad_enabled()
+        key_rows = self._key_encoder_rows(batch.queue_keys, state.local_rows is not None) if ema else None
+        candidates = batch.raw_candidates if dot else batch.candidates
+        if key_rows is not None:
+            candidates = torch.cat(key_rows[1:])
+        keys_now = batch.text_keys[1:].reshape(-1) if batch.text_keys is not None else None
+        queue.stage(candidates, keys_now)
+        if self.anchor_queue is not None:
+            anchors = key_rows[0] if key_rows is not None else (batch.raw_anchors if dot else batch.anchors)
+            self.anchor_queue.stage(cast(Tensor, anchors), batch.text_keys[0] if batch.text_keys is not None else None)
+
+    def _columns_for(self, queue: CandidateQueue, batch: Batch, rows: Tensor, unit_rows: Tensor,
+                     stats: dict[str, Tensor]) -> tuple[Tensor, Tensor | None, Tensor] | None:
+        """:func:`queue_columns` with the loss's false-negative options (its counts added to ``stats``)."""
         read = queue_columns(queue, batch, rows, unit_rows, dot=self.dot, mask_duplicates=self.mask_duplicates,
                              known_positives=self.known_positives, anchor_bank=queue is not self.queue,
                              margin=self.margin, margin_strategy=self.margin_strategy)
         if read is None:
             return None
-        similarity, exclude, vectors, stats = read
-        batch.state.queue_stats = {**batch.state.queue_stats, **stats}
+        similarity, exclude, vectors, counts = read
+        stats.update(counts)
         return similarity, exclude, vectors
 
     def _key_encoder_rows(self, columns: list[Tensor | None] | None, gathered: bool) -> list[Tensor]:
@@ -420,40 +445,22 @@ class QueueBanks:
             out.append(column if self.dot else fn.normalize(column))
         return out
 
-    def join(self, batch: Batch, blocks: dict[str, fr.Block]) -> dict[str, fr.Block]:
-        """``blocks`` with the queue's readable rows for the rows being computed appended to ``query_to_doc`` (and
-        the anchors' bank to ``doc_to_query``), after the loss chose its own negatives from the batch; their counts
-        join ``batch.state.queue_stats``."""
-        state = batch.state
-        if state.queue_columns is not None:
-            similarity, exclude = state.queue_columns
-            state.queue_columns = None
+    @staticmethod
+    def join(blocks: dict[str, fr.Block], read: QueueRead) -> tuple[dict[str, fr.Block], dict[str, Tensor]]:
+        """``blocks`` with the queue's columns appended to ``query_to_doc`` (and the anchors' bank's to
+        ``doc_to_query``), after the loss chose its own negatives from the batch, and their counts."""
+        stats: dict[str, Tensor] = {}
+        if read.columns is not None:
+            similarity, exclude = read.columns
             blocks = {**blocks, "query_to_doc": blocks["query_to_doc"].with_columns(similarity, exclude)}
-            state.queue_stats = {**state.queue_stats, "queue_rows_read": torch.tensor(float(similarity.size(1))),
-                                 **({"queue_rows_masked": exclude.sum(dim=1).float().mean().detach()}
-                                    if exclude is not None else {})}
-        if state.anchor_queue_columns is not None and "doc_to_query" in blocks:
-            similarity, exclude = state.anchor_queue_columns
-            state.anchor_queue_columns = None
+            stats["queue_rows_read"] = torch.tensor(float(similarity.size(1)))
+            if exclude is not None:
+                stats["queue_rows_masked"] = exclude.sum(dim=1).float().mean().detach()
+        if read.anchor_columns is not None and "doc_to_query" in blocks:
+            similarity, exclude = read.anchor_columns
             blocks = {**blocks, "doc_to_query": blocks["doc_to_query"].with_columns(similarity, exclude)}
-            state.queue_stats = {**state.queue_stats, "anchor_queue_rows_read": torch.tensor(float(similarity.size(1)))}
-        return blocks
-
-    @staticmethod
-    def pool(batch: Batch) -> tuple[Tensor, Tensor | None, Tensor] | None:
-        """``as_pool``: the main queue's readable rows for the rows of ``batch`` being computed, as
-        ``(similarity (R, Q), exclude (R, Q) or None, rows (Q, d))`` (read by :meth:`read_and_stage`), or ``None``."""
-        state = batch.state
-        if state.queue_columns is None or state.queue_vectors is None:
-            return None
-        similarity, exclude = state.queue_columns
-        return similarity, exclude, state.queue_vectors
-
-    @staticmethod
-    def note_stats(batch: Batch, **stats: Tensor) -> None:
-        """Add the loss's own queue statistics for the rows of ``batch`` (e.g. MixCSE's ``queue_partner_fraction``)
-        to the batch's queue counts (and so to the diagnostics)."""
-        batch.state.queue_stats = {**batch.state.queue_stats, **stats}
+            stats["anchor_queue_rows_read"] = torch.tensor(float(similarity.size(1)))
+        return blocks, stats
 
     # ------------------------------------------------------------------ reporting
     def diagnostics(self) -> dict[str, float]:
