@@ -134,7 +134,7 @@ class AdversarialNegativesLoss(stateful.OptimizerDrivenLoss, HardNegativeLoss):
                 unit sphere, as in AdCo).
                 Here: a masked key or explicit negative leaves the denominator of the encoder's and of the
                 adversaries' loss (the adversaries are never masked). The adversaries alone do not make a row
-                usable (the rule of every loss, :meth:`~st_hardneg.losses.blocks.Ranking.note_unusable_rows`): with
+                usable (the rule of every loss, :meth:`~st_hardneg.losses.blocks.Ranking.unusable_rows`): with
                 ``in_batch_keys=True`` a row whose every in-batch key and explicit negative is masked is left out of
                 the mean and counted in ``rows_without_negatives`` (the first such batch warns), and a batch of
                 only such rows is a ``ValueError``; the adversaries' ascent gradient still reads every row. The margin's similarities are the online

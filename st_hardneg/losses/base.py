@@ -1,24 +1,29 @@
 """What every st-hardneg loss shares: the shared options, the sentence-transformers forward, the parts a loss owns and
-the one compute template that runs them.
+the one compute template that calls them; and InfoNCE itself, the loss with no paper's columns.
 
-A loss is one ``nn.Module`` that owns its parts and passes them what they need (:class:`HardNegativeLoss`):
+A loss is one ``nn.Module`` that owns its parts, calls each of them from its template and passes each what it needs
+(:class:`HardNegativeLoss`); the parts return values and never call one another:
 
 - ``preparer`` (:class:`~st_hardneg.losses.prepare.BatchPreparer`): the columns checked and normalised, gathered,
   cut into windows of rows with their false-negative masks and known relevance;
-- ``queues`` (:class:`~st_hardneg.losses.queue.QueueBanks`): the cross-batch queue, read and fed per batch;
-- ``ranking`` (:class:`~st_hardneg.losses.blocks.Ranking`): the blocks, the per-row losses, the unusable-row rule and
-  the reduction;
-- ``gradcache`` (:class:`~st_hardneg.losses.gradcache.GradCacheEngine`): the cached forward on
-  sentence-transformers' ``CachedLossMixin`` (the one mixin, which sentence-transformers' contract asks for);
+- ``ranking`` (:class:`~st_hardneg.losses.blocks.Ranking`): sentence-transformers' blocks, the per-row losses with
+  the unusable-row rule, and the reduction;
+- ``queues`` (:class:`~st_hardneg.losses.queue.QueueBanks`): the cross-batch queue, read per window and fed once per
+  batch (only when the loss has a queue);
+- ``gradcache`` (:class:`~st_hardneg.losses.gradcache.GradCacheEngine`): the cached forward of
+  :class:`~st_hardneg.losses.gradcache.GradCacheMixin`, GradCache's contract written once;
 - ``model_guard`` (:class:`~st_hardneg.losses.model_guard.ModelGuard`): warns when the Trainer re-points
   ``loss.model``.
 
-One batch's path: ``forward`` → ``compute_loss_from_embeddings`` (or GradCache's step (2), ``calculate_loss``) →
-:meth:`HardNegativeLoss.compute`, the one template: ``preparer.prepare`` → the paper's ``begin_batch`` → per window of
-rows (one window uncached, a chunk of rows at a time under GradCache) ``preparer.window`` → the paper's
-``window_rows`` (which asks ``ranking.blocks`` and ``ranking.rows``) → ``ranking.usable_sum``; then
-``ranking.judge``, the paper's ``end_batch`` and ``ranking.mean``, with ``close_batch`` in ``finally``. The batch's
-statistics end in the loss's one per-batch record, ``_last_stats`` (:attr:`HardNegativeLoss.diagnostics`).
+One batch's path: ``forward`` builds the call's context (:class:`~st_hardneg.losses.batch.CallContext`) and calls
+:meth:`HardNegativeLoss.compute` (GradCache's step (2), ``calculate_loss``, with the same context), the one
+template: ``preparer.prepare`` → the paper's ``begin_batch`` → per window of rows (one window uncached, a chunk of
+rows at a time under GradCache) ``preparer.window`` → :meth:`HardNegativeLoss.window_rows`, the template's step:
+``ranking.blocks`` → (a queue) ``queues.read`` → the paper's ``paper_columns`` → the window's statistics →
+(a queue) ``queues.join`` → ``ranking.rows`` → ``ranking.usable_sum``, the running sum; after the windows (a queue)
+``queues.stage``, ``ranking.judge``, the paper's ``end_batch`` and ``ranking.mean``, with ``close_batch`` in
+``finally``. The batch's statistics end in the loss's one per-batch record, ``_last_stats``
+(:attr:`HardNegativeLoss.diagnostics`).
 """
 
 from __future__ import annotations
@@ -33,7 +38,6 @@ from typing import Any, Unpack, cast
 
 import torch
 from sentence_transformers import SentenceTransformer
-from sentence_transformers.base.losses.gradcache import CachedLossMixin
 from sentence_transformers.base.losses.merged_forward import embed_columns
 from torch import Tensor, nn
 
@@ -46,8 +50,8 @@ from st_hardneg.losses.batch import Batch, CallContext, SideInputs, WindowRecord
 from st_hardneg.losses.blocks import Ranking, combine_chunk_stats, unusable_stats
 from st_hardneg.losses.gradcache import (
     GradCacheEngine,
+    GradCacheMixin,
     check_cacheable_model,
-    embed_with_replayed_autocast,
     embed_without_grad,
 )
 from st_hardneg.losses.model_guard import ModelGuard, tag_model_card
@@ -75,7 +79,7 @@ def _embed_column(module: nn.Module, features: dict[str, Tensor]) -> Tensor:
     return module(features)["sentence_embedding"]  # type: ignore[no-any-return]
 
 
-class HardNegativeLoss(CachedLossMixin, nn.Module):
+class HardNegativeLoss(GradCacheMixin, nn.Module):
     """Base class of the st-hardneg losses, and itself InfoNCE: ``HardNegativeLoss(model)`` is sentence-transformers'
     ``MultipleNegativesRankingLoss`` (loss and gradients, every ``directions``, ``partition_mode``, ``hardness_mode``
     and ``similarity_fct``) with every shared feature of the papers' losses: the queue, GradCache, gathering,
@@ -83,17 +87,17 @@ class HardNegativeLoss(CachedLossMixin, nn.Module):
     models. A paper's loss adds its columns to the same template.
 
     Subclasses take their paper's hyperparameters and pass the shared options (:class:`LossOptions`) on, and
-    implement :meth:`window_rows` (the rows of their equation; :meth:`compute` is the one template that calls it)
-    as::
+    implement :meth:`paper_columns` (their equation as columns: blocks in, blocks out; :meth:`compute` is the one
+    template that calls it, once per window) as::
 
         def __init__(self, model, *, lam=0.2, **options: Unpack[LossOptions]):
             super().__init__(model, **options)
             self.lam = validation.check_unit_interval(lam, "lam")
 
-        def window_rows(self, batch):                        # checked float32 unit rows, false-negative masks
-            blocks = self.ranking.blocks(batch)              # sentence-transformers' blocks, masks applied
-            ...                                              # the paper's own columns (Block.with_columns)
-            return self.ranking.rows(batch, blocks)          # (R,) loss of each anchor row; the template averages
+        def paper_columns(self, batch, blocks, queue):      # a window's rows, ST's blocks with their masks
+            q2d = blocks["query_to_doc"]
+            ...                                              # the paper's own columns
+            return {**blocks, "query_to_doc": q2d.with_columns(similarity, exclude)}
 
         def paper_config(self):
             return {"lam": self.lam}                         # get_config_dict() adds the shared options
@@ -345,7 +349,8 @@ class HardNegativeLoss(CachedLossMixin, nn.Module):
         embed = (functools.partial(embed_without_grad, mini_batch_size=self.mini_batch_size,
                                    mini_batch_num_tokens=self.mini_batch_num_tokens)
                  if self.uses_gradient_cache else _embed_column)
-        return CallContext(side_inputs=side, queue_keys=self.queues.key_columns(sentence_features, embed))
+        keys = self.queues.key_columns(sentence_features, embed) if self.queue is not None else None
+        return CallContext(side_inputs=side, queue_keys=keys)
 
     def set_false_negative_inputs(self, text_keys: Tensor | None = None,
                                   guide_embeddings: list[Tensor] | None = None) -> None:
@@ -358,35 +363,18 @@ class HardNegativeLoss(CachedLossMixin, nn.Module):
         vars(self)["_given_inputs"] = inputs if inputs.text_keys is not None or inputs.guide is not None else None
 
     # ------------------------------------------------------------------ GradCache (sentence-transformers' contract)
-    @property
-    def uses_gradient_cache(self) -> bool:  # type: ignore[override]  # per instance: caching is optional here
-        return self.mini_batch_size is not None or self.mini_batch_num_tokens is not None
-
-    def frozen_columns(self, sentence_features: list[dict[str, Tensor]]) -> dict[int, nn.Module]:
-        """``{column: module}`` of the columns of this batch that GradCache embeds without gradient by another
-        module (none by default; AdCSE's key encoder embeds its key columns)."""
-        return {}
-
+    # uses_gradient_cache, frozen_columns, embed_minibatch and the cached forward are GradCacheMixin's, written once
+    # (gradcache.py); the loss adds the call's context and its own step (2), the template a chunk of rows at a time
     def cached_forward(self, sentence_features: Iterable[dict[str, Tensor]], labels: Tensor | None,
                        context: CallContext | None = None) -> Tensor:
-        """The GradCache forward pass (:meth:`GradCacheEngine.forward`): returns the (detached, hooked) loss;
-        ``loss.backward()`` fills the gradients. ``context`` (``forward``'s) is the one every ``calculate_loss`` of
-        this call computes with (``MatryoshkaLoss`` calls it once per dimension); it is dropped when the call
-        returns or raises."""
-        sentence_features = list(sentence_features)
+        """GradCache's forward pass (:meth:`GradCacheMixin.cached_forward`) with ``context`` (``forward``'s), the
+        one every ``calculate_loss`` of this call computes with (``MatryoshkaLoss`` calls it once per dimension);
+        it is dropped when the call returns or raises."""
         vars(self)["_call_context"] = context
         try:
-            return self.gradcache.forward(self, sentence_features, labels, self.frozen_columns(sentence_features),
-                                          self.mini_batch_size, self.mini_batch_num_tokens)
+            return super().cached_forward(sentence_features, labels)
         finally:
             vars(self)["_call_context"] = None
-
-    def embed_minibatch(self, sentence_feature: dict[str, Tensor], begin: int, end: int, with_grad: bool,
-                        copy_random_state: bool, random_state: Any = None) -> tuple[Tensor, Any]:
-        """sentence-transformers' ``embed_minibatch`` with step (1)'s autocast replayed in step (3)
-        (:func:`~st_hardneg.losses.gradcache.embed_with_replayed_autocast`)."""
-        return embed_with_replayed_autocast(super().embed_minibatch, sentence_feature, begin, end, with_grad,
-                                            copy_random_state, random_state)
 
     def calculate_loss(self, reps: list[list[Tensor]], labels: Tensor | None = None, *,
                        with_backward: bool = False) -> Tensor:

@@ -112,7 +112,7 @@ class LossOptions(TypedDict, total=False):
             the guide when given, else by the trained model itself (detached). ``doc_to_query`` uses the transposed
             mask, ``query_to_query`` / ``doc_to_doc`` the same threshold on their own similarities. A row whose
             every negative is masked teaches nothing and is left out of the mean (GISTEmbedLoss counts it as 0: see
-            :meth:`~st_hardneg.losses.blocks.Ranking.note_unusable_rows`): the first such batch warns, a batch of only such
+            :meth:`~st_hardneg.losses.blocks.Ranking.unusable_rows`): the first such batch warns, a batch of only such
             rows is a ``ValueError``,
             and :attr:`~st_hardneg.HardNegativeLoss.diagnostics` reports ``masked_false_negatives`` (mean per anchor),
             ``masked_false_negatives_total``, ``masked_fraction`` and ``rows_without_negatives``.
@@ -176,7 +176,7 @@ class LossOptions(TypedDict, total=False):
     minimum is a ``ValueError``; a count above what the other arguments or the batch allow (HNCSE's ``num_mixed``
     above the ``k (k - 1)`` pairs of ``k``, ``k`` above a small batch's negatives) is clamped to that limit with a
     warning, never met by repeating or dropping work silently. **Rows that cannot teach** (one rule:
-    :meth:`~st_hardneg.losses.blocks.Ranking.note_unusable_rows`): a row with no unmasked negative candidate, or a
+    :meth:`~st_hardneg.losses.blocks.Ranking.unusable_rows`): a row with no unmasked negative candidate, or a
     zero-norm anchor or positive, is left out of the mean, counted and warned once; a batch of only such rows is a ``ValueError``.
 
     ``mini_batch_size`` / ``mini_batch_num_tokens``: GradCache (Gao et al., 2021) through sentence-transformers'
