@@ -83,6 +83,26 @@ def test_without_the_masks_the_matryoshka_value_differs(models):
     assert abs(float(bare) - float(masked)) > 1e-3
 
 
+@pytest.mark.parametrize("name", list(LOSSES))
+def test_every_layer_of_adaptive_layer_loss_computes_with_the_batchs_masks(models, name):
+    """AdaptiveLayerLoss calls the loss once per layer (each a forward of its own): every call masks the mapped
+    candidate and the duplicate. (A cached loss inside AdaptiveLayerLoss is sentence-transformers' own unsupported
+    combination: it warns, and its CachedMultipleNegativesRankingLoss fails there the same way.)"""
+    from sentence_transformers.sentence_transformer.losses import AdaptiveLayerLoss
+
+    model, guide = models
+    loss = LOSSES[name](model, guide, known_positives=KNOWN, seed=0)
+    seen: list[tuple[float, float]] = []
+    loss.register_forward_hook(lambda module, args, output: seen.append(
+        (module.diagnostics["masked_known_positives_total"], module.diagnostics["masked_false_negatives_total"])))
+    with torch.no_grad():
+        AdaptiveLayerLoss(model, loss, n_layers_per_step=-1)([model.preprocess(ANCHORS), model.preprocess(POSITIVES)],
+                                                             None)
+    layers = model[0].auto_model.config.num_hidden_layers + 1  # the embedding layer's output too
+    assert len(seen) == layers  # the last layer, then every earlier one
+    assert all(known >= 1 and total >= 2 for known, total in seen)
+
+
 # ------------------------------------------------------------------------------------------ a batch of one pair
 def _one_pair(columns: int = 2, seed: int = 0) -> list[torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
