@@ -162,16 +162,13 @@ class HardNegativeLoss(GradCacheMixin, nn.Module):
         self.embedding_dimension = columns.model_embedding_dimension(model)
         tag_model_card(model)
         #: the parts (see the module docstring)
-        self.preparer = BatchPreparer(
-            name, blocks=self.blocks, mask_duplicates=shared.mask_duplicates, margin=shared.margin,
-            margin_strategy=shared.margin_strategy, known_positives=self.known_positives, guided=guide is not None,
-            gather_across_devices=shared.gather_across_devices, uses_labels=self.uses_labels)
+        rule = _false_negative_rule(shared, self.known_positives)  # one rule, given to the parts that mask
+        self.preparer = BatchPreparer(name, blocks=self.blocks, rule=rule,
+                                      gather_across_devices=shared.gather_across_devices, uses_labels=self.uses_labels)
         self.queues = QueueBanks(
             name, model, guide, shared.queue, directions=shared.directions,
-            dot=self.similarity_fct_name == "dot_score", mask_duplicates=shared.mask_duplicates,
-            margin=shared.margin, margin_strategy=shared.margin_strategy, known_positives=self.known_positives,
-            chooses_from_pool=self.chooses_from_queue_pool, pool_refusal=self.queue_pool_refusal,
-            own_key_encoder=self.queues_own_key_encoder_rows())
+            dot=self.similarity_fct_name == "dot_score", rule=rule, chooses_from_pool=self.chooses_from_queue_pool,
+            pool_refusal=self.queue_pool_refusal, own_key_encoder=self.queues_own_key_encoder_rows())
         # the banks are the loss's child modules (stateful parts: the training callbacks find them among its modules)
         self.queue, self.anchor_queue = self.queues.queue, self.queues.anchor_queue
         self.ranking = self._ranking()
@@ -246,17 +243,13 @@ class HardNegativeLoss(GradCacheMixin, nn.Module):
                            ("mini_batch_size", options.mini_batch_size),
                            ("mini_batch_num_tokens", options.mini_batch_num_tokens)):
             object.__setattr__(self, key, value)
+        rule = _false_negative_rule(options, known)
         preparer = self.preparer
-        self.preparer = BatchPreparer(
-            name, blocks=self.blocks, mask_duplicates=options.mask_duplicates, margin=options.margin,
-            margin_strategy=options.margin_strategy, known_positives=known, guided=options.guided,
-            gather_across_devices=options.gather_across_devices, uses_labels=self.uses_labels)
+        self.preparer = BatchPreparer(name, blocks=self.blocks, rule=rule,
+                                      gather_across_devices=options.gather_across_devices, uses_labels=self.uses_labels)
         self.preparer.reports_false_negatives = preparer.reports_false_negatives
         self.preparer.warned_labels = preparer.warned_labels
-        queues = self.queues
-        queues.mask_duplicates, queues.margin, queues.margin_strategy = (options.mask_duplicates, options.margin,
-                                                                         options.margin_strategy)
-        queues.known_positives = known
+        self.queues.rule = rule
         warned = self.ranking._warned_unusable
         self.ranking = self._ranking()
         self.ranking._warned_unusable = warned
@@ -639,6 +632,13 @@ _ASSIGNABLE_OPTIONS = frozenset({*option_attributes(), "scale", "similarity_fct"
 #: what a built loss shows but never takes a new value of: the queue's options (its banks hold rows and state)
 _FIXED_OPTIONS = frozenset({*(f"queue_{o.name}" for o in fields(QueueOptions)), "queue_options", "queue",
                             "anchor_queue", "guided"})
+
+
+def _false_negative_rule(options: SharedOptions, known: KnownPositives | None) -> false_negatives.FalseNegativeRule:
+    """The loss's one false-negative rule, from its options and its ``known_positives`` index."""
+    return false_negatives.FalseNegativeRule(mask_duplicates=options.mask_duplicates, margin=options.margin,
+                                             margin_strategy=options.margin_strategy, known_positives=known,
+                                             guided=options.guided)
 
 
 def _replaced(options: SharedOptions, name: str, value: Any) -> SharedOptions:

@@ -54,6 +54,7 @@ from st_hardneg.losses.stateful import OptimizerDrivenLoss
 
 if TYPE_CHECKING:
     from st_hardneg.losses.batch import Batch
+    from st_hardneg.losses.false_negatives import FalseNegativeRule
     from st_hardneg.losses.relevance import KnownPositives
 
 __all__ = ["CandidateQueue", "QueueBanks", "QueueRead", "queue_columns"]
@@ -317,8 +318,8 @@ class QueueBanks:
         options: the checked queue options.
         directions: the loss's ranking directions (``anchors`` needs ``doc_to_query``).
         dot: the loss scores with ``dot_score`` (raw rows) rather than cosines.
-        mask_duplicates, margin, margin_strategy, known_positives: the loss's false-negative options, applied to the
-            queued rows too.
+        rule: the loss's false-negative rule (:class:`~st_hardneg.losses.false_negatives.FalseNegativeRule`),
+            applied to the queued rows too.
         chooses_from_pool: whether the loss has a hardest-negative choice that can take queued rows (``as_pool``).
         pool_refusal: why a loss with such a choice still refuses ``as_pool`` (``None``: it has no such choice).
         own_key_encoder: the loss's candidates already come from its own key encoder (AdCSE untied): those are
@@ -326,15 +327,13 @@ class QueueBanks:
     """
 
     def __init__(self, loss_name: str, model: Any, guide: Any, options: QueueOptions, *,
-                 directions: tuple[str, ...], dot: bool, mask_duplicates: bool, margin: float | None,
-                 margin_strategy: str, known_positives: KnownPositives | None, chooses_from_pool: bool,
+                 directions: tuple[str, ...], dot: bool, rule: FalseNegativeRule, chooses_from_pool: bool,
                  pool_refusal: str | None, own_key_encoder: bool) -> None:
         name = loss_name
         self.loss_name = loss_name
         self.options = options
         self.dot = dot
-        self.mask_duplicates, self.margin, self.margin_strategy = mask_duplicates, margin, margin_strategy
-        self.known_positives = known_positives
+        self.rule = rule
         if own_key_encoder and options.source == "ema" and options.momentum != 0.995:
             raise ValueError(f"{name}: with queue_source='ema' the queue is fed by the loss's own key encoder, which "
                              "moves with `momentum`; queue_momentum does not apply, leave it unset")
@@ -416,9 +415,10 @@ class QueueBanks:
     def _columns_for(self, queue: CandidateQueue, batch: Batch, rows: Tensor, unit_rows: Tensor,
                      stats: dict[str, Tensor]) -> tuple[Tensor, Tensor | None, Tensor] | None:
         """:func:`queue_columns` with the loss's false-negative options (its counts added to ``stats``)."""
-        read = queue_columns(queue, batch, rows, unit_rows, dot=self.dot, mask_duplicates=self.mask_duplicates,
-                             known_positives=self.known_positives, anchor_bank=queue is not self.queue,
-                             margin=self.margin, margin_strategy=self.margin_strategy)
+        rule = self.rule
+        read = queue_columns(queue, batch, rows, unit_rows, dot=self.dot, mask_duplicates=rule.mask_duplicates,
+                             known_positives=rule.known_positives, anchor_bank=queue is not self.queue,
+                             margin=rule.margin, margin_strategy=rule.margin_strategy)
         if read is None:
             return None
         similarity, exclude, vectors, counts = read
