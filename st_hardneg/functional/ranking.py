@@ -54,7 +54,9 @@ class Block:
     after the scaling (no gradient); ``has_positive``: column ``row_offset + r`` of row ``r`` is the row's positive
     (``query_to_doc``, ``doc_to_query``), which matters for a logit transform that treats positives differently
     (Focal-InfoNCE). ``row_offset``: the global index of the block's first row (0 for a whole batch; the chunk's
-    start when a loss computes its rows a chunk of anchors at a time).
+    start when a loss computes its rows a chunk of anchors at a time). ``learned_columns``: how many of its columns
+    are learned vectors rather than data (AdCSE's adversaries): negatives in the softmax, but not candidates that
+    make a row usable (a row whose every data candidate is masked teaches nothing).
     """
 
     similarity: Tensor
@@ -62,14 +64,16 @@ class Block:
     exclude: Tensor | None = None
     penalty: Tensor | None = None
     row_offset: int = 0
+    learned_columns: int = 0
 
     def positive_columns(self) -> Tensor:
         """(R,) the column of each row's positive (``row_offset + r``)."""
         return torch.arange(self.similarity.size(0), device=self.similarity.device) + self.row_offset
 
-    def with_columns(self, similarity: Tensor, exclude: Tensor | None = None) -> Block:
+    def with_columns(self, similarity: Tensor, exclude: Tensor | None = None, *, learned: bool = False) -> Block:
         """This block with per-row ``similarity`` columns (N, S) appended (a paper's extra negatives; no penalty);
-        ``exclude`` (N, S) removes some of them."""
+        ``exclude`` (N, S) removes some of them; ``learned``: the columns are learned vectors, not data
+        (:attr:`learned_columns`)."""
         n, s = similarity.shape
         if n != self.similarity.size(0):
             raise ValueError(f"extra columns have {n} rows, the block has {self.similarity.size(0)}")
@@ -84,7 +88,7 @@ class Block:
             new_exclude = torch.cat([left, right.to(left.device)], dim=1)
         penalty = None if self.penalty is None else torch.cat([self.penalty, self.penalty.new_zeros(n, s)], dim=1)
         return replace(self, similarity=torch.cat([self.similarity, similarity], dim=1), exclude=new_exclude,
-                       penalty=penalty)
+                       penalty=penalty, learned_columns=self.learned_columns + (s if learned else 0))
 
     def excluding(self, exclude: Tensor | None) -> Block:
         """This block with the entries of ``exclude`` (its first columns) also excluded."""

@@ -10,7 +10,7 @@ step post-hook, plus :class:`~st_hardneg.training.callbacks.StatefulLossCallback
 from __future__ import annotations
 
 import functools
-from typing import Any, Unpack, cast
+from typing import TYPE_CHECKING, Any, Unpack, cast
 
 import torch
 from sentence_transformers import SentenceTransformer
@@ -23,12 +23,26 @@ from st_hardneg.functional import ranking as fr
 from st_hardneg.losses import distributed as dist
 from st_hardneg.losses import stateful
 from st_hardneg.losses.adversaries import NegativeAdversaries
-from st_hardneg.losses.base import HardNegativeLoss, LossOptions
+from st_hardneg.losses.base import HardNegativeLoss, LossOptions, SharedOptions
 from st_hardneg.losses.batch import Batch
 from st_hardneg.losses.momentum import frozen_copy, update_momentum
 from st_hardneg.losses.routes import column_routes
 
+if TYPE_CHECKING:
+    from st_hardneg.losses.queue import QueueRead
+
 _STATE_FORMAT = 1
+
+
+def _unwrapped(model: nn.Module) -> nn.Module:
+    """``model`` without the wrappers that share its parameters (DDP ``.module``, ``torch.compile``'s
+    ``._orig_mod``)."""
+    for _ in range(8):
+        inner = getattr(model, "module", None) or getattr(model, "_orig_mod", None)
+        if not isinstance(inner, nn.Module):
+            break
+        model = inner
+    return model
 
 
 class AdversarialNegativesLoss(stateful.OptimizerDrivenLoss, HardNegativeLoss):
@@ -103,7 +117,7 @@ class AdversarialNegativesLoss(stateful.OptimizerDrivenLoss, HardNegativeLoss):
                 train (:meth:`key_columns` says why this is the paper's case: the Router already unties the
                 encoders of queries and documents); with ``queue_source="ema"`` that is refused (use ``"online"``). With a queue (``queue_size``): untied, the queued
                 rows are the key encoder's under either ``queue_source`` (``queue_momentum`` does not apply: the
-                encoder moves with ``momentum``, dropout on as in the paper); tied with ``queue_source="ema"``, the
+                encoder moves with ``momentum``, dropout on in training as in the paper); tied with ``queue_source="ema"``, the
                 queue keeps its own key encoder like the other losses.
             in_batch_keys: ``True`` (default): the other pairs' keys and all explicit negatives are negatives of
                 every anchor. ``False``: paper Eq. 5, row ``i`` sees only its positive, its own explicit negatives
@@ -120,7 +134,7 @@ class AdversarialNegativesLoss(stateful.OptimizerDrivenLoss, HardNegativeLoss):
                 unit sphere, as in AdCo).
                 Here: a masked key or explicit negative leaves the denominator of the encoder's and of the
                 adversaries' loss (the adversaries are never masked). The adversaries alone do not make a row
-                usable (the rule of every loss, :meth:`~st_hardneg.losses.blocks.Ranking.note_unusable_rows`): with
+                usable (the rule of every loss, :meth:`~st_hardneg.losses.blocks.Ranking.unusable_rows`): with
                 ``in_batch_keys=True`` a row whose every in-batch key and explicit negative is masked is left out of
                 the mean and counted in ``rows_without_negatives`` (the first such batch warns), and a batch of
                 only such rows is a ``ValueError``; the adversaries' ascent gradient still reads every row. The margin's similarities are the online
@@ -200,10 +214,8 @@ class AdversarialNegativesLoss(stateful.OptimizerDrivenLoss, HardNegativeLoss):
         # its own key encoder (dropout off) as for the other losses
         self.untied = validation.check_bool(untied, "untied")
         super().__init__(model, guide, **options)
-        if num_adversaries and self.similarity_fct_name != "cos_sim":
-            raise ValueError("AdversarialNegativesLoss with num_adversaries > 0 needs similarity_fct=cos_sim: the "
-                             "adversaries are points on the unit sphere (AdCo), scored by their cosines")
         self.num_adversaries = validation.check_count(num_adversaries, "num_adversaries (M)", minimum=0)
+        self.check_options(self.options)
         self.in_batch_keys = validation.check_bool(in_batch_keys, "in_batch_keys")
         if not in_batch_keys and not num_adversaries:
             raise ValueError("in_batch_keys=False (paper Eq. 5) needs num_adversaries > 0: no negatives are left")
@@ -211,7 +223,6 @@ class AdversarialNegativesLoss(stateful.OptimizerDrivenLoss, HardNegativeLoss):
         self._ema_updates = 0
         self._state_synced = False
         self.adversary_temperature = validation.check_temperature(adversary_temperature, "adversary_temperature")
-        self.min_batch_size = 1 if num_adversaries > 0 else 2  # with adversaries a single pair has negatives
         if num_adversaries > 0 and self.embedding_dimension is None:
             raise ValueError("AdversarialNegativesLoss needs the model's embedding dimension for its adversaries, "
                              "but model.get_embedding_dimension() returned None.")
@@ -225,6 +236,22 @@ class AdversarialNegativesLoss(stateful.OptimizerDrivenLoss, HardNegativeLoss):
         vars(self).update(_online=model, _key_encoder=frozen_copy(model) if untied else None)
         self._start_listening()
 
+    def check_options(self, options: SharedOptions) -> None:
+        """The shared options' rules, and the adversaries' similarity: cosines."""
+        super().check_options(options)
+        if vars(self).get("num_adversaries") and options.similarity_fct != "cos_sim":
+            raise ValueError("AdversarialNegativesLoss with num_adversaries > 0 needs similarity_fct=cos_sim: the "
+                             "adversaries are points on the unit sphere (AdCo), scored by their cosines")
+
+    def follow_model(self, model: nn.Module) -> bool:
+        """Tied (``untied=False``) the loss keeps no copy of the old model (its adversaries are vectors of the
+        embedding space, not of a model's weights): it follows the model the Trainer's ``model_init`` made, as
+        sentence-transformers' MNRL does. Untied, the key encoder is the old model's copy: refused."""
+        if self.key_encoder is not None:
+            return False
+        vars(self).update(_online=_unwrapped(model))
+        return True
+
     def queues_own_key_encoder_rows(self) -> bool:
         """Untied, the candidates come from the key encoder: the queue queues those rows."""
         return self.untied
@@ -232,7 +259,8 @@ class AdversarialNegativesLoss(stateful.OptimizerDrivenLoss, HardNegativeLoss):
     # ------------------------------------------------------------------ public state
     @property
     def key_encoder(self) -> nn.Module | None:
-        """The momentum (EMA) key encoder; ``None`` when ``untied=False``. Frozen, always in train mode."""
+        """The momentum (EMA) key encoder; ``None`` when ``untied=False``. Frozen; each forward puts it in the online
+        model's train / eval mode (dropout on in training, as in the paper; off in evaluation)."""
         return self._key_encoder
 
     @property
@@ -288,7 +316,10 @@ class AdversarialNegativesLoss(stateful.OptimizerDrivenLoss, HardNegativeLoss):
     # ------------------------------------------------------------------ forward
     def before_embedding(self, sentence_features: list[dict[str, Tensor]]) -> None:
         """Before either embedding path (plain or GradCache): the online model's check, the forward count, the
-        state's first sync across processes, and the key encoder on the online model's device, in train mode."""
+        state's first sync across processes, and the key encoder on the online model's device, in the online
+        model's train / eval mode: in training its dropout is on, as in the paper (the key encoder's dropout is
+        part of the noise between a query and its key); in evaluation it is off, as the online model's, so that an
+        evaluation loss is deterministic (two calls on one batch give one value)."""
         self._check_online_model()
         self._count_forward()
         self._sync_state_across_processes()
@@ -297,7 +328,7 @@ class AdversarialNegativesLoss(stateful.OptimizerDrivenLoss, HardNegativeLoss):
             param, online = next(key_encoder.parameters(), None), next(self.online_model.parameters(), None)
             if param is not None and online is not None and param.device != online.device:
                 key_encoder.to(online.device)
-            key_encoder.train()
+            key_encoder.train(self.model.training)
 
     def key_columns(self, sentence_features: list[dict[str, Tensor]]) -> list[int]:
         """The input columns the momentum key encoder embeds (without gradient): with ``untied=True`` every column
@@ -356,35 +387,31 @@ class AdversarialNegativesLoss(stateful.OptimizerDrivenLoss, HardNegativeLoss):
                 tensor.copy_(dist.broadcast_from_rank0(tensor))
         self._state_synced = True
 
-    def window_rows(self, batch: Batch) -> Tensor:
+    def paper_columns(self, batch: Batch, blocks: dict[str, fr.Block], queue: QueueRead | None
+                      ) -> dict[str, fr.Block]:
         """AdCSE (paper Eq. 5 with the in-batch keys, as the authors' code) on the embeddings ``[anchors (online),
-        keys, explicit negatives...]``; while training (grad enabled), :meth:`end_batch` adds the adversaries'
-        ascent gradient to the window of the next optimizer step. The rows of ``batch``'s anchors (:attr:`Batch.rows`) against every candidate and the adversaries; while
-        training, their share of the adversaries' ascent gradient is added up for :meth:`end_batch`."""
+        keys, explicit negatives...]``: the adversaries appended to ``query_to_doc``, marked as learned vectors (not
+        data: they never make a row usable, and are never masked), the other pairs' keys dropped for Eq. 5
+        (``in_batch_keys=False``, where the adversaries are the row's negatives by design). While training, the
+        rows' share of the adversaries' ascent gradient is added up on the batch for :meth:`end_batch`."""
         masked = batch.false_negatives
         start, stop = batch.row_range
-        blocks = self.ranking.blocks(batch)
         q2d = blocks["query_to_doc"]
         if not self.in_batch_keys:  # paper Eq. 5: drop the other rows' keys and explicit negatives
             q2d = q2d.excluding(~fr.own_pair_mask(batch.size, q2d.similarity.size(1), q2d.similarity.device,
                                                   rows=(start, stop)))
         if self.num_adversaries:  # never masked; inside MatryoshkaLoss the first `width` dimensions of each
             adversaries = self._prefix(self.adversaries.detach(), batch.anchors.size(1)).to(batch.anchors.dtype)
-            q2d = q2d.with_columns(batch.row_anchors @ fn.normalize(adversaries).T)
-        blocks["query_to_doc"] = q2d
-        # adversaries alone do not make a row usable: a row whose every in-batch negative is masked is left out (and
-        # a batch of only such rows refused), as in every loss; with in_batch_keys=False they are its only negatives
-        rows = self.ranking.rows(batch, blocks, uncounted_columns=self.num_adversaries if self.in_batch_keys else 0)
-        batch.state.record_stats(q2d.similarity, num_in_batch=batch.size, num_synthetic=self.num_adversaries,
-                          row_offset=start)
+            q2d = q2d.with_columns(batch.row_anchors @ fn.normalize(adversaries).T, learned=self.in_batch_keys)
         summed = batch.state.draws.get("adversary_gradient")
         if summed is not None:
-            own_start, own_stop = self.preparer.own_rows(batch)
+            local = batch.state.local_rows  # this process's rows of a gathered batch
+            own_start, own_stop = (local[0].start, local[0].stop) if local is not None else (0, batch.size)
             grad = self._adversary_gradient(batch.row_anchors, batch.candidates, masked, row_offset=start,
                                             num_pairs=batch.size)
             weighted = grad * ((stop - start) / (own_stop - own_start))  # the chunk's share of the rows' mean
             batch.state.draws["adversary_gradient"] = weighted if not len(summed) else summed + weighted
-        return rows
+        return {**blocks, "query_to_doc": q2d}
 
     def begin_batch(self, batch: Batch) -> Batch:
         """Before the rows of a batch: start summing the adversaries' gradient on the batch (while training:

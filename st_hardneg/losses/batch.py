@@ -12,58 +12,40 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
-from st_hardneg import functional as fn
-
 if TYPE_CHECKING:
     from st_hardneg.losses.relevance import KnownPositives
 
-__all__ = ["Batch", "BatchState", "SideInputs", "column_name"]
+__all__ = ["Batch", "BatchState", "CallContext", "SideInputs", "WindowRecord", "column_name"]
+
+
+@dataclass
+class WindowRecord:
+    """What the compute template learned from one window of rows, kept until the batch's windows are done: the
+    usable rows (``None``: every row), their unusable-row counts (``blocks.UnusableTally``; not imported here, as
+    blocks.py imports this module) and the window's statistics (mean cosines and counts)."""
+
+    usable: Tensor | None
+    tally: Any
+    stats: dict[str, Tensor]
+    #: how many rows the window has (the weight of its statistics in the batch's)
+    rows: int
 
 
 @dataclass
 class BatchState:
-    """What a loss learns about one batch while computing it, kept with the batch (every window of it shares one):
-    made by the preparer, read by the ranking, the queue, the unusable-row rule and the reduction."""
+    """What spans the windows of one batch (every window cut from it shares one): the gathering's rows, the rows
+    that cannot be ranked, the paper's per-batch draws and the template's record of each window computed. Nothing
+    here is written by one part for another to read and clear: every other value a part computes is returned."""
 
     #: (this process's rows, global rows) after a gathering preparer, else ``None``
     local_rows: tuple[slice, int] | None = None
     #: (N,) bool: the rows whose anchor or positive has a (near-)zero norm (unusable), or ``None``
     zero_rows: Tensor | None = None
-    #: the usable rows of the window just ranked, for the reduction (``None``: every row)
-    usable: Tensor | None = None
-    #: the unusable-row counts of each window computed (``blocks.UnusableTally``; not imported here, as blocks.py
-    #: imports this module), judged together once the batch's windows are done
-    chunk_tallies: list[Any] | None = None
-    #: the queue's columns for the rows being computed (read by ``Ranking.blocks``, joined by ``Ranking.rows``)
-    queue_columns: tuple[Tensor, Tensor | None] | None = None
-    #: the same for the anchors' bank (``queue_anchors``, joined to ``doc_to_query``)
-    anchor_queue_columns: tuple[Tensor, Tensor | None] | None = None
-    #: the main queue's readable rows for the rows being computed (``queue_as_pool``), as the loss scores them
-    queue_vectors: Tensor | None = None
     #: the paper's draws for this batch, by name, made once by its ``begin_batch`` (MixCSE's partners, HNCSE's
     #: pairs to mix) and what its windows add up for ``end_batch`` (AdCSE's adversary gradient)
     draws: dict[str, Any] = field(default_factory=dict)
-    #: the false-negative counts of the rows being computed (their masks' totals, the unusable rows), for the stats
-    false_negative_stats: dict[str, Tensor] = field(default_factory=dict)
-    #: the queue's counts for the rows being computed (rows read, masked, the loss's own)
-    queue_stats: dict[str, Tensor] = field(default_factory=dict)
-    #: the statistics the paper recorded for the window being computed (:meth:`record_stats`: mean cosines, with
-    #: the counts above), which the template turns into the loss's diagnostics
-    stats: dict[str, Tensor] = field(default_factory=dict)
-
-    def record_stats(self, cos: Tensor, num_in_batch: int, num_synthetic: int = 0,
-                     extra: dict[str, Tensor] | None = None, row_offset: int = 0) -> None:
-        """Record the window's mean cosines (and ``extra`` scalars) as :attr:`stats` (no gradient, no device sync),
-        with the false-negative and queue counts of its rows: the compute template makes them the loss's
-        diagnostics. ``cos``: the (R, C) similarities of the window's rows (in-batch candidates first, then
-        ``num_synthetic`` synthetic columns); ``row_offset``: the batch index of its first row (a chunk of
-        anchors)."""
-        stats = fn.contrastive_stats(cos.detach(), num_in_batch, num_synthetic, row_offset=row_offset)
-        stats.update(self.false_negative_stats)
-        stats.update(self.queue_stats)
-        for key, value in (extra or {}).items():
-            stats[key] = value.detach() if isinstance(value, Tensor) else torch.as_tensor(value)
-        self.stats = stats
+    #: the compute template's record of each window computed, in order (judged and reported once per batch)
+    windows: list[WindowRecord] = field(default_factory=list)
 
 
 @dataclass
@@ -105,6 +87,11 @@ class Batch:
     #: the loss's ``known_positives`` index: a candidate whose text key it pairs with anchor ``i``'s is masked
     #: (needs :attr:`text_keys`)
     known: KnownPositives | None = None
+    #: the false-negative counts of the rows computed (their masks' totals), set by the preparer's ``window``
+    false_negative_stats: dict[str, Tensor] = field(default_factory=dict)
+    #: with ``queue_source="ema"`` in training: the queue's key encoder's rows of this batch's input columns (one per
+    #: column, ``None`` for the anchors without ``queue_anchors``), from the call's :class:`CallContext`
+    queue_keys: list[Tensor | None] | None = None
     #: what the loss learned about the batch while computing it (shared by every window cut from it)
     state: BatchState = field(default_factory=BatchState)
 
@@ -184,6 +171,23 @@ class SideInputs:
     text_keys: Tensor | None = None
     #: the guide model's embeddings, one (N, d') tensor per column, or ``None``
     guide: list[Tensor] | None = None
+
+
+@dataclass(frozen=True)
+class CallContext:
+    """What one call of a loss knows about its batch besides the embeddings, built by ``forward`` before the model
+    runs and passed to :meth:`~st_hardneg.losses.base.HardNegativeLoss.compute` with them.
+
+    It lives exactly as long as the call: under GradCache every ``calculate_loss`` of one cached forward computes
+    with it (``MatryoshkaLoss`` calls ``calculate_loss`` once per dimension), and nothing of it is left on the loss
+    afterwards. ``compute_loss_from_embeddings`` passes an empty one (or what
+    :meth:`~st_hardneg.losses.base.HardNegativeLoss.set_false_negative_inputs` gave for that call).
+    """
+
+    #: the rows' text keys and the guide's embeddings, for the false-negative masks (``None``: none)
+    side_inputs: SideInputs | None = None
+    #: with ``queue_source="ema"`` in training: the queue's key encoder's rows of every input column
+    queue_keys: list[Tensor | None] | None = None
 
 
 def column_name(index: int) -> str:

@@ -1,11 +1,12 @@
 """The ranking part of every loss (:class:`Ranking`): sentence-transformers' ranking of a batch and the one rule for
 the rows it cannot rank. The blocks (:func:`ranking_blocks`: the similarities of ``MultipleNegativesRankingLoss``'s
 directions and ``GISTEmbedLoss``'s contrast blocks, with their exclusions and the hardness penalty, for the anchor
-rows a loss computes; :meth:`Ranking.blocks` adds the queue's columns), the per-row losses (:meth:`Ranking.rows`), the
-rows left without a negative or with a zero-norm embedding (counted per window: :meth:`Ranking.note_unusable_rows`;
-judged once per batch, warned, a batch of none refused: :meth:`Ranking.judge`) and the reduction, the mean of the
-usable rows (:meth:`Ranking.usable_sum`, :meth:`Ranking.mean`); and the diagnostics of a batch computed a chunk of
-rows at a time (:func:`combine_chunk_stats`).
+rows a loss computes), the per-row losses with their usable rows and counts (:meth:`Ranking.rows`, returning a
+:class:`Ranked`; the rule for rows left without a negative or with a zero-norm embedding:
+:meth:`Ranking.unusable_rows`; judged once per batch, warned, a batch of none refused: :meth:`Ranking.judge`) and the
+reduction, the mean of the usable rows (:meth:`Ranking.usable_sum`, :meth:`Ranking.mean`); and the diagnostics of a
+batch computed a chunk of rows at a time (:func:`combine_chunk_stats`). The ranking never calls the queue: the compute
+template joins the queue's columns to the blocks before it hands them here.
 
 This module imports nothing of :mod:`st_hardneg.losses.base`.
 """
@@ -24,9 +25,8 @@ from st_hardneg import functional as fn
 from st_hardneg.functional import ranking as fr
 from st_hardneg.losses import distributed as dist
 from st_hardneg.losses.batch import Batch, BatchState
-from st_hardneg.losses.queue import QueueBanks
 
-__all__ = ["Ranking", "UnusableTally", "combine_chunk_stats", "count_negatives",
+__all__ = ["Ranked", "Ranking", "UnusableTally", "combine_chunk_stats", "count_negatives",
            "ranking_blocks", "unusable_causes", "unusable_stats", "usable_rows"]
 
 logger = logging.getLogger(__name__)
@@ -60,12 +60,22 @@ class UnusableTally(NamedTuple):
                    values[6] > 0)
 
 
-def count_negatives(blocks: dict[str, fr.Block], uncounted_columns: int = 0
-                    ) -> tuple[Tensor | None, int, Tensor, int]:
+class Ranked(NamedTuple):
+    """The rows of one window (:meth:`Ranking.rows`): their losses, which of them count, and their counts."""
+
+    #: (R,) the loss of each row
+    losses: Tensor
+    #: (R,) bool, the rows that count in the mean, or ``None``: every row
+    usable: Tensor | None
+    #: the window's unusable-row counts, or ``None`` (not counted: the meta device)
+    tally: UnusableTally | None
+
+
+def count_negatives(blocks: dict[str, fr.Block]) -> tuple[Tensor | None, int, Tensor, int]:
     """``(available, rows, masked, candidates)`` of the ranking ``blocks``: the (R,) negatives left to each row
-    (every entry but the positive, the masked ones and ``uncounted_columns`` never-masked columns of
-    ``query_to_doc``, AdCSE's adversaries; ``None`` when nothing was masked and R > 1: every row has negatives), the
-    number of rows, the masked entries and the candidates per row."""
+    (every entry but the positive, the masked ones and the learned columns of ``query_to_doc``, AdCSE's adversaries,
+    :attr:`~st_hardneg.functional.ranking.Block.learned_columns`; ``None`` when nothing was masked and R > 1: every
+    row has negatives), the number of rows, the masked entries and the candidates per row."""
     q2d = blocks["query_to_doc"]
     n = q2d.similarity.size(0)
     available: Tensor | None = None
@@ -78,9 +88,9 @@ def count_negatives(blocks: dict[str, fr.Block], uncounted_columns: int = 0
             count = block.similarity.size(1) - int(block.has_positive)
             excluded = block.exclude.sum(dim=1) if block.exclude is not None else None
             available += count if excluded is None else count - excluded
-            if block is q2d:  # not candidates: neither a negative left nor a maskable entry
-                available -= uncounted_columns
-                count -= uncounted_columns
+            if block.learned_columns:  # not candidates: neither a negative left nor a maskable entry
+                available -= block.learned_columns
+                count -= block.learned_columns
             total += count
             if excluded is not None:
                 masked = masked + excluded.sum()
@@ -149,9 +159,10 @@ def combine_chunk_stats(pieces: list[tuple[int, dict[str, Tensor]]]) -> dict[str
 
 
 class Ranking:
-    """The ranking part a loss owns (``loss.ranking``): the blocks of a batch's rows, their per-row losses, the
-    unusable-row rule and the reduction. A paper's ``window_rows`` asks it for the blocks (:meth:`blocks`), appends
-    its own columns and hands them back for the rows (:meth:`rows`).
+    """The ranking part a loss owns (``loss.ranking``): sentence-transformers' blocks of a window's rows
+    (:meth:`blocks`), their per-row losses with the unusable-row rule (:meth:`rows`), the batch's judgement
+    (:meth:`judge`) and the reduction (:meth:`usable_sum`, :meth:`mean`). It is given blocks and returns values; it
+    calls no other part.
 
     Args:
         loss_name: the loss's class name, for the messages.
@@ -159,20 +170,18 @@ class Ranking:
         dot: score with ``dot_score`` on the raw rows (else cosines of the unit rows).
         temperature: τ; the logits are ``similarity / τ`` (sentence-transformers' ``scale`` = 1 / τ).
         partition_mode, hardness_mode, hardness_strength: sentence-transformers' options of the same names.
-        queues: the loss's queue part (read for the rows' extra columns, fed with the batch's candidates).
         known_positives: whether the loss masks known relevance (named in the unusable-row message).
     """
 
     def __init__(self, loss_name: str, *, blocks: tuple[str, ...], dot: bool, temperature: float,
                  partition_mode: fr.PartitionMode, hardness_mode: fr.HardnessMode | None, hardness_strength: float,
-                 queues: QueueBanks, known_positives: bool) -> None:
+                 known_positives: bool) -> None:
         self.loss_name = loss_name
         self.names = blocks
         self.dot = dot
         self.temperature = temperature
         self.partition_mode, self.hardness_mode, self.hardness_strength = (partition_mode, hardness_mode,
                                                                            hardness_strength)
-        self.queues = queues
         self.known_positives = known_positives
         self._warned_unusable = False
 
@@ -182,27 +191,25 @@ class Ranking:
         return 1.0 / self.temperature
 
     def blocks(self, batch: Batch) -> dict[str, fr.Block]:
-        """The blocks of the loss for the rows of ``batch`` (:func:`ranking_blocks` with the loss's similarity and
-        hardness options); then the queue's columns for these rows are read and this batch's candidates staged
-        (:meth:`QueueBanks.read_and_stage`). A loss appends its own columns with :meth:`Block.with_columns`."""
+        """sentence-transformers' blocks of the loss for the rows of ``batch`` (:func:`ranking_blocks` with the
+        loss's similarity and hardness options). A paper appends its columns with :meth:`Block.with_columns`."""
         local = batch.state.local_rows
-        out = ranking_blocks(batch, self.names, dot=self.dot, hardness_mode=self.hardness_mode,
-                             hardness_strength=self.hardness_strength,
-                             rows_per_process=local[0].stop - local[0].start if local is not None else None)
-        self.queues.read_and_stage(batch, batch.raw_rows()[0] if self.dot else batch.row_anchors)
-        return out
+        return ranking_blocks(batch, self.names, dot=self.dot, hardness_mode=self.hardness_mode,
+                              hardness_strength=self.hardness_strength,
+                              rows_per_process=local[0].stop - local[0].start if local is not None else None)
 
-    def rows(self, batch: Batch, blocks: dict[str, fr.Block], focal_m: float | None = None,
-             uncounted_columns: int = 0) -> Tensor:
+    def rows(self, batch: Batch, blocks: dict[str, fr.Block], focal_m: float | None = None) -> Ranked:
         """The (R,) per-row losses of the blocks of ``batch``'s rows (:func:`st_hardneg.functional.ranking.ranking_rows`
-        with the loss's scale and partition mode). With a queue its readable rows join ``query_to_doc`` here, after
-        the loss chose its own negatives from the batch; the negatives left to each row are counted
-        (:meth:`note_unusable_rows`). ``uncounted_columns``: columns of ``query_to_doc`` that are negatives in the
-        loss but do not make a row usable (AdCSE's adversaries: learned vectors, not data; they are never masked)."""
-        blocks = self.queues.join(batch, blocks)
-        available, n, masked, total = count_negatives(blocks, uncounted_columns)
-        self.note_unusable_rows(batch, available, n, masked, total, start=blocks["query_to_doc"].row_offset)
-        return fr.ranking_rows(blocks, self.scale, self.partition_mode, focal_m)
+        with the loss's scale and partition mode; ``focal_m``: Focal-InfoNCE's logit rule), with the rows that count
+        and their counts (:meth:`unusable_rows`; the learned columns of a block do not make a row usable)."""
+        available, n, masked, total = count_negatives(blocks)
+        if batch.size == 1 and batch.negatives.size(0) == 0:
+            # one pair and no explicit negative: no candidate was masked, there is none; the row is computed as
+            # sentence-transformers' MNRL computes it (its positive alone, and any column a paper adds)
+            available = None
+        usable, tally = self.unusable_rows(batch, available, n, masked, total,
+                                           start=blocks["query_to_doc"].row_offset)
+        return Ranked(fr.ranking_rows(blocks, self.scale, self.partition_mode, focal_m), usable, tally)
 
     # ------------------------------------------------------------------ the unusable-row rule
     @staticmethod
@@ -213,36 +220,30 @@ class Ranking:
             return None
         return zero[start:start + n]
 
-    def note_unusable_rows(self, batch: Batch, available: Tensor | None, n: int, masked: Tensor | int = 0,
-                           total: int = 0, start: int = 0) -> None:
-        """The one rule for rows that cannot teach anything, for every loss and layout. A row is unusable when it
-        has no unmasked negative (``available``, the (n,) count of negatives left to each row, is 0: every candidate
-        was masked as a false negative; columns that are not data, AdCSE's adversaries, do not count) or when its
-        anchor or positive has a norm below ``NORM_EPS`` (no direction: cosine 0 with everything). The reduction
-        averages the usable rows only; :meth:`judge` (once per batch, on :meth:`batch_tally`) refuses a batch with no usable row
-        (``ValueError``) and warns once per loss about the first batch with some (``warnings`` and ``logging``),
-        with the counts, which the diagnostics report as ``rows_without_negatives``, ``zero_norm_rows``,
-        ``unusable_fraction`` and ``masked_fraction`` (``masked`` of ``total`` × n candidates). ``available`` is
-        ``None`` when nothing was masked and every row has negatives. The rows are ``start .. start + n`` of the
-        batch (a chunk of anchors, or this process's rows); the usable rows are kept in ``batch.state`` for the
-        reduction, the window's tally in ``batch.state.chunk_tallies``."""
-        state = batch.state
-        state.usable = None
+    def unusable_rows(self, batch: Batch, available: Tensor | None, n: int, masked: Tensor | int = 0,
+                      total: int = 0, start: int = 0) -> tuple[Tensor | None, UnusableTally | None]:
+        """The one rule for rows that cannot teach anything, for every loss and layout: ``(usable, tally)`` of the
+        rows ``start .. start + n`` of the batch (a chunk of anchors, or this process's rows). A row is unusable
+        when it has no unmasked negative (``available``, the (n,) count of negatives left to each row, is 0: every
+        candidate was masked as a false negative; columns that are not data, AdCSE's adversaries, do not count) or
+        when its anchor or positive has a norm below ``NORM_EPS`` (no direction: cosine 0 with everything). The
+        reduction averages the usable rows only (``usable``: ``None`` when every row is); :meth:`judge` (once per
+        batch, on :meth:`batch_tally`) refuses a batch with no usable row (``ValueError``) and warns once per loss
+        about the first batch with some (``warnings`` and ``logging``), with the counts, which the diagnostics
+        report as ``rows_without_negatives``, ``zero_norm_rows``, ``unusable_fraction`` and ``masked_fraction``
+        (``masked`` of ``total`` × n candidates). ``available`` is ``None`` when nothing was masked and every row
+        has negatives."""
         device = available.device if available is not None else None
         if device is not None and device.type == "meta":
-            return
-        zero = self._window_zero_rows(state, start, n)
+            return None, None
+        zero = self._window_zero_rows(batch.state, start, n)
         usable = usable_rows(available, zero)
         count_zero = int(zero.sum()) if zero is not None else 0
         count_empty = int((available == 0).sum()) if available is not None else 0
         count_unusable = n - int(usable.sum()) if usable is not None else 0
-        if count_unusable:
-            state.usable = usable
         tally = UnusableTally(n, count_empty, count_zero, count_unusable, float(masked), total * n,
                               available is not None)
-        if state.chunk_tallies is None:
-            state.chunk_tallies = []
-        state.chunk_tallies.append(tally)
+        return (usable if count_unusable else None), tally
 
     @staticmethod
     def global_tally(state: BatchState, tally: UnusableTally) -> UnusableTally:
@@ -254,9 +255,9 @@ class Ranking:
         return UnusableTally.from_values(dist.sum_across(tally.as_tensor(device)).tolist())
 
     def batch_tally(self, state: BatchState) -> UnusableTally | None:
-        """The unusable rows of the whole batch: its windows' tallies added up, of every process (``None``: nothing
-        was counted, e.g. on the meta device)."""
-        tallies = state.chunk_tallies
+        """The unusable rows of the whole batch: the tallies of its windows (``state.windows``) added up, of every
+        process (``None``: nothing was counted, e.g. on the meta device)."""
+        tallies = [record.tally for record in state.windows if record.tally is not None]
         if not tallies:
             return None
         return self.global_tally(state, sum(tallies[1:], tallies[0]))
@@ -280,14 +281,12 @@ class Ranking:
             warnings.warn(message, UserWarning, stacklevel=5)
 
     # ------------------------------------------------------------------ the reduction
-    def usable_sum(self, rows: Tensor, batch: Batch) -> tuple[Tensor, int, int | None]:
+    def usable_sum(self, rows: Tensor, batch: Batch, usable: Tensor | None = None) -> tuple[Tensor, int, int | None]:
         """``(sum, count, global count)``: the sum of the losses of this process's usable rows among ``rows`` (the
         (R,) rows of ``batch``'s window, or the (N,) rows of a gathered batch computed whole), how many they are, and
         for rows computed whole after a gathering the usable rows of every process (else ``None``: :meth:`mean`
-        adds the processes' counts up). The usable rows are those :meth:`note_unusable_rows` kept (taken off
-        ``batch.state``)."""
+        adds the processes' counts up). ``usable``: the rows that count (:class:`Ranked`; ``None``: every row)."""
         state = batch.state
-        usable, state.usable = state.usable, None
         if usable is not None and usable.size(0) != rows.size(0):
             usable = None
         start, stop = batch.row_range
@@ -331,7 +330,7 @@ class Ranking:
         if batch is None:
             total, count, every = rows.sum(), rows.size(0), None
             return self.mean(total, count, BatchState(), every)[0]
-        total, count, every = self.usable_sum(rows, batch)
+        total, count, every = self.usable_sum(rows, batch, None)
         return self.mean(total, count, batch.state, every)[0]
 
 

@@ -10,6 +10,7 @@ The loss base class (:class:`~st_hardneg.losses.base.HardNegativeLoss`) calls th
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -24,8 +25,30 @@ from st_hardneg.losses.keys import text_keys
 if TYPE_CHECKING:
     from sentence_transformers import SentenceTransformer
 
-__all__ = ["attach_side_inputs", "block_masks", "candidate_mask", "duplicate_ids", "false_negative_mask",
-           "guide_embeddings", "known_mask", "side_inputs"]
+    from st_hardneg.losses.relevance import KnownPositives
+
+__all__ = ["FalseNegativeRule", "attach_side_inputs", "block_masks", "candidate_mask", "duplicate_ids",
+           "false_negative_mask", "guide_embeddings", "known_mask", "side_inputs"]
+
+
+@dataclass(frozen=True)
+class FalseNegativeRule:
+    """A loss's false-negative rule as one value, given to every part that masks candidates (the batch preparer for
+    the batch's, the queue for its rows), as a miner is given to a loss in pytorch-metric-learning: exact
+    duplicates (by text when the loss saw the token ids, else by embedding), a ``margin`` with its
+    ``margin_strategy`` (judged by the guide model when the loss has one: ``guided``), and the ``known_positives``
+    index. The loss builds it from its options (and again when one is assigned)."""
+
+    mask_duplicates: bool = True
+    margin: float | None = None
+    margin_strategy: str = "absolute"
+    known_positives: KnownPositives | None = None
+    guided: bool = False
+
+    @property
+    def active(self) -> bool:
+        """Whether any candidate can be masked (``mask_duplicates``, ``known_positives`` or a ``margin``)."""
+        return self.mask_duplicates or self.margin is not None or self.known_positives is not None
 
 
 def side_inputs(sentence_features: list[dict[str, Tensor]], *, mask_duplicates: bool, guide: SentenceTransformer | None,

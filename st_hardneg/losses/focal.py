@@ -6,11 +6,9 @@ from __future__ import annotations
 from typing import Any, Unpack
 
 from sentence_transformers import SentenceTransformer
-from torch import Tensor
 
 from st_hardneg import validation
-from st_hardneg.losses.base import HardNegativeLoss, LossOptions
-from st_hardneg.losses.batch import Batch
+from st_hardneg.losses.base import HardNegativeLoss, LossOptions, SharedOptions
 
 
 class FocalInfoNCELoss(HardNegativeLoss):
@@ -122,23 +120,27 @@ class FocalInfoNCELoss(HardNegativeLoss):
         """
         super().__init__(model, guide, **options)
         self.m = validation.check_number(m, "m (the Focal-InfoNCE margin)", minimum=0.0, maximum=1e6)
-        # the largest negative logit is (1 + m) / τ: an overflow blames m (the temperature passed for cosines)
-        validation.check_focal_margin_range(self.m, "m (the Focal-InfoNCE margin)", self.options.temperature)
+        self.check_options(self.options)
+
+    def check_options(self, options: SharedOptions) -> None:
+        """The shared options' rules, and the largest negative logit, ``(1 + m) / τ``: an overflow blames ``m``."""
+        super().check_options(options)
+        validation.check_focal_margin_range(self.m, "m (the Focal-InfoNCE margin)", options.temperature)
 
     def cosine_only_reason(self) -> str | None:
         return "the Focal-InfoNCE logits s_p² and s_n (s_n + m) are defined on cosines"
 
-    def window_rows(self, batch: Batch) -> Tensor:
-        """Focal-InfoNCE (paper Eq. 2), row i, with ``s_p = cos(h_i, h'_i)`` and ``s_n`` the other candidates::
+    @property
+    def logit_margin(self) -> float | None:
+        """Focal-InfoNCE (paper Eq. 2) is a logit rule, row i, with ``s_p = cos(h_i, h'_i)`` and ``s_n`` the other
+        candidates::
 
             ℓ_i = -log  e^{s_p² / τ} / (e^{s_p² / τ} + Σ_n e^{s_n (s_n + m) / τ})
 
         Other ``directions`` get the same modulation (their positive ``s_p²``, every other entry ``s (s + m)``), and
-        ``partition_mode`` combines them as in sentence-transformers' ``MultipleNegativesRankingLoss``. The rows of
-        ``batch``'s anchors (:attr:`Batch.rows`): each row only reads its own similarities."""
-        blocks = self.ranking.blocks(batch)
-        batch.state.record_stats(blocks["query_to_doc"].similarity, num_in_batch=batch.size, row_offset=batch.row_range[0])
-        return self.ranking.rows(batch, blocks, focal_m=self.m)
+        ``partition_mode`` combines them as in sentence-transformers' ``MultipleNegativesRankingLoss``; it adds no
+        column (the template's InfoNCE with this rule)."""
+        return self.m
 
     def paper_config(self) -> dict[str, Any]:
         return {"m": self.m}

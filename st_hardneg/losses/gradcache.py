@@ -138,8 +138,9 @@ class GradCacheMixin(CachedLossMixin):
 
     The loss sets ``self.mini_batch_size`` (and optionally ``self.mini_batch_num_tokens``) and calls
     :meth:`cached_forward` from its ``forward`` when :attr:`uses_gradient_cache` is true. Put the mixin before
-    ``nn.Module`` in the bases. (The st-hardneg losses use :class:`GradCacheEngine` on ``CachedLossMixin``
-    themselves.)
+    ``nn.Module`` in the bases. This is GradCache's contract written once: the st-hardneg losses
+    (:class:`~st_hardneg.losses.base.HardNegativeLoss`) take it from here too, with a step (2) of their own (their
+    compute template, a chunk of rows at a time).
 
     ``compute_loss_from_embeddings`` receives detached leaf embeddings (float as the model returns them), one per
     input column, in column order, with the full batch; it must return the scalar loss of the batch. It runs once
@@ -157,9 +158,10 @@ class GradCacheMixin(CachedLossMixin):
 
     @property
     def _engine(self) -> GradCacheEngine:
-        engine = vars(self).get("_gradcache_engine")
+        """The loss's GradCache part (``loss.gradcache``), made at its first use if the loss has none."""
+        engine = vars(self).get("gradcache")
         if engine is None:
-            engine = vars(self)["_gradcache_engine"] = GradCacheEngine()
+            engine = vars(self)["gradcache"] = GradCacheEngine()
         return engine  # type: ignore[no-any-return]
 
     def frozen_column_model(self, column: int) -> nn.Module | None:

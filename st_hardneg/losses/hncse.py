@@ -6,7 +6,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Any, Literal, Unpack, cast
+from typing import TYPE_CHECKING, Any, Literal, Unpack, cast
 
 import torch
 from sentence_transformers import SentenceTransformer
@@ -14,9 +14,13 @@ from torch import Tensor
 
 from st_hardneg import functional as fn
 from st_hardneg import validation
+from st_hardneg.functional import ranking as fr
 from st_hardneg.losses import false_negatives
-from st_hardneg.losses.base import HardNegativeLoss, LossOptions
+from st_hardneg.losses.base import HardNegativeLoss, LossOptions, SharedOptions
 from st_hardneg.losses.batch import Batch
+
+if TYPE_CHECKING:
+    from st_hardneg.losses.queue import QueueRead
 
 Mode = Literal["pm", "hnm", "both"]
 HnmPool = Literal["in_batch_negatives", "hard_negatives", "all_negatives"]
@@ -238,7 +242,7 @@ class HNCSELoss(HardNegativeLoss):
                                                          names=fn.ALPHA_FUNCTIONS)
         self.hnm_gradient = validation.check_bool(hnm_gradient, "hnm_gradient")
         self.focal_m = validation.check_optional_non_negative(focal_m, "focal_m (the Focal-InfoNCE margin m)")
-        validation.check_focal_margin_range(self.focal_m, "focal_m (the Focal-InfoNCE margin m)", self.options.temperature)
+        self.check_options(self.options)
         self._warned_k = False
         self._warned_num_mixed = False
         #: per batch (begin_batch): the positive-mixing share for the diagnostics, HNM's random pair positions
@@ -249,6 +253,11 @@ class HNCSELoss(HardNegativeLoss):
                              "HNM, so it would be ignored; use mode='hnm' or 'both', or drop hnm_pool")
         # a pair of distinct in-batch negatives needs two other pairs in the batch
         self.min_batch_size = 3 if self.uses_hnm and not self.hnm_single else 2
+
+    def check_options(self, options: SharedOptions) -> None:
+        """The shared options' rules, and ``focal_m``'s largest logit at the temperature."""
+        super().check_options(options)
+        validation.check_focal_margin_range(self.focal_m, "focal_m (the Focal-InfoNCE margin m)", options.temperature)
 
     @property
     def uses_pm(self) -> bool:
@@ -351,26 +360,31 @@ class HNCSELoss(HardNegativeLoss):
         return {"in_batch_negatives": n - 1, "hard_negatives": num_explicit,
                 "all_negatives": n + num_explicit - 1}[self.hnm_pool]
 
-    def window_rows(self, batch: Batch) -> Tensor:
+    def paper_columns(self, batch: Batch, blocks: dict[str, fr.Block], queue: QueueRead | None
+                      ) -> dict[str, fr.Block]:
         """HNCSE (paper Eq. 1-3, 7), row i, with ``s(a, b) = cos(a, b) / τ``, ``p`` the positives after PM (``h'``
-        without PM) and ``u_i1..u_im`` the HNM mixtures of anchor i (none without HNM)::
+        without PM: :meth:`begin_batch` swapped them in) and ``u_i1..u_im`` the HNM mixtures of anchor i (none
+        without HNM), appended to ``query_to_doc``::
 
             ℓ_i = -log  e^{s(h_i, p_i)} / (Σ_j e^{s(h_i, p_j)} + Σ_k e^{s(h_i, n_k)} + Σ_o e^{s(h_i, u_io)})
-
-        The rows of ``batch``'s anchors (:attr:`Batch.rows`), on the mixed positives of :meth:`begin_batch`."""
+        """
+        if not self.uses_hnm:
+            return blocks
         masked = batch.false_negatives
-        blocks = self.ranking.blocks(batch)
         q2d = blocks["query_to_doc"]
-        num_synthetic = 0
-        if self.uses_hnm:
-            synthetic, dropped = self._hnm_cosines(batch, q2d.similarity, masked)
-            q2d = q2d.with_columns(synthetic, dropped if masked is not None else None)
-            num_synthetic = synthetic.size(1)
-        blocks["query_to_doc"] = q2d
-        batch.state.record_stats(q2d.similarity, num_in_batch=batch.size, num_synthetic=num_synthetic,
-                          extra={"pm_mixed": batch.state.draws["pm_mixed"]} if "pm_mixed" in batch.state.draws else None,
-                          row_offset=batch.row_range[0])
-        return self.ranking.rows(batch, blocks, focal_m=self.focal_m)
+        synthetic, dropped = self._hnm_cosines(batch, q2d.similarity, masked)
+        return {**blocks, "query_to_doc": q2d.with_columns(synthetic, dropped if masked is not None else None)}
+
+    def paper_stats(self, batch: Batch) -> dict[str, Tensor]:
+        """``pm_mixed``: the share of the batch's positives PM replaced (with positive mixing)."""
+        mixed = batch.state.draws.get("pm_mixed")
+        return {"pm_mixed": mixed.detach() if isinstance(mixed, Tensor) else torch.as_tensor(mixed)} \
+            if mixed is not None else {}
+
+    @property
+    def logit_margin(self) -> float | None:
+        """``focal_m``: Focal-InfoNCE's logit rule on every entry, the mixtures included (``None``: plain)."""
+        return self.focal_m
 
     def cosine_only_reason(self) -> str | None:
         return ("positive mixing compares the ratio (d1 - d2) / d1 of cosines and both mixes weight unit "

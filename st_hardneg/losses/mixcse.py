@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal, Unpack, cast
+from typing import TYPE_CHECKING, Any, Literal, Unpack, cast
 
 import torch
 from sentence_transformers import SentenceTransformer
@@ -10,14 +10,19 @@ from torch import Tensor
 
 from st_hardneg import functional as fn
 from st_hardneg import validation
-from st_hardneg.losses.base import HardNegativeLoss, LossOptions
-from st_hardneg.losses.batch import Batch
+from st_hardneg.functional import ranking as fr
+from st_hardneg.losses.base import HardNegativeLoss, LossOptions, SharedOptions
+from st_hardneg.losses.batch import Batch, WindowRecord
+
+if TYPE_CHECKING:
+    from st_hardneg.losses.queue import QueueRead
 
 Layout = Literal["paper", "official"]
 
 
 class MixCSELoss(HardNegativeLoss):
     chooses_from_queue_pool = True  # partner="hardest" may pick queued rows (queue_as_pool)
+    min_batch_size = 2  # the mixed negative needs another pair's positive
 
     def __init__(
         self,
@@ -170,6 +175,16 @@ class MixCSELoss(HardNegativeLoss):
         if reverse_mix is None:
             reverse_mix = two_way or self.layout == "official"
         self.reverse_mix = validation.check_bool(reverse_mix, "reverse_mix")
+        self.focal_m = validation.check_optional_non_negative(focal_m, "focal_m (the Focal-InfoNCE margin m)")
+        self.check_options(self.options)
+
+    def check_options(self, options: SharedOptions) -> None:
+        """The shared options' rules, and MixCSE's with them: ``reverse_mix`` needs ``doc_to_query`` (paper layout),
+        the official layout takes none of sentence-transformers' extra options, ``queue_as_pool`` needs the hardest
+        partner, ``focal_m`` needs cosines and a logit in range at the temperature."""
+        super().check_options(options)
+        two_way = "doc_to_query" in options.directions
+        similarity = options.similarity_fct
         if self.layout == "paper" and self.reverse_mix and not two_way:
             raise ValueError(
                 "reverse_mix=True needs 'doc_to_query' in directions with layout='paper': the reverse mixed negative "
@@ -177,10 +192,10 @@ class MixCSELoss(HardNegativeLoss):
                 "'doc_to_query'), partition_mode='per_direction', reverse_mix=False for MixCSE_single.")
         if self.layout == "official":
             changed = [f"{key}={value!r}" for key, value, default in (
-                ("directions", self.options.directions, ("query_to_doc",)), ("partition_mode", self.options.partition_mode, "joint"),
-                ("hardness_mode", self.options.hardness_mode, None), ("similarity_fct", self.similarity_fct_name, "cos_sim"),
-                ("contrast_anchors", self.options.contrast_anchors, False),
-                ("contrast_positives", self.options.contrast_positives, False)) if value != default]
+                ("directions", options.directions, ("query_to_doc",)), ("partition_mode", options.partition_mode, "joint"),
+                ("hardness_mode", options.hardness_mode, None), ("similarity_fct", similarity, "cos_sim"),
+                ("contrast_anchors", options.contrast_anchors, False),
+                ("contrast_positives", options.contrast_positives, False)) if value != default]
             if changed:
                 raise ValueError(f"layout='official' is the released code's N×3N cross-entropy over cosines and takes "
                                  f"none of {', '.join(changed)} (its block 3 is reverse_mix); use layout='paper'")
@@ -189,15 +204,14 @@ class MixCSELoss(HardNegativeLoss):
                     "layout='official' needs the mixing partners to form a permutation (partner='shift' or 'random'); "
                     f"partner={self.partner!r} does not."
                 )
-        if self.queue_as_pool and (self.partner != "hardest" or self.layout != "paper"):
+        if options.queue.as_pool and (self.partner != "hardest" or self.layout != "paper"):
             raise ValueError("MixCSELoss: queue_as_pool=True lets the hardest-partner choice pick queued rows; it "
                              f"needs partner='hardest' and layout='paper', got partner={self.partner!r}, "
                              f"layout={self.layout!r}")
-        self.focal_m = validation.check_optional_non_negative(focal_m, "focal_m (the Focal-InfoNCE margin m)")
-        if self.focal_m is not None and self.similarity_fct_name != "cos_sim":
+        if self.focal_m is not None and similarity != "cos_sim":
             raise ValueError("MixCSELoss: focal_m needs similarity_fct=cos_sim (the Focal-InfoNCE logits s² and "
                              "s (s + m) are defined on cosines)")
-        validation.check_focal_margin_range(self.focal_m, "focal_m (the Focal-InfoNCE margin m)", self.options.temperature)
+        validation.check_focal_margin_range(self.focal_m, "focal_m (the Focal-InfoNCE margin m)", options.temperature)
 
     # ------------------------------------------------------------------ helpers
     def _partners(self, batch: Batch, similarity: Tensor | None) -> Tensor:
@@ -240,10 +254,12 @@ class MixCSELoss(HardNegativeLoss):
 
     # ------------------------------------------------------------------ loss
     def whole_batch_rows(self, batch: Batch) -> Tensor:
-        """``layout="official"``: the rows of the released code's N×3N cross-entropy, computed whole."""
+        """``layout="official"``: the rows of the released code's N×3N cross-entropy, computed whole (its window
+        recorded for the batch, as the template's per-window step records its windows)."""
         return self._official_rows(batch)
 
-    def window_rows(self, batch: Batch) -> Tensor:
+    def paper_columns(self, batch: Batch, blocks: dict[str, fr.Block], queue: QueueRead | None
+                      ) -> dict[str, fr.Block]:
         """MixCSE (paper Eq. 2-3), row i of the anchor → positive direction, with ``s(a, b) = cos(a, b) / τ``::
 
             mix_i = normalize(λ h'_i + (1-λ) h'_π(i))                                      (SG: detached)
@@ -252,14 +268,15 @@ class MixCSELoss(HardNegativeLoss):
         Further ``directions`` are sentence-transformers' (``partition_mode`` combines them); ``reverse_mix`` gives
         ``doc_to_query`` (h'_i as anchor, h as candidates) the mixed negative ``normalize(λ h_i + (1-λ) h_π(i))``.
         ``layout="official"``: row i of the released code's N×3N cross-entropy (see the class docstring;
-        :meth:`whole_batch_rows`). The paper layout's rows for ``batch``'s anchors (:attr:`Batch.rows`); each row's
-        partner is its own (drawn once per batch, or its hardest unmasked in-batch negative)."""
+        :meth:`whole_batch_rows`). The paper layout's mixed column for ``batch``'s anchors (:attr:`Batch.rows`); each
+        row's partner is its own (drawn once per batch, or its hardest unmasked in-batch negative, or with
+        ``queue_as_pool`` a harder queued row)."""
         if self.layout == "official":
             raise NotImplementedError("layout='official' is computed whole (compute_loss_from_embeddings)")
         n = batch.size
         start, stop = batch.row_range
         local = torch.arange(stop - start, device=batch.device)
-        blocks = self.ranking.blocks(batch)
+        blocks = dict(blocks)
         q2d = blocks["query_to_doc"]
         in_batch = q2d.similarity[:, :n].detach()  # (R, N): the hardest partner
         masked = batch.false_negatives  # (R, N + N·k) or None
@@ -282,13 +299,12 @@ class MixCSELoss(HardNegativeLoss):
             partners, has_partner = self._allowed_partners(batch, in_batch, in_batch_masked,
                                                                 batch.state.draws.get("partners"))
             partner_rows = positives[partners]
-            if self.queue_as_pool and self.queues.pool(batch) is not None:
-                partner_rows, has_partner = self._hardest_of_batch_and_queue(batch, in_batch, partners, has_partner,
+            if self.queue_as_pool and queue is not None and queue.pool is not None:
+                partner_rows, has_partner = self._hardest_of_batch_and_queue(queue, in_batch, partners, has_partner,
                                                                              partner_rows)
             mixed = self._mix(row_positives, partner_rows)
         no_mix = (~has_partner).unsqueeze(1) if masked is not None else None
-        blocks["query_to_doc"] = q2d = q2d.with_columns((row_anchors * mixed).sum(-1, keepdim=True), no_mix)
-        batch.state.record_stats(q2d.similarity, num_in_batch=n, num_synthetic=1, row_offset=start)
+        blocks["query_to_doc"] = q2d.with_columns((row_anchors * mixed).sum(-1, keepdim=True), no_mix)
         if self.reverse_mix:
             # h'_i as the anchor: mixed negative normalize(λ h_i + (1-λ) h_π(i)); its false negatives are the
             # transposed in-batch mask (the doc_to_query block's)
@@ -304,13 +320,15 @@ class MixCSELoss(HardNegativeLoss):
             reverse_no_mix = (~reverse_has_partner).unsqueeze(1) if masked is not None else None
             blocks["doc_to_query"] = d2q.with_columns((row_positives * reverse_mixed).sum(-1, keepdim=True),
                                                       reverse_no_mix)
-        return self.ranking.rows(batch, blocks, focal_m=self.focal_m)
+        return blocks
 
-    def _hardest_of_batch_and_queue(self, batch: Batch, in_batch: Tensor, partners: Tensor, has_partner: Tensor,
+    @staticmethod
+    def _hardest_of_batch_and_queue(queue: QueueRead, in_batch: Tensor, partners: Tensor, has_partner: Tensor,
                                     partner_rows: Tensor) -> tuple[Tensor, Tensor]:
         """``queue_as_pool``: each row's partner becomes its hardest unmasked queued row where that one scores above
-        the hardest in-batch partner (or the row has none); returns the partner rows and whether each row has one."""
-        similarity, exclude, vectors = cast(tuple[Tensor, Tensor | None, Tensor], self.queues.pool(batch))
+        the hardest in-batch partner (or the row has none); returns the partner rows and whether each row has one
+        (the share that took a queued row joins the queue's counts, ``queue_partner_fraction``)."""
+        similarity, exclude, vectors = cast(tuple[Tensor, Tensor | None, Tensor], queue.pool)
         if exclude is None:
             exclude = torch.zeros_like(similarity, dtype=torch.bool)
         best, valid = fn.top_candidates(similarity, 1, exclude)
@@ -318,7 +336,7 @@ class MixCSELoss(HardNegativeLoss):
         queue_score = similarity.detach().gather(1, best.unsqueeze(1)).squeeze(1)
         batch_score = in_batch.gather(1, partners.unsqueeze(1)).squeeze(1)
         use_queue = valid & (~has_partner | (queue_score > batch_score))
-        self.queues.note_stats(batch, queue_partner_fraction=use_queue.float().mean().detach())
+        queue.stats["queue_partner_fraction"] = use_queue.float().mean().detach()
         rows = torch.where(use_queue.unsqueeze(1), vectors[best].to(partner_rows.dtype), partner_rows)
         return rows, has_partner | valid
 
@@ -369,12 +387,15 @@ class MixCSELoss(HardNegativeLoss):
             logits = fn.mask_columns(logits, excluded)
             keep[:, : excluded.size(1)] &= ~excluded
         own_mix = block2[rows, rows].unsqueeze(1)
-        batch.state.record_stats(torch.cat([cos[:, :num_shared], own_mix], dim=1), num_in_batch=n, num_synthetic=1)
+        stats = fn.contrastive_stats(torch.cat([cos[:, :num_shared], own_mix], dim=1).detach(), n, 1)
+        stats.update(batch.false_negative_stats)
         # the negatives left to each row: every entry but its positive, the zeroed ones and the masked ones (the
-        # zeroed entries stay in the denominator as exp(0), as in the released code, but teach nothing)
+        # zeroed entries stay in the denominator as exp(0), as in the released code, but teach nothing); the
+        # released code's matrix is not sentence-transformers' blocks, so the rule is applied to it here
         keep[rows, rows] = False
-        self.ranking.note_unusable_rows(batch, keep.sum(dim=1) if excluded is not None or n <= 1 else None, n,
-                                excluded.sum() if excluded is not None else 0, keep.size(1) - 1)
+        usable, tally = self.ranking.unusable_rows(batch, keep.sum(dim=1) if excluded is not None or n <= 1 else None,
+                                                   n, excluded.sum() if excluded is not None else 0, keep.size(1) - 1)
+        batch.state.windows.append(WindowRecord(usable, tally, stats, n))
         return fn.info_nce_rows(logits)
 
     def _raw_mix(self, raw: Tensor, partners: Tensor) -> Tensor:
@@ -385,6 +406,11 @@ class MixCSELoss(HardNegativeLoss):
     def paper_config(self) -> dict[str, Any]:
         return {"lam": self.lam, "stop_gradient": self.stop_gradient,
                 "partner": self.partner, "layout": self.layout, "focal_m": self.focal_m, "reverse_mix": self.reverse_mix}
+
+    @property
+    def logit_margin(self) -> float | None:
+        """``focal_m``: Focal-InfoNCE's logit rule on every entry, the mixed negative included (``None``: plain)."""
+        return self.focal_m
 
     @property
     def citation(self) -> str:

@@ -22,7 +22,8 @@ from st_hardneg.functional import ranking as fr
 if TYPE_CHECKING:
     from st_hardneg.losses.relevance import KnownPositives
 
-__all__ = ["LossOptions", "QueueOptions", "SharedOptions", "constructor_signature", "not_given", "option_attributes"]
+__all__ = ["LossOptions", "QueueOptions", "SharedOptions", "constructor_signature", "not_given", "option_attributes",
+           "owned_error"]
 
 _T = TypeVar("_T")
 _OWNER = "QueueOptions"  # whom a message about a rule between the queue's options names, unless a loss made them
@@ -36,6 +37,11 @@ def _owned(error: ValueError, default: str, owner: str) -> ValueError:
     if message.startswith(f"{default}: "):
         return ValueError(f"{owner}: {message.removeprefix(f'{default}: ')}")
     return error
+
+
+def owned_error(error: ValueError, owner: str) -> ValueError:
+    """``error`` naming the loss ``owner`` where a rule between the shared options named :class:`SharedOptions`."""
+    return _owned(error, _SHARED, owner)
 
 
 class LossOptions(TypedDict, total=False):
@@ -106,7 +112,7 @@ class LossOptions(TypedDict, total=False):
             the guide when given, else by the trained model itself (detached). ``doc_to_query`` uses the transposed
             mask, ``query_to_query`` / ``doc_to_doc`` the same threshold on their own similarities. A row whose
             every negative is masked teaches nothing and is left out of the mean (GISTEmbedLoss counts it as 0: see
-            :meth:`~st_hardneg.losses.blocks.Ranking.note_unusable_rows`): the first such batch warns, a batch of only such
+            :meth:`~st_hardneg.losses.blocks.Ranking.unusable_rows`): the first such batch warns, a batch of only such
             rows is a ``ValueError``,
             and :attr:`~st_hardneg.HardNegativeLoss.diagnostics` reports ``masked_false_negatives`` (mean per anchor),
             ``masked_false_negatives_total``, ``masked_fraction`` and ``rows_without_negatives``.
@@ -170,7 +176,7 @@ class LossOptions(TypedDict, total=False):
     minimum is a ``ValueError``; a count above what the other arguments or the batch allow (HNCSE's ``num_mixed``
     above the ``k (k - 1)`` pairs of ``k``, ``k`` above a small batch's negatives) is clamped to that limit with a
     warning, never met by repeating or dropping work silently. **Rows that cannot teach** (one rule:
-    :meth:`~st_hardneg.losses.blocks.Ranking.note_unusable_rows`): a row with no unmasked negative candidate, or a
+    :meth:`~st_hardneg.losses.blocks.Ranking.unusable_rows`): a row with no unmasked negative candidate, or a
     zero-norm anchor or positive, is left out of the mean, counted and warned once; a batch of only such rows is a ``ValueError``.
 
     ``mini_batch_size`` / ``mini_batch_num_tokens``: GradCache (Gao et al., 2021) through sentence-transformers'

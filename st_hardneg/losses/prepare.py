@@ -1,7 +1,7 @@
 """The input side of every loss, one part (:class:`BatchPreparer`): the columns checked, in float32, normalised once,
 as a :class:`~st_hardneg.losses.batch.Batch` of the rows a loss computes (:meth:`BatchPreparer.window`), with their
 false-negative masks (:mod:`~st_hardneg.losses.false_negatives`), known relevance and the text keys and guide
-embeddings that ``forward`` saw (:meth:`BatchPreparer.remember`).
+embeddings that ``forward`` saw (the call's :class:`~st_hardneg.losses.batch.CallContext`).
 
 This module imports nothing of :mod:`st_hardneg.losses.base`.
 """
@@ -18,8 +18,7 @@ from torch import Tensor
 from st_hardneg import functional as fn
 from st_hardneg.losses import columns, false_negatives
 from st_hardneg.losses import distributed as dist
-from st_hardneg.losses.batch import Batch, BatchState, SideInputs
-from st_hardneg.losses.relevance import KnownPositives
+from st_hardneg.losses.batch import Batch, BatchState, CallContext
 
 __all__ = ["BatchPreparer"]
 
@@ -28,49 +27,34 @@ class BatchPreparer:
     """The batch preparer a loss owns (``loss.preparer``): turns the embeddings of one call into a :class:`Batch`.
 
     It holds what it needs from the loss's options (given to it, never read back from the loss) and the little it
-    learns across batches: whether false-negative counts are reported yet, whether the label warning was shown, and
-    what ``forward`` saw for the next call (:meth:`remember`, consumed by :meth:`prepare`).
+    learns across batches: whether false-negative counts are reported yet and whether the label warning was shown.
+    What ``forward`` saw of a call (text keys, guide embeddings) comes with that call's :meth:`prepare`.
 
     Args:
         loss_name: the loss's class name, for the messages.
         blocks: the blocks of the loss's softmax (its ``directions`` plus GIST's contrast blocks).
-        mask_duplicates, margin, margin_strategy: the false-negative options
-            (:class:`~st_hardneg.losses.options.LossOptions`).
-        known_positives: the index of ``known_positives``, or ``None``.
-        guided: whether a guide model decides the false negatives (then its embeddings are required).
+        rule: the loss's false-negative rule (:class:`~st_hardneg.losses.false_negatives.FalseNegativeRule`: the
+            duplicates, the margin and its strategy, the guide, the known positives).
         gather_across_devices: gather every process's rows (under ``torch.distributed``).
         uses_labels: whether the loss reads labels (otherwise labels warn once).
     """
 
-    def __init__(self, loss_name: str, *, blocks: tuple[str, ...], mask_duplicates: bool, margin: float | None,
-                 margin_strategy: str, known_positives: KnownPositives | None, guided: bool,
+    def __init__(self, loss_name: str, *, blocks: tuple[str, ...], rule: false_negatives.FalseNegativeRule,
                  gather_across_devices: bool, uses_labels: bool) -> None:
         self.loss_name = loss_name
         self.blocks = blocks
-        self.mask_duplicates, self.margin, self.margin_strategy = mask_duplicates, margin, margin_strategy
-        self.known_positives = known_positives
-        self.guided = guided
+        self.rule = rule
         self.gather_across_devices = gather_across_devices
         self.uses_labels = uses_labels
         #: whether the false-negative counts are reported (from the first batch that can mask beyond duplicates or
         #: that masked one on)
         self.reports_false_negatives = False
         self.warned_labels = False
-        #: what forward saw for the next prepare call (text keys, guide embeddings)
-        self._side_inputs: SideInputs | None = None
 
     @property
     def controls_false_negatives(self) -> bool:
         """Whether any candidate can be masked (``mask_duplicates``, ``known_positives`` or a ``margin``)."""
-        return self.mask_duplicates or self.margin is not None or self.known_positives is not None
-
-    def remember(self, inputs: SideInputs | None) -> None:
-        """Keep what ``forward`` saw (text keys, guide embeddings) for the next :meth:`prepare`."""
-        self._side_inputs = inputs
-
-    def forget(self) -> None:
-        """Drop what :meth:`remember` kept (after every call, also one that raised)."""
-        self._side_inputs = None
+        return self.rule.active
 
     def check_labels(self, labels: Tensor | None) -> None:
         """Warn once per loss if it receives labels it ignores. ``None`` and an all-zeros tensor (what
@@ -100,35 +84,33 @@ class BatchPreparer:
 
     def window(self, batch: Batch, start: int | None, stop: int | None = None) -> Batch:
         """``batch`` restricted to the anchor rows ``[start, stop)`` (``None``: every row), with the false-negative
-        masks of those rows (``false_negatives``, ``block_masks``) and their counts on ``batch.state``."""
+        masks of those rows (``false_negatives``, ``block_masks``) and their counts (``false_negative_stats``)."""
         rows = None if start is None else (int(start), int(stop if stop is not None else batch.size))
-        if self.mask_duplicates:  # computed once on the batch the windows are cut from, not once per window
+        rule = self.rule
+        if rule.mask_duplicates:  # computed once on the batch the windows are cut from, not once per window
             false_negatives.duplicate_ids(batch)
         nothing_to_mask = self._nothing_to_mask(batch)
-        batch = replace(batch, rows=rows, false_negatives=None, block_masks=None)
-        batch.state.false_negative_stats = {}
+        batch = replace(batch, rows=rows, false_negatives=None, block_masks=None, false_negative_stats={})
         if not self.controls_false_negatives:
             return batch
         if nothing_to_mask:
             if self.reports_false_negatives:  # reported as 0 once reporting started
                 zero = torch.zeros((), device=batch.device)
-                batch.state.false_negative_stats = {"masked_false_negatives": zero,
-                                                    "masked_false_negatives_total": zero}
+                batch.false_negative_stats = {"masked_false_negatives": zero, "masked_false_negatives_total": zero}
             return batch
         batch.false_negatives, stats = false_negatives.false_negative_mask(
-            batch, mask_duplicates=self.mask_duplicates, margin=self.margin,
-            margin_strategy=self.margin_strategy)
+            batch, mask_duplicates=rule.mask_duplicates, margin=rule.margin, margin_strategy=rule.margin_strategy)
         batch.block_masks = false_negatives.block_masks(
-            batch, frozenset(self.blocks) - {"query_to_doc"}, mask_duplicates=self.mask_duplicates,
-            margin=self.margin, margin_strategy=self.margin_strategy)
+            batch, frozenset(self.blocks) - {"query_to_doc"}, mask_duplicates=rule.mask_duplicates,
+            margin=rule.margin, margin_strategy=rule.margin_strategy)
         # Reported once anything can be masked beyond exact duplicates (a threshold is set), or from the first batch
         # in which a duplicate was masked on: on duplicate-free data the default diagnostics stay as they were.
         total = stats["masked_false_negatives_total"]
         if not self.reports_false_negatives and (
-                self.margin is not None or (total.device.type != "meta" and bool(total > 0))):
+                rule.margin is not None or (total.device.type != "meta" and bool(total > 0))):
             self.reports_false_negatives = True
         if self.reports_false_negatives:
-            batch.state.false_negative_stats = stats
+            batch.false_negative_stats = stats
         return batch
 
     def _nothing_to_mask(self, batch: Batch) -> bool:
@@ -137,7 +119,8 @@ class BatchPreparer:
         per-chunk cost): only duplicates are masked (no ``margin``), the loss's blocks are ``query_to_doc`` and at
         most ``doc_to_query`` (its mask is the transposed in-batch part of the first), and no two candidates share an
         embedding id or a text key. Decided once per batch (kept on it)."""
-        if (not self.mask_duplicates or self.margin is not None or self.known_positives is not None
+        rule = self.rule
+        if (not rule.mask_duplicates or rule.margin is not None or rule.known_positives is not None
                 or not set(self.blocks) <= {"query_to_doc", "doc_to_query"}):
             return False
         cached = batch.nothing_to_mask
@@ -154,10 +137,12 @@ class BatchPreparer:
         return cached
 
     def prepare(self, embeddings: list[Tensor], labels: Tensor | None = None, *, min_batch_size: int = 2,
-                embedding_dimension: int | None = None, in_matryoshka: Callable[[], bool] = lambda: False) -> Batch:
+                embedding_dimension: int | None = None, in_matryoshka: Callable[[], bool] = lambda: False,
+                context: CallContext | None = None) -> Batch:
         """Check the columns and return them in float32, normalised once, as a :class:`Batch` (with gathering: of
-        every process's rows), with the text keys and guide embeddings that ``forward`` saw (consumed); no masks yet
-        (:meth:`window` adds those of the rows a loss computes).
+        every process's rows), with the text keys and guide embeddings that ``forward`` saw (``context``, the call's
+        :class:`~st_hardneg.losses.batch.CallContext`; ``None``: nothing) and the queue's key-encoder rows; no masks
+        yet (:meth:`window` adds those of the rows a loss computes).
 
         Raises ``ValueError`` for fewer than 2 columns, columns that are not (batch, dim) tensors of one batch size
         and one width, a width that differs from ``embedding_dimension`` (the model's, recorded by the loss), a batch
@@ -184,17 +169,20 @@ class BatchPreparer:
             fn.row_norms(raw[1].detach()).squeeze(-1) < fn.NORM_EPS)
         batch = Batch.from_units(units, raw=raw)
         batch.state = BatchState(local_rows=local_rows, zero_rows=zero_rows)
-        inputs, self._side_inputs = self._side_inputs, None
+        context = context if context is not None else CallContext()
+        batch.queue_keys = context.queue_keys
+        inputs = context.side_inputs
         if not self.controls_false_negatives:
             return batch
         batch = false_negatives.attach_side_inputs(
-            batch, inputs, len(embeddings), needs_guide=self.guided,
+            batch, inputs, len(embeddings), needs_guide=self.rule.guided,
             gathered=local_rows is not None, loss_name=name)
-        if self.known_positives is not None and batch.device.type != "meta":
+        known = self.rule.known_positives
+        if known is not None and batch.device.type != "meta":
             if batch.text_keys is None:
                 raise ValueError(f"{name}: known_positives needs the rows' texts (their token ids), which only forward() "
                                  "sees; call the loss through forward() / the Trainer, or pass text_keys with "
                                  "set_false_negative_inputs() before compute_loss_from_embeddings()")
-            batch.known = self.known_positives
-            self.known_positives.note_batch(batch.text_keys[0], name)
+            batch.known = known
+            known.note_batch(batch.text_keys[0], name)
         return batch

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
 import torch
@@ -53,9 +54,10 @@ from st_hardneg.losses.stateful import OptimizerDrivenLoss
 
 if TYPE_CHECKING:
     from st_hardneg.losses.batch import Batch
+    from st_hardneg.losses.false_negatives import FalseNegativeRule
     from st_hardneg.losses.relevance import KnownPositives
 
-__all__ = ["CandidateQueue", "QueueBanks", "queue_columns"]
+__all__ = ["CandidateQueue", "QueueBanks", "QueueRead", "queue_columns"]
 
 logger = logging.getLogger(__name__)
 
@@ -279,12 +281,34 @@ def queue_columns(queue: CandidateQueue, batch: Batch, rows: Tensor, unit_rows: 
     return similarity, exclude, vectors, stats
 
 
+@dataclass
+class QueueRead:
+    """The queue's columns for the rows being computed (:meth:`QueueBanks.read`): passed to the paper (a choice
+    that may take queued rows: ``queue_as_pool``) and joined to the blocks after it (:meth:`QueueBanks.join`)."""
+
+    #: ``(similarity (R, Q), exclude (R, Q) or None)`` of the main bank's readable rows, or ``None``
+    columns: tuple[Tensor, Tensor | None] | None
+    #: (Q, d) the main bank's readable rows, as the loss scores them (the pool of a hardest-negative choice)
+    vectors: Tensor | None
+    #: the same as :attr:`columns` for the anchors' bank (``queue_anchors``, joined to ``doc_to_query``)
+    anchor_columns: tuple[Tensor, Tensor | None] | None
+    #: the counts of these rows (read, masked; a paper adds its own, e.g. MixCSE's ``queue_partner_fraction``)
+    stats: dict[str, Tensor]
+
+    @property
+    def pool(self) -> tuple[Tensor, Tensor | None, Tensor] | None:
+        """``(similarity, exclude, rows)`` of the main bank for a hardest-negative choice, or ``None``."""
+        if self.columns is None or self.vectors is None:
+            return None
+        return self.columns[0], self.columns[1], self.vectors
+
+
 class QueueBanks:
     """The queue part a loss owns (``loss.queues``): its options (:class:`~st_hardneg.losses.options.QueueOptions`,
     checked as they were made; what depends on the loss is checked here) and its banks (:attr:`queue`, and
-    :attr:`anchor_queue` with ``anchors``), read for the rows being computed (:meth:`read_and_stage`, :meth:`join`,
-    :meth:`pool`) and fed with each training batch's candidates. Without a queue (``size=0``) it holds no bank and
-    every call is a no-op. The loss registers the banks as its child modules ``queue`` and ``anchor_queue``
+    :attr:`anchor_queue` with ``anchors``), read for the rows being computed (:meth:`read`, joined by :meth:`join`)
+    and fed with each training batch's candidates (:meth:`stage`, once per batch, after its rows); the compute
+    template calls it only when the loss has a queue (``size=0``: no bank, and nothing here runs). The loss registers the banks as its child modules ``queue`` and ``anchor_queue``
     (stateful: :class:`CandidateQueue`, found among the loss's modules by the training callbacks).
 
     Args:
@@ -294,8 +318,8 @@ class QueueBanks:
         options: the checked queue options.
         directions: the loss's ranking directions (``anchors`` needs ``doc_to_query``).
         dot: the loss scores with ``dot_score`` (raw rows) rather than cosines.
-        mask_duplicates, margin, margin_strategy, known_positives: the loss's false-negative options, applied to the
-            queued rows too.
+        rule: the loss's false-negative rule (:class:`~st_hardneg.losses.false_negatives.FalseNegativeRule`),
+            applied to the queued rows too.
         chooses_from_pool: whether the loss has a hardest-negative choice that can take queued rows (``as_pool``).
         pool_refusal: why a loss with such a choice still refuses ``as_pool`` (``None``: it has no such choice).
         own_key_encoder: the loss's candidates already come from its own key encoder (AdCSE untied): those are
@@ -303,15 +327,13 @@ class QueueBanks:
     """
 
     def __init__(self, loss_name: str, model: Any, guide: Any, options: QueueOptions, *,
-                 directions: tuple[str, ...], dot: bool, mask_duplicates: bool, margin: float | None,
-                 margin_strategy: str, known_positives: KnownPositives | None, chooses_from_pool: bool,
+                 directions: tuple[str, ...], dot: bool, rule: FalseNegativeRule, chooses_from_pool: bool,
                  pool_refusal: str | None, own_key_encoder: bool) -> None:
         name = loss_name
         self.loss_name = loss_name
         self.options = options
         self.dot = dot
-        self.mask_duplicates, self.margin, self.margin_strategy = mask_duplicates, margin, margin_strategy
-        self.known_positives = known_positives
+        self.rule = rule
         if own_key_encoder and options.source == "ema" and options.momentum != 0.995:
             raise ValueError(f"{name}: with queue_source='ema' the queue is fed by the loss's own key encoder, which "
                              "moves with `momentum`; queue_momentum does not apply, leave it unset")
@@ -324,9 +346,6 @@ class QueueBanks:
                                       "denominator only")
             raise ValueError(f"{name}: queue_as_pool=True lets a hardest-negative choice pick queued rows; {reason}. "
                              "Only MixCSELoss(partner='hardest') takes it.")
-        #: with source="ema": the key encoder's rows of the next batch's columns (one per column; the anchors' only
-        #: with anchors, else None in their place)
-        self._key_columns: list[Tensor | None] | None = None
         self.queue: CandidateQueue | None = None
         self.anchor_queue: CandidateQueue | None = None
         if options.size:
@@ -348,67 +367,68 @@ class QueueBanks:
                             "for doc_to_query", name)
 
     # ------------------------------------------------------------------ before the model runs
-    def remember_key_columns(self, sentence_features: list[dict[str, Tensor]],
-                             embed: Callable[[nn.Module, dict[str, Tensor]], Tensor]) -> None:
-        """``source="ema"``, in a training forward (gradients on: the queue stages rows exactly then): keep the key
-        encoder's rows of the candidate columns (and the anchors' with ``anchors``) for this batch, embedded by
-        ``embed(encoder, features)``. Otherwise forget any."""
-        self._key_columns = None
-        if self.queue is not None and self.queue.key_encoder is not None and torch.is_grad_enabled():
-            self._key_columns = [
-                self.queue.embed_keys(features, embed) if column or self.anchor_queue is not None else None
+    def key_columns(self, sentence_features: list[dict[str, Tensor]],
+                    embed: Callable[[nn.Module, dict[str, Tensor]], Tensor]) -> list[Tensor | None] | None:
+        """``source="ema"``, in a training forward (gradients on: the queue stages rows exactly then): the key
+        encoder's rows of the candidate columns (and the anchors' with ``anchors``, else ``None`` in their place) of
+        this call, embedded by ``embed(encoder, features)``, for the call's context. Otherwise ``None``."""
+        if self.queue is None or self.queue.key_encoder is None or not torch.is_grad_enabled():
+            return None
+        return [self.queue.embed_keys(features, embed) if column or self.anchor_queue is not None else None
                 for column, features in enumerate(sentence_features)]
 
     # ------------------------------------------------------------------ one batch
-    def read_and_stage(self, batch: Batch, queries: Tensor) -> None:
-        """The queue's columns for the rows of this batch (``queries``: the rows as the loss scores them) onto
-        ``batch.state`` (``queue_columns``, ``queue_vectors``, and with ``anchors`` ``anchor_queue_columns``); then
-        (once per batch: at its first window) this batch's candidates are staged (they enter the queue after the
-        optimizer step, so a batch never reads itself)."""
-        if self.queue is None:
-            return
-        dot = self.dot
-        state = batch.state
-        state.queue_stats = {}
-        read = self._columns_for(self.queue, batch, queries, batch.row_anchors)
-        state.queue_columns, state.queue_vectors = (read[:2], read[2]) if read is not None else (None, None)
-        state.anchor_queue_columns = None
+    def read(self, batch: Batch) -> QueueRead | None:
+        """The queue's columns for the rows of ``batch`` being computed (its readable rows scored as the loss scores
+        them, their false-negative masks and counts; with ``anchors`` the anchors' bank for ``doc_to_query``), or
+        ``None`` when the queue has no readable row yet. Nothing is staged here (:meth:`stage`)."""
+        queue = cast(CandidateQueue, self.queue)
+        queries = batch.raw_rows()[0] if self.dot else batch.row_anchors
+        stats: dict[str, Tensor] = {}
+        main = self._columns_for(queue, batch, queries, batch.row_anchors, stats)
+        anchors = None
         if self.anchor_queue is not None:
-            row_positives = batch.raw_rows()[1] if dot else batch.row_positives
-            anchors_read = self._columns_for(self.anchor_queue, batch, row_positives, batch.row_positives)
-            state.anchor_queue_columns = anchors_read[:2] if anchors_read is not None else None
-        own_start = state.local_rows[0].start if state.local_rows is not None else 0
-        if batch.rows is None or batch.rows[0] == own_start:  # once per batch: its first window
-            ema = self.queue.key_encoder is not None and torch.is_grad_enabled()
-            key_rows = self._key_encoder_rows(state.local_rows is not None) if ema else None
-            candidates = batch.raw_candidates if dot else batch.candidates
-            if key_rows is not None:
-                candidates = torch.cat(key_rows[1:])
-            keys_now = batch.text_keys[1:].reshape(-1) if batch.text_keys is not None else None
-            self.queue.stage(candidates, keys_now)
-            if self.anchor_queue is not None:
-                anchors = key_rows[0] if key_rows is not None else (batch.raw_anchors if dot else batch.anchors)
-                self.anchor_queue.stage(cast(Tensor, anchors),
-                                        batch.text_keys[0] if batch.text_keys is not None else None)
+            row_positives = batch.raw_rows()[1] if self.dot else batch.row_positives
+            anchors = self._columns_for(self.anchor_queue, batch, row_positives, batch.row_positives, stats)
+        if main is None and anchors is None:
+            return QueueRead(None, None, None, stats) if stats else None
+        return QueueRead(main[:2] if main is not None else None, main[2] if main is not None else None,
+                         anchors[:2] if anchors is not None else None, stats)
 
-    def _columns_for(self, queue: CandidateQueue, batch: Batch, rows: Tensor, unit_rows: Tensor
-                     ) -> tuple[Tensor, Tensor | None, Tensor] | None:
-        """:func:`queue_columns` with the loss's false-negative options (its counts join the batch's queue
-        counts)."""
-        read = queue_columns(queue, batch, rows, unit_rows, dot=self.dot, mask_duplicates=self.mask_duplicates,
-                             known_positives=self.known_positives, anchor_bank=queue is not self.queue,
-                             margin=self.margin, margin_strategy=self.margin_strategy)
+    def stage(self, batch: Batch) -> None:
+        """Stage this batch's candidates (and with ``anchors`` its anchors), once per batch, after its rows: they
+        enter the queue after the optimizer step, so a batch never reads itself. With ``source="ema"`` in training
+        the rows are the key encoder's (:attr:`Batch.queue_keys`, from the call's context)."""
+        queue = cast(CandidateQueue, self.queue)
+        dot, state = self.dot, batch.state
+        ema = queue.key_encoder is not None and torch.is_grad_enabled()
+        key_rows = self._key_encoder_rows(batch.queue_keys, state.local_rows is not None) if ema else None
+        candidates = batch.raw_candidates if dot else batch.candidates
+        if key_rows is not None:
+            candidates = torch.cat(key_rows[1:])
+        keys_now = batch.text_keys[1:].reshape(-1) if batch.text_keys is not None else None
+        queue.stage(candidates, keys_now)
+        if self.anchor_queue is not None:
+            anchors = key_rows[0] if key_rows is not None else (batch.raw_anchors if dot else batch.anchors)
+            self.anchor_queue.stage(cast(Tensor, anchors), batch.text_keys[0] if batch.text_keys is not None else None)
+
+    def _columns_for(self, queue: CandidateQueue, batch: Batch, rows: Tensor, unit_rows: Tensor,
+                     stats: dict[str, Tensor]) -> tuple[Tensor, Tensor | None, Tensor] | None:
+        """:func:`queue_columns` with the loss's false-negative options (its counts added to ``stats``)."""
+        rule = self.rule
+        read = queue_columns(queue, batch, rows, unit_rows, dot=self.dot, mask_duplicates=rule.mask_duplicates,
+                             known_positives=rule.known_positives, anchor_bank=queue is not self.queue,
+                             margin=rule.margin, margin_strategy=rule.margin_strategy)
         if read is None:
             return None
-        similarity, exclude, vectors, stats = read
-        batch.state.queue_stats = {**batch.state.queue_stats, **stats}
+        similarity, exclude, vectors, counts = read
+        stats.update(counts)
         return similarity, exclude, vectors
 
-    def _key_encoder_rows(self, gathered: bool) -> list[Tensor]:
-        """``source="ema"``: the key encoder's rows of this batch, one tensor per column (the anchors' only with
-        ``anchors``, else an empty tensor), gathered from every process like the batch, normalised unless
-        ``dot_score``."""
-        columns, self._key_columns = self._key_columns, None
+    def _key_encoder_rows(self, columns: list[Tensor | None] | None, gathered: bool) -> list[Tensor]:
+        """``source="ema"``: the key encoder's rows of this batch (``columns``, :attr:`Batch.queue_keys`), one tensor
+        per column (the anchors' only with ``anchors``, else an empty tensor), gathered from every process like the
+        batch, normalised unless ``dot_score``."""
         if columns is None:
             raise ValueError(
                 f"{self.loss_name}: queue_source='ema' queues the key encoder's embeddings of the input texts, "
@@ -425,40 +445,22 @@ class QueueBanks:
             out.append(column if self.dot else fn.normalize(column))
         return out
 
-    def join(self, batch: Batch, blocks: dict[str, fr.Block]) -> dict[str, fr.Block]:
-        """``blocks`` with the queue's readable rows for the rows being computed appended to ``query_to_doc`` (and
-        the anchors' bank to ``doc_to_query``), after the loss chose its own negatives from the batch; their counts
-        join ``batch.state.queue_stats``."""
-        state = batch.state
-        if state.queue_columns is not None:
-            similarity, exclude = state.queue_columns
-            state.queue_columns = None
+    @staticmethod
+    def join(blocks: dict[str, fr.Block], read: QueueRead) -> tuple[dict[str, fr.Block], dict[str, Tensor]]:
+        """``blocks`` with the queue's columns appended to ``query_to_doc`` (and the anchors' bank's to
+        ``doc_to_query``), after the loss chose its own negatives from the batch, and their counts."""
+        stats: dict[str, Tensor] = {}
+        if read.columns is not None:
+            similarity, exclude = read.columns
             blocks = {**blocks, "query_to_doc": blocks["query_to_doc"].with_columns(similarity, exclude)}
-            state.queue_stats = {**state.queue_stats, "queue_rows_read": torch.tensor(float(similarity.size(1))),
-                                 **({"queue_rows_masked": exclude.sum(dim=1).float().mean().detach()}
-                                    if exclude is not None else {})}
-        if state.anchor_queue_columns is not None and "doc_to_query" in blocks:
-            similarity, exclude = state.anchor_queue_columns
-            state.anchor_queue_columns = None
+            stats["queue_rows_read"] = torch.tensor(float(similarity.size(1)))
+            if exclude is not None:
+                stats["queue_rows_masked"] = exclude.sum(dim=1).float().mean().detach()
+        if read.anchor_columns is not None and "doc_to_query" in blocks:
+            similarity, exclude = read.anchor_columns
             blocks = {**blocks, "doc_to_query": blocks["doc_to_query"].with_columns(similarity, exclude)}
-            state.queue_stats = {**state.queue_stats, "anchor_queue_rows_read": torch.tensor(float(similarity.size(1)))}
-        return blocks
-
-    @staticmethod
-    def pool(batch: Batch) -> tuple[Tensor, Tensor | None, Tensor] | None:
-        """``as_pool``: the main queue's readable rows for the rows of ``batch`` being computed, as
-        ``(similarity (R, Q), exclude (R, Q) or None, rows (Q, d))`` (read by :meth:`read_and_stage`), or ``None``."""
-        state = batch.state
-        if state.queue_columns is None or state.queue_vectors is None:
-            return None
-        similarity, exclude = state.queue_columns
-        return similarity, exclude, state.queue_vectors
-
-    @staticmethod
-    def note_stats(batch: Batch, **stats: Tensor) -> None:
-        """Add the loss's own queue statistics for the rows of ``batch`` (e.g. MixCSE's ``queue_partner_fraction``)
-        to the batch's queue counts (and so to the diagnostics)."""
-        batch.state.queue_stats = {**batch.state.queue_stats, **stats}
+            stats["anchor_queue_rows_read"] = torch.tensor(float(similarity.size(1)))
+        return blocks, stats
 
     # ------------------------------------------------------------------ reporting
     def diagnostics(self) -> dict[str, float]:

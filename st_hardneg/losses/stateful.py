@@ -254,11 +254,20 @@ class OptimizerDrivenLoss:
         if next(self.model.parameters(), None) is not next(self.online_model.parameters(), None):
             if any(map(is_flattened_parameter, self.model.parameters())):
                 raise self._flat_error()
+            if self.follow_model(self.model):  # no state of the old model's (the Trainer's model_init)
+                self._owned_optimizers.clear()  # they held the old model
+                self._checked_model_id = id(self.model)
+                return
             raise RuntimeError(
                 f"{type(self).__name__} is asked to train another model than the one it was built for (e.g. the "
                 "Trainer's model_init replaced loss.model), while its state (AdCSE: the key encoder) belongs to the "
                 "old model. Build the loss for the model that is trained; model_init is not supported.")
         self._checked_model_id = id(self.model)
+
+    def follow_model(self, model: torch.nn.Module) -> bool:
+        """Called when ``loss.model`` was re-pointed to another model (the Trainer's ``model_init``): follow it, and
+        return ``True``, if nothing the loss keeps belongs to the old model; ``False`` (the default) refuses it."""
+        return False
 
     def _start_listening(self) -> None:
         if "_step_clock" not in vars(self):  # kept by a copy (deepcopy, unpickling)

@@ -79,16 +79,16 @@ def test_rejects_bad_batches(tiny_model, tiny_sentences):
     loss = AdversarialNegativesLoss(tiny_model, num_adversaries=4, seed=0)
     with pytest.raises(ValueError, match="at least 2 input columns"):
         loss([_features(tiny_model, tiny_sentences[:4])], None)
-    # Without adversaries a single pair has no negative at all.
+    # A single pair (the Trainer's last batch) is computed as sentence-transformers' MNRL computes it: without
+    # adversaries its positive is its only candidate (loss 0, as MNRL's); with them it is the paper's Eq. 5 row (the
+    # positive against the adversaries), with or without the in-batch keys (there are none to drop).
+    one = [torch.randn(1, DIM), torch.randn(1, DIM)]
     no_adv = AdversarialNegativesLoss(tiny_model, num_adversaries=0)
-    with pytest.raises(ValueError, match="at least 2 pairs"):
-        no_adv.compute_loss_from_embeddings([torch.randn(1, DIM), torch.randn(1, DIM)], None)
-    # With adversaries it has M negatives, but adversaries alone do not make a row usable (the rule of every loss):
-    # refused with the in-batch keys, the paper's Eq. 5 (in_batch_keys=False: the adversaries are its negatives) runs.
-    with pytest.raises(ValueError, match="no usable row in this batch: 1 of 1 rows of a batch have no negative left"):
-        loss.compute_loss_from_embeddings([torch.randn(1, DIM), torch.randn(1, DIM)], None)
+    assert float(no_adv.compute_loss_from_embeddings(one, None)) == 0.0
     eq5 = AdversarialNegativesLoss(tiny_model, num_adversaries=4, seed=0, in_batch_keys=False)
-    assert torch.isfinite(eq5.compute_loss_from_embeddings([torch.randn(1, DIM), torch.randn(1, DIM)], None))
+    want = _manual_loss(one[0], one[1], eq5.adversaries, 0.05)
+    torch.testing.assert_close(eq5.compute_loss_from_embeddings(one, None), want, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(loss.compute_loss_from_embeddings(one, None), want, rtol=1e-5, atol=1e-6)
 
 
 def test_key_encoder_is_exact_hidden_frozen_copy(tiny_model):
@@ -272,7 +272,7 @@ def test_adversaries_move_toward_the_anchors(tiny_model):
 # ----------------------------------------------------------------------------- ablations
 def test_ablation_without_adversaries(tiny_model, tiny_sentences):
     loss = AdversarialNegativesLoss(tiny_model, num_adversaries=0)
-    assert loss.adversaries.shape == (0, DIM) and loss.min_batch_size == 2
+    assert loss.adversaries.shape == (0, DIM) and loss.min_batch_size == 1  # one pair: MNRL's value
     q, k = torch.randn(6, DIM), torch.randn(6, DIM)
     torch.testing.assert_close(loss.compute_loss_from_embeddings([q, k], None), _manual_loss(q, k, None, 0.05))
     optimizer = torch.optim.SGD(tiny_model.parameters(), lr=0.1)

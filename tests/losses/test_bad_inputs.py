@@ -146,7 +146,8 @@ def test_zero_norm_rows_are_left_out_of_the_mean_with_a_warning(name, scale):
     loss = make(name)
     rows_seen = []
     original = loss.ranking.usable_sum
-    loss.ranking.usable_sum = lambda rows, batch: rows_seen.append(rows.detach().clone()) or original(rows, batch)
+    loss.ranking.usable_sum = lambda rows, batch, usable=None: (rows_seen.append(rows.detach().clone())
+                                                                or original(rows, batch, usable))
     with pytest.warns(UserWarning, match=r"2 of 6 rows have an anchor or positive embedding of norm below 1e-06"):
         value = loss.compute_loss_from_embeddings(cols, None)
     rows = rows_seen[-1]
@@ -328,7 +329,7 @@ def test_loss_is_the_reduction_of_per_row_losses(name):
     rows = []
     summing = make(name)  # a fresh loss: the same seed gives the same random draws (HNM pairs)
     usable_sum = summing.ranking.usable_sum
-    summing.ranking.usable_sum = lambda r, batch: rows.append(r) or usable_sum(r, batch)
+    summing.ranking.usable_sum = lambda r, batch, usable=None: rows.append(r) or usable_sum(r, batch, usable)
     summing.ranking.mean = lambda total, count, state, every=None: (total, 1.0)  # the sum instead of the mean
     total = summing.compute_loss_from_embeddings(cols, None)
     assert rows[0].shape == (6,)

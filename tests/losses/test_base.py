@@ -27,11 +27,14 @@ def columns(n=6, d=6, seed=0, requires_grad=False):
     return [c.requires_grad_(requires_grad) for c in cols]
 
 
-def test_the_papers_supply_rows_and_the_template_is_written_once():
+def test_the_papers_supply_columns_and_the_template_is_written_once():
+    """A paper gives its columns (or, Focal-InfoNCE, its logit rule); the per-window step that turns blocks into
+    rows, the template, is the base's alone."""
     for cls in (MixCSELoss, FocalInfoNCELoss, HNCSELoss, AdversarialNegativesLoss):
         assert "compute_loss_from_embeddings" not in vars(cls)
         assert "forward" not in vars(cls)  # AdCSE gives an embed() hook instead
-        assert "window_rows" in vars(cls)
+        assert "window_rows" not in vars(cls) and "compute" not in vars(cls)
+        assert "paper_columns" in vars(cls) or "logit_margin" in vars(cls)
     assert "embed" in vars(AdversarialNegativesLoss) and "before_embedding" in vars(AdversarialNegativesLoss)
 
 

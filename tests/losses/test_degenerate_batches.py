@@ -2,7 +2,7 @@
 warning that names the problem and its counts (through ``warnings`` and ``logging``), and where a value is returned it
 equals an independent computation written here.
 
-The rule (``Ranking.note_unusable_rows``, judged by ``Ranking.judge``): a row whose anchor or positive has a norm below ``NORM_EPS`` is
+The rule (``Ranking.unusable_rows``, judged by ``Ranking.judge``): a row whose anchor or positive has a norm below ``NORM_EPS`` is
 unusable, and so is a row whose every candidate is masked (no negative left); unusable rows are left out of the mean;
 a batch with no usable row is a ``ValueError`` naming the causes and counts; the first batch with unusable rows warns
 once per loss instance.

@@ -542,8 +542,11 @@ def test_a_batch_without_duplicates_carries_no_mask_and_the_same_loss(make, chun
 def test_a_repeated_text_still_masks(directions):
     loss = FocalInfoNCELoss(None, directions=directions)
     columns = [torch.randn(5, 8) for _ in range(2)]
-    loss.set_false_negative_inputs(text_keys=torch.tensor([[1, 2, 3, 4, 5], [6, 7, 8, 7, 9]]))  # positive 3 = 1
-    window = loss.preparer.window(loss.preparer.prepare(columns, None), None)
+    from st_hardneg.losses.batch import CallContext, SideInputs
+
+    keys = torch.tensor([[1, 2, 3, 4, 5], [6, 7, 8, 7, 9]])  # positive 3 = 1
+    context = CallContext(side_inputs=SideInputs(text_keys=keys))
+    window = loss.preparer.window(loss.preparer.prepare(columns, None, context=context), None)
     assert window.false_negatives is not None and bool(window.false_negatives[1, 3]) and bool(
         window.false_negatives[3, 1])
 
