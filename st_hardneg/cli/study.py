@@ -140,7 +140,8 @@ def check_study_args(args: argparse.Namespace) -> tuple[Any, str]:
     validation.check_count(args.eval_batch_size, "--eval-batch-size", minimum=1)
     protocol = protocol_values(spec)
     validation.check_count(protocol["batch_size"], "--batch-size", minimum=1)
-    validation.check_number(protocol["learning_rate"], "--lr", minimum=0.0, minimum_open=True)
+    if validation.check_number(protocol["learning_rate"], "--lr", minimum=0.0) == 0:
+        raise ValueError("--lr must be > 0, got 0")
     if protocol["max_steps"] != -1:
         validation.check_count(protocol["max_steps"], "--max-steps (-1: one epoch)", minimum=1)
     if args.limit and args.limit < protocol["batch_size"]:
@@ -192,6 +193,8 @@ def cmd_study(args: argparse.Namespace) -> int:
     if state.left or state.failed:
         from st_hardneg.cli.train import RunFailed
 
-        raise RunFailed(f"{len(state.left)} trial(s) not finished and {len(state.failed)} failed: re-run the same "
-                        "command to resume")
+        parts = ([f"{len(state.left)} trial(s) not finished (re-run the same command to resume)"] if state.left else [])
+        parts += [f"{len(state.failed)} trial(s) failed (their errors are in {written['markdown']})"] if state.failed \
+            else []
+        raise RunFailed("; ".join(parts))
     return 0

@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import socket
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -71,7 +72,7 @@ def open_storage(url: str, heartbeat: int = DEFAULT_HEARTBEAT) -> optuna.storage
 
     import warnings
 
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    optuna.logging.set_verbosity(optuna.logging.ERROR)  # a failed trial's error is in its record
     engine: dict[str, Any] = {"connect_args": {"timeout": 120}} if url.startswith("sqlite") else {}
     try:
         with warnings.catch_warnings():
@@ -176,6 +177,7 @@ def _objective(study: optuna.Study, spec: StudySpec, run: RunPoint, context: Map
                 trial.set_user_attr("duplicate_of", other.number)
                 raise optuna.TrialPruned(f"{key} is run by trial {other.number}")
         point = points[key]
+        trial.set_user_attr("worker", {"host": socket.gethostname(), "pid": os.getpid()})
         trial.set_user_attr("config", {"dataset": point.dataset, "row": point.row, "seed": point.seed,
                                        **spec.rows[point.row].config()})
         for name, value in provenance.items():

@@ -124,6 +124,7 @@ class StudySpec:
         grid: blocks ``{"datasets": [...], "rows": [...], "seeds": [...]}``; every combination is one trial.
         choice: the :class:`Choice`.
         report: where a benchmark's records and renderer are (``records``, ``renderer``), for its own tables.
+        about: what the study asks, in a sentence or two.
     """
 
     name: str
@@ -133,6 +134,7 @@ class StudySpec:
     grid: Sequence[Mapping[str, Any]]
     choice: Choice = field(default_factory=Choice)
     report: Mapping[str, Any] = field(default_factory=dict)
+    about: str = ""
 
     def points(self) -> list[Point]:
         """Every trial of the grid, in grid order, each once."""
@@ -148,7 +150,7 @@ class StudySpec:
             "datasets": {name: {k: v for k, v in asdict(d).items() if v or k == "folder"}
                          for name, d in self.datasets.items()},
             "grid": [dict(block) for block in self.grid], "choice": asdict(self.choice),
-            **({"report": dict(self.report)} if self.report else {})}))
+            **({"report": dict(self.report)} if self.report else {}), **({"about": self.about} if self.about else {})}))
 
 
 def parse_method(text: str) -> tuple[str, Row]:
@@ -327,7 +329,7 @@ def spec_from_dict(raw: Mapping[str, Any], where: str = "the spec") -> StudySpec
                                   extra=dict(d.get("extra") or {})) for name, d in raw["datasets"].items()}
         spec = StudySpec(name=str(raw["name"]), protocol=dict(raw.get("protocol") or {}), rows=_rows(raw["rows"]),
                          datasets=datasets, grid=list(raw["grid"]), choice=Choice(**(raw.get("choice") or {})),
-                         report=dict(raw.get("report") or {}))
+                         report=dict(raw.get("report") or {}), about=str(raw.get("about", "")))
         check_spec(spec)
     except (KeyError, TypeError, ValueError) as exc:
         raise ValueError(f"{where}: {exc}") from None
