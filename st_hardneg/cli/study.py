@@ -87,7 +87,13 @@ def _spec(args: argparse.Namespace) -> Any:
                                               ("--mining-arg", args.mining_arg)) if value]
         if given:
             raise ValueError(f"--spec holds the rows, datasets and seeds: drop {', '.join(given)}")
-        return load_spec(args.spec)
+        spec = load_spec(args.spec)
+        own = [label for label, row in spec.rows.items() if row.extra] + [name for name, d in spec.datasets.items()
+                                                                          if d.extra]
+        if own:
+            raise ValueError(f"--spec {args.spec}: {own[0]!r} carries settings of a benchmark's own trials (extra), "
+                             "which st-hardneg study does not run; render that study with its benchmark")
+        return spec
     if not args.data:
         raise ValueError("give a BEIR folder (--data FOLDER) or a study spec (--spec FILE)")
     if not args.method:

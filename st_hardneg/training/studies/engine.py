@@ -74,15 +74,20 @@ def open_storage(url: str, heartbeat: int = DEFAULT_HEARTBEAT) -> optuna.storage
 
     optuna.logging.set_verbosity(optuna.logging.ERROR)  # a failed trial's error is in its record
     engine: dict[str, Any] = {"connect_args": {"timeout": 120}} if url.startswith("sqlite") else {}
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            return optuna.storages.RDBStorage(
-                url, engine_kwargs=engine, heartbeat_interval=heartbeat, grace_period=2 * heartbeat,
-                heartbeat_stale_trial_callback=optuna.storages.RetryHeartbeatStaleTrialCallback())
-    except Exception as exc:  # sqlalchemy's errors (no driver, no server, a folder that does not exist, ...)
-        message = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        raise ValueError(f"the storage {url} cannot be opened: {message}") from None
+    for attempt in range(3):
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                return optuna.storages.RDBStorage(
+                    url, engine_kwargs=engine, heartbeat_interval=heartbeat, grace_period=2 * heartbeat,
+                    heartbeat_stale_trial_callback=optuna.storages.RetryHeartbeatStaleTrialCallback())
+        except Exception as exc:  # sqlalchemy's errors (no driver, no server, a folder that does not exist, ...)
+            message = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            if "already exists" in message and attempt < 2:  # another process made the tables at the same moment
+                time.sleep(1.0)
+                continue
+            raise ValueError(f"the storage {url} cannot be opened: {message}") from None
+    raise AssertionError("unreachable")  # pragma: no cover
 
 
 def open_study(spec: StudySpec, storage: optuna.storages.BaseStorage) -> optuna.Study:
