@@ -173,8 +173,14 @@ def cmd_study(args: argparse.Namespace) -> int:
         raise ImportError("st-hardneg study needs Optuna: pip install 'st-hardneg[study]'") from None
     spec, url = check_study_args(args)
     from st_hardneg.training.studies.beir import prepare, run_point
-    from st_hardneg.training.studies.engine import finished_records, open_storage, open_study, progress, provenance, \
-        run_study
+    from st_hardneg.training.studies.engine import (
+        finished_records,
+        open_storage,
+        open_study,
+        progress,
+        provenance,
+        run_study,
+    )
     from st_hardneg.training.studies.report import write_report
 
     output = Path(args.output_dir).resolve()

@@ -86,7 +86,7 @@ def test_a_spec_asking_for_dev_qrels_of_a_folder_without_them_is_named(no_model,
     path = tmp_path / "spec.json"
     path.write_text(json.dumps(spec))
     err = _one_line_exit_2(["study", "--spec", str(path), "--output-dir", str(tmp_path / "out")], capsys)
-    assert f"has no qrels/dev.tsv, which the study needs (dev split)" in err
+    assert "has no qrels/dev.tsv, which the study needs (dev split)" in err
 
 
 @pytest.mark.parametrize("change, fragment", [

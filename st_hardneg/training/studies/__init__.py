@@ -29,7 +29,9 @@ _LAZY = {
     "run_point": "beir", "write_report": "report", "choice": "report", "summary": "report",
 }
 
-__all__ = sorted(_LAZY)
+__all__ = ["Dataset", "Point", "Row", "StudySpec", "choice", "finished_records", "import_records", "load_spec",
+           "open_storage", "open_study", "parse_method", "progress", "provenance", "run_point", "run_study",
+           "spec_from_methods", "summary", "work", "write_report"]
 
 if TYPE_CHECKING:  # pragma: no cover
     from st_hardneg.training.studies.beir import run_point
@@ -44,7 +46,15 @@ if TYPE_CHECKING:  # pragma: no cover
         work,
     )
     from st_hardneg.training.studies.report import choice, summary, write_report
-    from st_hardneg.training.studies.spec import Dataset, Point, Row, StudySpec, load_spec, parse_method, spec_from_methods
+    from st_hardneg.training.studies.spec import (
+        Dataset,
+        Point,
+        Row,
+        StudySpec,
+        load_spec,
+        parse_method,
+        spec_from_methods,
+    )
 
 
 def __getattr__(name: str) -> Any:

@@ -89,7 +89,7 @@ def _split(data: BEIRData, dataset: Dataset, protocol: Mapping[str, Any]) -> BEI
     known = {query: docs for query, docs in plain.known_paraphrases.items() if query not in held}
     return BEIRRetrieval(task=plain.task, dev_task=dev, train_pairs=pairs, train_corpus=plain.train_corpus,
                          known_paraphrases=known, stats={**plain.stats, "dev_queries": len(dev.queries),
-                                                         "dev_split": "dev", "train_pairs": len(pairs)})
+                                                         "train_pairs": len(pairs)})
 
 
 def prepare(spec: StudySpec, name: str, context: Mapping[str, Any]) -> tuple[Any, Any, Any, dict[str, Any]]:

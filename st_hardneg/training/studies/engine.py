@@ -68,9 +68,9 @@ def open_storage(url: str, heartbeat: int = DEFAULT_HEARTBEAT) -> optuna.storage
     from st_hardneg import validation
 
     validation.check_count(heartbeat, "heartbeat", minimum=1)
-    import optuna
-
     import warnings
+
+    import optuna
 
     optuna.logging.set_verbosity(optuna.logging.ERROR)  # a failed trial's error is in its record
     engine: dict[str, Any] = {"connect_args": {"timeout": 120}} if url.startswith("sqlite") else {}
