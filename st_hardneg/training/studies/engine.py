@@ -3,7 +3,7 @@
 Why Optuna (not Ray Tune): a study of fixed trials needs a store that several processes, and several machines, share
 without a scheduler of their own. Optuna's RDB storage is that store (a SQLite file on one machine, a PostgreSQL or
 MySQL URL for several), and it carries what a grid needs: :class:`optuna.samplers.GridSampler` gives trial ``n`` of
-the first ``len(grid)`` the grid point ``n`` (trial numbers are handed out by the storage, once each), a trial's
+the first ``len(grid)`` its own grid point (trial numbers are handed out by the storage, once each), a trial's
 heartbeat marks a worker that was killed (its trial goes from RUNNING to FAIL once the heartbeat is older than the
 grace period, :func:`optuna.storages.fail_stale_trials`) and :class:`optuna.storages.RetryHeartbeatStaleTrialCallback` puts
 the same grid point back as a WAITING trial, which exactly one worker takes (the storage's own claim of a waiting
@@ -29,6 +29,7 @@ import logging
 import os
 import socket
 import time
+import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -68,8 +69,6 @@ def open_storage(url: str, heartbeat: int = DEFAULT_HEARTBEAT) -> optuna.storage
     from st_hardneg import validation
 
     validation.check_count(heartbeat, "heartbeat", minimum=1)
-    import warnings
-
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.ERROR)  # a failed trial's error is in its record
@@ -219,16 +218,18 @@ def work(spec: StudySpec, storage: optuna.storages.BaseStorage, run: RunPoint, c
     poll = poll_seconds if poll_seconds is not None else float(heartbeat or 5)
     objective = _objective(study, spec, run, context, provenance)
     ran = 0
-    while True:
-        optuna.storages.fail_stale_trials(study)
-        state = progress(study, keys)
-        if not state.left:
-            return ran
-        if state.waiting or set(state.left) - state.running:
-            study.optimize(objective, n_trials=1, catch=(TrialError,))
-            ran += 1
-        else:
-            time.sleep(poll)
+    with warnings.catch_warnings():  # the engine's heartbeat is marked experimental: it is the one we rely on
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        while True:
+            optuna.storages.fail_stale_trials(study)
+            state = progress(study, keys)
+            if not state.left:
+                return ran
+            if state.waiting or set(state.left) - state.running:
+                study.optimize(objective, n_trials=1, catch=(TrialError,))
+                ran += 1
+            else:
+                time.sleep(poll)
 
 
 def _worker_main(spec: dict[str, Any], url: str, heartbeat: int, run: RunPoint, context: dict[str, Any],

@@ -22,11 +22,16 @@ from typing import Any
 
 from st_hardneg.training.studies.spec import StudySpec
 
-__all__ = ["Choice", "choice", "comparison", "dev_by_seed", "markdown", "summary", "write_report"]
+__all__ = ["DevChoice", "choice", "comparison", "dev_by_seed", "markdown", "summary", "write_report"]
 
 
 def _rows(spec: StudySpec, records: Sequence[Mapping[str, Any]], label: str) -> list[Mapping[str, Any]]:
     return [r for r in records if r["row"] == label]
+
+
+def _seed_order(seed: Any) -> tuple[int, int]:
+    """Seeds in numeric order, a row without training (seed ``None``) first."""
+    return (0, 0) if seed is None else (1, int(seed))
 
 
 def dev_by_seed(spec: StudySpec, records: Sequence[Mapping[str, Any]], label: str) -> dict[Any, float]:
@@ -36,12 +41,12 @@ def dev_by_seed(spec: StudySpec, records: Sequence[Mapping[str, Any]], label: st
     for record in _rows(spec, records, label):
         per.setdefault(record["seed"], {})[record["dataset"]] = float(record["dev"][metric])
     names = {point.dataset for point in spec.points() if point.row == label}
-    return {seed: statistics.fmean(values.values()) for seed, values in sorted(per.items(), key=lambda i: str(i[0]))
+    return {seed: statistics.fmean(values.values()) for seed, values in sorted(per.items(), key=lambda i: _seed_order(i[0]))
             if set(values) == names}
 
 
 @dataclass
-class Choice:
+class DevChoice:
     """What dev says: ``ranking`` (row, mean dev) best first, ``noise`` (the pooled seed-to-seed sd of dev;
     ``None`` with one seed), ``tied`` (the rows within ``tie_sds`` × noise of the best, the best included), and
     ``verdict`` (one sentence)."""
@@ -52,7 +57,7 @@ class Choice:
     verdict: str
 
 
-def choice(spec: StudySpec, records: Sequence[Mapping[str, Any]]) -> Choice:
+def choice(spec: StudySpec, records: Sequence[Mapping[str, Any]]) -> DevChoice:
     """The dev choice among the trained rows (a row without a loss is a reference, never chosen): rows by their mean
     pooled dev over seeds; the seed noise is the pooled standard deviation over seeds (the square root of the mean
     of the rows' sample variances, rows with two or more seeds); the rows within ``spec.choice.tie_sds`` noise of the
@@ -65,14 +70,14 @@ def choice(spec: StudySpec, records: Sequence[Mapping[str, Any]]) -> Choice:
                  if len(by := dev_by_seed(spec, records, label)) > 1]
     noise = math.sqrt(statistics.fmean(variances)) if variances else None
     if not ranking:
-        return Choice([], noise, [], "no row has finished on every dataset yet")
+        return DevChoice([], noise, [], "no row has finished on every dataset yet")
     best, top = ranking[0]
     if noise is None:
         tied = [label for label, _ in ranking] if len(ranking) > 1 else [best]
         verdict = (f"`{best}` is the only row" if len(ranking) == 1 else
                    f"one seed a row: dev cannot say whether `{best}` ({top:.2f}) is better than the rest (no seed "
                    "noise to judge by); run two or more seeds")
-        return Choice(ranking, None, tied, verdict)
+        return DevChoice(ranking, None, tied, verdict)
     margin = spec.choice.tie_sds * noise
     tied = [label for label, value in ranking if top - value <= margin]
     if len(tied) == 1:
@@ -82,7 +87,7 @@ def choice(spec: StudySpec, records: Sequence[Mapping[str, Any]]) -> Choice:
     else:
         verdict = (f"dev cannot tell {', '.join(f'`{t}`' for t in tied)} apart: within {spec.choice.tie_sds:g} seed "
                    f"standard deviations ({margin:.2f}) of the best dev {metric} ({top:.2f}); they tie")
-    return Choice(ranking, noise, tied, verdict)
+    return DevChoice(ranking, noise, tied, verdict)
 
 
 def summary(spec: StudySpec, records: Sequence[Mapping[str, Any]]) -> str:
@@ -99,11 +104,11 @@ def summary(spec: StudySpec, records: Sequence[Mapping[str, Any]]) -> str:
     body = []
     for label in labels:
         rows = _rows(spec, records, label)
-        tests = {name: [float(r["test"][metric]) for r in sorted(rows, key=lambda r: str(r["seed"]))
+        tests = {name: [float(r["test"][metric]) for r in sorted(rows, key=lambda r: _seed_order(r["seed"]))
                         if r["dataset"] == name] for name in names}
         steps = [r["median_step_seconds"] for r in rows if r.get("median_step_seconds")]
         train = [r["train_seconds"] for r in rows if r.get("train_seconds")]
-        seeds = sorted({r["seed"] for r in rows}, key=str)
+        seeds = sorted({r["seed"] for r in rows}, key=_seed_order)
         body.append([f"`{label}`", mean_std_text(list(dev[label].values())),
                      *(mean_std_text(tests[name]) if tests[name] else "not run" for name in names),
                      ", ".join("-" if s is None else str(s) for s in seeds) or "none yet",
@@ -134,7 +139,7 @@ def comparison(spec: StudySpec, records: Sequence[Mapping[str, Any]], output_dir
         for record in _rows(spec, records, label):
             by_seed.setdefault(record["seed"], {}).update(_per_query(Path(output_dir), record))
         names = {point.dataset for point in spec.points() if point.row == label}
-        complete = [tables for seed, tables in sorted(by_seed.items(), key=lambda i: str(i[0]))
+        complete = [tables for seed, tables in sorted(by_seed.items(), key=lambda i: _seed_order(i[0]))
                     if len(tables) == len(names)]
         if complete:
             runs[label] = complete

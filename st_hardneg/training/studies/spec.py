@@ -162,10 +162,10 @@ def parse_method(text: str) -> tuple[str, Row]:
     """
     from st_hardneg.training.registry import parse_loss_args
 
-    label, sep, rest = text.partition("=")
-    if not sep:
-        label, rest = text.partition(":")[0], text
-    loss, _, arguments = rest.partition(":")
+    head, _, arguments = text.partition(":")
+    label, sep, loss = head.partition("=")
+    if not sep:  # LOSS[:key=value,...]: the loss is its own label
+        loss = label
     label, loss = label.strip(), loss.strip()
     if not label or not loss:
         raise ValueError(f"--method expects LABEL=LOSS[:key=value,...], got {text!r}")
