@@ -82,8 +82,13 @@ def test_each_grid_point_runs_once_and_the_table_is_the_records(reference):
     records = json.loads((reference / "study.json").read_text())["records"]
     by = {(r["row"], r["seed"]): r for r in records}
     assert set(by) == {(row, seed) for row in ("mnrl", "focal") for seed in (0, 1)}
+    def git(*argv):
+        return subprocess.run(["git", "-C", str(REPO), *argv], capture_output=True, text=True).stdout.strip()
+
     for trial in trials(reference):  # what a trial records
         attrs = trial.user_attrs
+        assert attrs["commit"].removesuffix("+dirty") == git("rev-parse", "HEAD")
+        assert attrs["library"].removesuffix("+dirty") == git("rev-parse", "HEAD:st_hardneg")
         assert {"commit", "library", "version", "config", "dev", "test", "per_query", "worker"} <= set(attrs)
         assert attrs["config"]["loss"] in ("mnrl", "focal") and trial.value == attrs["dev"]["ndcg@10"]
         assert (reference / attrs["per_query"]).is_file()

@@ -130,7 +130,6 @@ class Progress:
     running: set[str] = field(default_factory=set)
     waiting: set[str] = field(default_factory=set)
     left: list[str] = field(default_factory=list)
-    unstarted: list[str] = field(default_factory=list)
 
 
 def progress(study: optuna.Study, keys: Sequence[str]) -> Progress:
@@ -159,8 +158,6 @@ def progress(study: optuna.Study, keys: Sequence[str]) -> Progress:
             out.failed[key] = errors[key]
             continue
         out.left.append(key)
-        if key not in out.running and key not in out.waiting and key not in errors:
-            out.unstarted.append(key)
     return out
 
 
