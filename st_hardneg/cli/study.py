@@ -33,7 +33,7 @@ def add_parser(sub: Any, parents: list[argparse.ArgumentParser], epilog: str) ->
     s = sub.add_parser("study", parents=parents, epilog=epilog, formatter_class=argparse.RawDescriptionHelpFormatter,
                        help="which loss for your data: train every row x seed on a BEIR folder, choose on dev (or "
                             "say it ties), score test once, paired tests against the baseline (resumable, parallel)",
-                       description=__doc__.split("Only the standard")[0].replace("::", ":", 1))
+                       description=__doc__.split("\n\n")[2])  # the paragraph after the examples
     s.add_argument("--data", action="append", default=None, metavar="FOLDER",
                    help="a BEIR folder (corpus.jsonl, queries.jsonl, qrels/train.tsv and test.tsv, optional dev.tsv); "
                         "repeatable: dev is pooled over the folders")
