@@ -76,7 +76,7 @@ nitpicky = True
 nitpick_ignore_regex = [
     (r"py:.*", r"(torch|transformers|sentence_transformers|datasets|numpy|np|scipy|sklearn|mteb|matplotlib|tqdm"
                r"|accelerate|pytrec_eval|argparse|pathlib|collections|typing|typing_extensions|enum|dataclasses"
-               r"|json|logging|os|re|io|abc|inspect)(\..*)?"),
+               r"|json|logging|os|re|io|abc|inspect|optuna)(\..*)?"),
     (r"py:.*", r"(Tensor|nn\.Module|Module|SentenceTransformer|Dataset|DatasetDict|Path|Callable|Iterable|Iterator"
                r"|Sequence|Mapping|Any|Literal|Unpack|TypedDict|Generator|ndarray|TrainerCallback|TrainerState"
                r"|TrainerControl|TrainingArguments|Figure|Axes|PreTrainedTokenizerBase|Optimizer|TextIO|Namespace"

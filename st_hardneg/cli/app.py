@@ -5,6 +5,7 @@
     st-hardneg train --task beir --data PATH --loss focal   # any BEIR folder: mined from the corpus, dev/test nDCG@10
     st-hardneg eval --task beir --data PATH --split test    # BEIR nDCG@10, MTEB-comparable (256 tokens)
     st-hardneg eval --model output/st-hardneg/final     # 7-task SentEval STS table
+    st-hardneg study --data PATH --method mnrl=mnrl --method focal=focal --control   # which loss for your data
     st-hardneg download senteval --dest data            # users with a network
 
 Exit status: 0 done; 1 a failure at run time (training, evaluation or saving failed, an environment problem such as
@@ -23,6 +24,7 @@ from typing import Any, cast
 from st_hardneg.cli.checks import RECIPE, STS_DEFAULTS, TASK_ONLY_OPTIONS, TRAIN_TASKS
 from st_hardneg.cli.evaluate import EVAL_TASK_GROUPS, OutputOption, cmd_compare, cmd_eval
 from st_hardneg.cli.paths import holding_output_folder
+from st_hardneg.cli.study import add_parser as add_study_parser
 from st_hardneg.cli.train import RunFailed, cmd_train
 from st_hardneg.data.senteval import DataNotFoundError
 
@@ -249,6 +251,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="draw the per-query differences of every data set and method, with the mean and its interval")
     c.add_argument("--overwrite", action="store_true", help="replace an existing --output or --plot")
     c.set_defaults(func=cmd_compare)
+
+    add_study_parser(sub, [verbosity_only()], EXIT_STATUS_HELP)
 
     d = sub.add_parser("download", help="fetch the SentEval data or the wiki1m corpus (needs a network)",
                        parents=[verbosity_only()])
