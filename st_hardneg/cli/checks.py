@@ -143,7 +143,7 @@ def check_train_model(args: argparse.Namespace) -> Any:
         ValueError: a bad model folder, or a Router model without what it needs, in one line naming ``Router``
             and the option.
     """
-    from st_hardneg.models import check_model_source
+    from st_hardneg.data.model_folders import check_model_source
 
     source = check_model_source(getattr(args, "model", None), "--model")
     if not source.router:

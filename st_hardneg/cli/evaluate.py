@@ -161,7 +161,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         ensure_writable_file(args.output_dir, option)
     else:
         ensure_writable_dir(args.output_dir, option)
-    from st_hardneg.models import check_model_source
+    from st_hardneg.data.model_folders import check_model_source
 
     model_source = check_model_source(args.model, "--model")  # a file, a damaged folder: one line before the model loads
     if model_source.router and args.pooling is not None:
