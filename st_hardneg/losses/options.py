@@ -147,10 +147,10 @@ class QueueOptions:
              "``query_to_doc`` denominator, under the same similarity, scale and logit transform. Filled once per "
              "completed optimizer step of ``model``, never in evaluation or GradCache's replay, never cleared; a "
              "queued row whose text equals the anchor's or its positive's (``mask_duplicates``) or that passes the "
-             "``margin`` is masked; the loss's own hard-negative choices (partners, top-k, adversaries) come from the "
-             "batch only. With ``gather_across_devices`` every process queues the gathered rows. Needs the model (not "
-             "``None``) and no guide. The flat keywords ``queue_size``, ``queue_warmup_steps``, ... are these options "
-             "(the names of the command line, of the messages and of "
+             "``margin`` is masked; the loss's own hard-negative choices (partners, top-k, adversaries) come from "
+             "the batch only. With ``gather_across_devices`` every process queues the gathered rows. Needs the model "
+             "(not ``None``) and no guide. The flat keywords ``queue_size``, ``queue_warmup_steps``, ... are these "
+             "options (the names of the command line, of the messages and of "
              ":meth:`~st_hardneg.HardNegativeLoss.get_config_dict`)."))
     warmup_steps: int = option(0, check=_count(0),
         doc=("optimizer steps before the queue is read (default 0)."))
@@ -160,25 +160,25 @@ class QueueOptions:
         doc=("save the queue with the optimizer checkpoint (restored on resume by "
              ":class:`~st_hardneg.training.callbacks.StatefulLossCallback`); ``False`` leaves it out."))
     source: Literal["online", "ema"] = option("online", check=_choice("online", "ema"),
-        doc=("what feeds the queue: ``\"online\"`` (default, XBM: the detached candidates the loss computed anyway, no "
-             "extra cost) or ``\"ema\"`` (MoCo / ESimCSE: a momentum key encoder, a copy of ``model`` as the loss is "
+        doc=('what feeds the queue: ``"online"`` (default, XBM: the detached candidates the loss computed anyway, no '
+             'extra cost) or ``"ema"`` (MoCo / ESimCSE: a momentum key encoder, a copy of ``model`` as the loss is '
              "built, dropout off, re-embeds the candidate columns without gradient; one extra forward of them per "
              "batch). AdCSE with ``untied=True`` queues its own key encoder's candidates under either source."))
     momentum: float = option(0.995, check=validation.check_momentum,
         doc=("the key encoder's EMA momentum for ``source=\"ema\"`` (default 0.995, ESimCSE's): ``θ_k ← m·θ_k + (1 - "
              "m)·θ`` after every optimizer step."))
     anchors: bool = option(False, check=validation.check_bool,
-        doc=("also queue the anchors (a second bank of ``size`` rows, same source, warm-up, age and checkpoint): they "
-             "join the ``doc_to_query`` denominator (each positive against past anchors), so the symmetric direction "
-             "gets the extra negatives too. Needs ``\"doc_to_query\"`` in the loss's ``directions``; without it, queued "
-             "rows join ``query_to_doc`` only."))
+        doc=("also queue the anchors (a second bank of ``size`` rows, same source, warm-up, age and checkpoint): "
+             "they join the ``doc_to_query`` denominator (each positive against past anchors), so the symmetric "
+             "direction gets the extra negatives too. Needs ``\"doc_to_query\"`` in the loss's ``directions``; without "
+             "it, queued rows join ``query_to_doc`` only."))
     as_pool: bool = option(False, check=validation.check_bool,
         doc=("let the loss's own hardest-negative choice also pick queued rows (default ``False``: the queue is a "
              "denominator only). Off by default because a hardest-negative choice over old rows is where a queue's "
-             "failure modes concentrate: the \"hardest\" queued row is the most likely to be an unmasked duplicate or "
+             'failure modes concentrate: the "hardest" queued row is the most likely to be an unmasked duplicate or '
              "paraphrase of the anchor (a false negative), and it was embedded by an older encoder. Only MixCSE's "
-             "``partner=\"hardest\"`` takes it (the partner is then the hardest of the batch's and the queue's unmasked "
-             "rows); the other losses refuse it."))
+             "``partner=\"hardest\"`` takes it (the partner is then the hardest of the batch's and the queue's "
+             "unmasked rows); the other losses refuse it."))
 
     def __post_init__(self) -> None:
         _run_checks(self, "queue_")
@@ -275,29 +275,30 @@ class SharedOptions:
     """
 
     temperature: float = option(0.05, check=validation.check_temperature, keyword_type="float | None",
-        aliases={"scale": ("float | None", "sentence-transformers' inverse temperature (default 20): the logits are ``similarity \u00b7 scale``.")},
-        doc=("τ = 1 / scale (default 0.05). Give ``scale`` or ``temperature``, not both; τ > 1 warns (it looks like a "
-             "scale)."))
-    similarity_fct: Callable[[Tensor, Tensor], Tensor] | str = option("cos_sim", check=lambda value, _: validation.check_similarity_fct(value),
-        attribute=False,
-        doc=("``sentence_transformers.util.cos_sim`` (default) or ``dot_score`` (scored on the raw embeddings). A loss "
-             "whose equation needs cosines rejects ``dot_score`` and says why."))
+        aliases={"scale": ("float | None", "sentence-transformers' inverse temperature (default 20): the logits are "
+                                           "``similarity · scale``.")},
+        doc=("τ = 1 / scale (default 0.05). Give ``scale`` or ``temperature``, not both; τ > 1 warns (it looks like "
+             "a scale)."))
+    similarity_fct: Callable[[Tensor, Tensor], Tensor] | str = option(
+        "cos_sim", check=lambda value, _: validation.check_similarity_fct(value), attribute=False,
+        doc=("``sentence_transformers.util.cos_sim`` (default) or ``dot_score`` (scored on the raw embeddings). A "
+             "loss whose equation needs cosines rejects ``dot_score`` and says why."))
     directions: tuple[fr.Direction, ...] = option(("query_to_doc",),
-        doc=("sentence-transformers' interaction terms, a tuple of ``\"query_to_doc\"`` (required: query i against every "
-             "document: the positives, then every explicit negative), ``\"query_to_query\"`` (against the other "
-             "queries), ``\"doc_to_query\"`` (positive i against every query) and ``\"doc_to_doc\"`` (positive i against "
-             "every document of the other pairs). Default ``(\"query_to_doc\",)``, every paper's equation. Each paper's "
-             "extra negatives (mixed, synthetic, adversarial) are columns of ``query_to_doc`` (MixCSE's "
+        doc=("sentence-transformers' interaction terms, a tuple of ``\"query_to_doc\"`` (required: query i against "
+             'every document: the positives, then every explicit negative), ``"query_to_query"`` (against the other '
+             'queries), ``"doc_to_query"`` (positive i against every query) and ``"doc_to_doc"`` (positive i against '
+             "every document of the other pairs). Default ``(\"query_to_doc\",)``, every paper's equation. Each "
+             "paper's extra negatives (mixed, synthetic, adversarial) are columns of ``query_to_doc`` (MixCSE's "
              "``reverse_mix`` also of ``doc_to_query``)."))
     partition_mode: fr.PartitionMode = option("joint",
-        doc=("``\"joint\"`` (one softmax over every direction; default) or ``\"per_direction\"`` (one softmax per "
-             "direction, averaged; not with ``query_to_query`` / ``doc_to_doc``). ``directions=(\"query_to_doc\", "
-             "\"doc_to_query\"), partition_mode=\"per_direction\"`` is ``MultipleNegativesSymmetricRankingLoss``."))
+        doc=('``"joint"`` (one softmax over every direction; default) or ``"per_direction"`` (one softmax per '
+             'direction, averaged; not with ``query_to_query`` / ``doc_to_doc``). ``directions=("query_to_doc", '
+             '"doc_to_query"), partition_mode="per_direction"`` is ``MultipleNegativesSymmetricRankingLoss``.'))
     hardness_mode: fr.HardnessMode | None = option(None,
         doc=("sentence-transformers' hardness weighting (Lan et al. 2025): ``None`` (default), "
-             "``\"in_batch_negatives\"``, ``\"hard_negatives\"`` or ``\"all_negatives\"``: ``hardness_strength · sg(s)`` is "
-             "added to those ``query_to_doc`` logits (after the scaling, and after a Focal-InfoNCE modulation). It "
-             "composes with the papers' extra negatives, which it leaves unpenalised."))
+             '``"in_batch_negatives"``, ``"hard_negatives"`` or ``"all_negatives"``: ``hardness_strength · sg(s)`` '
+             "is added to those ``query_to_doc`` logits (after the scaling, and after a Focal-InfoNCE modulation). "
+             "It composes with the papers' extra negatives, which it leaves unpenalised."))
     hardness_strength: float = option(0.0,
         doc=("α >= 0 (default 0; a mode with α = 0 warns)."))
     seed: int | None = option(None, check=validation.check_seed,
@@ -308,53 +309,53 @@ class SharedOptions:
         doc=("false-negative control: a candidate (another pair's positive or an explicit negative) whose embedding, "
              "or whose text when the loss is called through ``forward``, is identical to anchor ``i``'s positive is "
              "not a negative of anchor ``i``: it leaves the denominator and every hard-negative selection (mixing "
-             "partners, top-k pools). The positive itself is never masked (unsupervised ``(sentence, sentence)`` pairs "
-             "are fine). Default on (sentence-transformers has no such mask: ``False`` for its exact behaviour on data "
-             "with duplicates)."))
+             "partners, top-k pools). The positive itself is never masked (unsupervised ``(sentence, sentence)`` "
+             "pairs are fine). Default on (sentence-transformers has no such mask: ``False`` for its exact behaviour "
+             "on data with duplicates)."))
     known_positives: Mapping[str, Any] | KnownPositives | None = option(None, attribute=False, repr=False, hash=False,
-        doc=("false-negative control from the relevance the data already has: a mapping from anchor text to the texts "
-             "known to be relevant to it (built from BEIR qrels with "
+        doc=("false-negative control from the relevance the data already has: a mapping from anchor text to the "
+             "texts known to be relevant to it (built from BEIR qrels with "
              ":func:`st_hardneg.data.relevance.known_positives_from_qrels`, or from a group column with "
              "``known_positives_from_groups``; the same mapping mining excludes), or a prebuilt "
              ":class:`~st_hardneg.losses.relevance.KnownPositives`. Every in-batch, gathered or queued candidate the "
-             "mapping marks relevant to anchor ``i`` (its own positive aside) leaves row ``i``'s denominator and every "
-             "hard-negative choice (mixing partners, top-k pools, HNCSE's pairs), before any of them is made; in "
-             "``query_to_query`` / ``doc_to_doc`` (and the contrast blocks) likewise the anchors and documents marked "
-             "relevant to anchor ``i``. A candidate masked for several reasons (duplicate, margin, mapping) is masked "
-             "once. The texts are matched by the hash of their token ids (as ``mask_duplicates`` does): the mapping's "
-             "texts are tokenised once, here, with the model's ``preprocess`` (O(mapping) memory, no N × corpus "
-             "table), so the loss must be called through ``forward`` (or given ``text_keys`` with "
+             "mapping marks relevant to anchor ``i`` (its own positive aside) leaves row ``i``'s denominator and "
+             "every hard-negative choice (mixing partners, top-k pools, HNCSE's pairs), before any of them is made; "
+             "in ``query_to_query`` / ``doc_to_doc`` (and the contrast blocks) likewise the anchors and documents "
+             "marked relevant to anchor ``i``. A candidate masked for several reasons (duplicate, margin, mapping) "
+             "is masked once. The texts are matched by the hash of their token ids (as ``mask_duplicates`` does): "
+             "the mapping's texts are tokenised once, here, with the model's ``preprocess`` (O(mapping) memory, no N "
+             "× corpus table), so the loss must be called through ``forward`` (or given ``text_keys`` with "
              ":meth:`~st_hardneg.HardNegativeLoss.set_false_negative_inputs`), and a training prompt must be part of "
-             "the mapping's texts. :attr:`~st_hardneg.HardNegativeLoss.diagnostics` reports ``masked_known_positives`` "
-             "(per anchor, mean) and ``masked_known_positives_total`` (with a queue also "
+             "the mapping's texts. :attr:`~st_hardneg.HardNegativeLoss.diagnostics` reports "
+             "``masked_known_positives`` (per anchor, mean) and ``masked_known_positives_total`` (with a queue also "
              "``queue_known_positives_masked_total``), besides the union of every reason in "
              "``masked_false_negatives_total``. ``None`` (default): off; an empty mapping warns and is the loss "
              "without it; a batch whose rows all lose every negative is refused (see ``margin``)."))
     margin: float | None = option(None, check=validation.check_optional_non_negative,
         doc=("GISTEmbedLoss's false-negative filter: ``None`` (off; ``0.0`` when a guide is given) or a margin >= 0: "
              "mask every candidate whose similarity to the anchor exceeds the positive's similarity minus the margin "
-             "(``margin_strategy=\"absolute\"``) or minus ``|positive similarity|·margin`` (``\"relative\"``), judged by "
-             "the guide when given, else by the trained model itself (detached). ``doc_to_query`` uses the transposed "
-             "mask, ``query_to_query`` / ``doc_to_doc`` the same threshold on their own similarities. A row whose "
-             "every negative is masked teaches nothing and is left out of the mean (GISTEmbedLoss counts it as 0: see "
-             ":meth:`~st_hardneg.losses.blocks.Ranking.unusable_rows`): the first such batch warns, a batch of only "
-             "such rows is a ``ValueError``, and :attr:`~st_hardneg.HardNegativeLoss.diagnostics` reports "
-             "``masked_false_negatives`` (mean per anchor), ``masked_false_negatives_total``, ``masked_fraction`` and "
-             "``rows_without_negatives``."))
+             '(``margin_strategy="absolute"``) or minus ``|positive similarity|·margin`` (``"relative"``), judged by '
+             "the guide when given, else by the trained model itself (detached). ``doc_to_query`` uses the "
+             "transposed mask, ``query_to_query`` / ``doc_to_doc`` the same threshold on their own similarities. A "
+             "row whose every negative is masked teaches nothing and is left out of the mean (GISTEmbedLoss counts "
+             "it as 0: see :meth:`~st_hardneg.losses.blocks.Ranking.unusable_rows`): the first such batch warns, a "
+             "batch of only such rows is a ``ValueError``, and :attr:`~st_hardneg.HardNegativeLoss.diagnostics` "
+             "reports ``masked_false_negatives`` (mean per anchor), ``masked_false_negatives_total``, "
+             "``masked_fraction`` and ``rows_without_negatives``."))
     margin_strategy: Literal["absolute", "relative"] = option("absolute", check=_choice("absolute", "relative"),
-        doc=("``\"absolute\"`` or ``\"relative\"``."))
+        doc=('``"absolute"`` or ``"relative"``.'))
     contrast_anchors: bool | None = option(None, check=validation.check_bool,
         doc=("GISTEmbedLoss's anchor-anchor block: every anchor also against the other anchors of its process (false "
              "negatives masked as above). ``None`` (default): on with a guide (GIST's default), off without one "
-             "(MNRL's). With a guide and ``gather_across_devices`` the anchors of other processes are not contrasted, "
-             "as in GIST; ``directions`` with ``\"query_to_query\"`` contrasts them all."))
+             "(MNRL's). With a guide and ``gather_across_devices`` the anchors of other processes are not "
+             'contrasted, as in GIST; ``directions`` with ``"query_to_query"`` contrasts them all.'))
     contrast_positives: bool | None = option(None, check=validation.check_bool,
         doc=("GISTEmbedLoss's positive-positive block: every positive against the other positives (not the explicit "
              "negatives; ``\"doc_to_doc\"`` in ``directions`` is sentence-transformers' block with them). ``None``: as "
              "``contrast_anchors``."))
     queue: QueueOptions = option(QueueOptions(), attribute=False, keyword_type="QueueOptions | int | None",
-        doc=("deprecated (it warns, naming the flat keywords; removed in the next release): the queue's options as one "
-             "value, a :class:`QueueOptions` or an ``int``, its ``size`` alone (``queue=4096`` is "
+        doc=("deprecated (it warns, naming the flat keywords; removed in the next release): the queue's options as "
+             "one value, a :class:`QueueOptions` or an ``int``, its ``size`` alone (``queue=4096`` is "
              "``queue_size=4096``); ``None`` (default): the flat keywords, or no queue. Give either ``queue`` or the "
              "flat keywords, not both (a ``TypeError`` names both)."))
     guided: bool = option(False, attribute=False, keyword=False,
