@@ -202,8 +202,10 @@ class HardNegativeLoss(GradCacheMixin, nn.Module):
             if name in _FIXED_OPTIONS or (name == "guide" and value is not self.guide):
                 why = ("the guide decides the margin and the contrast blocks" if name in ("guide", "guided") else
                        "the queue's banks hold the queued rows and their state")
+                keyword = {"guided": "guide", "queue": "queue_size", "queue_options": "queue_size",
+                           "anchor_queue": "queue_anchors"}.get(name, name)
                 raise AttributeError(f"{type(self).__name__}.{name} is fixed when the loss is built ({why}); build "
-                                     f"a new loss with {'guide' if name == 'guided' else name}=... instead")
+                                     f"a new loss with {keyword}=... instead")
         if name == "model" and "model_guard" in self.__dict__:
             self.model_guard.check(type(self).__name__, self.__dict__.get("_modules", {}).get("model"), value)
         super().__setattr__(name, value)
@@ -225,7 +227,7 @@ class HardNegativeLoss(GradCacheMixin, nn.Module):
         old = self.options
         if options.queue != old.queue:
             raise AttributeError(f"{name}: the queue's options are fixed when the loss is built (its banks hold the "
-                                 "queued rows and their state); build a new loss with queue=... instead")
+                                 "queued rows and their state); build a new loss with its queue_* keywords instead")
         if options.guided != old.guided:
             raise AttributeError(f"{name}: guided follows the guide model given to the constructor; build a new loss "
                                  "with guide=... instead")

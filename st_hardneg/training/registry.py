@@ -104,13 +104,14 @@ def _adcse(model: SentenceTransformer, **kwargs: Any) -> nn.Module:
 
 
 def _mnrl_queue(model: SentenceTransformer, **kwargs: Any) -> nn.Module:
-    """sentence-transformers' ``MultipleNegativesRankingLoss`` with st-hardneg's cross-batch queue: AdCSE without
-    adversaries, with tied keys and without duplicate masking is exactly MNRL (tests/losses/test_st_parity.py), and takes
-    ``queue_size``; the baseline a queued loss is compared with."""
-    from st_hardneg.losses.adcse import AdversarialNegativesLoss
+    """sentence-transformers' ``MultipleNegativesRankingLoss`` with st-hardneg's cross-batch queue: the concrete base
+    :class:`~st_hardneg.losses.base.HardNegativeLoss` (InfoNCE over sentence-transformers' blocks, no paper columns)
+    without duplicate masking is exactly MNRL (tests/losses/test_base_infonce.py), and takes ``queue_size``; the
+    baseline a queued loss is compared with."""
+    from st_hardneg.losses.base import HardNegativeLoss
 
-    kwargs = {"num_adversaries": 0, "untied": False, "mask_duplicates": False, **kwargs}
-    return AdversarialNegativesLoss(model, **kwargs)
+    kwargs = {"mask_duplicates": False, **kwargs}
+    return HardNegativeLoss(model, **kwargs)
 
 
 #: method name → ``factory(model, **hyperparameters)``. One name, one loss: a plain name (``mixcse``, ``focal``,
@@ -190,7 +191,7 @@ def _loss_class(name: str) -> type:
         "mnrl_symmetric": ("sentence_transformers.sentence_transformer.losses",
                            "MultipleNegativesSymmetricRankingLoss"),
         "mnrl_hardness": ("sentence_transformers.sentence_transformer.losses", "MultipleNegativesRankingLoss"),
-        "mnrl_queue": ("st_hardneg.losses.adcse", "AdversarialNegativesLoss"),
+        "mnrl_queue": ("st_hardneg.losses.base", "HardNegativeLoss"),
         "mixcse": ("st_hardneg.losses.mixcse", "MixCSELoss"), "mixcse_two_way": ("st_hardneg.losses.mixcse", "MixCSELoss"),
         "focal": ("st_hardneg.losses.focal", "FocalInfoNCELoss"),
         "hncse_pm": ("st_hardneg.losses.hncse", "HNCSELoss"), "hncse_hnm": ("st_hardneg.losses.hncse", "HNCSELoss"),
@@ -303,7 +304,7 @@ def loss_call(name: str, kwargs: dict[str, Any] | None = None) -> str:
     elif name in ("hncse_pm", "hncse_hnm", "hncse_both"):
         preset = {"mode": name.removeprefix("hncse_")}
     elif name == "mnrl_queue":
-        preset = {"num_adversaries": 0, "untied": False, "mask_duplicates": False}
+        preset = {"mask_duplicates": False}
     elif name == "mnrl_hardness":
         preset = {"hardness_mode": "in_batch_negatives", "hardness_strength": 9.0}
     if name.startswith("mnrl") and name != "mnrl_queue":

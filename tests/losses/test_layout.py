@@ -256,3 +256,17 @@ def test_with_a_queue_the_template_reads_joins_and_stages_it_once(tiny_model, ti
     first = order.index("HardNegativeLoss.window_rows")
     assert order[first:first + 4] == ["HardNegativeLoss.window_rows", "Ranking.blocks", "QueueBanks.read",
                                       "MixCSELoss.paper_columns"]
+
+
+def test_every_option_is_declared_once_with_its_default_check_and_documentation() -> None:
+    """The options' one declaration: every field of SharedOptions and QueueOptions is made by option() (its
+    documentation in its metadata), and options.py writes no option's default, type or documentation a second time
+    but in LossOptions, the typing shadow that test_options.py holds to the declarations."""
+    from st_hardneg.losses.options import QueueOptions, SharedOptions, loss_keywords
+
+    for spec in (*dataclasses.fields(SharedOptions), *dataclasses.fields(QueueOptions)):
+        assert spec.metadata.get("doc") and "check" in spec.metadata, spec.name
+    tree = ast.parse((LOSSES / "options.py").read_text())
+    typed = [node for node in tree.body if isinstance(node, ast.ClassDef) and node.name == "LossOptions"]
+    assert [stmt.target.id for stmt in typed[0].body if isinstance(stmt, ast.AnnAssign)] == list(loss_keywords())
+    assert all(stmt.value is None for stmt in typed[0].body if isinstance(stmt, ast.AnnAssign))  # types only

@@ -1,7 +1,8 @@
 """The shared options as one checked value (``loss.options``, a :class:`SharedOptions`): the same messages as the
-loss's keywords, and its warnings point at the user's line. The queue's options as one checked value
-(``queue=QueueOptions(...)``): the same messages as the flat ``queue_*`` keywords, which stay as aliases (the same
-loss, the same config, the same numbers), and never both."""
+loss's keywords, and its warnings point at the user's line. Each option declared once (its field: default, check,
+documentation), the signature, the attributes, the config and the typed keywords made from or held to it. The queue's
+options as one checked value: the flat ``queue_*`` keywords, the one spelling; the deprecated
+``queue=QueueOptions(...)`` warns naming them and is the same loss (the same config, the same numbers), never both."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import torch
 from torch import nn
 
 from st_hardneg import AdversarialNegativesLoss, FocalInfoNCELoss, HardNegativeLoss, HNCSELoss, MixCSELoss
-from st_hardneg.losses.options import QueueOptions, SharedOptions
+from st_hardneg.losses.options import LossOptions, QueueOptions, SharedOptions, loss_keywords
 from tests.losses.test_queue import _batch, _step
 
 
@@ -291,3 +292,61 @@ def test_a_built_loss_refuses_a_new_option_value_with_what_to_do_instead(tiny_mo
     assert loss.temperature == 0.1 and loss.margin == 0.2 and loss.get_config_dict()["scale"] == 10.0
     loss.mini_batch_size = 4
     assert loss.mini_batch_size == 4 and loss.get_config_dict()["mini_batch_size"] == 4
+
+
+# ------------------------------------------------------------------------------------------ one declaration each
+def test_the_typed_keywords_are_the_declarations():
+    """LossOptions, the static TypedDict type checkers read for ``**options``, is the shadow of the declarations:
+    the same keywords, in the same order, with the same types (the lines to paste are printed when they differ)."""
+    declared = [(name, kind) for name, (kind, _, _) in loss_keywords().items()]
+    shadow = [(name, getattr(hint, "__forward_arg__", hint)) for name, hint in LossOptions.__annotations__.items()]
+    lines = "\n".join(f"    {name}: {kind}" for name, kind in declared)
+    assert shadow == declared, f"LossOptions' fields must read (from loss_keywords()):\n{lines}"
+
+
+def test_the_signature_attributes_config_and_documentation_follow_the_declarations():
+    """Every field of SharedOptions / QueueOptions is a keyword of the signature with its declared default, a
+    documented entry of LossOptions with its declared text, an attribute of the loss where declared one (reading
+    loss.options), and in get_config_dict where declared so."""
+    parameters = inspect.signature(HardNegativeLoss.__init__).parameters
+    loss = HardNegativeLoss(nn.Linear(4, 4), margin=0.1, seed=4, queue_size=8, queue_warmup_steps=2)
+    config = loss.get_config_dict()
+    documented = " ".join(LossOptions.__doc__.split())
+    for spec in dataclasses.fields(SharedOptions):
+        meta = spec.metadata
+        if meta["keyword"] and spec.name != "queue":
+            default = meta["keyword_default"] if meta["keyword_type"] else spec.default
+            assert parameters[spec.name].default == default, spec.name
+            assert f"{spec.name}: {meta['doc']}" in documented, spec.name
+        if meta["attribute"]:
+            assert getattr(loss, spec.name) == getattr(loss.options, spec.name), spec.name
+        assert (spec.name in config) == (meta["config"] and spec.name not in ("known_positives", "queue", "guided"))
+    for spec in dataclasses.fields(QueueOptions):
+        name = f"queue_{spec.name}"
+        assert repr(parameters[name].default) == repr(spec.default)
+        assert f"{name}: the queue's ``{spec.name}``: {spec.metadata['doc']}" in documented
+        assert getattr(loss, name) == getattr(loss.options.queue, spec.name)
+        assert spec.name in " ".join(QueueOptions.__doc__.split())
+    assert (config["queue_size"], config["queue_warmup_steps"], config["margin"], config["seed"]) == (8, 2, 0.1, 4)
+
+
+@pytest.mark.parametrize("queue, flat", [
+    (QueueOptions(size=8, warmup_steps=2, source="ema", momentum=0.9),
+     {"queue_size": 8, "queue_warmup_steps": 2, "queue_source": "ema", "queue_momentum": 0.9}),
+    (8, {"queue_size": 8}),
+    (QueueOptions(), {}),
+])
+def test_the_queue_keyword_is_deprecated_for_the_flat_keywords(queue, flat):
+    """queue=QueueOptions(...) / queue=<size> still builds the same loss for one release, with a DeprecationWarning at
+    the user's line naming the flat keywords to write instead; the flat keywords do not warn."""
+    spelled = ", ".join(f"{key}={value!r}" for key, value in flat.items()) or "no queue_* keyword"
+    line = inspect.currentframe().f_lineno + 2
+    with pytest.warns(DeprecationWarning, match="queue=.* is deprecated") as caught:
+        deprecated = MixCSELoss(nn.Linear(4, 4), seed=0, queue=queue)
+    (warning,) = [w for w in caught if issubclass(w.category, DeprecationWarning)]
+    assert f"give the flat keywords instead: {spelled}" in str(warning.message)
+    assert (warning.filename, warning.lineno) == (__file__, line)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DeprecationWarning)
+        flat_loss = MixCSELoss(nn.Linear(4, 4), seed=0, **flat)
+    assert deprecated.options == flat_loss.options and deprecated.get_config_dict() == flat_loss.get_config_dict()

@@ -87,3 +87,43 @@ def test_docs_links_of_the_st_hardneg_losses_only():
     from sentence_transformers.sentence_transformer.losses import MultipleNegativesRankingLoss
 
     assert loss_docs_url(MultipleNegativesRankingLoss) is None
+
+
+@pytest.mark.parametrize("options", [
+    {"queue_size": 8}, {"queue_size": 6, "queue_warmup_steps": 1, "temperature": 0.1},
+    {"queue_size": 8, "queue_anchors": True, "directions": ("query_to_doc", "doc_to_query")},
+])
+def test_mnrl_queue_is_the_base_with_the_numbers_of_the_adcse_reduction(options):
+    """``mnrl_queue`` builds the concrete base, whose loss and gradients equal those of the AdCSE reduction it was
+    built as before (no adversaries, tied keys, no duplicate masking) to 1e-6, batch by batch while the queue fills
+    and is read."""
+    import torch
+    from torch import nn
+
+    from st_hardneg import AdversarialNegativesLoss
+    from st_hardneg.losses.base import HardNegativeLoss
+
+    model = nn.Linear(4, 4)
+    ours = build_loss("mnrl_queue", model, **options)
+    assert type(ours) is HardNegativeLoss and _loss_class("mnrl_queue") is HardNegativeLoss
+    reduction = AdversarialNegativesLoss(model, num_adversaries=0, untied=False, mask_duplicates=False, **options)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
+    generator = torch.Generator().manual_seed(0)
+    read = 0.0
+    for _ in range(4):
+        columns = [torch.randn(4, 4, generator=generator) for _ in range(3)]  # anchors, positives, a hard negative
+        results = []
+        for loss in (ours, reduction):
+            leaves = [column.clone().requires_grad_(True) for column in columns]
+            value = loss.compute_loss_from_embeddings(leaves, None)
+            value.backward()
+            results.append((value.detach(), [leaf.grad for leaf in leaves]))
+        (got, got_grads), (want, want_grads) = results
+        torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+        for mine, theirs in zip(got_grads, want_grads, strict=True):
+            torch.testing.assert_close(mine, theirs, rtol=1e-6, atol=1e-6)
+        read = max(read, float(ours.diagnostics.get("queue_rows_read", 0.0)))
+        model.weight.grad = torch.zeros_like(model.weight)
+        optimizer.step()  # commits the staged rows of both losses' queues
+    assert read > 0  # the queue was read, not only filled
+    assert ours.queue.filled == reduction.queue.filled == options["queue_size"]
