@@ -154,9 +154,9 @@ class HardNegativeLoss(GradCacheMixin, nn.Module):
         # kept out of the module tree (as AdCSE's key encoder): not trained, not in state_dict(), not in the optimizer
         vars(self)["guide"] = guide
         self._generator: torch.Generator | None = None
-        # the call in progress: forward's context during a cached forward, set_false_negative_inputs' for the next
-        # compute_loss_from_embeddings (each dropped when its call ends)
-        vars(self).update(_call_context=None, _given_inputs=None)
+        # set_false_negative_inputs' side inputs for the next compute_loss_from_embeddings (dropped when it runs;
+        # a cached forward's context lives on the loss only while the call runs: GradCacheMixin.cached_forward)
+        vars(self).update(_given_inputs=None)
         #: the statistics of the last batch (:attr:`diagnostics`): the one attribute a batch rebinds
         self._last_stats: dict[str, Tensor] = {}
         self.embedding_dimension = columns.model_embedding_dimension(model)
@@ -360,24 +360,14 @@ class HardNegativeLoss(GradCacheMixin, nn.Module):
     # ------------------------------------------------------------------ GradCache (sentence-transformers' contract)
     # uses_gradient_cache, frozen_columns, embed_minibatch and the cached forward are GradCacheMixin's, written once
     # (gradcache.py); the loss adds the call's context and its own step (2), the template a chunk of rows at a time
-    def cached_forward(self, sentence_features: Iterable[dict[str, Tensor]], labels: Tensor | None,
-                       context: CallContext | None = None) -> Tensor:
-        """GradCache's forward pass (:meth:`GradCacheMixin.cached_forward`) with ``context`` (``forward``'s), the
-        one every ``calculate_loss`` of this call computes with (``MatryoshkaLoss`` calls it once per dimension);
-        it is dropped when the call returns or raises."""
-        vars(self)["_call_context"] = context
-        try:
-            return super().cached_forward(sentence_features, labels)
-        finally:
-            vars(self)["_call_context"] = None
-
     def calculate_loss(self, reps: list[list[Tensor]], labels: Tensor | None = None, *,
                        with_backward: bool = False) -> Tensor:
         """Step (2) of sentence-transformers' ``CachedLossMixin``: the loss of the whole batch from the
         per-mini-batch embeddings, by :meth:`compute` a chunk of :attr:`loss_chunk_size` rows at a time; with
         ``with_backward``, back-propagated to the embeddings chunk by chunk and detached."""
-        return self.compute(self.gradcache.columns(reps), labels, chunk_size=self.loss_chunk_size,
-                            with_backward=with_backward, context=vars(self).get("_call_context"))
+        context = self._running_context()  # forward's, with the frozen columns (GradCacheMixin.cached_forward)
+        return self.compute(self.gradcache.columns(reps, context), labels, chunk_size=self.loss_chunk_size,
+                            with_backward=with_backward, context=context)
 
     @property
     def supports_row_chunks(self) -> bool:

@@ -188,6 +188,10 @@ class CallContext:
     side_inputs: SideInputs | None = None
     #: with ``queue_source="ema"`` in training: the queue's key encoder's rows of every input column
     queue_keys: list[Tensor | None] | None = None
+    #: under GradCache: ``{column: its embeddings without gradient}`` of the columns another module embeds (AdCSE's
+    #: key encoder; :meth:`~st_hardneg.losses.gradcache.GradCacheMixin.frozen_columns`), put in their places among
+    #: the cached columns by :meth:`~st_hardneg.losses.gradcache.GradCacheEngine.columns`
+    frozen_columns: dict[int, Tensor] = field(default_factory=dict)
 
 
 def column_name(index: int) -> str:

@@ -154,11 +154,11 @@ def known_mask(batch: Batch, anchors: tuple[int, int], columns: tuple[int, int])
 
 
 @torch.no_grad()
-def candidate_mask(batch: Batch, anchors: tuple[int, int], columns: tuple[int, int], *, mask_duplicates: bool,
-                   margin: float | None, margin_strategy: str = "absolute", known: Tensor | None = None) -> Tensor:
+def candidate_mask(batch: Batch, anchors: tuple[int, int], columns: tuple[int, int], rule: FalseNegativeRule, *,
+                   known: Tensor | None = None) -> Tensor:
     """(A, K) bool: True where candidate ``c`` (``batch.candidates`` order, ``columns`` = ``[c0, c1)``) is a masked
-    false negative of anchor ``i`` (``anchors`` = ``[i0, i1)``): it duplicates the anchor's positive (embedding, or
-    text when ``batch.text_keys`` is set), or (``margin``) it scores above the anchor's threshold (in the guide's
+    false negative of anchor ``i`` (``anchors`` = ``[i0, i1)``) by the loss's ``rule``: it duplicates the anchor's
+    positive (``mask_duplicates``: embedding, or text when ``batch.text_keys`` is set), or (``margin``) it scores above the anchor's threshold (in the guide's
     embeddings when ``batch.guide`` is set, else in the batch's own, detached), or the loss's ``known_positives``
     mark it relevant to the anchor (:func:`known_mask`; ``known``: that mask, when the caller computed it already).
     A positive is never masked for its own anchor."""
@@ -168,7 +168,7 @@ def candidate_mask(batch: Batch, anchors: tuple[int, int], columns: tuple[int, i
     mask = known.clone() if known is not None else known_mask(batch, anchors, columns)
     if mask is None:
         mask = torch.zeros(i1 - i0, c1 - c0, dtype=torch.bool, device=batch.device)
-    if mask_duplicates:
+    if rule.mask_duplicates:
         ids = duplicate_ids(batch)
         if ids is not None:
             candidate_ids = ids[n:]  # positive i is candidate i
@@ -177,10 +177,10 @@ def candidate_mask(batch: Batch, anchors: tuple[int, int], columns: tuple[int, i
             keys = batch.text_keys
             candidate_keys = keys[1:].reshape(-1)  # positives, then negative_1, negative_2, ...
             mask |= keys[1, i0:i1].unsqueeze(1) == candidate_keys[c0:c1].unsqueeze(0)
-    if margin is not None:
+    if rule.margin is not None:
         source = batch.guide if batch.guide is not None else batch.judged
         sim = source.anchors[i0:i1].detach() @ source.candidates[c0:c1].detach().T
-        mask |= sim > _thresholds(source, i0, i1, margin, margin_strategy)
+        mask |= sim > _thresholds(source, i0, i1, rule.margin, rule.margin_strategy)
     low, high = max(i0, c0), min(i1, c1)  # the anchors whose positive is among these columns
     if low < high:
         step = torch.arange(high - low, device=batch.device)
@@ -189,9 +189,9 @@ def candidate_mask(batch: Batch, anchors: tuple[int, int], columns: tuple[int, i
 
 
 @torch.no_grad()
-def false_negative_mask(batch: Batch, *, mask_duplicates: bool, margin: float | None,
-                        margin_strategy: str = "absolute") -> tuple[Tensor, dict[str, Tensor]]:
-    """The false negatives of the anchors of ``batch`` (its :attr:`~Batch.rows`, default all), and their counts.
+def false_negative_mask(batch: Batch, rule: FalseNegativeRule) -> tuple[Tensor, dict[str, Tensor]]:
+    """The false negatives of the anchors of ``batch`` (its :attr:`~Batch.rows`, default all) by the loss's ``rule``,
+    and their counts.
 
     Returns ``(mask, stats)``: ``mask`` is (R, N + N·k) bool, True where candidate ``c`` (``batch.candidates`` order)
     is not a negative of anchor ``i``, i.e.
@@ -211,8 +211,7 @@ def false_negative_mask(batch: Batch, *, mask_duplicates: bool, margin: float | 
     """
     columns = (0, batch.candidates.size(0))
     known = known_mask(batch, batch.row_range, columns)
-    mask = candidate_mask(batch, batch.row_range, columns, mask_duplicates=mask_duplicates,
-                          margin=margin, margin_strategy=margin_strategy, known=known)
+    mask = candidate_mask(batch, batch.row_range, columns, rule, known=known)
     count = mask.sum(dim=1).float()
     stats = {"masked_false_negatives": count.mean(), "masked_false_negatives_total": count.sum()}
     if known is not None:
@@ -222,10 +221,10 @@ def false_negative_mask(batch: Batch, *, mask_duplicates: bool, margin: float | 
 
 
 @torch.no_grad()
-def block_masks(batch: Batch, names: set[str] | frozenset[str], *, mask_duplicates: bool, margin: float | None,
-                margin_strategy: str = "absolute") -> dict[str, Tensor]:
+def block_masks(batch: Batch, names: set[str] | frozenset[str], rule: FalseNegativeRule) -> dict[str, Tensor]:
     """The false negatives of the blocks other than ``query_to_doc`` (whose mask is :func:`false_negative_mask`)
-    for the rows of ``batch`` (its :attr:`~Batch.rows`, default all): one (R, C) bool mask per name in ``names``.
+    for the rows of ``batch`` (its :attr:`~Batch.rows`, default all) by the loss's ``rule``: one (R, C) bool mask
+    per name in ``names``.
 
     - ``doc_to_query``: the transposed in-batch part of the ``query_to_doc`` mask (positive i vs query j is masked
       when positive i is a false negative of query j);
@@ -242,13 +241,13 @@ def block_masks(batch: Batch, names: set[str] | frozenset[str], *, mask_duplicat
     start, stop = batch.row_range
     masks: dict[str, Tensor] = {}
     if "doc_to_query" in names:
-        masks["doc_to_query"] = candidate_mask(batch, (0, n), (start, stop), mask_duplicates=mask_duplicates,
-                                               margin=margin, margin_strategy=margin_strategy).T.contiguous()
+        masks["doc_to_query"] = candidate_mask(batch, (0, n), (start, stop), rule).T.contiguous()
     same_type = {"query_to_query", "anchor_to_anchor", "doc_to_doc", "positive_to_positive"} & set(names)
     if not same_type:
         return masks
     source = batch.guide if batch.guide is not None else batch.judged
-    threshold = _thresholds(source, start, stop, margin, margin_strategy) if margin is not None else None
+    margin, mask_duplicates = rule.margin, rule.mask_duplicates
+    threshold = _thresholds(source, start, stop, margin, rule.margin_strategy) if margin is not None else None
     ids = duplicate_ids(batch) if mask_duplicates else None
     keys = batch.text_keys
     if {"query_to_query", "anchor_to_anchor"} & set(names):

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterable
+from dataclasses import replace
 from typing import Any, cast
 
 import torch
@@ -43,6 +44,7 @@ from sentence_transformers.base.losses.gradcache import (
 from torch import Tensor, nn
 
 from st_hardneg import validation
+from st_hardneg.losses.batch import CallContext
 
 __all__ = ["GradCacheEngine", "GradCacheMixin", "GradCached", "check_cacheable_model"]
 
@@ -79,49 +81,44 @@ def embed_with_replayed_autocast(embed: Callable[..., tuple[Tensor, Any]], sente
 
 
 class GradCacheEngine:
-    """GradCache's st-hardneg side, a part a loss owns: one cached forward (:meth:`forward`: the frozen columns
-    embedded without gradient, the others through sentence-transformers' ``forward_cached``) and step (2)'s columns
-    put back together (:meth:`columns`). The loss keeps ``mini_batch_size`` / ``mini_batch_num_tokens`` (the names
-    sentence-transformers' ``CachedLossMixin`` reads) and gives them here with each call."""
+    """GradCache's st-hardneg side, a part a loss owns, with no state: one cached call's columns split
+    (:meth:`prepare`: the frozen columns embedded without gradient into the call's context, the others left for
+    sentence-transformers' ``forward_cached``) and step (2)'s columns put back together (:meth:`columns`). The loss
+    keeps ``mini_batch_size`` / ``mini_batch_num_tokens`` (the names sentence-transformers' ``CachedLossMixin``
+    reads) and gives them here with each call."""
 
-    def __init__(self) -> None:
-        #: during one :meth:`forward`: (the number of columns, {column: its embeddings without gradient})
-        self._frozen: tuple[int, dict[int, Tensor]] | None = None
+    def prepare(self, name: str, sentence_features: list[dict[str, Tensor]], frozen: dict[int, nn.Module],
+                context: CallContext, mini_batch_size: int | None, mini_batch_num_tokens: int | None,
+                ) -> tuple[CallContext, list[dict[str, Tensor]]]:
+        """The cached call of loss ``name``: ``context`` with the columns ``frozen`` names embedded by their module
+        without gradient (``frozen_columns``), and the other columns' features, for ``forward_cached``.
 
-    def forward(self, loss: CachedLossMixin, sentence_features: Iterable[dict[str, Tensor]], labels: Tensor | None,
-                frozen: dict[int, nn.Module], mini_batch_size: int | None, mini_batch_num_tokens: int | None,
-                ) -> Tensor:
-        """The GradCache forward pass of ``loss``: the columns ``frozen`` names embedded by their module without
-        gradient, the others cached by ``loss.forward_cached``; returns the (detached, hooked) loss, whose
-        ``backward()`` fills the gradients."""
-        name = type(loss).__name__
+        Raises:
+            RuntimeError: neither ``mini_batch_size`` nor ``mini_batch_num_tokens`` is set.
+            ValueError: a bad mini-batch option, or every column is frozen.
+        """
         if mini_batch_size is None and mini_batch_num_tokens is None:
             raise RuntimeError(f"{name}: cached_forward needs mini_batch_size or mini_batch_num_tokens")
         validation.check_optional_count(mini_batch_size, "mini_batch_size")
         _validate_mini_batch_num_tokens(mini_batch_num_tokens)
-        sentence_features = list(sentence_features)
         embedded = {column: embed_without_grad(module, sentence_features[column], mini_batch_size,
                                                mini_batch_num_tokens)
                     for column, module in frozen.items()}
         cached = [features for column, features in enumerate(sentence_features) if column not in embedded]
         if not cached:
             raise ValueError(f"{name}: every input column is frozen; nothing to train")
-        self._frozen = (len(sentence_features), embedded)
-        try:
-            # ST's range splitter reads mini_batch_size only when mini_batch_num_tokens is None.
-            return loss.forward_cached(cached, labels)
-        finally:
-            self._frozen = None
+        # ST's range splitter reads mini_batch_size only when mini_batch_num_tokens is None.
+        return replace(context, frozen_columns=embedded), cached
 
-    def columns(self, reps: list[list[Tensor]]) -> list[Tensor]:
+    def columns(self, reps: list[list[Tensor]], context: CallContext | None) -> list[Tensor]:
         """Step (2)'s embeddings, one per input column in column order: the cached mini-batches concatenated, the
-        frozen columns of the running :meth:`forward` in their places."""
+        frozen columns of the call's ``context`` in their places."""
         cached = [torch.cat(mini_batches) for mini_batches in reps]
-        if self._frozen is None:
+        frozen = context.frozen_columns if context is not None else {}
+        if not frozen:
             return cached
-        num_columns, frozen = self._frozen
         it = iter(cached)
-        return [frozen[column] if column in frozen else next(it) for column in range(num_columns)]
+        return [frozen[column] if column in frozen else next(it) for column in range(len(cached) + len(frozen))]
 
 
 def embed_without_grad(module: nn.Module, features: dict[str, Tensor], mini_batch_size: int | None,
@@ -178,11 +175,28 @@ class GradCacheMixin(CachedLossMixin):
     def compute_loss_from_embeddings(self, embeddings: list[Tensor], labels: Tensor | None) -> Tensor:
         raise NotImplementedError
 
-    def cached_forward(self, sentence_features: Iterable[dict[str, Tensor]], labels: Tensor | None) -> Tensor:
-        """The GradCache forward pass: returns the (detached, hooked) loss; ``loss.backward()`` fills the gradients."""
+    def cached_forward(self, sentence_features: Iterable[dict[str, Tensor]], labels: Tensor | None,
+                       context: CallContext | None = None) -> Tensor:
+        """The GradCache forward pass: returns the (detached, hooked) loss; ``loss.backward()`` fills the gradients.
+
+        ``context``: what the call knows besides the embeddings (:class:`~st_hardneg.losses.batch.CallContext`;
+        ``None``: an empty one); the columns of :meth:`frozen_columns`, embedded without gradient, join it. Every
+        ``calculate_loss`` of this call computes with it (``MatryoshkaLoss`` calls it once per dimension):
+        sentence-transformers' ``forward_cached`` calls ``calculate_loss(reps, labels)``, so the loss holds the
+        context while the call runs, and drops it when the call returns or raises."""
         sentence_features = list(sentence_features)
-        return self._engine.forward(self, sentence_features, labels, self.frozen_columns(sentence_features),
-                                    self.mini_batch_size, self.mini_batch_num_tokens)
+        context, cached = self._engine.prepare(
+            type(self).__name__, sentence_features, self.frozen_columns(sentence_features),
+            context if context is not None else CallContext(), self.mini_batch_size, self.mini_batch_num_tokens)
+        vars(self)["_call_context"] = context
+        try:
+            return self.forward_cached(cached, labels)
+        finally:
+            vars(self).pop("_call_context", None)
+
+    def _running_context(self) -> CallContext | None:
+        """The context of the cached call running now (:meth:`cached_forward`), ``None`` between calls."""
+        return cast("CallContext | None", vars(self).get("_call_context"))
 
     def embed_minibatch(self, sentence_feature: dict[str, Tensor], begin: int, end: int, with_grad: bool,
                         copy_random_state: bool, random_state: Any = None) -> tuple[Tensor, Any]:
@@ -196,7 +210,7 @@ class GradCacheMixin(CachedLossMixin):
     ) -> Tensor:
         """Step (2) of ``CachedLossMixin``: the loss of the whole batch from the per-mini-batch embeddings, through
         ``compute_loss_from_embeddings``; with ``with_backward``, back-propagated to the embeddings and detached."""
-        loss = self.compute_loss_from_embeddings(self._engine.columns(reps), labels)
+        loss = self.compute_loss_from_embeddings(self._engine.columns(reps, self._running_context()), labels)
         if loss.dim() != 0:
             raise ValueError(f"{type(self).__name__}.compute_loss_from_embeddings must return a scalar loss")
         if with_backward:

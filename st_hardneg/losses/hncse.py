@@ -345,9 +345,7 @@ class HNCSELoss(HardNegativeLoss):
                 local = torch.arange(stop - start, device=batch.device)
                 exclude[local, local + start] = True
                 if self.controls_false_negatives:
-                    exclude |= false_negatives.candidate_mask(
-                        batch, (start, stop), (0, n), mask_duplicates=self.options.mask_duplicates, margin=self.options.margin,
-                        margin_strategy=self.options.margin_strategy)
+                    exclude |= false_negatives.candidate_mask(batch, (start, stop), (0, n), self.preparer.rule)
                 best, ok = fn.top_candidates(similarity, 1, exclude)
             partners.append(best.squeeze(1))
             valid.append(ok.squeeze(1))

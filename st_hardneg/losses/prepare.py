@@ -98,11 +98,8 @@ class BatchPreparer:
                 zero = torch.zeros((), device=batch.device)
                 batch.false_negative_stats = {"masked_false_negatives": zero, "masked_false_negatives_total": zero}
             return batch
-        batch.false_negatives, stats = false_negatives.false_negative_mask(
-            batch, mask_duplicates=rule.mask_duplicates, margin=rule.margin, margin_strategy=rule.margin_strategy)
-        batch.block_masks = false_negatives.block_masks(
-            batch, frozenset(self.blocks) - {"query_to_doc"}, mask_duplicates=rule.mask_duplicates,
-            margin=rule.margin, margin_strategy=rule.margin_strategy)
+        batch.false_negatives, stats = false_negatives.false_negative_mask(batch, rule)
+        batch.block_masks = false_negatives.block_masks(batch, frozenset(self.blocks) - {"query_to_doc"}, rule)
         # Reported once anything can be masked beyond exact duplicates (a threshold is set), or from the first batch
         # in which a duplicate was masked on: on duplicate-free data the default diagnostics stay as they were.
         total = stats["masked_false_negatives_total"]

@@ -55,7 +55,6 @@ from st_hardneg.losses.stateful import OptimizerDrivenLoss
 if TYPE_CHECKING:
     from st_hardneg.losses.batch import Batch
     from st_hardneg.losses.false_negatives import FalseNegativeRule
-    from st_hardneg.losses.relevance import KnownPositives
 
 __all__ = ["CandidateQueue", "QueueBanks", "QueueRead", "queue_columns"]
 
@@ -239,12 +238,11 @@ class CandidateQueue(OptimizerDrivenLoss, nn.Module):
 
 
 def queue_columns(queue: CandidateQueue, batch: Batch, rows: Tensor, unit_rows: Tensor, *, dot: bool,
-                  mask_duplicates: bool, known_positives: KnownPositives | None, anchor_bank: bool,
-                  margin: float | None, margin_strategy: str) -> tuple[Tensor, Tensor | None, Tensor,
-                                                                        dict[str, Tensor]] | None:
+                  rule: FalseNegativeRule, anchor_bank: bool) -> tuple[Tensor, Tensor | None, Tensor,
+                                                                       dict[str, Tensor]] | None:
     """``(similarity (R, Q), exclude (R, Q) or None, the queued rows (Q, d), stats)`` of the batch's rows (``rows``:
     as the loss scores them, ``unit_rows``: unit length, for the margin) against ``queue``'s readable rows, or
-    ``None``. A queued row is excluded for pair ``i`` when its text key equals the anchor's or the positive's
+    ``None``. By the loss's false-negative ``rule``, a queued row is excluded for pair ``i`` when its text key equals the anchor's or the positive's
     (``mask_duplicates``), when ``known_positives`` marks it relevant to the anchor (``anchor_bank``: a queued anchor
     to which the row's positive is relevant, for ``doc_to_query``; counted in ``stats``), or when its cosine with
     the row exceeds pair ``i``'s false-negative threshold (``margin``)."""
@@ -257,7 +255,8 @@ def queue_columns(queue: CandidateQueue, batch: Batch, rows: Tensor, unit_rows: 
     exclude = None
     stats: dict[str, Tensor] = {}
     start, stop = batch.row_range
-    if mask_duplicates and batch.text_keys is not None:
+    known_positives, margin = rule.known_positives, rule.margin
+    if rule.mask_duplicates and batch.text_keys is not None:
         keys = keys.to(rows.device)
         has_key = keys != -1  # -1: no key (Python's hash never returns -1)
         own = batch.text_keys[:2, start:stop].to(rows.device)  # anchor and positive keys, (2, R)
@@ -275,7 +274,7 @@ def queue_columns(queue: CandidateQueue, batch: Batch, rows: Tensor, unit_rows: 
     if margin is not None:
         cosines = unit_rows.detach() @ (fn.normalize(vectors) if dot else vectors).T
         positive = (batch.row_anchors.detach() * batch.row_positives.detach()).sum(dim=1, keepdim=True)
-        threshold = positive - margin if margin_strategy == "absolute" else positive - positive.abs() * margin
+        threshold = positive - margin if rule.margin_strategy == "absolute" else positive - positive.abs() * margin
         above = cosines > threshold
         exclude = above if exclude is None else exclude | above
     return similarity, exclude, vectors, stats
@@ -414,11 +413,9 @@ class QueueBanks:
 
     def _columns_for(self, queue: CandidateQueue, batch: Batch, rows: Tensor, unit_rows: Tensor,
                      stats: dict[str, Tensor]) -> tuple[Tensor, Tensor | None, Tensor] | None:
-        """:func:`queue_columns` with the loss's false-negative options (its counts added to ``stats``)."""
-        rule = self.rule
-        read = queue_columns(queue, batch, rows, unit_rows, dot=self.dot, mask_duplicates=rule.mask_duplicates,
-                             known_positives=rule.known_positives, anchor_bank=queue is not self.queue,
-                             margin=rule.margin, margin_strategy=rule.margin_strategy)
+        """:func:`queue_columns` with the loss's false-negative rule (its counts added to ``stats``)."""
+        read = queue_columns(queue, batch, rows, unit_rows, dot=self.dot, rule=self.rule,
+                             anchor_bank=queue is not self.queue)
         if read is None:
             return None
         similarity, exclude, vectors, counts = read
