@@ -82,12 +82,12 @@ def embed_with_replayed_autocast(embed: Callable[..., tuple[Tensor, Any]], sente
 
 class GradCacheEngine:
     """GradCache's st-hardneg side, a part a loss owns, with no state: one cached call's columns split
-    (:meth:`prepare`: the frozen columns embedded without gradient into the call's context, the others left for
+    (:meth:`embed_frozen`: the frozen columns embedded without gradient into the call's context, the others left for
     sentence-transformers' ``forward_cached``) and step (2)'s columns put back together (:meth:`columns`). The loss
     keeps ``mini_batch_size`` / ``mini_batch_num_tokens`` (the names sentence-transformers' ``CachedLossMixin``
     reads) and gives them here with each call."""
 
-    def prepare(self, name: str, sentence_features: list[dict[str, Tensor]], frozen: dict[int, nn.Module],
+    def embed_frozen(self, name: str, sentence_features: list[dict[str, Tensor]], frozen: dict[int, nn.Module],
                 context: CallContext, mini_batch_size: int | None, mini_batch_num_tokens: int | None,
                 ) -> tuple[CallContext, list[dict[str, Tensor]]]:
         """The cached call of loss ``name``: ``context`` with the columns ``frozen`` names embedded by their module
@@ -185,7 +185,7 @@ class GradCacheMixin(CachedLossMixin):
         sentence-transformers' ``forward_cached`` calls ``calculate_loss(reps, labels)``, so the loss holds the
         context while the call runs, and drops it when the call returns or raises."""
         sentence_features = list(sentence_features)
-        context, cached = self._engine.prepare(
+        context, cached = self._engine.embed_frozen(
             type(self).__name__, sentence_features, self.frozen_columns(sentence_features),
             context if context is not None else CallContext(), self.mini_batch_size, self.mini_batch_num_tokens)
         vars(self)["_call_context"] = context
