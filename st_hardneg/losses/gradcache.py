@@ -88,8 +88,8 @@ class GradCacheEngine:
     reads) and gives them here with each call."""
 
     def embed_frozen(self, name: str, sentence_features: list[dict[str, Tensor]], frozen: dict[int, nn.Module],
-                context: CallContext, mini_batch_size: int | None, mini_batch_num_tokens: int | None,
-                ) -> tuple[CallContext, list[dict[str, Tensor]]]:
+                     context: CallContext, mini_batch_size: int | None, mini_batch_num_tokens: int | None,
+                     ) -> tuple[CallContext, list[dict[str, Tensor]]]:
         """The cached call of loss ``name``: ``context`` with the columns ``frozen`` names embedded by their module
         without gradient (``frozen_columns``), and the other columns' features, for ``forward_cached``.
 
@@ -107,7 +107,6 @@ class GradCacheEngine:
         cached = [features for column, features in enumerate(sentence_features) if column not in embedded]
         if not cached:
             raise ValueError(f"{name}: every input column is frozen; nothing to train")
-        # ST's range splitter reads mini_batch_size only when mini_batch_num_tokens is None.
         return replace(context, frozen_columns=embedded), cached
 
     def columns(self, reps: list[list[Tensor]], context: CallContext | None) -> list[Tensor]:
@@ -190,6 +189,7 @@ class GradCacheMixin(CachedLossMixin):
             context if context is not None else CallContext(), self.mini_batch_size, self.mini_batch_num_tokens)
         vars(self)["_call_context"] = context
         try:
+            # ST's range splitter reads mini_batch_size only when mini_batch_num_tokens is None.
             return self.forward_cached(cached, labels)
         finally:
             vars(self).pop("_call_context", None)
