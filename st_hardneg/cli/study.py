@@ -68,7 +68,8 @@ def add_parser(sub: Any, parents: list[argparse.ArgumentParser], epilog: str) ->
     s.add_argument("--max-steps", type=int, default=-1, help="train N steps (default: one epoch)")
     s.add_argument("--batch-size", type=int, default=None, help="training batch size (default: 32, the protocol's)")
     s.add_argument("--lr", type=float, default=None, help="learning rate (default: 2e-5, the protocol's)")
-    s.add_argument("--eval-batch-size", type=int, default=64)
+    s.add_argument("--eval-batch-size", type=int, default=64,
+                   help="encoding batch size of the dev and test scoring (default: 64)")
     s.add_argument("--tie-sds", type=float, default=2.0,
                    help="rows whose dev is within this many seed standard deviations of the best tie with it")
     s.add_argument("--heartbeat", type=int, default=30,

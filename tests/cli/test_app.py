@@ -112,7 +112,7 @@ def _all_parsers(parser):
 
 def test_every_option_of_every_command_has_help():
     parsers = list(_all_parsers(cli.build_parser()))
-    assert {p.prog.split()[-1] for p in parsers} == {"st-hardneg", "train", "eval", "compare", "download"}
+    assert {p.prog.split()[-1] for p in parsers} == {"st-hardneg", "train", "eval", "compare", "download", "study"}
     missing = [f"{p.prog} {action.option_strings or action.dest}" for p in parsers for action in p._actions
                if not isinstance(action, argparse._SubParsersAction) and not (action.help or "").strip()]
     assert missing == []
