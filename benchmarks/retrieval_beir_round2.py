@@ -426,8 +426,8 @@ def write_results(records: list[dict[str, Any]], out: Path, figure: bool = False
     commits and their library trees are gathered from the records (and the file already there)."""
     per_query_path = out.with_name(out.stem + "_per_query.jsonl")
     old = json.loads(out.read_text()) if out.is_file() else {}
-    data: dict[str, Any] = {"protocol": round2_protocol(), **{k: v for k, v in old.items()
-                                                             if k not in ("protocol", "runs")}, "runs": []}
+    data: dict[str, Any] = {**{"protocol": None, "runs": None}, **old}  # the file's own order of fields
+    data.update(protocol=round2_protocol(), runs=[])
     kept = {row["run"]: row for row in per_query_rows(per_query_path, records)}
     lines: list[dict[str, Any]] = []
     for number, original in enumerate(records):

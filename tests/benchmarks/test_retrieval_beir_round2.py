@@ -684,3 +684,20 @@ def test_the_specs_grid_is_the_points_the_plan_reaches_from_the_rounds_records()
     for label, row in spec.rows.items():  # each trained row's mining is the round's own row's
         if row.loss is not None:
             assert rows.round2_rows()[label][1] == row.extra["mining"], label
+
+
+def test_the_committed_round_run_with_nothing_left_rewrites_its_files_byte_for_byte(tmp_path, monkeypatch):
+    pytest.importorskip("optuna")
+    names = [r2.DEFAULT_OUT.name, f"{r2.DEFAULT_OUT.stem}_per_query.jsonl", r2.DEFAULT_OUT.with_suffix(".md").name]
+    for name in names:
+        (tmp_path / name).write_bytes((r2.DEFAULT_OUT.parent / name).read_bytes())
+
+    def no_run(*args, **kwargs):
+        raise AssertionError("a finished round runs no trial")
+
+    monkeypatch.setattr(r2, "run_one", no_run)
+    monkeypatch.setattr(r2, "training_data", no_run)
+    assert r2.main(["--out", str(tmp_path / names[0]), "--work-dir", str(tmp_path / "work"),
+                    "--data-dir", str(tmp_path / "no-data")]) == 0
+    for name in names:  # the 156 records imported as finished trials and written back from the study
+        assert (tmp_path / name).read_bytes() == (r2.DEFAULT_OUT.parent / name).read_bytes(), name
