@@ -357,9 +357,16 @@ _PREPARED: dict[tuple[str, str], Prepared] = {}
 _MINED: dict[tuple[str, str, str, str], tuple[Any, dict[str, Any]]] = {}
 
 
+def _data_dir(context: Mapping[str, Any]) -> Path:
+    """The data root of a trial's context: this module's ``data_dir``, ``st-hardneg study``'s ``data_root``."""
+    return Path(context.get("data_dir") or context.get("data_root") or SHARED_DATA)
+
+
 def _options(context: Mapping[str, Any]) -> argparse.Namespace:
-    """The one-run functions' options (:func:`run_one`, :func:`load_model`) from a trial's context."""
-    return argparse.Namespace(model=context.get("model"), work_dir=context.get("work_dir", DEFAULT_WORK_DIR),
+    """The one-run functions' options (:func:`run_one`, :func:`load_model`) from a trial's context (this module's
+    ``work_dir``, or ``st-hardneg study``'s ``output_dir``)."""
+    work = context.get("work_dir") or context.get("output_dir") or DEFAULT_WORK_DIR
+    return argparse.Namespace(model=context.get("model"), work_dir=str(work),
                               max_steps=int(context.get("max_steps", -1)),
                               eval_batch_size=int(context.get("eval_batch_size", 64)))
 
@@ -369,7 +376,7 @@ def prepared(spec: StudySpec, name: str, context: Mapping[str, Any]) -> Prepared
     ``context["data_dir"]``, its dev split (``carve``: the round's share of the training queries) and its pair
     sampling (the dataset's ``extra``)."""
     dataset = spec.datasets[name]
-    root = Path(context.get("data_dir", SHARED_DATA)) / dataset.folder
+    root = _data_dir(context) / dataset.folder
     if (name, str(root)) not in _PREPARED:
         fraction = DATASETS[dataset.test_as or name]["dev_fraction"] if dataset.dev == "carve" else None
         _PREPARED[(name, str(root))] = prepare(name, root, fraction,
@@ -381,7 +388,7 @@ def training_data(spec: StudySpec, name: str, setting: str, context: Mapping[str
     """The training data of mining ``setting`` on dataset ``name`` and what its mining recorded (:func:`mine`, once
     per process; the negatives are cached in ``context["cache_dir"]``, so a second process reads them)."""
     cache = str(context.get("cache_dir", DEFAULT_CACHE_DIR))
-    key = (name, setting, str(context.get("data_dir", SHARED_DATA)), cache)
+    key = (name, setting, str(_data_dir(context)), cache)
     if key not in _MINED:
         model = load_model(_options(context), PROTOCOL["eval_max_seq_length"])
         _MINED[key] = mine(prepared(spec, name, context), setting, model, Path(cache))
