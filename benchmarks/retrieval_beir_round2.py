@@ -1,6 +1,8 @@
 """Two-dataset retrieval benchmark, second round: every st-hardneg loss with the recipe's false-negative
 control beside the same loss without it, sentence-transformers' built-ins on their own dev-chosen mining, and a
-longer NFCorpus protocol; resumable, and safe to run as several processes on one results file (:class:`Runner`).
+longer NFCorpus protocol. The round is a study spec (:data:`SPEC`: its rows, datasets and grid as data) run by the
+study engine (:mod:`st_hardneg.training.studies.engine`: Optuna's storage, its workers, a killed trial run again);
+this module holds its own trial (:func:`run_trial`: the round's mining per dataset) and its report.
 
 The first round's protocol (:data:`~benchmarks.retrieval_beir_rows.PROTOCOL`: all-MiniLM-L6-v2 as published, 128 /
 256 tokens, batch 32, lr 2e-5, 10 % warm-up, 1 epoch, graded nDCG@10 on SciFact and NFCorpus, options chosen on pooled
@@ -17,22 +19,22 @@ dev at seed 0) with these changes:
   own option (:data:`~benchmarks.retrieval_beir_rows.ROUND2_LOSSES`) at the better temperature.
 - **Longer NFCorpus** (dataset ``nfcorpus_long``): ~5,000 pairs (156 steps) for the best rows of each side.
 
-Order (a finished (dataset, row, seed) is skipped; each item runs on both datasets): the seed-0 screens, most
-informative first (:func:`plan`); ties closer than two dev standard deviations settled on seeds 0-2; the built-ins on
-the chosen mining; each chosen loss without the control; the recipe and the best built-in (ties settled likewise);
-their 5 paired seeds and MNRL's on the chosen mining; the longer NFCorpus protocol. The results record the commit
-and the library tree each run ran from.
+How the grid was chosen (:func:`plan`; each item runs on both datasets): the seed-0 screens, most informative
+first; ties closer than two dev standard deviations settled on seeds 0-2; the built-ins on the chosen mining; each
+chosen loss without the control; the recipe and the best built-in (ties settled likewise); their 5 paired seeds and
+MNRL's on the chosen mining; the longer NFCorpus protocol. The spec holds the grid it reached; the records already in
+``--out`` are imported as finished trials, so a run resumes (and the committed round has nothing left to run). The
+results record the commit and the library tree each run ran from.
 
     python -m benchmarks.retrieval_beir_round2                      # -> results/retrieval_beir_round2.*
-    python -m benchmarks.retrieval_beir_round2 &                    # a second runner: it takes the next free item
-    python -m benchmarks.retrieval_beir_round2 --budget-seconds 3000
+    python -m benchmarks.retrieval_beir_round2 --workers 2          # two worker processes on this machine
+    python -m benchmarks.retrieval_beir_round2 --storage postgresql://host/db   # and the same on other machines
     python -m benchmarks.retrieval_beir_round2 --report             # tables from the JSON only
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import hashlib
 import json
 import os
@@ -41,8 +43,7 @@ import statistics
 import subprocess
 import sys
 import time
-import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -78,8 +79,14 @@ from benchmarks.retrieval_beir_rows import (
     round2_twin,
     sampling,
 )
+from benchmarks.studies.render import TREES, per_query_rows, point_of
+from st_hardneg.training.studies.spec import Point, StudySpec, load_spec
 
 DEFAULT_OUT = RESULTS / "retrieval_beir_round2.json"
+#: the round as a study spec: its rows, datasets and grid (the points :func:`plan` reached), its trial and renderer
+SPEC = REPO / "benchmarks" / "studies" / "retrieval_beir_round2.json"
+DEFAULT_WORK_DIR = "output/retrieval_beir_round2"
+DEFAULT_CACHE_DIR = str(Path.home() / ".cache" / "st_hardneg" / "negatives")
 #: the markers around the summary table in the report, where the docs' "which loss" page includes it from
 SUMMARY_START, SUMMARY_END = "<!-- summary -->", "<!-- /summary -->"
 #: the markers around the per-data-shape table, which the "which loss" page includes too
@@ -93,8 +100,6 @@ SHAPES = {"scifact": "few judged documents per query (SciFact-like: 0.7-1.1 % of
           "nfcorpus": "many judged documents per query (NFCorpus-like: 29-34 % of rows hold one)"}
 #: the seeds of the recipe, the best built-in and MNRL on the chosen mining (5 paired seeds)
 PAIRED_SEEDS = (0, 1, 2, 3, 4)
-#: the first round's file (archived) whose untrained rows (the same evaluation) this file imports
-UNTRAINED_SOURCE = RESULTS / "archive" / "retrieval_beir_screened.json"
 MAIN = ("scifact", "nfcorpus")
 #: the longer protocol's dataset key: NFCorpus's folder, dev and test (:data:`LONG_TEST`), ~5,000 training pairs
 LONG, LONG_TEST = "nfcorpus_long", "nfcorpus"
@@ -332,7 +337,7 @@ def mine(prep: Prepared, setting: str, model: Any, cache_dir: Path) -> tuple[Any
             raise ValueError(f"mine_hard_negatives returned a known relevant document as the negative of {len(bad)} "
                              "queries")
         cache_dir.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")  # a process of its own writes its own file, then renames it
         tmp.write_text(json.dumps({"key": key, "mining_seconds": seconds, "negatives": negative_of}))
         tmp.replace(path)
     triplets = [(a, p, negative_of[a]) for a, p in pairs if a in negative_of]
@@ -346,247 +351,169 @@ def mine(prep: Prepared, setting: str, model: Any, cache_dir: Path) -> tuple[Any
     return data, info
 
 
-class Runner:
-    """The resumable second round, safe to run as several processes on one results file (each with one torch thread:
-    on 2 cores, two runners finish twice the runs in the same time).
-
-    Every read-modify-write of the results is made under an exclusive lock (``<out>.lock``) on the file as it is on
-    disk, so runners never overwrite each other's runs. A runner claims an item (dataset, row, seed) in
-    ``<out stem>_claims.json`` before it starts it and releases it when it ends; an item finished, failed or claimed by
-    a live runner is skipped. Where the plan chooses from finished runs (:data:`BARRIER`), a runner first waits until
-    the items it left to others have finished (:meth:`settle`), so every runner chooses from the same runs."""
-
-    #: seconds between two looks at the claims while waiting at a barrier
-    poll_seconds = 30.0
-
-    def __init__(self, args: argparse.Namespace) -> None:
-        self.args = args
-        self.out = Path(args.out)
-        self.out.parent.mkdir(parents=True, exist_ok=True)
-        self.per_query_path = self.out.with_name(self.out.stem + "_per_query.jsonl")
-        self.claims_path = self.out.with_name(self.out.stem + "_claims.json")
-        self.lock_path = self.out.with_name(self.out.name + ".lock")
-        self.token = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
-        self.start = time.perf_counter()
-        self.data: dict[str, Any] = {}
-        self.commit = commit()
-        self.library = library_tree("HEAD")
-        with self.locked():
-            self._refresh()
-            if self.commit not in self.data.setdefault("commits", []):
-                self.data["commits"].append(self.commit)
-            self.data.setdefault("library_trees", {}).update(
-                {c: t for c in self.data["commits"] if c not in self.data["library_trees"]
-                 and (t := library_tree(c.removesuffix("+dirty")) if c != self.commit else self.library)})
-            self._write()
-        self.prepared: dict[str, Prepared] = {}
-        self.mined: dict[tuple[str, str], Any] = {}
-        self.rows = round2_rows()
-
-    # ---------------------------------------------------------------- the shared files, under the lock
-    @contextlib.contextmanager
-    def locked(self) -> Iterator[None]:
-        """An exclusive lock on the results (``fcntl.flock``: released by the OS if the process dies)."""
-        import fcntl
-
-        with self.lock_path.open("a") as handle:
-            fcntl.flock(handle, fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(handle, fcntl.LOCK_UN)
-
-    def _refresh(self) -> None:
-        """Read the results as they are on disk into :attr:`data`, in place (the plan holds that dict)."""
-        from st_hardneg.reporting import load_results
-
-        disk = load_results(self.out, round2_protocol())
-        if disk.get("protocol") != round2_protocol():
-            raise ValueError(f"the results file {self.out} was made under another protocol; move it away")
-        self.data.clear()
-        self.data.update(disk)
-
-    def _write(self) -> None:
-        write_report(self.data, self.out)
-
-    def update(self, change: Any) -> None:
-        """Apply ``change(data)`` to the results as they are on disk and write them, under the lock."""
-        with self.locked():
-            self._refresh()
-            change(self.data)
-            self._write()
-
-    def refresh(self) -> None:
-        with self.locked():
-            self._refresh()
-
-    def _claims(self) -> dict[str, dict[str, Any]]:
-        """The live claims (a claim whose process is gone is dropped)."""
-        claims = json.loads(self.claims_path.read_text()) if self.claims_path.is_file() else {}
-        return {item: claim for item, claim in claims.items() if _alive(claim["pid"], claim.get("process_start"))}
-
-    def _write_claims(self, claims: dict[str, dict[str, Any]]) -> None:
-        if claims:
-            tmp = self.claims_path.with_suffix(f".{self.token}.tmp")
-            tmp.write_text(json.dumps(claims, indent=1) + "\n")
-            tmp.replace(self.claims_path)
-        else:
-            self.claims_path.unlink(missing_ok=True)
-
-    def claim(self, name: str, label: str, seed: int) -> int | str:
-        """Claim the item: ``"done"`` when it is finished (or failed), ``"claimed"`` when a live runner holds it,
-        else how many runners hold a claim now (this one included)."""
-        item = f"{name}/{label}/{seed}"
-        with self.locked():
-            self._refresh()
-            claims = self._claims()
-            if self.done(name, label, seed):
-                return "done"
-            if item in claims:
-                return "claimed"
-            claims[item] = {"pid": os.getpid(), "process_start": process_start(os.getpid()), "runner": self.token,
-                            "started": time.strftime("%Y-%m-%d %H:%M:%S")}
-            self._write_claims(claims)
-            return len({c["runner"] for c in claims.values()})
-
-    def release(self, name: str, label: str, seed: int) -> None:
-        with self.locked():
-            claims = self._claims()
-            if claims.get(f"{name}/{label}/{seed}", {}).get("runner") == self.token:
-                del claims[f"{name}/{label}/{seed}"]
-            self._write_claims(claims)
-
-    def settle(self, items: list[tuple[str, str, int]]) -> bool:
-        """At a barrier: every item of ``items`` (those this runner left to another) finished; an item whose runner
-        died unfinished is run here. Waits while another runner holds one; then reads the results again. ``False``
-        when the time budget ends first."""
-        shown: list[tuple[str, str, int]] | None = None
-        while True:
-            waiting = []
-            for name, label, seed in items:
-                if not self.time_left():
-                    return False
-                if self.run(name, label, seed) == "claimed":
-                    waiting.append((name, label, seed))
-            if not waiting:
-                self.refresh()
-                return True
-            if waiting != shown:
-                print(f"    waiting for {', '.join('/'.join(map(str, w)) for w in waiting)} (another runner) "
-                      "before choosing", flush=True)
-                shown = waiting
-            items = waiting
-            time.sleep(self.poll_seconds)
-
-    # ---------------------------------------------------------------- the runs
-    def time_left(self) -> bool:
-        return not self.args.budget_seconds or time.perf_counter() - self.start < self.args.budget_seconds
-
-    def prep(self, name: str) -> Prepared:
-        if name not in self.prepared:
-            folder = LONG_TEST if name == LONG else name
-            spec = DATASETS[folder]
-            self.prepared[name] = prepare(name, Path(self.args.data_dir) / spec["folder"], spec["dev_fraction"],
-                                          dict(LONG_SAMPLING) if name == LONG else sampling())
-            stats = self.prepared[name].stats
-            self.update(lambda data: data.setdefault("datasets", {}).__setitem__(name, stats))
-        return self.prepared[name]
-
-    def training_data(self, name: str, setting: str) -> Any:
-        if (name, setting) not in self.mined:
-            model = load_model(self.args, PROTOCOL["eval_max_seq_length"])
-            dataset, info = mine(self.prep(name), setting, model, Path(self.args.cache_dir))
-            self.update(lambda data: data.setdefault("negatives", {}).__setitem__(f"{name}/{setting}", info))
-            self.mined[(name, setting)] = dataset
-        return self.mined[(name, setting)]
-
-    def done(self, name: str, label: str, seed: int) -> bool:
-        return any(r["dataset"] == name and r["method"] == label and r["seed"] == seed for r in self.data["runs"])
-
-    def append(self, record: dict[str, Any], per_query: dict[str, Any]) -> None:
-        """Add a finished run to the results and its per-query scores to the per-query file (numbered by its place
-        in the results as they are on disk)."""
-        def change(data: dict[str, Any]) -> None:
-            record["per_query"] = f"{self.per_query_path.name}#{len(data['runs'])}"
-            with self.per_query_path.open("a") as handle:
-                handle.write(json.dumps({"run": len(data["runs"]), "dataset": record["dataset"],
-                                         "method": record["method"], "seed": record["seed"], "stage": "main",
-                                         "ndcg@10": per_query}) + "\n")
-            data["runs"].append(record)
-
-        self.update(change)
-
-    def run(self, name: str, label: str, seed: int) -> str:
-        """Run the item unless it is finished or another runner holds it: ``"ran"``, ``"done"`` or ``"claimed"``."""
-        runners = self.claim(name, label, seed)
-        if isinstance(runners, str):
-            return runners
-        try:
-            self._run(name, label, seed, runners)
-        finally:
-            self.release(name, label, seed)
-        return "ran"
-
-    def _run(self, name: str, label: str, seed: int, runners: int) -> None:
-        method, setting = self.rows[label]
-        print(f"=== {name} {label} seed {seed} (mining {setting})", flush=True)
-        provenance = {"commit": self.commit, "library": self.library, "runners": runners}
-        try:
-            record, per_query = run_one(label, method, seed, self.prep(name), self.training_data(name, setting),
-                                        ("dev", "test"), self.args)
-        except (ValueError, RuntimeError) as error:  # recorded, never retried silently; the plan goes on
-            print(f"    failed: {error}", flush=True)
-            failed = {"stage": "main", "dataset": name, "method": label, "seed": seed,
-                      "failed": f"{type(error).__name__}: {error}", **provenance}
-            self.update(lambda data: data["runs"].append(failed))
-            return
-        record.update(stage="main", mining=setting, **provenance)
-        print(f"    dev {record['dev']['ndcg@10']:.2f} test {record['test']['ndcg@10']:.2f} train "
-              f"{record['train_seconds']} s, median step {record['median_step_seconds']} s, eval "
-              f"{record['eval_seconds']} s", flush=True)
-        self.append(record, per_query)
+# --------------------------------------------------------------------------- one trial on the study engine
+#: this round's processes' prepared datasets and mined training data (a worker runs many trials of one dataset)
+_PREPARED: dict[tuple[str, str], Prepared] = {}
+_MINED: dict[tuple[str, str, str, str], tuple[Any, dict[str, Any]]] = {}
 
 
-def process_start(pid: int) -> str | None:
-    """When process ``pid`` started (``/proc/<pid>/stat``'s start time, in clock ticks since boot), or ``None`` where
-    there is no ``/proc`` (or no such process). A claim records it, so that a later process given the same pid (after
-    a restart) does not hold a dead runner's claims."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return stat.rsplit(")", 1)[1].split()[19]  # field 22; the command name may hold spaces and parentheses
+def _data_dir(context: Mapping[str, Any]) -> Path:
+    """The data root of a trial's context: this module's ``data_dir``, ``st-hardneg study``'s ``data_root``."""
+    return Path(context.get("data_dir") or context.get("data_root") or SHARED_DATA)
 
 
-def _alive(pid: int, started: str | None = None) -> bool:
-    """Whether the runner process that made a claim still runs: ``pid`` exists and, where the claim recorded it, it
-    is the same process (:func:`process_start`)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process
-        pass
-    return started is None or process_start(pid) in (None, started)
+def _options(context: Mapping[str, Any]) -> argparse.Namespace:
+    """The one-run functions' options (:func:`run_one`, :func:`load_model`) from a trial's context (this module's
+    ``work_dir``, or ``st-hardneg study``'s ``output_dir``)."""
+    work = context.get("work_dir") or context.get("output_dir") or DEFAULT_WORK_DIR
+    return argparse.Namespace(model=context.get("model"), work_dir=str(work),
+                              max_steps=int(context.get("max_steps", -1)),
+                              eval_batch_size=int(context.get("eval_batch_size", 64)))
 
 
-def import_untrained(data: dict[str, Any], path: Path) -> None:
-    """The untrained model's rows of the first round (the same evaluation: model, tokens, tasks, scorer)."""
-    if any(r["method"] == "untrained" for r in data["runs"]) or not path.is_file():
-        return
-    for run in json.loads(path.read_text())["runs"]:
-        if run.get("stage") == "untrained" and run["dataset"] in MAIN:
-            data["runs"].append({k: run[k] for k in ("stage", "dataset", "method", "seed", "dev", "test")}
-                                | {"source": f"{path.name} (the same evaluation)"})
+def prepared(spec: StudySpec, name: str, context: Mapping[str, Any]) -> Prepared:
+    """Dataset ``name`` of the spec, prepared once per process (:func:`prepare`): its folder under
+    ``context["data_dir"]``, its dev split (``carve``: the round's share of the training queries) and its pair
+    sampling (the dataset's ``extra``)."""
+    dataset = spec.datasets[name]
+    root = _data_dir(context) / dataset.folder
+    if (name, str(root)) not in _PREPARED:
+        fraction = DATASETS[dataset.test_as or name]["dev_fraction"] if dataset.dev == "carve" else None
+        _PREPARED[(name, str(root))] = prepare(name, root, fraction,
+                                               dict(dataset.extra.get("pair_sampling") or sampling()))
+    return _PREPARED[(name, str(root))]
 
 
-#: what :func:`plan` yields where its next items are chosen from finished runs: a runner waits there until every
-#: item it left to another runner has finished (:meth:`Runner.settle`), so that every runner chooses from the same runs
-BARRIER = ("", "", -1)
+def training_data(spec: StudySpec, name: str, setting: str, context: Mapping[str, Any]) -> tuple[Any, dict[str, Any]]:
+    """The training data of mining ``setting`` on dataset ``name`` and what its mining recorded (:func:`mine`, once
+    per process; the negatives are cached in ``context["cache_dir"]``, so a second process reads them)."""
+    cache = str(context.get("cache_dir", DEFAULT_CACHE_DIR))
+    key = (name, setting, str(_data_dir(context)), cache)
+    if key not in _MINED:
+        model = load_model(_options(context), PROTOCOL["eval_max_seq_length"])
+        _MINED[key] = mine(prepared(spec, name, context), setting, model, Path(cache))
+    return _MINED[key]
+
+
+def run_trial(spec: StudySpec, point: Point, context: Mapping[str, Any]) -> dict[str, Any]:
+    """One trial of this round on the study engine (the spec's ``trial``): the untrained model evaluated, or the
+    point's row (:func:`~benchmarks.retrieval_beir_rows.round2_rows`: its loss and its mining, the row's ``extra``)
+    trained at the point's seed on its dataset and scored on dev and test (:func:`run_one`). Returns the record the
+    report reads, with the dataset's counts (``split``), its mining's (``negatives``), the commit and library tree
+    (``context["provenance"]``), the workers of the run (``runners``) and the per-query nDCG@10 by role
+    (``scores_by_query``, which :func:`write_results` moves to the per-query file).
+
+    Raises:
+        ValueError: a row the round does not define, or what :func:`prepare` / :func:`mine` refuse.
+    """
+    prep = prepared(spec, point.dataset, context)
+    provenance = {k: v for k, v in dict(context.get("provenance") or {}).items() if k in ("commit", "library")}
+    common = {"split": prep.stats, "runners": int(context.get("workers", 1)), **provenance}
+    if spec.rows[point.row].loss is None:  # the model as published, the same evaluation
+        start = time.perf_counter()
+        model = load_model(_options(context), PROTOCOL["eval_max_seq_length"])
+        means, _ = evaluate(model, prep, ("dev", "test"), _options(context).eval_batch_size)
+        return {"stage": "untrained", "dataset": point.dataset, "method": point.row, "seed": point.seed, **means,
+                "eval_seconds": round(time.perf_counter() - start, 1), **common}
+    rows = round2_rows()
+    if point.row not in rows:
+        raise ValueError(f"row {point.row!r} is not a row of this round ({', '.join(rows)})")
+    method, setting = rows[point.row]
+    negatives, info = training_data(spec, point.dataset, setting, context)
+    record, per_query = run_one(point.row, method, int(point.seed or 0), prep, negatives, ("dev", "test"),
+                                _options(context))
+    record.update(stage="main", mining=setting, negatives=info, scores_by_query=per_query, **common)
+    return record
+
+
+def write_results(records: list[dict[str, Any]], out: Path, figure: bool = False) -> dict[str, Any]:
+    """The round's results file (and its report, :func:`write_report`) from the study's finished records, in the
+    engine's order (imported records first, in their own order): each new record's per-query scores become a line of
+    the per-query file it points to; an imported record keeps its line; the datasets' and minings' counts, the
+    commits and their library trees are gathered from the records (and the file already there)."""
+    per_query_path = out.with_name(out.stem + "_per_query.jsonl")
+    old = json.loads(out.read_text()) if out.is_file() else {}
+    data: dict[str, Any] = {**{"protocol": None, "runs": None}, **old}  # the file's own order of fields
+    data.update(protocol=round2_protocol(), runs=[])
+    kept = {row["run"]: row for row in per_query_rows(per_query_path, records)}
+    lines: list[dict[str, Any]] = []
+    for number, original in enumerate(records):
+        record = dict(original)
+        split, info = record.pop("split", None), record.pop("negatives", None)
+        if split is not None:
+            data.setdefault("datasets", {})[record["dataset"]] = split
+        if info is not None:
+            data.setdefault("negatives", {})[f"{record['dataset']}/{record['mining']}"] = info
+        scores = record.pop("scores_by_query", None)
+        if scores is not None:
+            record["per_query"] = f"{per_query_path.name}#{number}"
+            lines.append({"run": number, "dataset": record["dataset"], "method": record["method"],
+                          "seed": record["seed"], "stage": record.get("stage", "main"), "ndcg@10": scores})
+        elif number in kept:
+            lines.append(kept[number])
+        if record.get("commit") and record["commit"] not in data.setdefault("commits", []):
+            data["commits"].append(record["commit"])
+            data.setdefault(TREES, {}).setdefault(record["commit"], record.get("library", "unknown"))
+        data["runs"].append(record)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = per_query_path.with_suffix(".jsonl.tmp")
+    tmp.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    tmp.replace(per_query_path)
+    write_report(data, out, figure=figure)
+    return data
+
+
+def run_round(args: argparse.Namespace) -> dict[str, Any]:
+    """Run the spec's left trials through the study engine (:func:`~st_hardneg.training.studies.engine.run_study`,
+    ``--workers`` processes on ``--storage``), after importing the records already in ``--out`` as finished trials
+    and preparing and mining every left point's data here once (the workers read the negatives from the cache);
+    then write the results from the study's finished records (:func:`write_results`)."""
+    from st_hardneg.training.studies.engine import (
+        finished_records,
+        import_records,
+        open_storage,
+        open_study,
+        progress,
+        provenance,
+        run_study,
+    )
+
+    spec = load_spec(args.spec)
+    out = Path(args.out)
+    work = Path(args.work_dir)
+    work.mkdir(parents=True, exist_ok=True)
+    url = args.storage or f"sqlite:///{(work / 'study.db').resolve()}"
+    study = open_study(spec, open_storage(url, args.heartbeat))
+    if out.is_file():
+        old = json.loads(out.read_text())
+        import_records(study, spec, old["runs"], point_of, source=out.name, provenance_of=lambda r: {
+            "commit": str(r.get("commit", "unknown")),
+            "library": r.get("library") or old.get(TREES, {}).get(r.get("commit", ""), "unknown")})
+    keys = [point.key for point in spec.points()]
+    state = progress(study, keys)
+    context = {"data_dir": args.data_dir, "cache_dir": args.cache_dir, "work_dir": str(work), "model": args.model,
+               "eval_batch_size": args.eval_batch_size, "max_steps": args.max_steps, "workers": args.workers,
+               "provenance": provenance()}
+    if state.left:
+        print(f"{spec.name}: {len(state.done)} of {len(keys)} trial(s) finished, {len(state.left)} to run "
+              f"({args.workers} worker(s), storage {url})", flush=True)
+        rows = round2_rows()
+        for point in spec.points():
+            if point.key in state.left and spec.rows[point.row].loss is not None and point.row in rows:
+                training_data(spec, point.dataset, rows[point.row][1], context)
+        state = run_study(spec, url, None, context, workers=args.workers, heartbeat=args.heartbeat,
+                          provenance=context["provenance"])
+    data = write_results(finished_records(open_study(spec, open_storage(url, args.heartbeat)), spec), out)
+    for key, error in state.failed.items():
+        print(f"    failed: {key}: {error}", flush=True)
+    if state.left:
+        print(f"{len(state.left)} trial(s) not finished: run the same command again to resume", flush=True)
+    return data
 
 
 def plan(data: dict[str, Any]) -> Iterator[tuple[str, str, int]]:
-    """``(dataset, row, seed)`` in order, read lazily: each choice is made from the runs finished when it is reached.
+    """How the round chose its grid: ``(dataset, row, seed)`` in order, read lazily, each choice made from the runs
+    in ``data`` when it is reached.
 
     1. the seed-0 screen on both datasets: :data:`FIRST`, each loss with the control at temperature 0.01, then its
        own option at its better temperature;
@@ -598,7 +525,7 @@ def plan(data: dict[str, Any]) -> Iterator[tuple[str, str, int]]:
     5. 5 paired seeds (0-4) of the recipe, the best built-in and MNRL on the chosen mining;
     6. the longer NFCorpus protocol: the best two rows of each side (the chosen one first), seeds 0-2.
 
-    :data:`BARRIER` comes before each step that chooses from the runs of the steps before it.
+    The round's spec (:data:`SPEC`) holds the grid this order reached: the points the study engine runs.
     """
     def both(label: str, seed: int = 0) -> Iterator[tuple[str, str, int]]:
         for name in MAIN:
@@ -614,14 +541,11 @@ def plan(data: dict[str, Any]) -> Iterator[tuple[str, str, int]]:
         yield from both(label)
     for key in ROUND2_LOSSES:
         yield from both(round2_label(key, temperature=0.01))
-    yield BARRIER
     for key in ROUND2_LOSSES:
         yield from both(round2_label(key, temperature=round2_best_temperature(data, key), option=True))
-    yield BARRIER
     for key in ROUND2_LOSSES:
         yield from settle(round2_loss_configs(key))
     yield from settle([f"mnrl@{s}" for s in ROUND2_MINING])
-    yield BARRIER
     setting = round2_mining_choice(data) or OURS_MINING
     for name in ROUND2_BUILTINS:
         yield from both(f"{name}@{setting}")
@@ -629,16 +553,13 @@ def plan(data: dict[str, Any]) -> Iterator[tuple[str, str, int]]:
         chosen = round2_loss_choice(data, key)
         if chosen:
             yield from both(round2_twin(chosen))
-    yield BARRIER
     for builtin in (False, True):
         yield from settle(round2_side_labels(data, builtin))
-    yield BARRIER
     finalists = [c for c in (round2_recipe_choice(data, builtin=False), round2_recipe_choice(data, builtin=True),
                              f"mnrl@{setting}") if c]
     for seed in PAIRED_SEEDS:
         for label in dict.fromkeys(finalists):
             yield from both(label, seed)
-    yield BARRIER
     long: list[str] = []
     for builtin in (False, True):
         chosen = round2_recipe_choice(data, builtin)
@@ -647,27 +568,6 @@ def plan(data: dict[str, Any]) -> Iterator[tuple[str, str, int]]:
     for seed in (0, 1, 2):
         for label in long:
             yield LONG, label, seed
-
-
-def run_all(args: argparse.Namespace) -> dict[str, Any]:
-    runner = Runner(args)
-    runner.update(lambda data: import_untrained(data, Path(args.untrained_from)))
-    left: list[tuple[str, str, int]] = []  # items another runner held, since the last barrier
-    for item in plan(runner.data):
-        if not runner.time_left():
-            break
-        if item == BARRIER:
-            if not runner.settle(left):
-                break
-            left = []
-            continue
-        name, label, seed = item
-        if args.datasets and name not in args.datasets:
-            continue
-        if runner.run(name, label, seed) == "claimed":
-            left.append(item)
-    runner.refresh()
-    return runner.data
 
 
 # --------------------------------------------------------------------------- report
@@ -1193,16 +1093,19 @@ def write_report(data: dict[str, Any], out: Path, figure: bool = False) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data-dir", default=str(SHARED_DATA))
-    parser.add_argument("--datasets", nargs="*", default=None, choices=list(ROUND2_DATASETS),
-                        help="run only these datasets' items (default: all)")
+    parser.add_argument("--spec", default=str(SPEC), help="the round's study spec (its grid, rows and datasets)")
+    parser.add_argument("--workers", type=int, default=1, help="worker processes on this machine (default: 1)")
+    parser.add_argument("--storage", default=None,
+                        help="the study's storage URL (default: sqlite:///WORK_DIR/study.db); workers on other "
+                             "machines point at the same one")
+    parser.add_argument("--heartbeat", type=int, default=30,
+                        help="seconds between a trial's heartbeats; a trial silent for twice this is run again")
     parser.add_argument("--model", default=None, help="default: the embedded all-MiniLM-L6-v2")
     parser.add_argument("--out", default=str(DEFAULT_OUT))
-    parser.add_argument("--untrained-from", default=str(UNTRAINED_SOURCE))
-    parser.add_argument("--cache-dir", default=str(Path.home() / ".cache" / "st_hardneg" / "negatives"))
-    parser.add_argument("--work-dir", default="output/retrieval_beir_round2")
+    parser.add_argument("--cache-dir", default=DEFAULT_CACHE_DIR)
+    parser.add_argument("--work-dir", default=DEFAULT_WORK_DIR, help="the trials' folders and the default storage")
     parser.add_argument("--eval-batch-size", type=int, default=64)
     parser.add_argument("--max-steps", type=int, default=-1, help="smoke runs only (changes the protocol's length)")
-    parser.add_argument("--budget-seconds", type=float, default=0, help="start no run after this many seconds")
     parser.add_argument("--report", action="store_true", help="only rewrite the tables from the JSON")
     return parser
 
@@ -1217,18 +1120,18 @@ def main(argv: list[str] | None = None) -> int:
         write_report(json.loads(out.read_text()), out, figure=True)
         print(out.with_suffix(".md").read_text())
         return 0
-    if os.environ.get("OMP_NUM_THREADS") is None:
-        import torch
-
-        torch.set_num_threads(1)
-    run_all(args)
+    try:
+        run_round(args)
+    except ValueError as error:  # a bad spec, storage, worker count or data folder: one line
+        parser.error(str(error))
     return 0
 
 
-__all__ = ["BARRIER", "DEFAULT_OUT", "FIRST", "Method", "Prepared", "ROUND2_TEMPERATURES", "Runner", "build_loss",
-           "build_parser", "compare_rows", "evaluate", "import_untrained", "library_tree", "load_model", "main",
+__all__ = ["DEFAULT_OUT", "FIRST", "SPEC", "Method", "Prepared", "ROUND2_TEMPERATURES", "build_loss",
+           "build_parser", "compare_rows", "evaluate", "library_tree", "load_model", "main",
            "markdown", "mine", "negatives_key", "paired_section", "per_query_by_row", "per_query_runs", "plan",
-           "prepare", "round2_protocol", "run_one", "summary", "write_report"]
+           "prepare", "prepared", "round2_protocol", "run_one", "run_round", "run_trial", "summary", "training_data",
+           "write_report", "write_results"]
 
 if __name__ == "__main__":
     sys.exit(main())

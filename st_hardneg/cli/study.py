@@ -91,9 +91,13 @@ def _spec(args: argparse.Namespace) -> Any:
         spec = load_spec(args.spec)
         own = [label for label, row in spec.rows.items() if row.extra] + [name for name, d in spec.datasets.items()
                                                                           if d.extra]
-        if own:
+        if own and spec.trial is None:
             raise ValueError(f"--spec {args.spec}: {own[0]!r} carries settings of a benchmark's own trials (extra), "
-                             "which st-hardneg study does not run; render that study with its benchmark")
+                             "and the spec names no trial function (trial: 'module:function') to run them")
+        if spec.trial is not None:
+            from st_hardneg.training.studies.engine import trial_function
+
+            trial_function(spec)  # importable, before any model loads
         return spec
     if not args.data:
         raise ValueError("give a BEIR folder (--data FOLDER) or a study spec (--spec FILE)")
@@ -195,10 +199,22 @@ def cmd_study(args: argparse.Namespace) -> int:
         print(f"study {spec.name!r}: {len(state.done)} of {len(keys)} trial(s) finished, {len(state.left)} to run "
               f"({args.workers} worker(s), storage {url})", flush=True)
         for name in dict.fromkeys(point.dataset for point in spec.points() if point.key in state.left):
-            prepare(spec, name, context)  # mined once here: the workers read the negatives from the cache
-        state = run_study(spec, url, run_point, context, workers=args.workers, heartbeat=args.heartbeat,
+            if spec.trial is None:  # a benchmark's own trial prepares its own data
+                prepare(spec, name, context)  # mined once here: the workers read the negatives from the cache
+        state = run_study(spec, url, run_point if spec.trial is None else None, context, workers=args.workers, heartbeat=args.heartbeat,
                           provenance=provenance())
     records = finished_records(open_study(spec, open_storage(url, args.heartbeat)), spec)
+    if spec.trial is not None:  # a benchmark's own records: its own renderer makes its tables
+        from st_hardneg.reporting import write_json
+
+        write_json(output / "study.json", {"spec": spec.to_dict(), "records": records, "left": state.left,
+                                           "failed": state.failed})
+        print(f"records: {output / 'study.json'} ({len(records)} finished; the spec's renderer makes its tables)")
+        if state.left or state.failed:
+            from st_hardneg.cli.train import RunFailed
+
+            raise RunFailed(f"{len(state.left)} trial(s) not finished, {len(state.failed)} failed")
+        return 0
     written = write_report(spec, records, output, state.left, state.failed)
     print(written["markdown"].read_text())
     print(f"report: {written['markdown']}\nrecords: {written['json']}"

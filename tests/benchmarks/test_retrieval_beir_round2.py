@@ -205,82 +205,16 @@ def test_the_plan_screens_first_and_chooses_on_pooled_dev_only():
     assert items[-1][0] == "nfcorpus_long"
 
 
-def test_runs_resume_record_their_commit_and_render_from_the_json(tmp_path, monkeypatch):
-    write_beir(tmp_path / "data" / "retrieval" / "scifact", dev=False)
-    write_beir(tmp_path / "data" / "retrieval" / "nfcorpus", dev=True)
-    ran = []
-
-    def fake_run_one(label, method, seed, prep, negatives, roles, args):
-        ran.append((prep.name, label, seed))
-        scores = {role: {"ndcg@10": 30.0 + len(ran), "mrr@10": 1.0, "recall@100": 2.0} for role in roles}
-        return {"dataset": prep.name, "method": label, "seed": seed, "train_seconds": 1.0,
-                "median_step_seconds": 0.1, "steps": 1, "eval_seconds": 1.0, **scores}, {role: {"q": 1.0} for role in roles}
-
-    monkeypatch.setattr(r2, "run_one", fake_run_one)
-    monkeypatch.setattr(r2.Runner, "training_data", lambda self, name, setting: None)
-    monkeypatch.setattr(r2, "plan", lambda data: iter([("scifact", "focal+ctl", 0), ("nfcorpus", "focal+ctl", 0)]))
-    out = tmp_path / "r.json"
-    argv = ["--data-dir", str(tmp_path / "data"), "--out", str(out), "--untrained-from", str(tmp_path / "none")]
-    assert r2.main(argv) == 0 and r2.main(argv) == 0
-    assert ran == [("scifact", "focal+ctl", 0), ("nfcorpus", "focal+ctl", 0)]  # the second call skipped both
-    data = json.loads(out.read_text())
-    assert data["commits"] and all(r["commit"] == data["commits"][0] for r in data["runs"])
-    assert out.with_suffix(".md").read_text() == r2.markdown(data, r2.per_query_runs(
-        out.with_name("r_per_query.jsonl")))
-    assert "| focal+ctl | st-hardneg + control | 31.00 | 32.00 | 31.50 | 31.50 | 1 / 1 |" in r2.summary(data)
-    # the docs' "which loss" page includes the summary table from between these markers
-    text = out.with_suffix(".md").read_text()
-    assert text.split(r2.SUMMARY_START)[1].split(r2.SUMMARY_END)[0].strip() == r2.summary(data)
-    assert text.split(r2.SHAPES_START)[1].split(r2.SHAPES_END)[0].strip() == r2.shape_table(data)
-    assert r2.LONG_START not in text  # no run of the longer protocol: no table to include
-
-
-def test_the_committed_round2_report_is_its_json():
-    out = r2.DEFAULT_OUT
-    if not out.is_file():
-        pytest.skip("no second-round results committed yet")
-    data = json.loads(out.read_text())
-    per_query = r2.per_query_runs(out.with_name(out.stem + "_per_query.jsonl"))
-    assert out.with_suffix(".md").read_text() == r2.markdown(data, per_query)
-    assert data["protocol"] == r2.round2_protocol()
-    finished = [r for r in data["runs"] if "test" in r and "source" not in r]
-    assert all(r.get("commit") and r.get("train_seconds") and r.get("median_step_seconds") for r in finished)
-
-
-def _fake_runs(monkeypatch, tmp_path, sleep=0.0):
-    """The round's runner on two small BEIR folders with ``run_one`` replaced by a quick fake (dev nDCG@10 from the
-    row: ``b`` rows score above ``a`` rows)."""
-    import time
-
-    write_beir(tmp_path / "data" / "retrieval" / "scifact", dev=False)
-    write_beir(tmp_path / "data" / "retrieval" / "nfcorpus", dev=True)
-
-    def fake_run_one(label, method, seed, prep, negatives, roles, args):
-        if sleep:
-            time.sleep(sleep)
-        score = 40.0 + (5.0 if label.startswith("focal+ctl@t0.01") else 0.0) + seed
-        scores = {role: {"ndcg@10": score, "mrr@10": 1.0, "recall@100": 2.0} for role in roles}
-        return ({"dataset": prep.name, "method": label, "seed": seed, "train_seconds": 1.0,
-                 "median_step_seconds": 0.1, "steps": 1, "eval_seconds": 1.0, **scores},
-                {role: {f"{prep.name}-{label}-{seed}": score} for role in roles})
-
-    monkeypatch.setattr(r2, "run_one", fake_run_one)
-    monkeypatch.setattr(r2.Runner, "training_data", lambda self, name, setting: None)
-    monkeypatch.setattr(r2.Runner, "poll_seconds", 0.05)
-    out = tmp_path / "r.json"
-    argv = ["--data-dir", str(tmp_path / "data"), "--out", str(out), "--untrained-from", str(tmp_path / "none")]
-    return out, argv
-
-
-def _two_step_plan(data):
-    """A plan with a choice after a barrier: each loss at two temperatures, then the better one at seed 1."""
-    for label in ("focal+ctl", "focal+ctl@t0.01", "mixcse+ctl", "mixcse+ctl@t0.01"):
-        for name in r2.MAIN:
-            yield name, label, 0
-    yield r2.BARRIER
-    for key in ("focal", "mixcse"):
-        for name in r2.MAIN:
-            yield name, rows.round2_label(key, temperature=rows.round2_best_temperature(data, key)), 1
+def _tiny_spec(tmp_path, labels=("focal+ctl",), seeds=(0,)):
+    """The round's spec cut to ``labels`` on both datasets at ``seeds`` (its trial, rows and datasets as they are)."""
+    spec = json.loads(r2.SPEC.read_text())
+    spec.update(name="tiny", rows={label: spec["rows"][label] for label in labels},
+                datasets={name: spec["datasets"][name] for name in r2.MAIN},
+                grid=[{"datasets": list(r2.MAIN), "rows": list(labels), "seeds": list(seeds)}],
+                choice={**spec["choice"], "baseline": labels[0]})
+    path = tmp_path / "spec.json"
+    path.write_text(json.dumps(spec))
+    return path
 
 
 def _check_consistent(out):
@@ -301,84 +235,54 @@ def _check_consistent(out):
     return data, items
 
 
-def test_two_runners_share_one_results_file_and_never_run_an_item_twice(tmp_path, monkeypatch):
-    out, argv = _fake_runs(monkeypatch, tmp_path)
-    args = r2.build_parser().parse_args(argv)
-    first, second = r2.Runner(args), r2.Runner(args)
-    assert first.claim("scifact", "focal+ctl", 0) == 1
-    assert second.run("scifact", "focal+ctl", 0) == "claimed"  # held by the first runner: left to it
-    assert second.run("nfcorpus", "focal+ctl", 0) == "ran"  # recorded while the first still holds its item
-    first._run("scifact", "focal+ctl", 0, 2)
-    first.release("scifact", "focal+ctl", 0)
-    assert second.run("scifact", "focal+ctl", 0) == "done" and first.run("nfcorpus", "focal+ctl", 0) == "done"
+def test_runs_resume_record_their_commit_and_render_from_the_json(tmp_path, monkeypatch):
+    write_beir(tmp_path / "data" / "retrieval" / "scifact", dev=False)
+    write_beir(tmp_path / "data" / "retrieval" / "nfcorpus", dev=True)
+    ran = []
+
+    def fake_run_one(label, method, seed, prep, negatives, roles, args):
+        ran.append((prep.name, label, seed))
+        score = 31.0 + r2.MAIN.index(prep.name)
+        scores = {role: {"ndcg@10": score, "mrr@10": 1.0, "recall@100": 2.0} for role in roles}
+        return ({"dataset": prep.name, "method": label, "seed": seed, "train_seconds": 1.0,
+                 "median_step_seconds": 0.1, "steps": 1, "eval_seconds": 1.0, **scores},
+                {role: {f"{prep.name}-{label}-{seed}": score} for role in roles})
+
+    monkeypatch.setattr(r2, "run_one", fake_run_one)
+    monkeypatch.setattr(r2, "training_data", lambda spec, name, setting, context: (
+        None, {"triplets": 0, "pairs": 1, "mining_seconds": 0.0}))
+    out = tmp_path / "r.json"
+    argv = ["--data-dir", str(tmp_path / "data"), "--out", str(out), "--spec", str(_tiny_spec(tmp_path)),
+            "--work-dir", str(tmp_path / "work")]
+    assert r2.main(argv) == 0 and r2.main(argv) == 0
+    # the engine's order, each once: the second call skipped both
+    assert sorted(ran) == sorted([("scifact", "focal+ctl", 0), ("nfcorpus", "focal+ctl", 0)])
     data, items = _check_consistent(out)
-    assert items == [("nfcorpus", "focal+ctl", 0), ("scifact", "focal+ctl", 0)]  # neither overwrote the other
-    assert [r["runners"] for r in data["runs"] if "test" in r] == [2, 2]
-    assert {r["library"] for r in data["runs"] if "test" in r} == {r2.library_tree("HEAD")}
+    assert sorted(items) == sorted(ran)
+    assert data["commits"] and all(r["commit"] == data["commits"][0] for r in data["runs"])
+    assert data["commits"] == [r2.commit()] and {r["library"] for r in data["runs"]} == {r2.library_tree("HEAD")}
     assert data["library_trees"][r2.commit()] == r2.library_tree("HEAD")
-    assert not out.with_name("r_claims.json").exists()  # every claim released
+    assert set(data["datasets"]) == set(r2.MAIN) and set(data["negatives"]) == {f"{n}/top1_nomargin" for n in r2.MAIN}
+    assert out.with_suffix(".md").read_text() == r2.markdown(data, r2.per_query_runs(
+        out.with_name("r_per_query.jsonl")))
+    assert "| focal+ctl | st-hardneg + control | 31.00 | 32.00 | 31.50 | 31.50 | 1 / 1 |" in r2.summary(data)
+    # the docs' "which loss" page includes the summary table from between these markers
+    text = out.with_suffix(".md").read_text()
+    assert text.split(r2.SUMMARY_START)[1].split(r2.SUMMARY_END)[0].strip() == r2.summary(data)
+    assert text.split(r2.SHAPES_START)[1].split(r2.SHAPES_END)[0].strip() == r2.shape_table(data)
+    assert r2.LONG_START not in text  # no run of the longer protocol: no table to include
 
 
-def test_a_barrier_waits_for_the_items_left_to_another_runner_and_runs_those_of_a_dead_one(tmp_path, monkeypatch):
-    import subprocess
-    import sys
-
-    out, argv = _fake_runs(monkeypatch, tmp_path)
-    args = r2.build_parser().parse_args(argv)
-    runner = r2.Runner(args)
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
-                          text=True).stdout.strip()
-    out.with_name("r_claims.json").write_text(json.dumps(
-        {"scifact/focal+ctl/0": {"pid": int(dead), "runner": "gone", "started": "x"}}))
-    assert runner.run("scifact", "focal+ctl", 0) == "ran"  # a dead runner's claim holds nothing
-    other = r2.Runner(args)
-    assert other.claim("nfcorpus", "focal+ctl", 0) == 1
-    waited = []
-
-    def sleep(seconds):  # while the runner waits, the other one finishes its item
-        waited.append(seconds)
-        other._run("nfcorpus", "focal+ctl", 0, 1)
-        other.release("nfcorpus", "focal+ctl", 0)
-
-    monkeypatch.setattr(r2.time, "sleep", sleep)
-    assert runner.settle([("nfcorpus", "focal+ctl", 0)]) is True
-    assert waited == [r2.Runner.poll_seconds]  # it waited once, until the other runner's item was recorded
-    assert sum(1 for r in runner.data["runs"] if r["method"] == "focal+ctl") == 2  # and chooses from it
-
-
-def _run_all_in_child(argv):
-    r2.run_all(r2.build_parser().parse_args(argv))
-
-
-def test_two_runner_processes_finish_the_plan_between_them_and_choose_from_the_same_runs(tmp_path, monkeypatch):
-    import multiprocessing
-    import time
-
-    out, argv = _fake_runs(monkeypatch, tmp_path, sleep=0.2)
-    monkeypatch.setattr(r2, "plan", _two_step_plan)
-    write_report = r2.write_report
-
-    def slow_write_report(data, path):  # a wide window between reading the file and writing it back
-        time.sleep(0.05)
-        write_report(data, path)
-
-    monkeypatch.setattr(r2, "write_report", slow_write_report)
-    context = multiprocessing.get_context("fork")  # the children keep this test's replacements
-    children = [context.Process(target=_run_all_in_child, args=(argv,)) for _ in range(2)]
-    for child in children:
-        child.start()
-    for child in children:
-        child.join(60)
-        assert child.exitcode == 0
-    data, items = _check_consistent(out)
-    expected = [(name, label, 0) for label in ("focal+ctl", "focal+ctl@t0.01", "mixcse+ctl", "mixcse+ctl@t0.01")
-                for name in r2.MAIN]
-    # after the barrier both chose from all eight screen runs: focal at 0.01 (dev 45), mixcse at 0.05 (a tie: the first)
-    expected += [(name, label, 1) for label in ("focal+ctl@t0.01", "mixcse+ctl") for name in r2.MAIN]
-    assert sorted(items) == sorted(expected)
-    assert {r["runners"] for r in data["runs"] if "test" in r} <= {1, 2}
-    assert any(r["runners"] == 2 for r in data["runs"] if "test" in r)  # they did run side by side
-    assert not out.with_name("r_claims.json").exists()
+def test_the_committed_round2_report_is_its_json():
+    out = r2.DEFAULT_OUT
+    if not out.is_file():
+        pytest.skip("no second-round results committed yet")
+    data = json.loads(out.read_text())
+    per_query = r2.per_query_runs(out.with_name(out.stem + "_per_query.jsonl"))
+    assert out.with_suffix(".md").read_text() == r2.markdown(data, per_query)
+    assert data["protocol"] == r2.round2_protocol()
+    finished = [r for r in data["runs"] if "test" in r and "source" not in r]
+    assert all(r.get("commit") and r.get("train_seconds") and r.get("median_step_seconds") for r in finished)
 
 
 def test_a_tie_is_settled_on_three_seeds_and_the_recipe_gets_five_paired_seeds(tmp_path):
@@ -556,20 +460,6 @@ def test_the_detectable_difference_is_the_normal_power_formula_at_holms_strictes
         t = sample.mean() / (sample.std(ddof=1) / np.sqrt(300))
         found += abs(t) > norm.ppf(1 - 0.025 / 2)
     assert 0.74 < found / 400 < 0.86
-
-
-def test_a_claim_of_an_earlier_process_with_the_same_pid_holds_nothing(tmp_path, monkeypatch):
-    import os
-
-    out, argv = _fake_runs(monkeypatch, tmp_path)
-    runner = r2.Runner(r2.build_parser().parse_args(argv))
-    claims = out.with_name("r_claims.json")
-    mine = {"pid": os.getpid(), "process_start": r2.process_start(os.getpid()), "runner": "other", "started": "x"}
-    claims.write_text(json.dumps({"scifact/focal+ctl/0": mine}))
-    assert runner.run("scifact", "focal+ctl", 0) == "claimed"  # this very process: alive
-    reused = {**mine, "process_start": str(int(mine["process_start"]) - 1)}  # the same pid, an earlier process
-    claims.write_text(json.dumps({"scifact/focal+ctl/0": reused}))
-    assert runner.run("scifact", "focal+ctl", 0) == "ran"
 
 
 def test_each_data_shape_takes_each_sides_best_row_on_that_datasets_own_dev(tmp_path):
@@ -780,3 +670,34 @@ def test_the_longer_protocols_best_row_on_dev_is_one_command(tiny_model, monkeyp
     monkeypatch.setattr(recipe, "RETRIEVAL_RECIPE", rows.round2_recipe(best))
     row = recipe.recipe_loss(copy.deepcopy(tiny_model), known)
     assert type(command) is type(row) and command.get_config_dict() == row.get_config_dict()
+
+
+def test_the_specs_grid_is_the_points_the_plan_reaches_from_the_rounds_records():
+    from st_hardneg.training.studies.spec import load_spec
+
+    data = json.loads(r2.DEFAULT_OUT.read_text())
+    spec = load_spec(r2.SPEC)
+    trained = [(p.dataset, p.row, p.seed) for p in spec.points() if spec.rows[p.row].loss is not None]
+    assert len(trained) == len(set(trained)) == 154
+    assert set(r2.plan(data)) == set(trained)
+    assert spec.trial == "benchmarks.retrieval_beir_round2:run_trial"
+    for label, row in spec.rows.items():  # each trained row's mining is the round's own row's
+        if row.loss is not None:
+            assert rows.round2_rows()[label][1] == row.extra["mining"], label
+
+
+def test_the_committed_round_run_with_nothing_left_rewrites_its_files_byte_for_byte(tmp_path, monkeypatch):
+    pytest.importorskip("optuna")
+    names = [r2.DEFAULT_OUT.name, f"{r2.DEFAULT_OUT.stem}_per_query.jsonl", r2.DEFAULT_OUT.with_suffix(".md").name]
+    for name in names:
+        (tmp_path / name).write_bytes((r2.DEFAULT_OUT.parent / name).read_bytes())
+
+    def no_run(*args, **kwargs):
+        raise AssertionError("a finished round runs no trial")
+
+    monkeypatch.setattr(r2, "run_one", no_run)
+    monkeypatch.setattr(r2, "training_data", no_run)
+    assert r2.main(["--out", str(tmp_path / names[0]), "--work-dir", str(tmp_path / "work"),
+                    "--data-dir", str(tmp_path / "no-data")]) == 0
+    for name in names:  # the 156 records imported as finished trials and written back from the study
+        assert (tmp_path / name).read_bytes() == (r2.DEFAULT_OUT.parent / name).read_bytes(), name

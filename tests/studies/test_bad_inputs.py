@@ -118,3 +118,19 @@ def test_a_study_resumed_with_another_spec_is_refused(no_model, beir, tmp_path, 
     err = _one_line_exit_2(["study", "--data", str(beir), "--method", "mnrl=mnrl", "--seeds", "0", "1",
                             "--output-dir", str(out)], capsys)
     assert "the study 'study' in this storage was made from another spec (changed: grid)" in err
+
+
+@pytest.mark.parametrize("trial, fragment", [
+    (None, "'mnrl' carries settings of a benchmark's own trials (extra), and the spec names no trial function"),
+    ("tests.studies.trials:slow_trial", "the module tests.studies.trials has no function 'slow_trial'"),
+])
+def test_a_spec_with_its_own_trials_needs_an_importable_trial_function(no_model, beir, tmp_path, capsys, trial,
+                                                                       fragment):
+    spec = {"name": "s", "rows": {"mnrl": {"loss": "mnrl", "extra": {"mining": "own"}}},
+            "datasets": {"tiny": {"folder": str(beir)}},
+            "grid": [{"datasets": ["tiny"], "rows": ["mnrl"], "seeds": [0]}], **({"trial": trial} if trial else {})}
+    path = tmp_path / "spec.json"
+    path.write_text(json.dumps(spec))
+    err = _one_line_exit_2(["study", "--spec", str(path), "--output-dir", str(tmp_path / "out")], capsys)
+    assert fragment in err, err
+    assert not (tmp_path / "out").exists()  # refused before anything is written

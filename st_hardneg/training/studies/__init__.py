@@ -26,12 +26,13 @@ _LAZY = {
     "spec_from_methods": "spec", "parse_method": "spec",
     "open_storage": "engine", "open_study": "engine", "run_study": "engine", "work": "engine",
     "import_records": "engine", "finished_records": "engine", "progress": "engine", "provenance": "engine",
+    "trial_function": "engine",
     "run_point": "beir", "write_report": "report", "choice": "report", "summary": "report",
 }
 
 __all__ = ["Dataset", "Point", "Row", "StudySpec", "choice", "finished_records", "import_records", "load_spec",
            "open_storage", "open_study", "parse_method", "progress", "provenance", "run_point", "run_study",
-           "spec_from_methods", "summary", "work", "write_report"]
+           "spec_from_methods", "summary", "trial_function", "work", "write_report"]
 
 if TYPE_CHECKING:  # pragma: no cover
     from st_hardneg.training.studies.beir import run_point
@@ -43,6 +44,7 @@ if TYPE_CHECKING:  # pragma: no cover
         progress,
         provenance,
         run_study,
+        trial_function,
         work,
     )
     from st_hardneg.training.studies.report import choice, summary, write_report

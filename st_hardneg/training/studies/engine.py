@@ -14,6 +14,7 @@ process: every such decision is the storage's.
 - :func:`open_storage`: an RDB URL (``sqlite:///study.db``, ``postgresql://...``) with heartbeats and the retry;
 - :func:`open_study`: the spec's study in that storage (its grid a :class:`~optuna.samplers.GridSampler` over the
   points' keys), refused when the storage holds the same study made from another spec;
+- :func:`trial_function`: the function one trial runs (the spec's ``trial``, else the BEIR trial);
 - :func:`work`: one worker's loop (the engine's ``optimize``, one trial at a time, until no point is left);
 - :func:`run_study`: ``workers`` such loops (processes on this machine; more machines point at the same storage);
 - :func:`progress`: each point's state; :func:`finished_records`: the records of the finished trials;
@@ -40,7 +41,7 @@ if TYPE_CHECKING:
     import optuna
 
 __all__ = ["DEFAULT_HEARTBEAT", "Progress", "finished_records", "import_records", "open_storage", "open_study",
-           "progress", "run_study", "work"]
+           "progress", "run_study", "trial_function", "work"]
 
 logger = logging.getLogger(__name__)
 
@@ -52,6 +53,31 @@ PARAM = "point"
 
 #: ``run(spec, point, context) -> record``: one trial; the record holds ``dev`` and ``test`` metrics
 RunPoint = Callable[[StudySpec, Point, Mapping[str, Any]], dict[str, Any]]
+
+
+def trial_function(spec: StudySpec) -> RunPoint:
+    """The function each trial of ``spec`` runs: the one its ``trial`` names (``module:function``, a benchmark with
+    its own protocol), else :func:`~st_hardneg.training.studies.beir.run_point`. A worker process imports it by that
+    name, so it must be a module-level function.
+
+    Raises:
+        ValueError: a module that cannot be imported or that has no such function (one line naming it).
+    """
+    from importlib import import_module
+
+    if spec.trial is None:
+        from st_hardneg.training.studies.beir import run_point
+
+        return run_point
+    module, _, name = spec.trial.partition(":")
+    try:
+        function = getattr(import_module(module.strip()), name.strip(), None)
+    except ImportError as exc:
+        raise ValueError(f"the study's trial {spec.trial!r} cannot be imported: {exc}") from None
+    if not callable(function):
+        raise ValueError(f"the study's trial {spec.trial!r}: the module {module.strip()} has no function "
+                         f"{name.strip()!r}")
+    return function  # type: ignore[no-any-return]
 
 
 class TrialError(Exception):
@@ -200,11 +226,12 @@ def _objective(study: optuna.Study, spec: StudySpec, run: RunPoint, context: Map
     return objective
 
 
-def work(spec: StudySpec, storage: optuna.storages.BaseStorage, run: RunPoint, context: Mapping[str, Any],
+def work(spec: StudySpec, storage: optuna.storages.BaseStorage, run: RunPoint | None, context: Mapping[str, Any],
          provenance: Mapping[str, Any], poll_seconds: float | None = None) -> int:
     """One worker: until every point is done or failed, take the next trial from the engine (a waiting retry first,
-    else the sampler's next grid point) and run it; while only other workers' trials are left, wait for them (a
-    killed worker's trial comes back as a waiting retry once its heartbeat is stale). Returns the trials it ran.
+    else the sampler's next grid point) and run it with ``run`` (``None``: :func:`trial_function` of the spec); while
+    only other workers' trials are left, wait for them (a killed worker's trial comes back as a waiting retry once
+    its heartbeat is stale). Returns the trials it ran.
 
     A trial that raises ``ValueError`` / ``RuntimeError`` is recorded as failed with its message and not retried."""
     import optuna
@@ -213,7 +240,7 @@ def work(spec: StudySpec, storage: optuna.storages.BaseStorage, run: RunPoint, c
     keys = [point.key for point in spec.points()]
     heartbeat = storage.heartbeat_interval if isinstance(storage, optuna.storages.RDBStorage) else None
     poll = poll_seconds if poll_seconds is not None else float(heartbeat or 5)
-    objective = _objective(study, spec, run, context, provenance)
+    objective = _objective(study, spec, run if run is not None else trial_function(spec), context, provenance)
     ran = 0
     with warnings.catch_warnings():  # the engine's heartbeat is marked experimental: it is the one we rely on
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
@@ -229,7 +256,7 @@ def work(spec: StudySpec, storage: optuna.storages.BaseStorage, run: RunPoint, c
                 time.sleep(poll)
 
 
-def _worker_main(spec: dict[str, Any], url: str, heartbeat: int, run: RunPoint, context: dict[str, Any],
+def _worker_main(spec: dict[str, Any], url: str, heartbeat: int, run: RunPoint | None, context: dict[str, Any],
                  provenance: dict[str, Any], threads: int) -> None:
     """A worker process (:func:`run_study`): its own storage connection, ``threads`` torch threads."""
     if threads and os.environ.get("OMP_NUM_THREADS") is None:
@@ -239,18 +266,22 @@ def _worker_main(spec: dict[str, Any], url: str, heartbeat: int, run: RunPoint, 
     work(spec_from_dict(spec), open_storage(url, heartbeat), run, context, provenance)
 
 
-def run_study(spec: StudySpec, url: str, run: RunPoint, context: Mapping[str, Any], *, workers: int = 1,
+def run_study(spec: StudySpec, url: str, run: RunPoint | None, context: Mapping[str, Any], *, workers: int = 1,
               heartbeat: int = DEFAULT_HEARTBEAT, provenance: Mapping[str, Any] | None = None) -> Progress:
     """Run the study's left points with ``workers`` worker loops (:func:`work`): in this process for one, else as
-    processes (``spawn``), each with its share of the cores. Workers on other machines are the same command pointed
-    at the same ``url``. Returns the progress once every worker has stopped.
+    processes (``spawn``), each with its share of the cores. ``run`` is the trial (``None``: the one the spec names,
+    :func:`trial_function`); a worker process imports it by its module and name. Workers on other machines are the
+    same command pointed at the same ``url``. Returns the progress once every worker has stopped.
 
     Raises:
-        ValueError: ``workers`` below 1, a storage that cannot be opened, a study made from another spec.
+        ValueError: ``workers`` below 1, a storage that cannot be opened, a study made from another spec, a trial
+            the spec names that cannot be imported.
     """
     from st_hardneg import validation
 
     validation.check_count(workers, "workers", minimum=1)
+    if run is None:
+        trial_function(spec)  # refused here, before any worker starts
     storage = open_storage(url, heartbeat)
     keys = [point.key for point in spec.points()]
     open_study(spec, storage)  # made (or refused) once, before any worker starts

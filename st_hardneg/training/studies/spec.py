@@ -125,6 +125,9 @@ class StudySpec:
         choice: the :class:`Choice`.
         report: where a benchmark's records and renderer are (``records``, ``renderer``), for its own tables.
         about: what the study asks, in a sentence or two.
+        trial: the trial function (``module:function``, called as ``function(spec, point, context)`` and returning
+            the trial's record) of a benchmark whose trials follow its own protocol (its rows' and datasets'
+            ``extra``); ``None``: :func:`~st_hardneg.training.studies.beir.run_point`.
     """
 
     name: str
@@ -135,6 +138,7 @@ class StudySpec:
     choice: Choice = field(default_factory=Choice)
     report: Mapping[str, Any] = field(default_factory=dict)
     about: str = ""
+    trial: str | None = None
 
     def points(self) -> list[Point]:
         """Every trial of the grid, in grid order, each once."""
@@ -150,7 +154,8 @@ class StudySpec:
             "datasets": {name: {k: v for k, v in asdict(d).items() if v or k == "folder"}
                          for name, d in self.datasets.items()},
             "grid": [dict(block) for block in self.grid], "choice": asdict(self.choice),
-            **({"report": dict(self.report)} if self.report else {}), **({"about": self.about} if self.about else {})}))
+            **({"report": dict(self.report)} if self.report else {}), **({"about": self.about} if self.about else {}),
+            **({"trial": self.trial} if self.trial else {})}))
 
 
 def parse_method(text: str) -> tuple[str, Row]:
@@ -293,6 +298,10 @@ def check_spec(spec: StudySpec) -> None:
             validation.check_count(seed, "seed", minimum=0)
             if seed > MAX_SEED:
                 raise ValueError(f"seed must be at most {MAX_SEED}, got {seed}")
+    if spec.trial is not None:
+        module, sep, function = spec.trial.partition(":")
+        if not (sep and module.strip() and function.strip()):
+            raise ValueError(f"trial must name a function as 'module:function', got {spec.trial!r}")
     if spec.choice.metric not in METRICS:
         raise ValueError(f"the choice metric must be one of {', '.join(METRICS)}, got {spec.choice.metric!r}")
     validation.check_number(spec.choice.tie_sds, "tie_sds", minimum=0.0)
@@ -319,7 +328,8 @@ def spec_from_dict(raw: Mapping[str, Any], where: str = "the spec") -> StudySpec
         ValueError: a missing or unknown field, or what :func:`check_spec` refuses; prefixed with ``where``.
     """
     try:
-        unknown = sorted(set(raw) - {"name", "protocol", "rows", "datasets", "grid", "choice", "report", "about"})
+        unknown = sorted(set(raw) - {"name", "protocol", "rows", "datasets", "grid", "choice", "report", "about",
+                                   "trial"})
         if unknown:
             raise ValueError(f"unknown field(s) {', '.join(unknown)}")
         missing = sorted({"name", "rows", "datasets", "grid"} - set(raw))
@@ -329,7 +339,8 @@ def spec_from_dict(raw: Mapping[str, Any], where: str = "the spec") -> StudySpec
                                   extra=dict(d.get("extra") or {})) for name, d in raw["datasets"].items()}
         spec = StudySpec(name=str(raw["name"]), protocol=dict(raw.get("protocol") or {}), rows=_rows(raw["rows"]),
                          datasets=datasets, grid=list(raw["grid"]), choice=Choice(**(raw.get("choice") or {})),
-                         report=dict(raw.get("report") or {}), about=str(raw.get("about", "")))
+                         report=dict(raw.get("report") or {}), about=str(raw.get("about", "")),
+                         trial=None if raw.get("trial") is None else str(raw["trial"]))
         check_spec(spec)
     except (KeyError, TypeError, ValueError) as exc:
         raise ValueError(f"{where}: {exc}") from None
