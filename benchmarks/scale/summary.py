@@ -26,7 +26,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from benchmarks.methods import benchmark_loss
+from benchmarks.methods import OURS, benchmark_loss
 from benchmarks.scale.report import REFERENCE, loss_names, summarize
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
@@ -39,10 +39,9 @@ PLACEMENTS = {
     "custom loop": "torch.autocast around the loss's forward only, backward() outside it",
     "Trainer": "the model's forward under autocast, as SentenceTransformerTrainer(bf16=True) runs it",
 }
-#: the method labels of ``scale_gpu.json`` and ``scale.json`` the summary reads (st-hardneg's losses); their rows are
-#: named by :func:`benchmarks.methods.benchmark_loss` (both benchmarks ran their labels through
-#: ``benchmarks.methods.registry_loss``, where ``mixcse`` is the two-direction form)
-OURS = ("mixcse", "focal", "hncse_pm", "hncse_hnm", "adcse")
+# the rows of ``scale_gpu.json`` and ``scale.json`` the summary reads are st-hardneg's losses
+# (``benchmarks.methods.OURS``), named by ``benchmarks.methods.benchmark_loss``: both benchmarks ran their labels
+# through ``registry_loss``, where ``mixcse`` is the two-direction form
 #: the configurations of the profile records are registry names already (``mixcse``: ``MixCSELoss(model)``, one
 #: direction; they were run after one name came to mean one loss)
 REGISTRY = ("mixcse", "mixcse_two_way", "focal", "hncse_pm", "hncse_hnm", "adcse")
