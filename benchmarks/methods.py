@@ -153,3 +153,19 @@ def recorded_loss(run: dict[str, Any]) -> str:
     if name == "hncse" and config.get("mode") in ("pm", "hnm", "both"):
         return f"hncse_{config['mode']}"
     return str(name)
+
+
+def benchmark_loss(record: dict[str, Any]) -> str:
+    """The registry name of the loss a cost or scale benchmark's record trained: :func:`recorded_loss` where the record
+    keeps its ``loss`` (and ``loss_config``), else the loss its ``method`` label runs (:func:`registry_loss`, which is
+    how ``benchmarks.scale`` and ``benchmarks.scale_gpu`` build a label: a ``mixcse`` row trained ``mixcse_two_way``).
+
+    Example:
+        >>> benchmark_loss({"method": "mixcse"})
+        'mixcse_two_way'
+        >>> benchmark_loss({"method": "mixcse", "loss": "mixcse", "loss_config": {"directions": ["query_to_doc"]}})
+        'mixcse'
+    """
+    if "loss" in record:
+        return recorded_loss(record)
+    return registry_loss(record["method"])

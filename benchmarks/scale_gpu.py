@@ -44,7 +44,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.methods import OURS, registry_loss
+from benchmarks.methods import OURS, benchmark_loss, registry_loss
 
 METHODS = ("mnrl", "cached_mnrl", *OURS)
 GRID = ((64, "uncached"), (1024, "uncached"), (8192, "cached"), (32768, "cached"))
@@ -223,13 +223,13 @@ def markdown(result: dict[str, Any]) -> str:
     for r in result["rows"]:
         if r["status"] == "ok":
             step_ratio, peak_ratio = r.get("step_ratio"), r.get("peak_ratio")
-            lines.append(f"| {r['batch_size']} | {r['variant']} | {r['method']} | custom loop | {r.get('call', 1)} | "
+            lines.append(f"| {r['batch_size']} | {r['variant']} | {benchmark_loss(r)} | custom loop | {r.get('call', 1)} | "
                          f"{len(r['step_seconds'])} | {r['step_ms']:.1f} | "
                          f"{'' if step_ratio is None else f'{step_ratio:.2f}'} | {r['peak_mb']:.0f} | "
                          f"{'' if peak_ratio is None else f'{peak_ratio:.2f}'} | "
                          f"{_cell(r.get('tflops'), '{:.1f}')} | {_cell(r.get('peak_fraction'), '{:.1%}')} | ok |")
         else:
-            lines.append(f"| {r['batch_size']} | {r['variant']} | {r['method']} | custom loop | {r.get('call', 1)} "
+            lines.append(f"| {r['batch_size']} | {r['variant']} | {benchmark_loss(r)} | custom loop | {r.get('call', 1)} "
                          f"| | | | | | | | {r['status']} |")
     lines += [""] + [f"- {note}" for note in result.get("notes", [])]
     lines += ["", f"torch {env['torch']}, CUDA {env['cuda']}, sentence-transformers {env['sentence_transformers']}; "

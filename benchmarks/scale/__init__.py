@@ -125,6 +125,7 @@ from benchmarks.scale.report import (  # noqa: F401  (the report half of this be
     REFERENCES,
     TIME_TARGET,
     config_key,
+    loss_names,
     markdown,
     plot,
     summarize,

@@ -141,6 +141,11 @@ def markdown(data: dict[str, Any]) -> str:
 
     meta = data.get("_meta", {})
     summary = summarize(data)
+    names = loss_names(data)
+
+    def name(method: str) -> str:
+        return names.get(method, method)
+
     out = []
     mbs = meta.get("mini_batch_size", "mini_batch_size")
     header = ["method", "batch", "uncached step (ms)", "uncached peak (MB)", f"cached ({mbs}) step (ms)",
@@ -151,27 +156,27 @@ def markdown(data: dict[str, Any]) -> str:
         ratio = row["cached_time_vs_reference"]
         uncached_ms = _fmt(row["uncached_step_ms"]) if row["uncached_status"] in ("ok", "not run") \
             else row["uncached_status"]
-        body.append([row["method"], row["batch_size"], uncached_ms, _fmt(row["uncached_peak_mb"]),
+        body.append([name(row["method"]), row["batch_size"], uncached_ms, _fmt(row["uncached_peak_mb"]),
                      cached_ms, _fmt(row["cached_peak_mb"]), _fmt(row["cached_default_malloc_peak_mb"]),
                      "–" if ratio is None else f"{ratio:.2f}×"])
     out.append(markdown_table(header, body, align=["l", "r", "r", "r", "r", "r", "r", "r"]))
     if summary["memory"]:
-        body = [[m["method"], f"{m['from_batch']} → {m['to_batch']}", f"{m['ratio']:.2f}×",
+        body = [[name(m["method"]), f"{m['from_batch']} → {m['to_batch']}", f"{m['ratio']:.2f}×",
                  _met(m["meets_target"])] for m in summary["memory"]]
         out.append(markdown_table(["method", "batch", f"cached peak ratio (target ≤ {MEMORY_TARGET}×)", "met"], body))
     if summary.get("peaks"):
-        body = [[t["method"], t["batch_size"], f"{t['ratio']:.2f}×", _met(t["meets_target"])]
+        body = [[name(t["method"]), t["batch_size"], f"{t['ratio']:.2f}×", _met(t["meets_target"])]
                 for t in summary["peaks"]]
         out.append(markdown_table(["method", "batch", f"cached peak / {REFERENCE}'s (target ≤ {PEAK_TARGET}×)",
                                    "met"], body))
     if summary["timing"]:
-        body = [[t["method"], t["batch_size"], f"{t['ratio']:.2f}×", _met(t["meets_target"])]
+        body = [[name(t["method"]), t["batch_size"], f"{t['ratio']:.2f}×", _met(t["meets_target"])]
                 for t in summary["timing"]]
         out.append(markdown_table(["method", "batch", f"cached step / {REFERENCE} (target ≤ {TIME_TARGET}× from "
                                    f"batch {TIME_FROM_BATCH})", "met"], body))
     if summary["ddp"]:
         by_round = any(d["round_ratios"] for d in summary["ddp"])
-        body = [[d["method"], d["variant"], d["global_batch"], _fmt(d["one_process_ms"]),
+        body = [[name(d["method"]), d["variant"], d["global_batch"], _fmt(d["one_process_ms"]),
                  _fmt(d["two_process_ms"]) if d["status"] == "ok" else d["status"],
                  "–" if d["ratio"] is None else f"{d['ratio']:.2f}×",
                  *([", ".join(f"{r:.2f}" for r in d["round_ratios"]) or "–"] if by_round else []),
@@ -194,8 +199,25 @@ def markdown(data: dict[str, Any]) -> str:
     return "\n".join(out)
 
 
-#: method labels of the records → today's loss names in the figures (``mixcse`` ran the two-direction form)
-PLOT_LABELS = {"mixcse": "mixcse_two_way"}
+def loss_names(data: dict[str, Any]) -> dict[str, str]:
+    """``{method label: the name its rows are shown under}``: today's registry name of the loss the label's records
+    trained (:func:`benchmarks.methods.benchmark_loss`; a ``mixcse`` row of these benchmarks is ``mixcse_two_way``),
+    or the label where no record says (a reference). The JSON keeps the labels the runs were recorded under.
+
+    Raises:
+        ValueError: the records of one label trained different losses (one row cannot name them).
+    """
+    from benchmarks.methods import benchmark_loss
+
+    names: dict[str, set[str]] = {}
+    for run in data.get("runs", {}).values():
+        names.setdefault(run["method"], set()).add(benchmark_loss(run))
+    out = {}
+    for method, losses in names.items():
+        if len(losses) != 1:
+            raise ValueError(f"the runs recorded as {method!r} trained {sorted(losses)}; give each its own label")
+        out[method] = losses.pop()
+    return out
 
 
 def plot(data: dict[str, Any], path: Path) -> Path | None:
@@ -215,7 +237,8 @@ def plot(data: dict[str, Any], path: Path) -> Path | None:
     if not methods:
         return None
     colors = {method: f"C{index % 10}" for index, method in enumerate(methods)}
-    label = {method: PLOT_LABELS.get(method, method) for method in methods}
+    names = loss_names(data)
+    label = {method: names.get(method, method) for method in methods}
     batches = sorted({r["batch_size"] for r in rows})
     uncached = any(r["uncached_peak_mb"] is not None for r in rows)
     fig, axes = plt.subplots(1, 3, figsize=(14, 4.6))

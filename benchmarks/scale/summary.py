@@ -26,7 +26,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from benchmarks.scale.report import REFERENCE, summarize
+from benchmarks.methods import OURS, benchmark_loss
+from benchmarks.scale.report import REFERENCE, loss_names, summarize
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
 #: the GPU batch the summary reads (the largest measured)
@@ -38,10 +39,9 @@ PLACEMENTS = {
     "custom loop": "torch.autocast around the loss's forward only, backward() outside it",
     "Trainer": "the model's forward under autocast, as SentenceTransformerTrainer(bf16=True) runs it",
 }
-#: the method labels of ``scale_gpu.json`` and ``scale.json`` → today's loss names: both ran their labels through
-#: ``benchmarks.methods.registry_loss``, where ``mixcse`` is the two-direction form
-LABELS = {"mixcse": "mixcse_two_way", "focal": "focal", "hncse_pm": "hncse_pm", "hncse_hnm": "hncse_hnm",
-          "adcse": "adcse"}
+# the rows of ``scale_gpu.json`` and ``scale.json`` the summary reads are st-hardneg's losses
+# (``benchmarks.methods.OURS``), named by ``benchmarks.methods.benchmark_loss``: both benchmarks ran their labels
+# through ``registry_loss``, where ``mixcse`` is the two-direction form
 #: the configurations of the profile records are registry names already (``mixcse``: ``MixCSELoss(model)``, one
 #: direction; they were run after one name came to mean one loss)
 REGISTRY = ("mixcse", "mixcse_two_way", "focal", "hncse_pm", "hncse_hnm", "adcse")
@@ -60,8 +60,8 @@ def gpu_rows(results: Path = RESULTS) -> list[dict[str, Any]]:
     latest = max(r.get("call", 1) for r in gpu["rows"])
     for r in gpu["rows"]:
         if (r["batch_size"] == GPU_BATCH and r["variant"] == "cached" and r.get("call", 1) == latest
-                and r["status"] == "ok" and r["method"] in LABELS):
-            rows.append({"loss": LABELS[r["method"]], "placement": "custom loop", "step": r["step_ratio"],
+                and r["status"] == "ok" and r["method"] in OURS):
+            rows.append({"loss": benchmark_loss(r), "placement": "custom loop", "step": r["step_ratio"],
                          "peak": r["peak_ratio"], "source": f"scale_gpu.json, call {latest}"})
     for name in ("scale_profile_gpu.json", "scale_profile_gpu_losses.json"):
         profile = _read(name, results)
@@ -80,10 +80,11 @@ def gpu_rows(results: Path = RESULTS) -> list[dict[str, Any]]:
 
 def cpu_rows(results: Path = RESULTS) -> list[dict[str, Any]]:
     """The CPU cached rows at :data:`CPU_BATCH` (``scale.json``): step and peak as ratios to CachedMNRL."""
-    summary = summarize(_read("scale.json", results))
+    data = _read("scale.json", results)
+    summary, names = summarize(data), loss_names(data)
     step = {r["method"]: r["ratio"] for r in summary["timing"] if r["batch_size"] == CPU_BATCH}
     peak = {r["method"]: r["ratio"] for r in summary["peaks"] if r["batch_size"] == CPU_BATCH}
-    return [{"loss": LABELS[m], "step": step[m], "peak": peak[m]} for m in step if m in LABELS and m in peak]
+    return [{"loss": names[m], "step": step[m], "peak": peak[m]} for m in step if m in OURS and m in peak]
 
 
 def _x(value: float | None) -> str:

@@ -67,13 +67,38 @@ def test_summary_ratios_and_targets_by_hand():
     assert rows["mnrl", 64]["cached_status"] == "not supported"
 
     text = scale.markdown(data)
-    assert "| mixcse | 64 | 90 | 80 | 120 | 40 | – | 1.20× |" in text
-    assert "| mixcse | 1024 | skipped | – | 1300 | 75 | – | 1.30× |" in text
+    assert "| mixcse_two_way | 64 | 90 | 80 | 120 | 40 | – | 1.20× |" in text
+    assert "| mixcse_two_way | 1024 | skipped | – | 1300 | 75 | – | 1.30× |" in text
     assert "| mnrl | 64 | – | – | not supported | – | – | – |" in text
-    assert "| mixcse | 64 → 1024 | 1.88× | **no** |" in text and "| cached_mnrl | 64 → 1024 | 1.20× | yes |" in text
-    assert "| mixcse | 1024 | 1.30× | **no** |" in text and "| mixcse | 64 | 1.20× | – |" in text  # step time
-    assert "| mixcse | 1024 | 1.25× | **no** |" in text and "| mixcse | 64 | 0.80× | yes |" in text  # peak
-    assert "| mixcse | cached | 1024 | 1300 | 650 | 0.50× | yes | 33 |" in text
+    assert "| mixcse_two_way | 64 → 1024 | 1.88× | **no** |" in text and "| cached_mnrl | 64 → 1024 | 1.20× | yes |" in text
+    assert "| mixcse_two_way | 1024 | 1.30× | **no** |" in text and "| mixcse_two_way | 64 | 1.20× | – |" in text  # step time
+    assert "| mixcse_two_way | 1024 | 1.25× | **no** |" in text and "| mixcse_two_way | 64 | 0.80× | yes |" in text  # peak
+    assert "| mixcse_two_way | cached | 1024 | 1300 | 650 | 0.50× | yes | 33 |" in text
+
+
+def _recorded(method, batch, directions, step_ms):
+    """A cached run that records the loss it built and its configuration (``loss`` / ``loss_config``)."""
+    key, run = _run(method, "cached", batch, step_ms=step_ms, peak_mb=30.0)
+    return key, run | {"loss": "mixcse", "loss_config": {"directions": list(directions)}}
+
+
+def test_rows_are_named_by_the_loss_their_record_trained():
+    two_way = ("query_to_doc", "doc_to_query")
+    data = _data(_run("cached_mnrl", "cached", 1024, step_ms=1000.0, peak_mb=30.0),
+                 _recorded("mixcse", 1024, two_way, 1100.0),
+                 _recorded("mixcse_one", 1024, ("query_to_doc",), 900.0))
+    text = scale.markdown(data)
+    # the record's own configuration names the row: both directions are mixcse_two_way, one stays mixcse
+    assert "| mixcse_two_way | 1024 | – | – | 1100 | 30 | – | 1.10× |" in text
+    assert "| mixcse | 1024 | – | – | 900 | 30 | – | 0.90× |" in text
+    assert "| mixcse_one |" not in text and "| mixcse | 1024 | 1.10× |" not in text
+    assert scale.loss_names(data) == {"cached_mnrl": "cached_mnrl", "mixcse": "mixcse_two_way",
+                                      "mixcse_one": "mixcse"}
+    # the JSON's labels are untouched: the summary is keyed by them
+    assert {t["method"] for t in scale.summarize(data)["timing"]} == {"mixcse", "mixcse_one"}
+    mixed = _data(_recorded("mixcse", 64, two_way, 50.0), _recorded("mixcse", 1024, ("query_to_doc",), 900.0))
+    with pytest.raises(ValueError, match="'mixcse' trained"):
+        scale.loss_names(mixed)
 
 
 def test_two_way_reference_is_listed_but_not_judged(tiny_model_dir):
@@ -145,7 +170,7 @@ def test_report_lists_the_2_process_ratio_of_every_round():
     text = scale.markdown(data)
     assert "| 2 / 1 per round |" in text
     assert "| focal | cached | 1024 | 600 | 330 | 0.55× | 0.50, 0.66, 0.60 | yes | 25 |" in text
-    assert "| mixcse | cached | 1024 | 700 | 350 | 0.50× | – | yes | 24 |" in text
+    assert "| mixcse_two_way | cached | 1024 | 700 | 350 | 0.50× | – | yes | 24 |" in text
     assert "timed in 3 interleaved rounds" in text
     assert "interleaved" not in scale.markdown(_data(*plain) | {"_meta": {"steps": 3}})
 

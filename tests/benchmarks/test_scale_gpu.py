@@ -30,6 +30,21 @@ def test_ratios_compare_with_the_reference_of_the_same_batch_variant_and_call():
     assert [r["peak_ratio"] for r in rows] == [1.0, 1.25, 1.0, 0.5, 1.0, 0.5]
 
 
+def test_a_row_is_named_by_the_loss_its_record_trained():
+    def row(method, **recorded):
+        return {"method": method, "batch_size": 8, "variant": "cached", "call": 1, "status": "ok", "step_ms": 10.0,
+                "step_seconds": [0.01], "peak_mb": 4.0, "step_ratio": 1.0, "peak_ratio": 1.0, **recorded}
+
+    result = {"model": "tiny", "mini_batch_size": 4, "wall_seconds": 1.0, "rows": [
+        row("mixcse"),  # this benchmark's label: built through registry_loss, the two-direction form
+        row("mixcse", loss="mixcse", loss_config={"directions": ["query_to_doc", "doc_to_query"]}),
+        row("mixcse", loss="mixcse", loss_config={"directions": ["query_to_doc"]}),
+        row("focal")],
+        "environment": {"device_name": "cpu", "torch": "x", "cuda": None, "sentence_transformers": "y"}}
+    names = [line.split(" | ")[2] for line in scale_gpu.markdown(result).splitlines() if line.startswith("| 8 |")]
+    assert names == ["mixcse_two_way", "mixcse_two_way", "mixcse", "focal"]
+
+
 def test_dry_run_measures_every_method_and_writes_json_and_markdown(tmp_path):
     out = tmp_path / "scale_gpu.json"
     assert scale_gpu.main(["--dry-run", "--methods", "mnrl", "cached_mnrl", "focal", "--steps", "1",

@@ -123,8 +123,9 @@ def test_the_cpu_figures_say_what_they_draw(drawn, tmp_path, name):
     _check_axes(fig)
     memory, peaks, steps = fig.axes
     methods = {r["method"] for r in report.summarize(data)["rows"]}
+    names = report.loss_names(data)
     # every method with a cached row is drawn in (a), its name today's
-    cached = {report.PLOT_LABELS.get(m, m) for m in methods
+    cached = {names.get(m, m) for m in methods
               if any(r["cached_peak_mb"] for r in report.summarize(data)["rows"] if r["method"] == m)}
     assert cached <= {line.get_label() for line in memory.get_lines()}
     # the paired ratios: each loss's cached peak over CachedMNRL's at that batch, with CachedMNRL at 1
@@ -133,7 +134,7 @@ def test_the_cpu_figures_say_what_they_draw(drawn, tmp_path, name):
         if line.get_label().startswith("cached_mnrl"):
             assert set(line.get_ydata()) == {1.0}
             continue
-        method = next(m for m in methods if report.PLOT_LABELS.get(m, m) == line.get_label())
+        method = next(m for m in methods if names.get(m, m) == line.get_label())
         assert list(line.get_ydata()) == pytest.approx([ratios[method, int(b)] for b in line.get_xdata()])
     if any(r["uncached_peak_mb"] for r in report.summarize(data)["rows"]):
         assert memory.get_yscale() == "log" and "dashed uncached" in memory.get_title()
