@@ -215,11 +215,12 @@ def test_a_router_model_without_its_routes_or_with_pooling_is_refused_before_it_
 
 
 @pytest.mark.parametrize("loss", ["mixcse", "focal", "hncse", "adcse"])
-def test_a_router_model_with_its_routes_trains_with_every_loss(router_dir, tmp_path, capsys, loss):
+def test_a_router_model_with_its_routes_trains_with_every_loss(router_dir, tmp_path, capsys, loss, shared_data):
     from sentence_transformers import SentenceTransformer
 
     before = SentenceTransformer(str(router_dir), device="cpu")
     argv = ["train", "--task", "retrieval", "--train-file", str(_rows(tmp_path)), "--model", str(router_dir),
+            "--data-dir", str(shared_data),
             "--loss", loss, "--no-sts", "--max-steps", "2", "--batch-size", "8", "--lr", "1e-3",
             "--output-dir", str(tmp_path / "out"), "-q",
             "--training-arg", 'router_mapping={"anchor": "query", "positive": "document"}']

@@ -99,7 +99,8 @@ def open_storage(url: str, heartbeat: int = DEFAULT_HEARTBEAT) -> optuna.storage
 
     optuna.logging.set_verbosity(optuna.logging.ERROR)  # a failed trial's error is in its record
     engine: dict[str, Any] = {"connect_args": {"timeout": 120}} if url.startswith("sqlite") else {}
-    for attempt in range(3):
+    attempts = 5
+    for attempt in range(attempts):
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
@@ -108,7 +109,9 @@ def open_storage(url: str, heartbeat: int = DEFAULT_HEARTBEAT) -> optuna.storage
                     heartbeat_stale_trial_callback=optuna.storages.RetryHeartbeatStaleTrialCallback())
         except Exception as exc:  # sqlalchemy's errors (no driver, no server, a folder that does not exist, ...)
             message = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-            if "already exists" in message and attempt < 2:  # another process made the tables at the same moment
+            # another process made the tables (or wrote the schema's version row) at the same moment: open it again
+            if ("already exists" in message or "UNIQUE constraint failed: alembic_version" in message) \
+                    and attempt < attempts - 1:
                 time.sleep(1.0)
                 continue
             raise ValueError(f"the storage {url} cannot be opened: {message}") from None
