@@ -46,6 +46,8 @@ def protocol_values(spec: StudySpec) -> dict[str, Any]:
 
 def dataset_folder(dataset: Dataset, data_root: str | Path | None) -> Path:
     """The dataset's folder: absolute as given, else under ``data_root``."""
+    if dataset.folder is None:
+        raise ValueError("a BEIR study's dataset needs a folder")
     folder = Path(dataset.folder).expanduser()
     return folder if folder.is_absolute() or data_root is None else Path(data_root) / folder
 

@@ -40,7 +40,7 @@ from st_hardneg.training.studies.spec import Point, StudySpec, spec_from_dict
 if TYPE_CHECKING:
     import optuna
 
-__all__ = ["DEFAULT_HEARTBEAT", "Progress", "finished_records", "import_records", "open_storage", "open_study",
+__all__ = ["DEFAULT_HEARTBEAT", "Progress", "dev_value", "finished_records", "import_records", "open_storage", "open_study",
            "progress", "run_study", "trial_function", "work"]
 
 logger = logging.getLogger(__name__)
@@ -51,8 +51,22 @@ DEFAULT_HEARTBEAT = 30
 #: the one search parameter of a study: the grid point's key (:attr:`~st_hardneg.training.studies.spec.Point.key`)
 PARAM = "point"
 
-#: ``run(spec, point, context) -> record``: one trial; the record holds ``dev`` and ``test`` metrics
+#: ``run(spec, point, context) -> record``: one trial; the record holds its dev value (:func:`dev_value`), and a
+#: record with a ``failed`` message is a trial that ran and failed (a configuration that leaves no usable row): kept as
+#: a failed trial, with its record, never run again
 RunPoint = Callable[[StudySpec, Point, Mapping[str, Any]], dict[str, Any]]
+
+
+def dev_value(spec: StudySpec, record: Mapping[str, Any]) -> float | None:
+    """A record's value for the engine: its ``dev[metric]`` for the spec's choice metric, else its own field
+    ``metric``; ``0.0`` for a study that chooses nothing (metric ``None``); ``None`` when the record has no such
+    number."""
+    metric = spec.choice.metric
+    if metric is None:
+        return 0.0
+    dev = record.get("dev")
+    value = dev.get(metric) if isinstance(dev, Mapping) and metric in dev else record.get(metric)
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
 def trial_function(spec: StudySpec) -> RunPoint:
@@ -224,7 +238,15 @@ def _objective(study: optuna.Study, spec: StudySpec, run: RunPoint, context: Map
                 trial.set_user_attr(name, record[name])
         trial.set_user_attr("record", record)
         trial.set_user_attr("wall_seconds", round(time.perf_counter() - started, 1))
-        return float(record["dev"][spec.choice.metric])
+        if record.get("failed"):  # the trial ran and its configuration failed: a result, kept, never retried
+            trial.set_user_attr("error", str(record["failed"]))
+            raise TrialError(str(record["failed"]))
+        value = dev_value(spec, record)
+        if value is None:
+            message = f"{key}: the trial's record has no dev {spec.choice.metric}"
+            trial.set_user_attr("error", message)
+            raise TrialError(message)
+        return value
 
     return objective
 
@@ -308,12 +330,22 @@ def run_study(spec: StudySpec, url: str, run: RunPoint | None, context: Mapping[
     return progress(open_study(spec, storage), keys)
 
 
-def finished_records(study: optuna.Study, spec: StudySpec) -> list[dict[str, Any]]:
+def finished_records(study: optuna.Study, spec: StudySpec, *, failed: bool = False) -> list[dict[str, Any]]:
     """The record of each point's first finished trial, in the order the trials finished (imported records first,
-    in their own order)."""
+    in their own order); with ``failed``, also the record of each failed point's last trial that left one (a
+    configuration that failed is a result a benchmark's table reports)."""
+    from optuna.trial import TrialState
+
     keys = [point.key for point in spec.points()]
     state = progress(study, keys)
     chosen = set(state.done.values())
+    if failed:
+        last: dict[str, int] = {}
+        for trial in study.get_trials(deepcopy=False, states=(TrialState.FAIL,)):
+            key = _point_of(trial)
+            if key in state.failed and "record" in trial.user_attrs:
+                last[key] = trial.number
+        chosen |= set(last.values())
     trials = [t for t in study.get_trials(deepcopy=False) if t.number in chosen]
     imported = [t for t in trials if "imported" in t.user_attrs]
     ran = sorted((t for t in trials if "imported" not in t.user_attrs),
@@ -324,20 +356,23 @@ def finished_records(study: optuna.Study, spec: StudySpec) -> list[dict[str, Any
 def import_records(study: optuna.Study, spec: StudySpec, records: Iterable[Mapping[str, Any]],
                    point_of: Callable[[Mapping[str, Any]], Point], *, source: str,
                    provenance_of: Callable[[Mapping[str, Any]], Mapping[str, Any]] | None = None) -> int:
-    """Add committed ``records`` to ``study`` as finished trials (COMPLETE, the dev metric as value, the record and
-    its provenance as user attributes, the grid point as its parameter), in order; a point already finished is left
-    as it is. Returns how many were added. (The sampler does not count them as visited: a trial it gives an imported
-    point runs nothing, as a duplicate.)
+    """Add committed ``records`` to ``study`` as finished trials (COMPLETE, the dev value (:func:`dev_value`) as
+    value, the record and its provenance as user attributes, the grid point as its parameter), in order; a record
+    with a ``failed`` message becomes a failed trial with its record (never run again); a point already finished or
+    failed is left as it is. Returns how many were added. (The sampler does not count them as visited: a trial it
+    gives an imported point runs nothing, as a duplicate.)
 
     Raises:
-        ValueError: a record whose point is not in the spec's grid, or a point recorded twice.
+        ValueError: a record whose point is not in the spec's grid, a point recorded twice, or a record without its
+            dev value.
     """
     import optuna
     from optuna.distributions import CategoricalDistribution
 
     keys = [point.key for point in spec.points()]
     index = set(keys)
-    done = set(progress(study, keys).done)
+    state = progress(study, keys)
+    done = set(state.done) | set(state.failed)
     seen: set[str] = set()
     added = 0
     for number, record in enumerate(records):
@@ -349,14 +384,20 @@ def import_records(study: optuna.Study, spec: StudySpec, records: Iterable[Mappi
         seen.add(key)
         if key in done:
             continue
-        metric = (record.get("dev") or {}).get(spec.choice.metric)
-        if not isinstance(metric, int | float):
-            raise ValueError(f"{source}: record {number} ({key}) has no dev {spec.choice.metric}")
         attrs = {"record": json.loads(json.dumps(record)), "imported": f"{source}#{number}",
                  **{k: record[k] for k in ("dev", "test", "per_query") if k in record},
                  **dict(provenance_of(record) if provenance_of else {})}
+        if record.get("failed"):
+            study.add_trial(optuna.trial.create_trial(
+                state=optuna.trial.TrialState.FAIL, params={PARAM: key},
+                distributions={PARAM: CategoricalDistribution(keys)}, user_attrs={**attrs, "error": str(record["failed"])}))
+            added += 1
+            continue
+        value = dev_value(spec, record)
+        if value is None:
+            raise ValueError(f"{source}: record {number} ({key}) has no dev {spec.choice.metric}")
         study.add_trial(optuna.trial.create_trial(
-            state=optuna.trial.TrialState.COMPLETE, value=float(metric),
+            state=optuna.trial.TrialState.COMPLETE, value=value,
             params={PARAM: key}, distributions={PARAM: CategoricalDistribution(keys)}, user_attrs=attrs))
         added += 1
     return added

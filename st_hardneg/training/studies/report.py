@@ -147,7 +147,8 @@ def comparison(spec: StudySpec, records: Sequence[Mapping[str, Any]], output_dir
         return None
     reference = set(runs[baseline][0])
     runs = {label: sources for label, sources in runs.items() if set(sources[0]) == reference}
-    return compare_runs(runs, metric=spec.choice.metric, baseline=baseline) if len(runs) > 1 else None
+    metric = spec.choice.metric
+    return compare_runs(runs, metric=metric, baseline=baseline) if metric is not None and len(runs) > 1 else None
 
 
 def markdown(spec: StudySpec, records: Sequence[Mapping[str, Any]], output_dir: str | Path,

@@ -71,10 +71,11 @@ class Row:
 
 @dataclass(frozen=True)
 class Dataset:
-    """A BEIR folder of a study.
+    """A dataset of a study: a BEIR folder, or the data a benchmark's own trial reads or makes.
 
     Args:
-        folder: the folder (relative to the study's data root, or absolute).
+        folder: the folder or file (relative to the study's data root, or absolute); ``None`` for a trial that makes
+            its own data (a timing benchmark's synthetic batches), which only a spec naming its ``trial`` may have.
         dev: ``"qrels"``: its ``qrels/dev.tsv``; ``"carve"``: a share of the training queries
             (:func:`~st_hardneg.data.beir.beir_retrieval`, the protocol's ``dev_fraction``); ``"auto"``: the first that
             the folder allows.
@@ -82,7 +83,7 @@ class Dataset:
         extra: what the records say besides (e.g. the pair sampling of a benchmark).
     """
 
-    folder: str
+    folder: str | None = None
     dev: str = "auto"
     test_as: str | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)
@@ -91,9 +92,13 @@ class Dataset:
 @dataclass(frozen=True)
 class Choice:
     """The choice rule: rows ranked by their dev ``metric`` (mean over seeds, pooled over datasets); a row within
-    ``tie_sds`` seed standard deviations of the best ties with it; the paired tests are against ``baseline``."""
+    ``tie_sds`` seed standard deviations of the best ties with it; the paired tests are against ``baseline``.
 
-    metric: str = "ndcg@10"
+    A trial's dev value is its record's ``dev[metric]``, else its record's own field ``metric`` (a benchmark whose
+    records keep their dev score at the top, as the STS records' ``stsb_dev_best``). ``metric`` ``None``: a study that
+    measures and chooses nothing (a timing benchmark); its trials' value is 0."""
+
+    metric: str | None = "ndcg@10"
     tie_sds: float = 2.0
     baseline: str | None = None
 
@@ -151,7 +156,7 @@ class StudySpec:
         return json.loads(json.dumps({
             "name": self.name, "protocol": dict(self.protocol),
             "rows": {label: {k: v for k, v in asdict(row).items() if v or k == "loss"} for label, row in self.rows.items()},
-            "datasets": {name: {k: v for k, v in asdict(d).items() if v or k == "folder"}
+            "datasets": {name: {k: v for k, v in asdict(d).items() if v}
                          for name, d in self.datasets.items()},
             "grid": [dict(block) for block in self.grid], "choice": asdict(self.choice),
             **({"report": dict(self.report)} if self.report else {}), **({"about": self.about} if self.about else {}),
@@ -275,11 +280,13 @@ def check_spec(spec: StudySpec) -> None:
         raise ValueError("a study needs at least one dataset")
     for label, row in spec.rows.items():
         check_row(label, row)
-    for dataset in spec.datasets.values():
+    for name, dataset in spec.datasets.items():
+        if dataset.folder is None and spec.trial is None:
+            raise ValueError(f"dataset {name!r} has no folder: a BEIR study reads each dataset from its folder")
         if dataset.dev not in ("auto", "qrels", "carve"):
-            raise ValueError(f"dataset {dataset.folder}: dev must be 'auto', 'qrels' or 'carve', got {dataset.dev!r}")
+            raise ValueError(f"dataset {name!r}: dev must be 'auto', 'qrels' or 'carve', got {dataset.dev!r}")
         if dataset.test_as is not None and dataset.test_as not in spec.datasets:
-            raise ValueError(f"dataset {dataset.folder}: test_as names no dataset of the study: {dataset.test_as!r}")
+            raise ValueError(f"dataset {name!r}: test_as names no dataset of the study: {dataset.test_as!r}")
     for block in spec.grid:
         missing = sorted({"datasets", "rows", "seeds"} - set(block))
         if missing:
@@ -302,8 +309,10 @@ def check_spec(spec: StudySpec) -> None:
         module, sep, function = spec.trial.partition(":")
         if not (sep and module.strip() and function.strip()):
             raise ValueError(f"trial must name a function as 'module:function', got {spec.trial!r}")
-    if spec.choice.metric not in METRICS:
+    if spec.trial is None and spec.choice.metric not in METRICS:  # what the BEIR trial reports
         raise ValueError(f"the choice metric must be one of {', '.join(METRICS)}, got {spec.choice.metric!r}")
+    if spec.choice.metric is not None and (not isinstance(spec.choice.metric, str) or not spec.choice.metric.strip()):
+        raise ValueError(f"the choice metric must be a metric's name or null, got {spec.choice.metric!r}")
     validation.check_number(spec.choice.tie_sds, "tie_sds", minimum=0.0)
     if spec.choice.baseline is not None and spec.choice.baseline not in spec.rows:
         raise ValueError(f"the baseline {spec.choice.baseline!r} is not a row of the study ({', '.join(spec.rows)})")
@@ -335,8 +344,13 @@ def spec_from_dict(raw: Mapping[str, Any], where: str = "the spec") -> StudySpec
         missing = sorted({"name", "rows", "datasets", "grid"} - set(raw))
         if missing:
             raise ValueError(f"missing field(s) {', '.join(missing)}")
-        datasets = {name: Dataset(folder=d["folder"], dev=d.get("dev", "auto"), test_as=d.get("test_as"),
-                                  extra=dict(d.get("extra") or {})) for name, d in raw["datasets"].items()}
+        datasets = {}
+        for name, d in raw["datasets"].items():
+            unknown = sorted(set(d) - {"folder", "dev", "test_as", "extra"})
+            if unknown:
+                raise ValueError(f"dataset {name!r}: unknown field(s) {', '.join(unknown)}")
+            datasets[name] = Dataset(folder=d.get("folder"), dev=d.get("dev", "auto"), test_as=d.get("test_as"),
+                                     extra=dict(d.get("extra") or {}))
         spec = StudySpec(name=str(raw["name"]), protocol=dict(raw.get("protocol") or {}), rows=_rows(raw["rows"]),
                          datasets=datasets, grid=list(raw["grid"]), choice=Choice(**(raw.get("choice") or {})),
                          report=dict(raw.get("report") or {}), about=str(raw.get("about", "")),
