@@ -346,8 +346,9 @@ def load_model(
             directory with ``config.json``, weights and tokenizer files.
         pooling: ``"cls"`` (the papers' choice: the [CLS] token, no MLP), ``"mean"``, ``"max"``,
             ``"mean_sqrt_len_tokens"``, ``"weightedmean"`` or ``"lasttoken"``.
-        max_seq_length: truncation length during training (the papers use 32); evaluation with
-            :func:`st_hardneg.evaluation.evaluate_sts` lifts it to the model's limit. ``None`` keeps the model's.
+        max_seq_length: truncation length during training (the papers use 32), capped with a warning at the
+            encoder's ``max_position_embeddings``; evaluation with :func:`st_hardneg.evaluation.evaluate_sts` lifts
+            it to the model's limit. ``None`` keeps the model's.
         device: torch device; ``None`` lets sentence-transformers choose.
         mlp_head: append SimCSE's MLP head used in training only (:class:`TrainOnlyDense`; SimCSE's
             ``--pooler_type cls --mlp_only_train``, i.e. ``cls_before_pooler`` at test time). Save the trained model
@@ -360,8 +361,10 @@ def load_model(
     transformer = Transformer(str(name_or_path), max_seq_length=max_seq_length)
     pool = Pooling(transformer.get_embedding_dimension(), pooling_mode=pooling)
     model = SentenceTransformer(modules=[transformer, pool], device=device)
-    if max_seq_length is not None:
-        model.max_seq_length = int(max_seq_length)
+    if max_seq_length is not None:  # capped, with a warning, at what the encoder accepts
+        from st_hardneg.evaluation.encoding import fitted_length
+
+        model.max_seq_length = fitted_length(model, int(max_seq_length))
     if mlp_head:
         add_mlp_head(model)
     return model

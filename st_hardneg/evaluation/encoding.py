@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
+
+logger = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from sentence_transformers import SentenceTransformer
@@ -27,6 +30,18 @@ def model_length_limit(model: SentenceTransformer) -> int | None:
         return None
     offset = 2 if getattr(config, "model_type", "") in ("roberta", "xlm-roberta", "camembert") else 0
     return limit - offset
+
+
+def fitted_length(model: SentenceTransformer, max_seq_length: int | None) -> int | None:
+    """``max_seq_length`` capped at what the encoder accepts (:func:`model_length_limit`), with a warning when it is
+    capped: a protocol's length (the BEIR protocol's 256 tokens) on an encoder with fewer positions encodes at the
+    encoder's limit instead of failing on the first long text. ``None`` stays ``None`` (the model's own length)."""
+    limit = model_length_limit(model)
+    if max_seq_length is None or limit is None or max_seq_length <= limit:
+        return max_seq_length
+    logger.warning("encoding at %d tokens, the encoder's limit (its max_position_embeddings), instead of the %d "
+                   "asked for", limit, max_seq_length)
+    return limit
 
 
 @contextmanager

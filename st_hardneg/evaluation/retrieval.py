@@ -24,7 +24,7 @@ import numpy as np
 from sentence_transformers.sentence_transformer.evaluation import InformationRetrievalEvaluator
 from sentence_transformers.util import cos_sim
 
-from st_hardneg.evaluation.encoding import encode_unique
+from st_hardneg.evaluation.encoding import encode_unique, fitted_length
 from st_hardneg.validation import check_relevant_docs
 
 if TYPE_CHECKING:
@@ -370,6 +370,7 @@ def retrieve(model: SentenceTransformer, tasks: Sequence[RetrievalTask], *,
 
     if max_seq_length is not None:  # 0 or a negative length would encode nothing and still score
         check_count(max_seq_length, "max_seq_length", minimum=1)
+        max_seq_length = fitted_length(model, max_seq_length)  # an encoder with fewer positions: its limit
     if not tasks:
         raise ValueError("at least one retrieval task is needed")
     names = [task.name for task in tasks]

@@ -156,3 +156,29 @@ def test_retrieve_refuses_a_length_that_encodes_nothing(folders, text_model_dir,
     task = load_beir(folders["binary"]).task("test")
     with pytest.raises(ValueError, match=rf"max_seq_length must be an integer >= 1, got {length!r}"):
         retrieve(_model(text_model_dir, False), [task], max_seq_length=length)
+
+
+def test_a_length_past_the_encoders_positions_encodes_at_its_limit_and_says_so(folders, text_model_dir, caplog):
+    """The BEIR protocol's 256 tokens on an encoder with 128 positions: every document far past 128 tokens is
+    encoded at 128 (as asking for 128 does), with a warning, instead of failing on the first long text."""
+    import dataclasses
+    import logging
+
+    from st_hardneg.evaluation.encoding import model_length_limit
+    from st_hardneg.evaluation.retrieval import retrieve
+    from st_hardneg.models import load_model
+
+    model = _model(text_model_dir, False)
+    assert model_length_limit(model) == 128
+    task = load_beir(folders["binary"]).task("test")
+    task = dataclasses.replace(task, corpus={key: " ".join([text] * 60) for key, text in task.corpus.items()})
+    assert min(len(model.tokenizer(text)["input_ids"]) for text in task.corpus.values()) > 256
+    at_limit = retrieve(model, [task], max_seq_length=128)[task.name].scores
+    with caplog.at_level(logging.WARNING):
+        past = retrieve(model, [task], max_seq_length=256)[task.name].scores
+    assert past == at_limit
+    assert "encoding at 128 tokens, the encoder's limit" in caplog.text and "instead of the 256" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        assert load_model(text_model_dir, pooling="mean", max_seq_length=256).max_seq_length == 128
+    assert "instead of the 256 asked for" in caplog.text
