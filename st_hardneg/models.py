@@ -638,13 +638,18 @@ def model_cache_key(name_or_path: str | Path | None) -> str:
 def named_progress(desc: str) -> Iterator[None]:
     """Within the block, the progress bar of ``SentenceTransformer.encode`` says ``desc`` instead of ``Batches:``, so
     that mining, corpus, dev and test encodings can be told apart (the bar is shown only where the caller asks for
-    it with ``show_progress_bar``)."""
+    it with ``show_progress_bar``, and never while the libraries' progress bars are off:
+    ``transformers.utils.logging.disable_progress_bar()``, which the command line's ``-q`` calls; sentence-transformers'
+    own ``mine_hard_negatives`` asks for bars unconditionally)."""
     import sentence_transformers.sentence_transformer.model as st_model
+    from transformers.utils import logging as hf_logging
 
     original = st_model.trange
 
     def named(*args: Any, **kwargs: Any) -> Any:
         kwargs["desc"] = desc
+        if not hf_logging.is_progress_bar_enabled():
+            kwargs["disable"] = True
         return original(*args, **kwargs)
 
     st_model.trange = named  # type: ignore[assignment]

@@ -153,6 +153,24 @@ def test_each_encoding_names_its_progress_bar(tiny_model, capsys):
     assert "Batches" in capsys.readouterr().err
 
 
+def test_no_named_bar_while_the_libraries_bars_are_off(tiny_model, capsys):
+    """``-q`` turns transformers' bars off; a named bar (mining's, whose encode always asks for one) follows it."""
+    from transformers.utils import logging as hf_logging
+
+    from st_hardneg.models import named_progress
+
+    hf_logging.disable_progress_bar()
+    try:
+        with named_progress("mining: encoding"):
+            tiny_model.encode(["a b", "c d"], show_progress_bar=True)
+    finally:
+        hf_logging.enable_progress_bar()
+    assert "mining: encoding" not in capsys.readouterr().err
+    with named_progress("mining: encoding"):
+        tiny_model.encode(["a b", "c d"], show_progress_bar=True)
+    assert "mining: encoding" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("damage", ["truncated weights", "no 1_Pooling"])
 def test_a_damaged_model_folder_is_named(tiny_model_dir, tmp_path, damage):
     import shutil
