@@ -17,7 +17,7 @@ batch 32,768 with ``mini_batch_size`` 1,024 on one H200; ``scale.json`` (2 CPU c
 today's loss names: ``mixcse`` is ``MixCSELoss(model)`` (one direction), ``mixcse_two_way`` the two-direction form
 that ``scale_gpu.json`` and ``scale.json`` ran under the label ``mixcse``.
 
-    python -m benchmarks.scale summary          # rewrite scale_summary.md and scale_gpu.png from the JSON
+    python -m benchmarks.scale summary          # rewrite scale_summary.md, scale_gpu.png and scale_findings.md
 """
 
 from __future__ import annotations
@@ -194,7 +194,10 @@ def plot_gpu(path: Path, results: Path = RESULTS) -> Path:
 
 
 def write(results: Path = RESULTS) -> list[Path]:
-    """Rewrite ``scale_summary.md`` and ``scale_gpu.png`` in ``results`` from its records."""
+    """Rewrite ``scale_summary.md``, ``scale_gpu.png`` and the readings ``docs/scaling.md`` gives beside its tables,
+    ``scale_findings.md`` (:mod:`benchmarks.scale.findings`), in ``results`` from its records."""
+    from benchmarks.scale import findings
+
     out = results / "scale_summary.md"
     out.write_text(markdown(results))
-    return [out, plot_gpu(results / "scale_gpu.png", results)]
+    return [out, plot_gpu(results / "scale_gpu.png", results), findings.write(results)]
