@@ -62,6 +62,18 @@ def markdown_rows(text: str, first_header: str) -> list[dict[str, str]]:
     return rows
 
 
+def _search(pattern: str, text: str, name: str) -> tuple[str, ...]:
+    """The groups of ``pattern``'s first match in the report ``name``.
+
+    Raises:
+        ValueError: no match (named with the report).
+    """
+    match = re.search(pattern, text)
+    if match is None:
+        raise ValueError(f"{name}: no {pattern!r} in its text")
+    return match.groups()
+
+
 class Records:
     """The committed records the findings read, loaded once from ``results``."""
 
@@ -82,6 +94,18 @@ class Records:
         run = data["runs"].get(config_key(method, "cached", batch, processes))
         return run if run is not None and run.get("status") == "ok" else None
 
+    def need(self, data: dict[str, Any], method: str, batch: int, processes: int = 1) -> dict[str, Any]:
+        """:meth:`run`, where the findings cannot do without it.
+
+        Raises:
+            ValueError: the run is missing or did not finish (named with its file and key).
+        """
+        run = self.run(data, method, batch, processes)
+        if run is None:
+            name = "scale.json" if data is self.scale else "scale_minilm.json"
+            raise ValueError(f"{name}: no finished run {config_key(method, 'cached', batch, processes)}")
+        return run
+
     @staticmethod
     def losses(data: dict[str, Any]) -> list[str]:
         """The labels of st-hardneg's losses the grid ran, in :data:`benchmarks.methods.OURS`'s order."""
@@ -99,7 +123,7 @@ class Records:
         return {benchmark_loss({"method": r["loss"]}) if r["loss"] in OURS else r["loss"]: r for r in rows}
 
     def paired_batch(self) -> int:
-        return int(re.search(r"Batch (\d+)", self.paired_text).group(1))  # type: ignore[union-attr]
+        return int(_search(r"Batch (\d+)", self.paired_text, "scale_paired.md")[0])
 
     def tensors(self) -> dict[str, float]:
         """``scale_tensors.md``: per loss (today's name), the peak in N × d float32 matrices."""
@@ -108,7 +132,7 @@ class Records:
 
     def tensors_shape(self) -> dict[str, int]:
         """``scale_tensors.md``'s N, d and chunk size c, from its title."""
-        n, d, c = re.search(r"N (\d+), d (\d+), chunks of (\d+)", self.tensors_text).groups()  # type: ignore[union-attr]
+        n, d, c = _search(r"N (\d+), d (\d+), chunks of (\d+)", self.tensors_text, "scale_tensors.md")
         return {"N": int(n), "d": int(d), "c": int(c)}
 
     # -- the GPU profile
@@ -334,6 +358,13 @@ def _span_days(days: list[str]) -> str:
     return "–" if not days else days[0] if len(days) == 1 else f"{days[0]} to {days[-1]}"
 
 
+def _cell(value: float | None, goal: float) -> str:
+    """A target table's cell: the ratio, bold where it misses ``goal``; ``–``: not measured."""
+    if value is None:
+        return "–"
+    return _ratio(value, goal) if value <= goal else f"**{_ratio(value, goal)}**"
+
+
 def _met_by(values: dict[str, float | None], target: float) -> str:
     measured = {k: v for k, v in values.items() if v is not None}
     missed = [k for k, v in measured.items() if v > target]
@@ -357,12 +388,9 @@ def targets(rec: Records) -> str:
     lines = ["| " + " | ".join(header) + " |", "|---|---|" + "---:|" * (len(labels) + 1) + "---|"]
     grids = (("tiny", rec.scale), ("MiniLM", rec.minilm))
 
-    def row(target: str, where: str, values: dict[str, float | None], goal: float, reference: float | None) -> None:
-        cells = ["–" if values.get(m) is None else (_ratio(values[m], goal) if values[m] <= goal  # type: ignore[operator]
-                                                   else f"**{_ratio(values[m], goal)}**")  # type: ignore[arg-type]
-                 for m in labels]
-        ref = "1.00×" if reference is None else _ratio(reference, goal)
-        lines.append(f"| {target} | {where} | " + " | ".join(cells) + f" | {ref} | "
+    def row(target: str, where: str, values: dict[str, float | None], goal: float, reference: str) -> None:
+        cells = [_cell(values.get(m), goal) for m in labels]
+        lines.append(f"| {target} | {where} | " + " | ".join(cells) + f" | {reference} | "
                      f"{_met_by({names[m]: v for m, v in values.items()}, goal)} |")
 
     def ratio(data: dict[str, Any], method: str, batch: int, key: str) -> float | None:
@@ -373,12 +401,12 @@ def targets(rec: Records) -> str:
         for batch in rec.batches(data):
             if batch >= 1024 and rec.run(data, REFERENCE, batch):
                 row(f"cached step ≤ {step_goal}× CachedMNRL's (from batch 1024)", f"{model}, {batch:,}",
-                    {m: ratio(data, m, batch, "step_ms") for m in rec.losses(data)}, step_goal, None)
+                    {m: ratio(data, m, batch, "step_ms") for m in rec.losses(data)}, step_goal, "1.00×")
     for model, data in grids:
         for batch in rec.batches(data):
             if rec.run(data, REFERENCE, batch):
                 row(f"cached peak ≤ {peak_goal}× CachedMNRL's", f"{model}, {batch:,}",
-                    {m: ratio(data, m, batch, "peak_mb") for m in rec.losses(data)}, peak_goal, None)
+                    {m: ratio(data, m, batch, "peak_mb") for m in rec.losses(data)}, peak_goal, "1.00×")
 
     def growth(data: dict[str, Any], method: str, low: int, high: int) -> float | None:
         a, b = rec.run(data, method, low), rec.run(data, method, high)
@@ -390,7 +418,7 @@ def targets(rec: Records) -> str:
             if high >= 8192 or high == batches[-1]:
                 row(f"cached peak ≤ {growth_goal}× batch {batches[0]}'s", f"{model}, {batches[0]} → {high:,}",
                     {m: growth(data, m, batches[0], high) for m in rec.losses(data)}, growth_goal,
-                    growth(data, REFERENCE, batches[0], high))
+                    _cell(growth(data, REFERENCE, batches[0], high), growth_goal))
     ddp_batches = sorted({r["batch_size"] for r in rec.scale["runs"].values() if r.get("processes", 1) == 2})
 
     def ddp(method: str, batch: int) -> float | None:
@@ -399,7 +427,7 @@ def targets(rec: Records) -> str:
 
     for batch in ddp_batches:
         row(f"2 processes ≤ {ddp_goal}× 1 process", f"tiny, global {batch:,}",
-            {m: ddp(m, batch) for m in rec.losses(rec.scale)}, ddp_goal, ddp(REFERENCE, batch))
+            {m: ddp(m, batch) for m in rec.losses(rec.scale)}, ddp_goal, _cell(ddp(REFERENCE, batch), ddp_goal))
     return "\n".join(lines)
 
 
@@ -409,11 +437,10 @@ def two_way(rec: Records) -> str:
     the batch."""
     data = rec.scale
     batch = max(b for b in rec.batches(data) if rec.run(data, REFERENCE_TWO_WAY, b))
-    one, both, ours = (rec.run(data, m, batch) for m in (REFERENCE, REFERENCE_TWO_WAY, "mixcse"))
-    assert one and both and ours
+    one, both, ours = (rec.need(data, m, batch) for m in (REFERENCE, REFERENCE_TWO_WAY, "mixcse"))
     measured = [b for b in rec.batches(data) if rec.run(data, REFERENCE, b)]
     low, high = measured[-2], measured[-1]
-    t_low, t_high = (rec.run(data, REFERENCE, b)["step_ms"] / 1000 for b in (low, high))  # type: ignore[index]
+    t_low, t_high = (rec.need(data, REFERENCE, b)["step_ms"] / 1000 for b in (low, high))
     # t(N) = a N + b N²: two equations, two unknowns
     k = high / low
     quadratic = (t_high - k * t_low) / (k * k - k)  # b · low²
@@ -436,8 +463,7 @@ def peaks(rec: Records) -> str:
     data, names = rec.scale, loss_names(rec.scale)
     parts = []
     for batch in rec.batches(data)[-2:]:
-        ref = rec.run(data, REFERENCE, batch)
-        assert ref
+        ref = rec.need(data, REFERENCE, batch)
         cells = []
         for m in rec.losses(data):
             run = rec.run(data, m, batch)
@@ -449,10 +475,10 @@ def peaks(rec: Records) -> str:
     mini, mini_names = rec.minilm, loss_names(rec.minilm)
     refs = [rec.run(mini, REFERENCE, b) for b in rec.batches(mini)]
     others = [m for m in rec.losses(mini) if m not in NO_POSITIVE_GRADIENT]
-    gaps = [abs(rec.run(mini, m, b)["peak_mb"] - rec.run(mini, REFERENCE, b)["peak_mb"])  # type: ignore[index]
+    gaps = [abs(rec.need(mini, m, b)["peak_mb"] - rec.need(mini, REFERENCE, b)["peak_mb"])
             for m in others for b in rec.batches(mini) if rec.run(mini, m, b)]
     apart = [mini_names[m] for m in rec.losses(mini) if m in NO_POSITIVE_GRADIENT]
-    apart_mb = [rec.run(mini, m, b)["peak_mb"] for m in rec.losses(mini) if m in NO_POSITIVE_GRADIENT  # type: ignore[index]
+    apart_mb = [rec.need(mini, m, b)["peak_mb"] for m in rec.losses(mini) if m in NO_POSITIVE_GRADIENT
                 for b in rec.batches(mini) if rec.run(mini, m, b)]
     minilm = (f"On MiniLM (batches {', '.join(f'{b:,}' for b in rec.batches(mini))}) every loss but "
               f"{', '.join(apart)} peaks within {max(gaps):.1f} MB of CachedMNRL's "
@@ -474,16 +500,16 @@ def growth(rec: Records) -> str:
     data, goal = rec.scale, rec.scale["_meta"]["targets"]["cached_peak_largest_vs_64"]
     batches = rec.batches(data)
     low, mid, high = batches[0], max(b for b in batches if b <= rec.tensors_shape()["N"]), batches[-1]
-    ref = {b: rec.run(data, REFERENCE, b)["peak_mb"] for b in (low, mid, high)}  # type: ignore[index]
+    ref = {b: rec.need(data, REFERENCE, b)["peak_mb"] for b in (low, mid, high)}
     shape, held = rec.tensors_shape(), rec.tensors()
     unit_mb = shape["N"] * shape["d"] * 4 / 2**20  # one N × d float32 matrix
     budget = (goal - 1) * ref[low]
     fill = budget / (held[REFERENCE] * shape["d"] * 4 / 2**20)  # rows at which CachedMNRL's matrices fill it
-    ours = [rec.run(data, m, mid)["peak_mb"] / rec.run(data, m, low)["peak_mb"]  # type: ignore[index]
+    ours = [rec.need(data, m, mid)["peak_mb"] / rec.need(data, m, low)["peak_mb"]
             for m in rec.losses(data) if rec.run(data, m, mid) and rec.run(data, m, low)]
     mini = rec.minilm
     mb = rec.batches(mini)
-    mini_growth = {m: rec.run(mini, m, mb[-1])["peak_mb"] / rec.run(mini, m, mb[0])["peak_mb"]  # type: ignore[index]
+    mini_growth = {m: rec.need(mini, m, mb[-1])["peak_mb"] / rec.need(mini, m, mb[0])["peak_mb"]
                    for m in (*rec.losses(mini), REFERENCE)}
     return (f"CachedMNRL's cached peak: {_mb(ref[low])} at batch {low}, {_mb(ref[mid])} at {mid:,} "
             f"({_x(ref[mid] / ref[low])}), {_mb(ref[high])} at {high:,} ({_x(ref[high] / ref[low])}). Its loss side "
@@ -522,9 +548,8 @@ def malloc(rec: Records) -> str:
     data = rec.scale
     parts = []
     for batch in rec.batches(data)[-2:]:
-        ref = rec.run(data, REFERENCE, batch)
+        ref = rec.need(data, REFERENCE, batch)
         ours = [r for r in (rec.run(data, m, batch) for m in rec.losses(data)) if r]
-        assert ref
         parts.append(f"at {batch:,}, CachedMNRL {ref['default_malloc_peak_mb']:,.0f} MB "
                      f"({ref['peak_mb']:,.0f} MB with the threshold fixed), st-hardneg's losses "
                      f"{_span([r['default_malloc_peak_mb'] for r in ours], _f(0))} MB "
