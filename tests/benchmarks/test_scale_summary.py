@@ -61,11 +61,13 @@ def test_the_readmes_scaling_numbers_are_the_records(tmp_path):
 
 def test_the_committed_summary_and_figure_are_rendered_from_the_records(tmp_path):
     assert (RESULTS / "scale_summary.md").read_text() == summary.markdown()
-    for name in ("scale_gpu.json", "scale_profile_gpu.json", "scale_profile_gpu_losses.json", "scale.json"):
+    for name in ("scale_gpu.json", "scale_profile_gpu.json", "scale_profile_gpu_losses.json", "scale.json",
+                 "scale_minilm.json", "scale_profile_cpu.json", "scale_paired.md", "scale_tensors.md"):
         shutil.copy(RESULTS / name, tmp_path / name)
     written = summary.write(tmp_path)
-    assert [p.name for p in written] == ["scale_summary.md", "scale_gpu.png"]
+    assert [p.name for p in written] == ["scale_summary.md", "scale_gpu.png", "scale_findings.md"]
     assert written[0].read_text() == summary.markdown() and written[1].stat().st_size > 10_000
+    assert written[2].read_text() == (RESULTS / "scale_findings.md").read_text()
 
 
 def test_every_gpu_row_names_its_placement():
