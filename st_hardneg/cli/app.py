@@ -320,10 +320,17 @@ def exit_status(exc: BaseException) -> int:
     return 2
 
 
+#: with ``-q``, what the run's own child processes (a study's workers) inherit: no tqdm bar, no Hub or transformers
+#: bar, no Python warning
+QUIET_ENVIRONMENT = {"TQDM_DISABLE": "1", "HF_HUB_DISABLE_PROGRESS_BARS": "1", "PYTHONWARNINGS": "ignore"}
+
+
 class _WarningPrinter:
     """Within the block, every warning is one line on stderr, ``st-hardneg COMMAND: warning: ...`` (once per
     place; deprecation notices of the libraries only with ``-v``; none with ``-q``, which also turns off the
-    progress bars of transformers and the Hub)."""
+    progress bars: transformers' and the Hub's, and every ``tqdm`` bar, sentence-transformers' own included, in
+    this process and, through :data:`QUIET_ENVIRONMENT`, in the processes it starts). Everything is put back on
+    exit."""
 
     def __init__(self, command: str, verbose: int, quiet: bool) -> None:
         import warnings
@@ -336,12 +343,26 @@ class _WarningPrinter:
 
         self._catch.__enter__()
         self._bars: bool | None = None
+        self._environment: dict[str, str | None] = {}
+        self._tqdm_init: Any = None
         if self.quiet:
             warnings.simplefilter("ignore")
+            import os
+
+            import tqdm.std
             from transformers.utils import logging as hf_logging  # -q: no progress bar of the libraries either
 
             self._bars = hf_logging.is_progress_bar_enabled()
             hf_logging.disable_progress_bar()
+            self._environment = {name: os.environ.get(name) for name in QUIET_ENVIRONMENT}
+            os.environ.update(QUIET_ENVIRONMENT)
+            self._tqdm_init = original = tqdm.std.tqdm.__init__
+
+            def silent(bar: Any, *args: Any, **kwargs: Any) -> None:
+                kwargs["disable"] = True
+                original(bar, *args, **kwargs)
+
+            tqdm.std.tqdm.__init__ = silent  # type: ignore[method-assign]
             return
         warnings.simplefilter("default")
         if not self.verbose:
@@ -357,7 +378,18 @@ class _WarningPrinter:
         warnings.showwarning = show
 
     def __exit__(self, *exc_info: Any) -> None:
+        import os
+
         self._catch.__exit__(*exc_info)
+        if self._tqdm_init is not None:
+            import tqdm.std
+
+            tqdm.std.tqdm.__init__ = self._tqdm_init  # type: ignore[method-assign]
+        for name, value in self._environment.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
         if self._bars:
             from transformers.utils import logging as hf_logging
 

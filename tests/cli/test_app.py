@@ -116,3 +116,27 @@ def test_every_option_of_every_command_has_help():
     missing = [f"{p.prog} {action.option_strings or action.dest}" for p in parsers for action in p._actions
                if not isinstance(action, argparse._SubParsersAction) and not (action.help or "").strip()]
     assert missing == []
+
+
+def test_quiet_silences_every_progress_bar_here_and_in_the_processes_it_starts_then_puts_all_back(capsys):
+    """``-q``: a plain tqdm bar (sentence-transformers' "Computing widget examples" is one) draws nothing, and a
+    child process (a study's worker) inherits the switch; on exit the bars and the environment are as before."""
+    import os
+
+    from tqdm.autonotebook import tqdm
+
+    from st_hardneg.cli.app import QUIET_ENVIRONMENT, _WarningPrinter
+
+    before = {name: os.environ.get(name) for name in QUIET_ENVIRONMENT}
+    child = [sys.executable, "-c", "import sys; from tqdm import tqdm; [None for _ in tqdm(range(3), file=sys.stdout)]"]
+    with _WarningPrinter("study", verbose=0, quiet=True):
+        for _ in tqdm(range(3), desc="Computing widget examples"):
+            pass
+        assert subprocess.run(child, capture_output=True, text=True, timeout=60).stdout == ""
+    assert "Computing widget examples" not in capsys.readouterr().err
+    assert {name: os.environ.get(name) for name in QUIET_ENVIRONMENT} == before
+    for _ in tqdm(range(3), desc="Computing widget examples"):
+        pass
+    assert "Computing widget examples" in capsys.readouterr().err
+    if before["TQDM_DISABLE"] is None:
+        assert "3/3" in subprocess.run(child, capture_output=True, text=True, timeout=60).stdout
