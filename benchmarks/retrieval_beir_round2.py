@@ -338,22 +338,40 @@ def _data_dir(context: Mapping[str, Any]) -> Path:
 
 def trial_options(context: Mapping[str, Any]) -> Options:
     """A trial's :class:`Options` from its context: ``model``, ``max_steps`` and ``eval_batch_size`` (``--set``), and
-    the folder (the runner's ``work_dir``, or ``st-hardneg study``'s ``output_dir``)."""
+    the folder (the runner's ``work_dir``, or ``st-hardneg study``'s ``output_dir``).
+
+    Raises:
+        ValueError: ``max_steps`` or ``eval_batch_size`` that is not an integer (``eval_batch_size`` below 1).
+    """
+    def integer(name: str, default: int, minimum: int) -> int:
+        value = context.get(name, default)
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            raise ValueError(f"--set {name} expects an integer of at least {minimum}, got {value!r}")
+        return value
+
     work = context.get("work_dir") or context.get("output_dir") or Options.work_dir
-    return Options(model=context.get("model"), work_dir=str(work), max_steps=int(context.get("max_steps", -1)),
-                   eval_batch_size=int(context.get("eval_batch_size", 64)))
+    model = context.get("model")
+    return Options(model=None if model is None else str(model), work_dir=str(work),
+                   max_steps=integer("max_steps", -1, -1), eval_batch_size=integer("eval_batch_size", 64, 1))
 
 
 def prepared(spec: StudySpec, name: str, context: Mapping[str, Any]) -> Prepared:
     """Dataset ``name`` of the spec, prepared once per process (:func:`prepare`): its folder under the context's
     data root, its dev split (``carve``: :data:`~benchmarks.retrieval_beir_rows.DEV_FRACTION` of the training
-    queries) and its pair sampling (the dataset's ``extra``)."""
+    queries) and its pair sampling (the dataset's ``extra``).
+
+    Raises:
+        ValueError: no BEIR folder there (naming it), or what :func:`prepare` refuses.
+    """
     dataset = spec.datasets[name]
     root = _data_dir(context) / str(dataset.folder)
     if (name, str(root)) not in _PREPARED:
         fraction = DEV_FRACTION if dataset.dev == "carve" else None
-        _PREPARED[(name, str(root))] = prepare(name, root, fraction,
-                                               dict(dataset.extra.get("pair_sampling") or sampling()))
+        try:
+            _PREPARED[(name, str(root))] = prepare(name, root, fraction,
+                                                   dict(dataset.extra.get("pair_sampling") or sampling()))
+        except FileNotFoundError as exc:  # the data root given is not the one the spec's folders are under
+            raise ValueError(f"dataset {name!r} of {spec.name}: {exc}") from None
     return _PREPARED[(name, str(root))]
 
 
@@ -363,8 +381,9 @@ def training_data(spec: StudySpec, name: str, setting: str, context: Mapping[str
     cache = str(context.get("cache_dir", DEFAULT_CACHE_DIR))
     key = (name, setting, str(_data_dir(context)), cache)
     if key not in _MINED:
+        prep = prepared(spec, name, context)  # the data first: a folder that is not there, before any model loads
         model = load_model(trial_options(context), PROTOCOL["eval_max_seq_length"])
-        _MINED[key] = mine(prepared(spec, name, context), setting, model, Path(cache))
+        _MINED[key] = mine(prep, setting, model, Path(cache))
     return _MINED[key]
 
 
@@ -411,12 +430,20 @@ def run_trial(spec: StudySpec, point: Point, context: Mapping[str, Any]) -> dict
 
 
 def mine_left(spec: StudySpec, points: Sequence[Point], context: Mapping[str, Any]) -> None:
-    """The runner's ``prepare`` hook: prepare and mine, here and once, the data of every trained point left to run
-    (:func:`training_data`), so that the workers read the negatives from the cache.
+    """The runner's ``prepare`` hook: check the trials' options and every left point's row and data, then prepare and
+    mine, here and once, the data of every trained point left to run (:func:`training_data`), so that the workers
+    read the negatives from the cache.
 
     Raises:
-        ValueError: a row without a mining setting of this round, or what :func:`prepare` / :func:`mine` refuse.
+        ValueError: a bad option (:func:`trial_options`), a row without a mining setting of this round, a dataset
+            folder that is not there, or what :func:`prepare` / :func:`mine` refuse; all but the last before any
+            model loads.
     """
+    trial_options(context)
+    for point in points:
+        if spec.rows[point.row].loss is not None:
+            _mining(spec, point.row)
+        prepared(spec, point.dataset, context)
     for point in points:
         if spec.rows[point.row].loss is not None:
             training_data(spec, point.dataset, _mining(spec, point.row), context)

@@ -260,7 +260,7 @@ def choose(data: dict[str, Any], labels: list[str], sd: float | None = None) -> 
     ties = tied(data, labels, sd)
     over_seeds = {label: settled(data, label) for label in ties}
     if len(ties) > 1 and None not in over_seeds.values():
-        return max(ties, key=lambda k: over_seeds[k])  # type: ignore[arg-type, return-value]
+        return max(ties, key=lambda k: over_seeds[k])
     return ties[0] if ties else None
 
 

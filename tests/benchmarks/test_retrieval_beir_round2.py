@@ -307,6 +307,30 @@ def test_runs_resume_record_their_commit_and_render_from_the_json(tmp_path, monk
     assert runner(*argv, "--check") == 0  # nothing left: the same report
 
 
+@pytest.mark.parametrize(("setting", "data", "message"), [
+    ("max_steps=four", True, "--set max_steps expects an integer of at least -1, got 'four'"),
+    ("eval_batch_size=0", True, "--set eval_batch_size expects an integer of at least 1, got 0"),
+    ("max_steps=1", False, "dataset 'scifact' of tiny: no BEIR folder at "),
+])
+def test_bad_options_and_a_missing_folder_are_refused_in_one_line_before_any_model(tmp_path, monkeypatch, capsys,
+                                                                                    setting, data, message):
+    pytest.importorskip("optuna")
+    if data:
+        write_beir(tmp_path / "data" / "retrieval" / "scifact", dev=False)
+        write_beir(tmp_path / "data" / "retrieval" / "nfcorpus", dev=True)
+
+    def no_model(*args, **kwargs):
+        raise AssertionError("no model loads for bad input")
+
+    monkeypatch.setattr(r2, "load_model", no_model)
+    with pytest.raises(SystemExit) as stop:
+        runner(str(_tiny_spec(tmp_path)), "--run", "--data-dir", str(tmp_path / "data"), "--work-dir",
+               str(tmp_path / "work"), "--set", setting, "-q")
+    assert stop.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert message in err[-1] and not (tmp_path / "r.json").exists()
+
+
 def test_a_tiny_round_runs_its_own_trial_through_the_runner(tmp_path):
     """The spec's trial for real on a tiny model (``--set model=... max_steps=1``): the published model's record is
     the protocol's evaluation of that model; a trained row's record (MNRL on the pairs: a tiny random model's mined
