@@ -1,91 +1,91 @@
 """Two-dataset retrieval benchmark, second round: every st-hardneg loss with the recipe's false-negative
 control beside the same loss without it, sentence-transformers' built-ins on their own dev-chosen mining, and a
-longer NFCorpus protocol. The round is a study spec (:data:`SPEC`: its rows, datasets and grid as data) run by the
-study engine (:mod:`st_hardneg.training.studies.engine`: Optuna's storage, its workers, a killed trial run again);
-this module holds its own trial (:func:`run_trial`: the round's mining per dataset) and its report.
+longer NFCorpus protocol. The round is a study spec (:data:`SPEC`: its protocol, rows, datasets and grid as data) run
+by the one runner (:mod:`benchmarks.studies`: the study engine's storage, its workers, a killed trial run again);
+this module holds its trial (:func:`run_trial`, the round's mining per dataset), the runner's hooks (:func:`mine_left`
+before the workers start, :func:`write_results` for the records file and its per-query file) and its report
+(:func:`markdown`, :func:`plot`).
 
-The first round's protocol (:data:`~benchmarks.retrieval_beir_rows.PROTOCOL`: all-MiniLM-L6-v2 as published, 128 /
-256 tokens, batch 32, lr 2e-5, 10 % warm-up, 1 epoch, graded nDCG@10 on SciFact and NFCorpus, options chosen on pooled
-dev at seed 0) with these changes:
+The protocol (:data:`~benchmarks.retrieval_beir_rows.PROTOCOL`: all-MiniLM-L6-v2 as published, 128 / 256 tokens,
+batch 32, lr 2e-5, 10 % warm-up, 1 epoch, graded nDCG@10 on SciFact and NFCorpus, options chosen on pooled dev at
+seed 0):
 
-- **Mining** (:data:`~benchmarks.retrieval_beir_rows.ROUND2_MINING`): ``mine_hard_negatives`` is given every training
-  judgement of each sampled query, 1 negative a query; a pair whose query keeps no candidate stays in training as a
-  pair (the Trainer's proportional multi-dataset batches: a batch is all triplets or all pairs). st-hardneg's rows
-  train on ``top1_nomargin`` (the hardest candidate outside the training qrels); the built-ins on the setting MNRL's
-  pooled dev chooses among the four (``mnrl@<setting>``, seed 0).
+- **Mining** (:data:`~benchmarks.retrieval_beir_rows.MINING_SETTINGS`): ``mine_hard_negatives`` is given every
+  training judgement of each sampled query, 1 negative a query; a pair whose query keeps no candidate stays in
+  training as a pair (the Trainer's proportional multi-dataset batches: a batch is all triplets or all pairs).
+  st-hardneg's rows train on ``top1_nomargin`` (the hardest candidate outside the training qrels); the built-ins on
+  the setting MNRL's pooled dev chooses among the four (``mnrl@<setting>``, seed 0).
 - **The control** (``+ctl``): the untrained model as the loss's guide, the relative 0.05 margin, the training qrels as
   ``known_positives``: GIST's rows plus known relevance, for Focal, MixCSE (explicit partner), HNCSE HNM (mined
   pool) and PM, and AdCSE with tied keys. Each loss's screen (seed 0, pooled dev): temperature 0.05 and 0.01, then its
-  own option (:data:`~benchmarks.retrieval_beir_rows.ROUND2_LOSSES`) at the better temperature.
+  own option (:data:`~benchmarks.retrieval_beir_rows.LOSSES`) at the better temperature.
 - **Longer NFCorpus** (dataset ``nfcorpus_long``): ~5,000 pairs (156 steps) for the best rows of each side.
 
 How the grid was chosen (:func:`plan`; each item runs on both datasets): the seed-0 screens, most informative
 first; ties closer than two dev standard deviations settled on seeds 0-2; the built-ins on the chosen mining; each
 chosen loss without the control; the recipe and the best built-in (ties settled likewise); their 5 paired seeds and
-MNRL's on the chosen mining; the longer NFCorpus protocol. The spec holds the grid it reached; the records already in
-``--out`` are imported as finished trials, so a run resumes (and the committed round has nothing left to run). The
-results record the commit and the library tree each run ran from.
+MNRL's on the chosen mining; the longer NFCorpus protocol. The spec holds the grid it reached; its committed records
+are imported as finished trials, so a run resumes (and the committed round has nothing left to run). The records
+hold the commit and the library tree each run ran from.
 
-    python -m benchmarks.retrieval_beir_round2                      # -> results/retrieval_beir_round2.*
-    python -m benchmarks.retrieval_beir_round2 --workers 2          # two worker processes on this machine
-    python -m benchmarks.retrieval_beir_round2 --storage postgresql://host/db   # and the same on other machines
-    python -m benchmarks.retrieval_beir_round2 --report             # tables from the JSON only
+    python -m benchmarks.studies benchmarks/studies/retrieval_beir_round2.json --run          # what is left
+    python -m benchmarks.studies benchmarks/studies/retrieval_beir_round2.json --run --workers 2
+    python -m benchmarks.studies benchmarks/studies/retrieval_beir_round2.json --run --storage postgresql://host/db
+    python -m benchmarks.studies benchmarks/studies/retrieval_beir_round2.json --check        # == the committed?
+
+A trial's options come with ``--set``: ``model=PATH`` (default: the embedded all-MiniLM-L6-v2),
+``cache_dir=DIR`` (the mined negatives, default :data:`DEFAULT_CACHE_DIR`), ``eval_batch_size=N`` (64) and
+``max_steps=N`` (smoke runs only: it changes the protocol's length).
 """
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import os
 import shutil
 import statistics
-import subprocess
-import sys
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from benchmarks.harness import REPO, RESULTS, SHARED_DATA
+from benchmarks.harness import REPO, SHARED_DATA
 from benchmarks.retrieval_beir_rows import (
-    DATASETS,
-    LONG_SAMPLING,
+    BUILTINS,
+    DEV_FRACTION,
+    LOSSES,
+    MAIN,
+    MINING_SETTINGS,
     OURS_MINING,
     PROTOCOL,
-    ROUND2_BUILTINS,
-    ROUND2_DATASETS,
-    ROUND2_LOSSES,
-    ROUND2_MINING,
-    ROUND2_TEMPERATURES,
     TIE_SEEDS,
-    Method,
+    all_rows,
+    best_temperature,
+    dev_sd,
+    loss_choice,
+    loss_configs,
+    loss_key,
+    mining_choice,
     pooled_dev,
-    round2_best_temperature,
-    round2_dev_sd,
-    round2_key,
-    round2_label,
-    round2_loss_choice,
-    round2_loss_configs,
-    round2_mining_choice,
-    round2_recipe_choice,
-    round2_rows,
-    round2_screened,
-    round2_settled,
-    round2_side_labels,
-    round2_side_ranking,
-    round2_tied,
-    round2_twin,
+    row_label,
     sampling,
+    screened,
+    settled,
+    side_choice,
+    side_labels,
+    side_ranking,
+    tied,
+    twin,
 )
-from benchmarks.studies.render import TREES, per_query_rows, point_of
-from st_hardneg.training.studies.spec import Point, StudySpec, load_spec
+from benchmarks.studies.render import TREES, per_query_rows
+from st_hardneg.training.studies.spec import Point, Row, StudySpec
 
-DEFAULT_OUT = RESULTS / "retrieval_beir_round2.json"
-#: the round as a study spec: its rows, datasets and grid (the points :func:`plan` reached), its trial and renderer
+#: the round as a study spec: its protocol, rows, datasets and grid (the points :func:`plan` reached), its trial,
+#: hooks and outputs
 SPEC = REPO / "benchmarks" / "studies" / "retrieval_beir_round2.json"
-DEFAULT_WORK_DIR = "output/retrieval_beir_round2"
+#: where the mined negatives are kept, unless a trial's context names a ``cache_dir``
 DEFAULT_CACHE_DIR = str(Path.home() / ".cache" / "st_hardneg" / "negatives")
 #: the markers around the summary table in the report, where the docs' "which loss" page includes it from
 SUMMARY_START, SUMMARY_END = "<!-- summary -->", "<!-- /summary -->"
@@ -100,45 +100,12 @@ SHAPES = {"scifact": "few judged documents per query (SciFact-like: 0.7-1.1 % of
           "nfcorpus": "many judged documents per query (NFCorpus-like: 29-34 % of rows hold one)"}
 #: the seeds of the recipe, the best built-in and MNRL on the chosen mining (5 paired seeds)
 PAIRED_SEEDS = (0, 1, 2, 3, 4)
-MAIN = ("scifact", "nfcorpus")
 #: the longer protocol's dataset key: NFCorpus's folder, dev and test (:data:`LONG_TEST`), ~5,000 training pairs
 LONG, LONG_TEST = "nfcorpus_long", "nfcorpus"
 #: the seed-0 screen, most informative first: HNCSE's mixup (best on SciFact, hurt on NFCorpus) and Focal (NFCorpus
 #: -11) with the control, the mining of sentence-transformers' reference run, then the rest
 FIRST = ("hncse_hnm+ctl", "mnrl@skip10_rel0.05", "focal+ctl", "mnrl@rel0.05", "mixcse+ctl", "hncse_pm+ctl",
          "adcse_tied+ctl", "mnrl@top1_nomargin", "mnrl@pairs")
-
-
-def round2_protocol() -> dict[str, Any]:
-    return {**PROTOCOL, "pair_sampling": sampling(), "long_pair_sampling": dict(LONG_SAMPLING),
-            "mining": "sentence_transformers.util.mine_hard_negatives (untrained model, 256 tokens, whole corpus) "
-                      "given every training judgement of each sampled query, 1 negative a query (a margin is "
-                      "relative to the query's lowest-scoring positive, as mine_hard_negatives does); a pair whose "
-                      "query keeps no candidate stays in training as a pair; st-hardneg's rows: top1_nomargin; "
-                      "built-ins: the setting MNRL's pooled dev chooses (seed 0)",
-            "control": "+ctl: the untrained model as guide (frozen), relative margin 0.05, known_positives = the "
-                       "training qrels",
-            "selection": "final model of each run; each loss's options, the mining and the rows taken further chosen "
-                         "on pooled dev (seed 0); test never used to choose"}
-
-
-def _git(*argv: str) -> str:
-    return subprocess.run(["git", "-C", str(REPO), *argv], capture_output=True, text=True).stdout.strip()
-
-
-def commit() -> str:
-    """The commit the code runs from (``+dirty`` when the tracked files differ from it)."""
-    head = _git("rev-parse", "HEAD") or "unknown"
-    return head + ("+dirty" if _git("status", "--porcelain", "--untracked-files=no") else "")
-
-
-def library_tree(rev: str) -> str:
-    """The git tree of the library (``st_hardneg/``) at ``rev``: runs from commits that differ only outside the
-    library (the benchmark driver) trained with the same code. ``+dirty`` when ``rev`` is ``HEAD`` and the library's
-    tracked files differ from it; ``unknown`` when git cannot tell."""
-    tree = _git("rev-parse", f"{rev}:st_hardneg") or "unknown"
-    dirty = rev == "HEAD" and _git("status", "--porcelain", "--untracked-files=no", "--", "st_hardneg")
-    return tree + ("+dirty" if dirty else "")
 
 
 # --------------------------------------------------------------------------- one run
@@ -224,65 +191,72 @@ def evaluate(model: Any, prep: Prepared, roles: tuple[str, ...], batch_size: int
     return means, per_query
 
 
-def load_model(args: argparse.Namespace, max_seq_length: int) -> Any:
+@dataclass(frozen=True)
+class Options:
+    """A trial's options (:func:`trial_options`, from its context): the model trained (``None``: the embedded
+    all-MiniLM-L6-v2), the folder its run writes in, the steps (``-1``: the protocol's epoch) and the evaluation's
+    batch."""
+
+    model: str | None = None
+    work_dir: str = "output/retrieval_beir_round2"
+    max_steps: int = -1
+    eval_batch_size: int = 64
+
+
+def load_model(options: Options, max_seq_length: int) -> Any:
     from st_hardneg.models import resolve_model
 
-    return resolve_model(args.model, pooling="mean", max_seq_length=max_seq_length)
+    return resolve_model(options.model, pooling="mean", max_seq_length=max_seq_length)
 
 
-def frozen_guide(args: argparse.Namespace) -> Any:
+def frozen_guide(options: Options) -> Any:
     """The untrained model at the training length, in eval mode and without gradients: GIST's guide."""
-    guide = load_model(args, PROTOCOL["train_max_seq_length"])
+    guide = load_model(options, PROTOCOL["train_max_seq_length"])
     guide.eval()
     for parameter in guide.parameters():
         parameter.requires_grad_(False)
     return guide
 
 
-def build_loss(method: Method, model: Any, args: argparse.Namespace, known: dict[str, set[str]] | None = None) -> Any:
-    """Row ``method``'s loss on ``model`` through the shared :func:`benchmarks.harness.build` (GISTEmbedLoss guided by
-    the frozen untrained model, CachedMNRL in mini-batches of the protocol's batch), with the row's guide and known
-    positives."""
+def build_loss(row: Row, model: Any, options: Options, known: dict[str, set[str]] | None = None) -> Any:
+    """``row``'s loss on ``model`` through the shared :func:`benchmarks.harness.build` (GISTEmbedLoss guided by the
+    frozen untrained model, CachedMNRL in mini-batches of the protocol's batch); a row with the control gets the
+    frozen untrained model as its guide and ``known`` as its known positives."""
     from benchmarks.harness import build
 
-    kwargs = dict(method.kwargs)
-    if method.guided:
-        kwargs["guide"] = frozen_guide(args)
-    if method.known_positives:
+    kwargs = dict(row.options)
+    if row.control:
+        kwargs["guide"] = frozen_guide(options)
         kwargs["known_positives"] = known
-    if method.loss == "cached_mnrl":
+    if row.loss == "cached_mnrl":
         kwargs.setdefault("mini_batch_size", PROTOCOL["batch_size"])
-    return build(method.loss, model, kwargs, lambda: frozen_guide(args))
+    return build(str(row.loss), model, kwargs, lambda: frozen_guide(options))
 
 
-def run_one(label: str, method: Method, seed: int, prep: Prepared, negatives: Any, roles: tuple[str, ...],
-            args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]:
+def run_one(label: str, row: Row, seed: int, prep: Prepared, negatives: Any, roles: tuple[str, ...],
+            options: Options) -> tuple[dict[str, Any], dict[str, Any]]:
     """Train one (row, seed) on the shared negatives and score it; returns ``(record, per-query nDCG@10)``."""
     from transformers import set_seed
 
     from st_hardneg.training.loop import train
     from st_hardneg.training.protocol import train_config
-    from st_hardneg.training.sampling import known_relevance_sampler
 
-    work = Path(args.work_dir) / f"{prep.name}-{label}-seed{seed}"
+    work = Path(options.work_dir) / f"{prep.name}-{label}-seed{seed}"
     shutil.rmtree(work, ignore_errors=True)
     set_seed(seed)
-    model = load_model(args, PROTOCOL["train_max_seq_length"])
-    loss = build_loss(method, model, args, prep.split.known_paraphrases)
-    dataset = negatives.select_columns(["anchor", "positive"]) if method.pairs_only else negatives
-    extra = {"batch_sampler": known_relevance_sampler(prep.split.known_paraphrases)} if method.known_relevance else {}
-    config = train_config(work, seed=seed, batch_size=PROTOCOL["batch_size"] * method.batch_factor,
-                          learning_rate=PROTOCOL["learning_rate"], warmup_ratio=PROTOCOL["warmup_ratio"],
-                          epochs=PROTOCOL["epochs"], max_steps=args.max_steps, show_progress_bar=False,
-                          extra_args=extra)
-    result = train(model, dataset, loss, config)
+    model = load_model(options, PROTOCOL["train_max_seq_length"])
+    loss = build_loss(row, model, options, prep.split.known_paraphrases)
+    batch_size = int(row.extra.get("batch_size", PROTOCOL["batch_size"]))
+    config = train_config(work, seed=seed, batch_size=batch_size, learning_rate=PROTOCOL["learning_rate"],
+                          warmup_ratio=PROTOCOL["warmup_ratio"], epochs=PROTOCOL["epochs"],
+                          max_steps=options.max_steps, show_progress_bar=False)
+    result = train(model, negatives, loss, config)
     start = time.perf_counter()
-    means, per_query = evaluate(model, prep, roles, args.eval_batch_size)
+    means, per_query = evaluate(model, prep, roles, options.eval_batch_size)
     shutil.rmtree(work, ignore_errors=True)
-    record = {"dataset": prep.name, "method": label, "seed": seed, "loss": method.loss, "options": method.kwargs,
-              "builtin": method.builtin, "pairs_only": method.pairs_only, "known_relevance": method.known_relevance,
-              "known_positives": method.known_positives,
-              "batch_size": PROTOCOL["batch_size"] * method.batch_factor, **means,
+    record = {"dataset": prep.name, "method": label, "seed": seed, "loss": row.loss, "options": dict(row.options),
+              "builtin": bool(row.extra.get("builtin", False)), "known_positives": row.control,
+              "batch_size": batch_size, **means,
               "train_seconds": round(result.train_seconds, 1),
               "median_step_seconds": round(result.median_step_seconds, 4) if result.median_step_seconds else None,
               "steps": result.steps, "eval_seconds": round(time.perf_counter() - start, 1),
@@ -301,7 +275,7 @@ def mine(prep: Prepared, setting: str, model: Any, cache_dir: Path) -> tuple[Any
     from st_hardneg.models import weights_digest
 
     pairs = prep.split.train_pairs
-    spec = ROUND2_MINING[setting]
+    spec = MINING_SETTINGS[setting]
     if spec is None:
         return (Dataset.from_dict({"anchor": [a for a, _ in pairs], "positive": [p for _, p in pairs]}),
                 {"triplets": 0, "pairs": len(pairs), "mining_seconds": 0.0})
@@ -351,36 +325,53 @@ def mine(prep: Prepared, setting: str, model: Any, cache_dir: Path) -> tuple[Any
     return data, info
 
 
-# --------------------------------------------------------------------------- one trial on the study engine
+# --------------------------------------------------------------------------- the trial and the runner's hooks
 #: this round's processes' prepared datasets and mined training data (a worker runs many trials of one dataset)
 _PREPARED: dict[tuple[str, str], Prepared] = {}
 _MINED: dict[tuple[str, str, str, str], tuple[Any, dict[str, Any]]] = {}
 
 
 def _data_dir(context: Mapping[str, Any]) -> Path:
-    """The data root of a trial's context: this module's ``data_dir``, ``st-hardneg study``'s ``data_root``."""
+    """The data root of a trial's context: the runner's ``data_dir``, ``st-hardneg study``'s ``data_root``."""
     return Path(context.get("data_dir") or context.get("data_root") or SHARED_DATA)
 
 
-def _options(context: Mapping[str, Any]) -> argparse.Namespace:
-    """The one-run functions' options (:func:`run_one`, :func:`load_model`) from a trial's context (this module's
-    ``work_dir``, or ``st-hardneg study``'s ``output_dir``)."""
-    work = context.get("work_dir") or context.get("output_dir") or DEFAULT_WORK_DIR
-    return argparse.Namespace(model=context.get("model"), work_dir=str(work),
-                              max_steps=int(context.get("max_steps", -1)),
-                              eval_batch_size=int(context.get("eval_batch_size", 64)))
+def trial_options(context: Mapping[str, Any]) -> Options:
+    """A trial's :class:`Options` from its context: ``model``, ``max_steps`` and ``eval_batch_size`` (``--set``), and
+    the folder (the runner's ``work_dir``, or ``st-hardneg study``'s ``output_dir``).
+
+    Raises:
+        ValueError: ``max_steps`` or ``eval_batch_size`` that is not an integer (``eval_batch_size`` below 1).
+    """
+    def integer(name: str, default: int, minimum: int) -> int:
+        value = context.get(name, default)
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            raise ValueError(f"--set {name} expects an integer of at least {minimum}, got {value!r}")
+        return value
+
+    work = context.get("work_dir") or context.get("output_dir") or Options.work_dir
+    model = context.get("model")
+    return Options(model=None if model is None else str(model), work_dir=str(work),
+                   max_steps=integer("max_steps", -1, -1), eval_batch_size=integer("eval_batch_size", 64, 1))
 
 
 def prepared(spec: StudySpec, name: str, context: Mapping[str, Any]) -> Prepared:
-    """Dataset ``name`` of the spec, prepared once per process (:func:`prepare`): its folder under
-    ``context["data_dir"]``, its dev split (``carve``: the round's share of the training queries) and its pair
-    sampling (the dataset's ``extra``)."""
+    """Dataset ``name`` of the spec, prepared once per process (:func:`prepare`): its folder under the context's
+    data root, its dev split (``carve``: :data:`~benchmarks.retrieval_beir_rows.DEV_FRACTION` of the training
+    queries) and its pair sampling (the dataset's ``extra``).
+
+    Raises:
+        ValueError: no BEIR folder there (naming it), or what :func:`prepare` refuses.
+    """
     dataset = spec.datasets[name]
-    root = _data_dir(context) / dataset.folder
+    root = _data_dir(context) / str(dataset.folder)
     if (name, str(root)) not in _PREPARED:
-        fraction = DATASETS[dataset.test_as or name]["dev_fraction"] if dataset.dev == "carve" else None
-        _PREPARED[(name, str(root))] = prepare(name, root, fraction,
-                                               dict(dataset.extra.get("pair_sampling") or sampling()))
+        fraction = DEV_FRACTION if dataset.dev == "carve" else None
+        try:
+            _PREPARED[(name, str(root))] = prepare(name, root, fraction,
+                                                   dict(dataset.extra.get("pair_sampling") or sampling()))
+        except FileNotFoundError as exc:  # the data root given is not the one the spec's folders are under
+            raise ValueError(f"dataset {name!r} of {spec.name}: {exc}") from None
     return _PREPARED[(name, str(root))]
 
 
@@ -390,51 +381,85 @@ def training_data(spec: StudySpec, name: str, setting: str, context: Mapping[str
     cache = str(context.get("cache_dir", DEFAULT_CACHE_DIR))
     key = (name, setting, str(_data_dir(context)), cache)
     if key not in _MINED:
-        model = load_model(_options(context), PROTOCOL["eval_max_seq_length"])
-        _MINED[key] = mine(prepared(spec, name, context), setting, model, Path(cache))
+        prep = prepared(spec, name, context)  # the data first: a folder that is not there, before any model loads
+        model = load_model(trial_options(context), PROTOCOL["eval_max_seq_length"])
+        _MINED[key] = mine(prep, setting, model, Path(cache))
     return _MINED[key]
 
 
-def run_trial(spec: StudySpec, point: Point, context: Mapping[str, Any]) -> dict[str, Any]:
-    """One trial of this round on the study engine (the spec's ``trial``): the untrained model evaluated, or the
-    point's row (:func:`~benchmarks.retrieval_beir_rows.round2_rows`: its loss and its mining, the row's ``extra``)
-    trained at the point's seed on its dataset and scored on dev and test (:func:`run_one`). Returns the record the
-    report reads, with the dataset's counts (``split``), its mining's (``negatives``), the commit and library tree
-    (``context["provenance"]``), the workers of the run (``runners``) and the per-query nDCG@10 by role
-    (``scores_by_query``, which :func:`write_results` moves to the per-query file).
+def _mining(spec: StudySpec, label: str) -> str:
+    """The mining setting of a trained row (its ``extra``).
 
     Raises:
-        ValueError: a row the round does not define, or what :func:`prepare` / :func:`mine` refuse.
+        ValueError: a row that names none of :data:`~benchmarks.retrieval_beir_rows.MINING_SETTINGS`.
     """
+    setting = spec.rows[label].extra.get("mining")
+    if setting not in MINING_SETTINGS:
+        raise ValueError(f"row {label!r} of {spec.name} names no mining setting of this round (extra.mining "
+                         f"{setting!r}; one of {', '.join(MINING_SETTINGS)})")
+    return str(setting)
+
+
+def run_trial(spec: StudySpec, point: Point, context: Mapping[str, Any]) -> dict[str, Any]:
+    """One trial of this round (the spec's ``trial``): the untrained model evaluated, or the point's row (the spec's
+    row: its loss, options and control, its mining in ``extra``) trained at the point's seed on its dataset and
+    scored on dev and test (:func:`run_one`). Returns the record the report reads, with the dataset's counts
+    (``split``), its mining's (``negatives``), the commit and library tree (``context["provenance"]``), the workers
+    of the run (``runners``) and the per-query nDCG@10 by role (``scores_by_query``, which :func:`write_results`
+    moves to the per-query file).
+
+    Raises:
+        ValueError: a row without a mining setting of this round, or what :func:`prepare` / :func:`mine` refuse.
+    """
+    row = spec.rows[point.row]
+    setting = _mining(spec, point.row) if row.loss is not None else None
     prep = prepared(spec, point.dataset, context)
     provenance = {k: v for k, v in dict(context.get("provenance") or {}).items() if k in ("commit", "library")}
     common = {"split": prep.stats, "runners": int(context.get("workers", 1)), **provenance}
-    if spec.rows[point.row].loss is None:  # the model as published, the same evaluation
+    if setting is None:  # the model as published, the same evaluation
         start = time.perf_counter()
-        model = load_model(_options(context), PROTOCOL["eval_max_seq_length"])
-        means, _ = evaluate(model, prep, ("dev", "test"), _options(context).eval_batch_size)
+        model = load_model(trial_options(context), PROTOCOL["eval_max_seq_length"])
+        means, _ = evaluate(model, prep, ("dev", "test"), trial_options(context).eval_batch_size)
         return {"stage": "untrained", "dataset": point.dataset, "method": point.row, "seed": point.seed, **means,
                 "eval_seconds": round(time.perf_counter() - start, 1), **common}
-    rows = round2_rows()
-    if point.row not in rows:
-        raise ValueError(f"row {point.row!r} is not a row of this round ({', '.join(rows)})")
-    method, setting = rows[point.row]
     negatives, info = training_data(spec, point.dataset, setting, context)
-    record, per_query = run_one(point.row, method, int(point.seed or 0), prep, negatives, ("dev", "test"),
-                                _options(context))
+    record, per_query = run_one(point.row, row, int(point.seed or 0), prep, negatives, ("dev", "test"),
+                                trial_options(context))
     record.update(stage="main", mining=setting, negatives=info, scores_by_query=per_query, **common)
     return record
 
 
-def write_results(records: list[dict[str, Any]], out: Path, figure: bool = False) -> dict[str, Any]:
-    """The round's results file (and its report, :func:`write_report`) from the study's finished records, in the
-    engine's order (imported records first, in their own order): each new record's per-query scores become a line of
-    the per-query file it points to; an imported record keeps its line; the datasets' and minings' counts, the
-    commits and their library trees are gathered from the records (and the file already there)."""
-    per_query_path = out.with_name(out.stem + "_per_query.jsonl")
-    old = json.loads(out.read_text()) if out.is_file() else {}
-    data: dict[str, Any] = {**{"protocol": None, "runs": None}, **old}  # the file's own order of fields
-    data.update(protocol=round2_protocol(), runs=[])
+def mine_left(spec: StudySpec, points: Sequence[Point], context: Mapping[str, Any]) -> None:
+    """The runner's ``prepare`` hook: check the trials' options and every left point's row and data, then prepare and
+    mine, here and once, the data of every trained point left to run (:func:`training_data`), so that the workers
+    read the negatives from the cache.
+
+    Raises:
+        ValueError: a bad option (:func:`trial_options`), a row without a mining setting of this round, a dataset
+            folder that is not there, or what :func:`prepare` / :func:`mine` refuse; all but the last before any
+            model loads.
+    """
+    trial_options(context)
+    for point in points:
+        if spec.rows[point.row].loss is not None:
+            _mining(spec, point.row)
+        prepared(spec, point.dataset, context)
+    for point in points:
+        if spec.rows[point.row].loss is not None:
+            training_data(spec, point.dataset, _mining(spec, point.row), context)
+
+
+def write_results(records: list[dict[str, Any]], meta: dict[str, Any], path: Path) -> dict[str, Any]:
+    """The runner's ``write`` hook: the round's records file at ``path`` (and its per-query file beside it,
+    ``<stem>_per_query.jsonl``) from the study's finished records, in the engine's order (imported records first, in
+    their own order), and the file's other fields (``meta``); returns what the file now holds. Each new record's
+    per-query scores become a line of the per-query file it points to; an imported record keeps its line; the
+    datasets' and minings' counts, the commits and their library trees are gathered from the records."""
+    from st_hardneg.reporting import write_json
+
+    per_query_path = path.with_name(path.stem + "_per_query.jsonl")
+    data: dict[str, Any] = {"protocol": None, "runs": None, **json.loads(json.dumps(meta))}  # the file's own order
+    data.update(protocol=dict(PROTOCOL), runs=[])
     kept = {row["run"]: row for row in per_query_rows(per_query_path, records)}
     lines: list[dict[str, Any]] = []
     for number, original in enumerate(records):
@@ -455,59 +480,11 @@ def write_results(records: list[dict[str, Any]], out: Path, figure: bool = False
             data["commits"].append(record["commit"])
             data.setdefault(TREES, {}).setdefault(record["commit"], record.get("library", "unknown"))
         data["runs"].append(record)
-    out.parent.mkdir(parents=True, exist_ok=True)
+    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = per_query_path.with_suffix(".jsonl.tmp")
     tmp.write_text("".join(json.dumps(line) + "\n" for line in lines))
     tmp.replace(per_query_path)
-    write_report(data, out, figure=figure)
-    return data
-
-
-def run_round(args: argparse.Namespace) -> dict[str, Any]:
-    """Run the spec's left trials through the study engine (:func:`~st_hardneg.training.studies.engine.run_study`,
-    ``--workers`` processes on ``--storage``), after importing the records already in ``--out`` as finished trials
-    and preparing and mining every left point's data here once (the workers read the negatives from the cache);
-    then write the results from the study's finished records (:func:`write_results`)."""
-    from st_hardneg.training.studies.engine import (
-        finished_records,
-        import_records,
-        open_storage,
-        open_study,
-        progress,
-        provenance,
-        run_study,
-    )
-
-    spec = load_spec(args.spec)
-    out = Path(args.out)
-    work = Path(args.work_dir)
-    work.mkdir(parents=True, exist_ok=True)
-    url = args.storage or f"sqlite:///{(work / 'study.db').resolve()}"
-    study = open_study(spec, open_storage(url, args.heartbeat))
-    if out.is_file():
-        old = json.loads(out.read_text())
-        import_records(study, spec, old["runs"], point_of, source=out.name, provenance_of=lambda r: {
-            "commit": str(r.get("commit", "unknown")),
-            "library": r.get("library") or old.get(TREES, {}).get(r.get("commit", ""), "unknown")})
-    keys = [point.key for point in spec.points()]
-    state = progress(study, keys)
-    context = {"data_dir": args.data_dir, "cache_dir": args.cache_dir, "work_dir": str(work), "model": args.model,
-               "eval_batch_size": args.eval_batch_size, "max_steps": args.max_steps, "workers": args.workers,
-               "provenance": provenance()}
-    if state.left:
-        print(f"{spec.name}: {len(state.done)} of {len(keys)} trial(s) finished, {len(state.left)} to run "
-              f"({args.workers} worker(s), storage {url})", flush=True)
-        rows = round2_rows()
-        for point in spec.points():
-            if point.key in state.left and spec.rows[point.row].loss is not None and point.row in rows:
-                training_data(spec, point.dataset, rows[point.row][1], context)
-        state = run_study(spec, url, None, context, workers=args.workers, heartbeat=args.heartbeat,
-                          provenance=context["provenance"])
-    data = write_results(finished_records(open_study(spec, open_storage(url, args.heartbeat)), spec), out)
-    for key, error in state.failed.items():
-        print(f"    failed: {key}: {error}", flush=True)
-    if state.left:
-        print(f"{len(state.left)} trial(s) not finished: run the same command again to resume", flush=True)
+    write_json(path, data)
     return data
 
 
@@ -518,7 +495,7 @@ def plan(data: dict[str, Any]) -> Iterator[tuple[str, str, int]]:
     1. the seed-0 screen on both datasets: :data:`FIRST`, each loss with the control at temperature 0.01, then its
        own option at its better temperature;
     2. ties: where a loss's configurations, or MNRL's mining settings, are closer on pooled dev at seed 0 than two
-       dev standard deviations (:func:`~benchmarks.retrieval_beir_rows.round2_tied`), the tied rows (the best three
+       dev standard deviations (:func:`~benchmarks.retrieval_beir_rows.tied`), the tied rows (the best three
        at most) at seeds 1-2, and the choice is made on the three seeds;
     3. the built-ins on the dev-chosen mining (seed 0) and each loss's chosen configuration without the control;
     4. the recipe (st-hardneg's best row) and the best built-in, ties on each side to seeds 1-2 as in 2;
@@ -532,38 +509,38 @@ def plan(data: dict[str, Any]) -> Iterator[tuple[str, str, int]]:
             yield name, label, seed
 
     def settle(labels: list[str]) -> Iterator[tuple[str, str, int]]:
-        tied = round2_tied(data, labels)
-        for seed in TIE_SEEDS[1:] if len(tied) > 1 else ():
-            for label in tied:
+        ties = tied(data, labels)
+        for seed in TIE_SEEDS[1:] if len(ties) > 1 else ():
+            for label in ties:
                 yield from both(label, seed)
 
     for label in FIRST:
         yield from both(label)
-    for key in ROUND2_LOSSES:
-        yield from both(round2_label(key, temperature=0.01))
-    for key in ROUND2_LOSSES:
-        yield from both(round2_label(key, temperature=round2_best_temperature(data, key), option=True))
-    for key in ROUND2_LOSSES:
-        yield from settle(round2_loss_configs(key))
-    yield from settle([f"mnrl@{s}" for s in ROUND2_MINING])
-    setting = round2_mining_choice(data) or OURS_MINING
-    for name in ROUND2_BUILTINS:
+    for key in LOSSES:
+        yield from both(row_label(key, temperature=0.01))
+    for key in LOSSES:
+        yield from both(row_label(key, temperature=best_temperature(data, key), option=True))
+    for key in LOSSES:
+        yield from settle(loss_configs(key))
+    yield from settle([f"mnrl@{s}" for s in MINING_SETTINGS])
+    setting = mining_choice(data) or OURS_MINING
+    for name in BUILTINS:
         yield from both(f"{name}@{setting}")
-    for key in ROUND2_LOSSES:
-        chosen = round2_loss_choice(data, key)
+    for key in LOSSES:
+        chosen = loss_choice(data, key)
         if chosen:
-            yield from both(round2_twin(chosen))
+            yield from both(twin(chosen))
     for builtin in (False, True):
-        yield from settle(round2_side_labels(data, builtin))
-    finalists = [c for c in (round2_recipe_choice(data, builtin=False), round2_recipe_choice(data, builtin=True),
+        yield from settle(side_labels(data, builtin))
+    finalists = [c for c in (side_choice(data, builtin=False), side_choice(data, builtin=True),
                              f"mnrl@{setting}") if c]
     for seed in PAIRED_SEEDS:
         for label in dict.fromkeys(finalists):
             yield from both(label, seed)
     long: list[str] = []
     for builtin in (False, True):
-        chosen = round2_recipe_choice(data, builtin)
-        ranked = [label for label, _ in round2_side_ranking(data, builtin)]
+        chosen = side_choice(data, builtin)
+        ranked = [label for label, _ in side_ranking(data, builtin)]
         long += list(dict.fromkeys([*([chosen] if chosen else []), *ranked]))[:2]
     for seed in (0, 1, 2):
         for label in long:
@@ -574,23 +551,14 @@ def plan(data: dict[str, Any]) -> Iterator[tuple[str, str, int]]:
 def per_query_runs(path: Path, runs: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
     """The per-query file's rows (one per run: dataset, method, seed, stage, nDCG@10 by role and query).
 
-    With ``runs`` (the results file's runs), only the rows their records point to (``"per_query": "<file>#<n>"``
-    with the same dataset, row, seed and stage), whatever the file's order: a row left by a runner stopped between
+    With ``runs`` (the results file's runs), only the rows their records point to
+    (:func:`benchmarks.studies.render.per_query_rows`: ``"per_query": "<file>#<n>"`` with the same dataset, row, seed
+    and stage), whatever the file's order: a row left by a runner stopped between
     its two writes, or the row of a run replaced since, is not read. Records that point to no row at all (results
     written by hand) leave every row read."""
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
     if runs is None or not any("per_query" in record for record in runs):  # nothing to check the rows against
-        return rows
-
-    def pointed(row: dict[str, Any]) -> bool:
-        number = row.get("run")
-        if not isinstance(number, int) or not 0 <= number < len(runs):
-            return False
-        record = runs[number]
-        return (record.get("per_query") == f"{path.name}#{number}" and record.get("stage", "main") == row.get("stage")
-                and all(record.get(key) == row.get(key) for key in ("dataset", "method", "seed")))
-
-    return [row for row in rows if pointed(row)]
+        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
+    return per_query_rows(path, runs)
 
 
 def per_query_by_row(per_query: list[dict[str, Any]]) -> dict[tuple[str, str], dict[int, dict[str, float]]]:
@@ -619,10 +587,10 @@ def paired_section(by: dict[tuple[str, str], dict[int, dict[str, float]]], metho
     dataset where both have per-query scores (per-query nDCG@10 averaged over their common seeds; one comparison with
     Holm over the datasets when both datasets have the same common seeds, else one per dataset over its own)."""
 
-    common = {name: sorted(set(by.get((name, method), {})) & set(by.get((name, baseline), {}))) for name in DATASETS}
+    common = {name: sorted(set(by.get((name, method), {})) & set(by.get((name, baseline), {}))) for name in MAIN}
     joint = sorted(set.intersection(*(set(v) for v in common.values())))
     same = joint and all(seeds == joint for seeds in common.values())  # else each dataset over all its seeds
-    groups = [(list(DATASETS), joint)] if same else [([name], seeds) for name, seeds in common.items()]
+    groups = [(list(MAIN), joint)] if same else [([name], seeds) for name, seeds in common.items()]
     lines: list[str] = []
     for names, seeds in groups:
         if not seeds:
@@ -646,7 +614,7 @@ def _mean(values: list[float]) -> float | None:
 def side(label: str) -> str:
     if label == "untrained":
         return "published model"
-    if round2_key(label) is None:
+    if loss_key(label) is None:
         return "sentence-transformers"
     return "st-hardneg + control" if "+ctl" in label else "st-hardneg, no control"
 
@@ -657,7 +625,7 @@ def summary(data: dict[str, Any]) -> str:
     from st_hardneg.reporting import markdown_table, mean_std_text
 
     labels = list(dict.fromkeys(r["method"] for r in data["runs"] if r["dataset"] in MAIN and "test" in r))
-    dev = round2_screened(data, labels)
+    dev = screened(data, labels)
     untrained = pooled_dev(data, "untrained", "untrained")
     if untrained is not None:
         dev["untrained"] = untrained
@@ -729,26 +697,26 @@ def detectable_difference(differences: list[float], comparisons: int, power: flo
 
 
 def tie_table(data: dict[str, Any]) -> str:
-    """Each choice whose rows were tied at seed 0 (:func:`~benchmarks.retrieval_beir_rows.round2_tied`): the tied
+    """Each choice whose rows were tied at seed 0 (:func:`~benchmarks.retrieval_beir_rows.tied`): the tied
     rows' pooled dev at seed 0 and over the tie seeds, and the choice; empty when no choice had a tie."""
     from st_hardneg.reporting import markdown_table
 
-    sd = round2_dev_sd()
-    choices = {f"{key} (configuration)": (round2_loss_configs(key), round2_loss_choice(data, key))
-               for key in ROUND2_LOSSES}
-    choices["mining of the built-ins"] = ([f"mnrl@{s}" for s in ROUND2_MINING],
-                                          f"mnrl@{round2_mining_choice(data)}")
-    choices["the recipe"] = (round2_side_labels(data, False), round2_recipe_choice(data, False))
-    choices["the best built-in"] = (round2_side_labels(data, True), round2_recipe_choice(data, True))
+    sd = dev_sd()
+    choices = {f"{key} (configuration)": (loss_configs(key), loss_choice(data, key))
+               for key in LOSSES}
+    choices["mining of the built-ins"] = ([f"mnrl@{s}" for s in MINING_SETTINGS],
+                                          f"mnrl@{mining_choice(data)}")
+    choices["the recipe"] = (side_labels(data, False), side_choice(data, False))
+    choices["the best built-in"] = (side_labels(data, True), side_choice(data, True))
     body = []
     for choice, (labels, chosen) in choices.items():
-        tied = round2_tied(data, labels, sd)
-        if len(tied) < 2:
+        ties = tied(data, labels, sd)
+        if len(ties) < 2:
             continue
-        for label in tied:
-            at0, settled = pooled_dev(data, "main", label, (0,)), round2_settled(data, label)
+        for label in ties:
+            at0, over_seeds = pooled_dev(data, "main", label, (0,)), settled(data, label)
             body.append([choice, f"`{label}`", f"{at0:.2f}" if at0 is not None else "–",
-                         f"{settled:.2f}" if settled is not None else "not yet run",
+                         f"{over_seeds:.2f}" if over_seeds is not None else "not yet run",
                          "chosen" if label == chosen else ""])
     if not body:
         return ""
@@ -761,7 +729,7 @@ def best_on(data: dict[str, Any], name: str, builtin: bool) -> str | None:
     """The row of one side with the best dev nDCG@10 on dataset ``name`` alone at seed 0: what a team with data of
     that shape would choose on its own dev split, among every configuration of st-hardneg's losses (with and without
     the control) or every built-in row."""
-    labels = round2_side_labels(data, True) if builtin else [label for label in round2_rows() if round2_key(label)]
+    labels = side_labels(data, True) if builtin else [label for label in all_rows() if loss_key(label)]
     scored = {label: values[0] for label in labels
               if (values := [r["dev"]["ndcg@10"] for r in _runs(data, name, label) if r["seed"] == 0])}
     return max(scored, key=lambda k: scored[k]) if scored else None
@@ -812,9 +780,9 @@ def loss_screen(data: dict[str, Any]) -> str:
     from st_hardneg.reporting import markdown_table
 
     body = []
-    for key in ROUND2_LOSSES:
-        chosen = round2_loss_choice(data, key)
-        for label in [*round2_loss_configs(key), *round2_loss_configs(key, control=False)]:
+    for key in LOSSES:
+        chosen = loss_choice(data, key)
+        for label in [*loss_configs(key), *loss_configs(key, control=False)]:
             devs = [[r["dev"]["ndcg@10"] for r in _runs(data, name, label) if r["seed"] == 0] for name in MAIN]
             if not any(devs):
                 continue
@@ -827,9 +795,9 @@ def loss_screen(data: dict[str, Any]) -> str:
 def mining_screen(data: dict[str, Any]) -> str:
     from st_hardneg.reporting import markdown_table
 
-    chosen = round2_mining_choice(data)
+    chosen = mining_choice(data)
     body = []
-    for setting in ROUND2_MINING:
+    for setting in MINING_SETTINGS:
         label = f"mnrl@{setting}"
         cells = []
         for name in MAIN:
@@ -845,8 +813,8 @@ def mining_screen(data: dict[str, Any]) -> str:
 
 
 def markdown(data: dict[str, Any], per_query: list[dict[str, Any]] | None = None) -> str:
-    ours = round2_side_ranking(data, builtin=False)
-    builtins = round2_side_ranking(data, builtin=True)
+    ours = side_ranking(data, builtin=False)
+    builtins = side_ranking(data, builtin=True)
     lines = ["# Two-dataset retrieval benchmark, second round: SciFact + NFCorpus (all-MiniLM-L6-v2, x 100)",
              "", f"Runs from commit(s) {', '.join(f'`{c}`' for c in data.get('commits', []))}; "
              f"{sum(1 for r in data['runs'] if 'test' in r and 'source' not in r)} runs finished. "
@@ -857,14 +825,14 @@ def markdown(data: dict[str, Any], per_query: list[dict[str, Any]] | None = None
               SUMMARY_START, summary(data), SUMMARY_END, "",
               f"- best of st-hardneg on pooled dev: {', '.join(f'`{k}` {v:.2f}' for k, v in ours[:3]) or 'none yet'}",
               f"- best built-in on pooled dev: {', '.join(f'`{k}` {v:.2f}' for k, v in builtins[:3]) or 'none yet'}",
-              f"- mining of the built-ins (MNRL's pooled dev): `{round2_mining_choice(data) or 'not chosen yet'}`; "
+              f"- mining of the built-ins (MNRL's pooled dev): `{mining_choice(data) or 'not chosen yet'}`; "
               f"st-hardneg's rows: `{OURS_MINING}`", ""]
     lines += ["## By data shape (each side's best row on one dataset's dev, seed 0; test nDCG@10)", "",
               SHAPES_START, shape_table(data), SHAPES_END, ""]
     by = per_query_by_row(per_query or [])
-    recipe, best = round2_recipe_choice(data, builtin=False), round2_recipe_choice(data, builtin=True)
+    recipe, best = side_choice(data, builtin=False), side_choice(data, builtin=True)
     if recipe and best:
-        mnrl = f"mnrl@{round2_mining_choice(data) or OURS_MINING}"
+        mnrl = f"mnrl@{mining_choice(data) or OURS_MINING}"
         lines += ["## The recipe against the best built-in and MNRL on the chosen mining (per-query test nDCG@10; "
                   "Holm across the two datasets)", "",
                   f"The recipe (st-hardneg's best row on pooled dev) is `{recipe}`; the best built-in `{best}`.", "",
@@ -874,7 +842,7 @@ def markdown(data: dict[str, Any], per_query: list[dict[str, Any]] | None = None
     ties = tie_table(data)
     if ties:
         lines += ["## Ties (closer than two dev standard deviations at seed 0: settled on seeds 0-2)", "", ties, ""]
-    control = [(c, round2_twin(c)) for key in ROUND2_LOSSES if (c := round2_loss_choice(data, key))]
+    control = [(c, twin(c)) for key in LOSSES if (c := loss_choice(data, key))]
     pairs = [(a, b) for a, b in control if any(k[1] == a for k in by) and any(k[1] == b for k in by)]
     if pairs:
         lines += ["## The control (each loss's chosen configuration with and without it, per-query test nDCG@10)",
@@ -885,7 +853,7 @@ def markdown(data: dict[str, Any], per_query: list[dict[str, Any]] | None = None
               "better one)", "", loss_screen(data), "",
               "## Mining screen (MNRL, seed 0; the training data each setting leaves of the sampled pairs)", "",
               mining_screen(data), ""]
-    for name in ROUND2_DATASETS:
+    for name in (*MAIN, LONG):
         if any(r["dataset"] == name for r in data["runs"]):
             title = {LONG: "nfcorpus, longer protocol (~5,000 pairs)"}.get(name, name)
             if name == LONG:
@@ -933,8 +901,8 @@ def long_comparisons(data: dict[str, Any], by: dict[tuple[str, str], dict[int, d
     if not labels:
         return []
     seeds = sorted(set.intersection(*(set(by[(LONG, label)]) for label in labels)))
-    ours = [label for label in labels if round2_key(label)]
-    theirs = [label for label in labels if not round2_key(label)]
+    ours = [label for label in labels if loss_key(label)]
+    theirs = [label for label in labels if not loss_key(label)]
     lines: list[str] = []
     if seeds and ours and theirs:
         result = _paired(by, [((LONG, a), (LONG, b)) for b in theirs for a in ours], seeds)
@@ -969,12 +937,12 @@ def control_points(data: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
     out: dict[str, list[dict[str, Any]]] = {}
     for name in MAIN:
         points = []
-        for key in ROUND2_LOSSES:
-            chosen = round2_loss_choice(data, key)
+        for key in LOSSES:
+            chosen = loss_choice(data, key)
             if chosen is None:
                 continue
             point: dict[str, Any] = {"loss": key, "label": chosen}
-            for side_, label in (("with", chosen), ("without", round2_twin(chosen))):
+            for side_, label in (("with", chosen), ("without", twin(chosen))):
                 values = [r["test"]["ndcg@10"] for r in _runs(data, name, label)]
                 point[side_] = _mean(values)
                 point[f"{side_}_seeds"] = len(values)
@@ -986,8 +954,8 @@ def control_points(data: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
 def reference_lines(data: dict[str, Any], name: str) -> dict[str, float]:
     """The references of ``name``'s rows: test nDCG@10 of the untrained model, of the best built-in and of MNRL on the
     chosen mining (mean over their seeds; those run), one entry where two are the same row."""
-    rows = {"untrained": "untrained", "best built-in": round2_recipe_choice(data, builtin=True),
-            "MNRL, chosen mining": f"mnrl@{round2_mining_choice(data)}" if round2_mining_choice(data) else None}
+    rows = {"untrained": "untrained", "best built-in": side_choice(data, builtin=True),
+            "MNRL, chosen mining": f"mnrl@{mining_choice(data)}" if mining_choice(data) else None}
     lines: dict[str, float] = {}
     drawn: dict[str, str] = {}
     for title, label in rows.items():
@@ -1014,18 +982,18 @@ def figure_differences(data: dict[str, Any]) -> dict[str, dict[str, dict[str, di
     def scores(name: str, label: str | None) -> dict[int, float]:
         return {r["seed"]: r["test"]["ndcg@10"] for r in _runs(data, name, label)} if label else {}
 
-    mining = round2_mining_choice(data)
+    mining = mining_choice(data)
     baseline = f"mnrl@{mining}" if mining else None
-    best = round2_recipe_choice(data, builtin=True)
+    best = side_choice(data, builtin=True)
     out: dict[str, dict[str, dict[str, dict[int, float]]]] = {}
     for name in MAIN:
-        chosen = [c for key in ROUND2_LOSSES if (c := round2_loss_choice(data, key)) is not None]
+        chosen = [c for key in LOSSES if (c := loss_choice(data, key)) is not None]
         if not chosen:
             continue
         base = scores(name, baseline)
         rows = [*chosen, *([best] if best and best != baseline else [])]
         out[name] = {"baseline": {label: paired_differences(scores(name, label), base) for label in rows},
-                     "control": {label: paired_differences(scores(name, label), scores(name, round2_twin(label)))
+                     "control": {label: paired_differences(scores(name, label), scores(name, twin(label)))
                                  for label in chosen}}
     return out
 
@@ -1047,7 +1015,7 @@ def plot(data: dict[str, Any], path: Path) -> bool:
     differences = figure_differences(data)
     if not differences:
         return False
-    mining = round2_mining_choice(data)
+    mining = mining_choice(data)
     baseline = f"mnrl@{mining}" if mining else "MNRL"
     names = list(differences)
     rows = max(len(d["baseline"]) for d in differences.values())
@@ -1079,59 +1047,9 @@ def plot(data: dict[str, Any], path: Path) -> bool:
     return True
 
 
-def write_report(data: dict[str, Any], out: Path, figure: bool = False) -> None:
-    """The JSON, its Markdown report, and with ``figure`` the figure (:func:`plot`, ``<out stem>.png``)."""
-    from st_hardneg.reporting import write_json
-
-    write_json(out, data)
-    out.with_suffix(".md").write_text(markdown(data, per_query_runs(out.with_name(out.stem + "_per_query.jsonl"),
-                                                                     data["runs"])))
-    if figure:
-        plot(data, out.with_suffix(".png"))
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--data-dir", default=str(SHARED_DATA))
-    parser.add_argument("--spec", default=str(SPEC), help="the round's study spec (its grid, rows and datasets)")
-    parser.add_argument("--workers", type=int, default=1, help="worker processes on this machine (default: 1)")
-    parser.add_argument("--storage", default=None,
-                        help="the study's storage URL (default: sqlite:///WORK_DIR/study.db); workers on other "
-                             "machines point at the same one")
-    parser.add_argument("--heartbeat", type=int, default=30,
-                        help="seconds between a trial's heartbeats; a trial silent for twice this is run again")
-    parser.add_argument("--model", default=None, help="default: the embedded all-MiniLM-L6-v2")
-    parser.add_argument("--out", default=str(DEFAULT_OUT))
-    parser.add_argument("--cache-dir", default=DEFAULT_CACHE_DIR)
-    parser.add_argument("--work-dir", default=DEFAULT_WORK_DIR, help="the trials' folders and the default storage")
-    parser.add_argument("--eval-batch-size", type=int, default=64)
-    parser.add_argument("--max-steps", type=int, default=-1, help="smoke runs only (changes the protocol's length)")
-    parser.add_argument("--report", action="store_true", help="only rewrite the tables from the JSON")
-    return parser
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    out = Path(args.out)
-    if args.report:
-        if not out.is_file():
-            parser.error(f"--report reads the results file, and there is none at {out}")
-        write_report(json.loads(out.read_text()), out, figure=True)
-        print(out.with_suffix(".md").read_text())
-        return 0
-    try:
-        run_round(args)
-    except ValueError as error:  # a bad spec, storage, worker count or data folder: one line
-        parser.error(str(error))
-    return 0
-
-
-__all__ = ["DEFAULT_OUT", "FIRST", "SPEC", "Method", "Prepared", "ROUND2_TEMPERATURES", "build_loss",
-           "build_parser", "compare_rows", "evaluate", "library_tree", "load_model", "main",
-           "markdown", "mine", "negatives_key", "paired_section", "per_query_by_row", "per_query_runs", "plan",
-           "prepare", "prepared", "round2_protocol", "run_one", "run_round", "run_trial", "summary", "training_data",
-           "write_report", "write_results"]
-
-if __name__ == "__main__":
-    sys.exit(main())
+__all__ = ["DEFAULT_CACHE_DIR", "FIRST", "SPEC", "Options", "Prepared", "build_loss", "compare_rows", "evaluate",
+           "load_model", "markdown", "mine", "mine_left", "negatives_key", "paired_section",
+           "per_query_by_row", "per_query_runs", "plan", "plot", "prepare", "prepared", "run_one", "run_trial",
+           "summary", "training_data", "trial_options", "write_results"]

@@ -136,17 +136,17 @@ def test_the_second_round_retrieval_table_is_its_json():
     """The README's second-round retrieval table is ``retrieval_beir_round2.json``'s: the recipe and the best built-in
     are that file's choices on pooled dev, every cell the mean ± std of the test nDCG@10 over the seeds run (as many
     on both datasets), the last column the mean over the two datasets."""
-    from benchmarks.retrieval_beir_rows import round2_recipe_choice, round2_twin
+    from benchmarks.retrieval_beir_rows import side_choice, twin
     from tests.retrieval_tables import check_rows_are_runs, table_rows
 
     data = json.loads((REPO / "benchmarks" / "results" / "retrieval_beir_round2.json").read_text())
-    recipe, best = round2_recipe_choice(data, builtin=False), round2_recipe_choice(data, builtin=True)
+    recipe, best = side_choice(data, builtin=False), side_choice(data, builtin=True)
     assert (recipe, best) == ("adcse_tied+ctl@t0.01", "gist@rel0.05")
     results = _section("Results")
     head = results[results.index("**Retrieval, second round**"):]
     rows = table_rows(head.split("\n\n")[1])
     labels = {"untrained": "untrained", "MNRL + mined negatives": "mnrl@rel0.05", "GISTEmbedLoss": best,
-              "the recipe's loss without the control": round2_twin(recipe), "st-hardneg recipe": recipe}
+              "the recipe's loss without the control": twin(recipe), "st-hardneg recipe": recipe}
     assert len(rows) == len(labels)
     for label, per_dataset in check_rows_are_runs(rows, labels, data["runs"]).items():
         assert len(set(per_dataset)) == 1, (label, per_dataset)  # as many seeds on both datasets

@@ -13,7 +13,8 @@ study's trials and every table and figure rendered from them (:mod:`benchmarks.s
 ``--set KEY=VALUE`` (a JSON value, else a string) goes into every trial's context beside ``data_dir`` (the shared
 data), ``work_dir`` (the trials' folders and the default storage, ``output/<study>``) and ``provenance`` (the commit
 and library tree of this checkout, recorded with every trial). With nothing left to run, ``--run`` writes nothing
-but the tables and figures.
+but the tables and figures (and, for a spec with a ``write`` hook, which makes its records file from the trials'
+records, that file again: the tables are rendered from what it holds).
 """
 
 from __future__ import annotations
@@ -109,6 +110,9 @@ def run(args: argparse.Namespace) -> dict[Path, str]:
     elif state.left:
         raise ValueError(f"{len(state.left)} trial(s) of {spec.name} are left to run (e.g. {state.left[0]}): run "
                          "with --run, or render a finished study")
+    elif args.run and "write" in spec.report:  # a records file its write hook makes: again from the trials
+        data = r.write_records(args.spec, spec, finished_records(study, spec, failed=True),
+                               study.user_attrs.get("records_meta") or {})
     tables = r.render(args.spec, spec, study, data)
     if not args.check:
         from st_hardneg.reporting import write_text

@@ -14,6 +14,9 @@ import pytest
 from benchmarks import retrieval_beir_round2 as r2
 from benchmarks import retrieval_beir_rows as rows
 
+#: the round's committed records (the spec's ``report.records``)
+RECORDS = r2.SPEC.parent.parent / "results" / "retrieval_beir_round2.json"
+
 
 def write_beir(root: Path, *, dev: bool, seed: int = 0, docs: int = 60, train: int = 30) -> Path:
     """A BEIR folder of distinct texts: ``train`` training queries with 1-4 relevant documents each, 8 test queries
@@ -103,23 +106,22 @@ def test_evaluation_is_graded_per_query_and_shares_the_corpus(tmp_path):
 def test_negatives_key_follows_the_data_model_and_settings(tmp_path):
     prep = r2.prepare("nf", write_beir(tmp_path / "a", dev=True), None, rows.sampling())
     other = r2.prepare("nf", write_beir(tmp_path / "b", dev=True, seed=1), None, rows.sampling())
-    one = r2.negatives_key(prep, "abc", rows.ROUND2_MINING["rel0.05"])
-    two = r2.negatives_key(prep, "abc", rows.ROUND2_MINING["skip10_rel0.05"])
+    one = r2.negatives_key(prep, "abc", rows.MINING_SETTINGS["rel0.05"])
+    two = r2.negatives_key(prep, "abc", rows.MINING_SETTINGS["skip10_rel0.05"])
     assert one["corpus"] == two["corpus"] and one["pairs"] == two["pairs"] and one["mining"] != two["mining"]
-    assert r2.negatives_key(prep, "abd", rows.ROUND2_MINING["rel0.05"])["model"] != one["model"]
-    moved = r2.negatives_key(other, "abc", rows.ROUND2_MINING["rel0.05"])
+    assert r2.negatives_key(prep, "abd", rows.MINING_SETTINGS["rel0.05"])["model"] != one["model"]
+    moved = r2.negatives_key(other, "abc", rows.MINING_SETTINGS["rel0.05"])
     assert moved["corpus"] != one["corpus"] and moved["pairs"] != one["pairs"]
 
 
 def test_a_controlled_rows_guide_is_the_untrained_model_frozen(tiny_model, monkeypatch):
-    import argparse
     import copy
 
     guides = []
     monkeypatch.setattr(r2, "load_model", lambda args, length: guides.append(length) or copy.deepcopy(tiny_model))
     known = {"a query": {"a document"}}
-    method, _ = rows.round2_rows()["focal+ctl@t0.01"]
-    loss = r2.build_loss(method, tiny_model, argparse.Namespace(model=None), known)
+    row = rows.all_rows()["focal+ctl@t0.01"]
+    loss = r2.build_loss(row, tiny_model, r2.Options(), known)
     assert guides == [rows.PROTOCOL["train_max_seq_length"]] and loss.guide is not None
     assert not any(p.requires_grad for p in loss.guide.parameters()) and not loss.guide.training
     assert (loss.temperature, loss.margin, loss.margin_strategy) == (0.01, 0.05, "relative")
@@ -130,28 +132,27 @@ def test_a_controlled_rows_guide_is_the_untrained_model_frozen(tiny_model, monke
 def test_the_control_rows_are_the_recipes_control_beside_the_same_loss_without_it():
     from st_hardneg.training.recipe import control_kwargs
 
-    every = rows.round2_rows()
-    for key, (loss, base, _, own) in rows.ROUND2_LOSSES.items():
-        with_control, setting = every[f"{key}+ctl"]
-        assert setting == rows.OURS_MINING and with_control.loss == loss
-        assert with_control.guided and with_control.known_positives
-        assert with_control.kwargs == {**base, "temperature": 0.05, **control_kwargs(loss)}
-        without, _ = every[key]
-        assert not (without.guided or without.known_positives) and without.kwargs == {**base, "temperature": 0.05}
-        assert every[f"{key}+ctl@t0.01"][0].kwargs["temperature"] == 0.01
-        option = every[rows.round2_label(key, temperature=0.01, option=True)][0].kwargs
+    every = rows.all_rows()
+    for key, (loss, base, _, own) in rows.LOSSES.items():
+        with_control = every[f"{key}+ctl"]
+        assert with_control.extra["mining"] == rows.OURS_MINING and with_control.loss == loss
+        assert with_control.control  # the frozen untrained model as guide, the training qrels as known positives
+        assert with_control.options == {**base, "temperature": 0.05, **control_kwargs(loss)}
+        without = every[key]
+        assert not without.control and without.options == {**base, "temperature": 0.05}
+        assert every[f"{key}+ctl@t0.01"].options["temperature"] == 0.01
+        option = every[rows.row_label(key, temperature=0.01, option=True)].options
         assert option == {**base, **own, "temperature": 0.01, **control_kwargs(loss)}
-        assert rows.round2_twin(f"{key}+ctl@t0.01") == f"{key}@t0.01" and rows.round2_key(f"{key}@t0.01") == key
-    assert every["adcse_tied+ctl"][0].kwargs["untied"] is False  # AdCSE's tied form: both sides get gradient
-    assert every["mnrl@pairs"] == (rows.BUILTIN["mnrl"], "pairs") and rows.round2_key("gist@rel0.05") is None
+        assert rows.twin(f"{key}+ctl@t0.01") == f"{key}@t0.01" and rows.loss_key(f"{key}@t0.01") == key
+    assert every["adcse_tied+ctl"].options["untied"] is False  # AdCSE's tied form: both sides get gradient
+    pairs = every["mnrl@pairs"]
+    assert (pairs.loss, pairs.options, pairs.control) == (rows.BUILTINS["mnrl"].loss, {}, False)
+    assert pairs.extra == {"mining": "pairs", "builtin": True} and rows.loss_key("gist@rel0.05") is None
 
 
 def test_the_control_reaches_the_loss(tiny_model):
-    import argparse
-
-
-    method, _ = rows.round2_rows()["hncse_hnm+ctl"]
-    loss = r2.build_loss(method, tiny_model, argparse.Namespace(model=None), {"a query": {"a document"}})
+    row = rows.all_rows()["hncse_hnm+ctl"]
+    loss = r2.build_loss(row, tiny_model, r2.Options(), {"a query": {"a document"}})
     assert loss.guide is not None and loss.known_positives is not None
     assert (loss.margin, loss.margin_strategy, loss.temperature) == (0.05, "relative", 0.05)
 
@@ -199,22 +200,40 @@ def test_the_plan_screens_first_and_chooses_on_pooled_dev_only():
     data = {"runs": runs}
     items = list(r2.plan(data))
     assert ("scifact", "focal+ctl@t0.01,m0.5", 0) in items and ("scifact", "focal+ctl@m0.5", 0) not in items
-    assert rows.round2_mining_choice(data) == "pairs" and ("nfcorpus", "gist@pairs", 0) in items
-    assert rows.round2_loss_choice(data, "focal") == "focal+ctl@t0.01"  # dev 45 beats 40, whatever the test says
+    assert rows.mining_choice(data) == "pairs" and ("nfcorpus", "gist@pairs", 0) in items
+    assert rows.loss_choice(data, "focal") == "focal+ctl@t0.01"  # dev 45 beats 40, whatever the test says
     assert ("nfcorpus", "focal@t0.01", 0) in items  # the chosen configuration without the control
     assert items[-1][0] == "nfcorpus_long"
 
 
-def _tiny_spec(tmp_path, labels=("focal+ctl",), seeds=(0,)):
-    """The round's spec cut to ``labels`` on both datasets at ``seeds`` (its trial, rows and datasets as they are)."""
+def _spec_here(tmp_path, stem, **changes):
+    """The round's spec in ``tmp_path`` (its trial, hooks and renderers as they are) with ``changes``, its records,
+    per-query file, report and figure ``tmp_path/<stem>.*``."""
     spec = json.loads(r2.SPEC.read_text())
-    spec.update(name="tiny", rows={label: spec["rows"][label] for label in labels},
-                datasets={name: spec["datasets"][name] for name in r2.MAIN},
-                grid=[{"datasets": list(r2.MAIN), "rows": list(labels), "seeds": list(seeds)}],
-                choice={**spec["choice"], "baseline": labels[0]})
+    spec.update(changes)
+    outputs = [{**o, "file": f"{stem}{Path(o['file']).suffix}"} for o in spec["report"]["outputs"]]
+    spec["report"] = {**spec["report"], "records": f"{stem}.json", "per_query": f"{stem}_per_query.jsonl",
+                      "outputs": outputs}
     path = tmp_path / "spec.json"
     path.write_text(json.dumps(spec))
     return path
+
+
+def _tiny_spec(tmp_path, labels=("focal+ctl",), seeds=(0,)):
+    """The round's spec cut to ``labels`` on both datasets at ``seeds`` (its trial, rows and datasets as they are),
+    its files ``tmp_path/r.*``."""
+    spec = json.loads(r2.SPEC.read_text())
+    return _spec_here(tmp_path, "r", name="tiny", rows={label: spec["rows"][label] for label in labels},
+                      datasets={name: spec["datasets"][name] for name in r2.MAIN},
+                      grid=[{"datasets": list(r2.MAIN), "rows": list(labels), "seeds": list(seeds)}],
+                      choice={**spec["choice"], "baseline": labels[0]})
+
+
+def runner(*argv):
+    """The one runner, ``python -m benchmarks.studies ARGV``."""
+    from benchmarks.studies.__main__ import main
+
+    return main(list(argv))
 
 
 def _check_consistent(out):
@@ -236,6 +255,9 @@ def _check_consistent(out):
 
 
 def test_runs_resume_record_their_commit_and_render_from_the_json(tmp_path, monkeypatch):
+    pytest.importorskip("optuna")
+    from st_hardneg.training.studies.engine import provenance
+
     write_beir(tmp_path / "data" / "retrieval" / "scifact", dev=False)
     write_beir(tmp_path / "data" / "retrieval" / "nfcorpus", dev=True)
     ran = []
@@ -248,20 +270,30 @@ def test_runs_resume_record_their_commit_and_render_from_the_json(tmp_path, monk
                  "median_step_seconds": 0.1, "steps": 1, "eval_seconds": 1.0, **scores},
                 {role: {f"{prep.name}-{label}-{seed}": score} for role in roles})
 
+    mined = []
+
+    def fake_training_data(spec, name, setting, context):
+        mined.append((name, setting, context["cache_dir"], len(ran)))
+        return None, {"triplets": 0, "pairs": 1, "mining_seconds": 0.0}
+
     monkeypatch.setattr(r2, "run_one", fake_run_one)
-    monkeypatch.setattr(r2, "training_data", lambda spec, name, setting, context: (
-        None, {"triplets": 0, "pairs": 1, "mining_seconds": 0.0}))
+    monkeypatch.setattr(r2, "training_data", fake_training_data)
     out = tmp_path / "r.json"
-    argv = ["--data-dir", str(tmp_path / "data"), "--out", str(out), "--spec", str(_tiny_spec(tmp_path)),
-            "--work-dir", str(tmp_path / "work")]
-    assert r2.main(argv) == 0 and r2.main(argv) == 0
+    argv = [str(_tiny_spec(tmp_path)), "--run", "--data-dir", str(tmp_path / "data"), "--work-dir",
+            str(tmp_path / "work"), "--set", f"cache_dir={tmp_path / 'cache'}", "-q"]
+    assert runner(*argv) == 0 and runner(*argv) == 0
     # the engine's order, each once: the second call skipped both
     assert sorted(ran) == sorted([("scifact", "focal+ctl", 0), ("nfcorpus", "focal+ctl", 0)])
+    # the spec's prepare hook mined each dataset's negatives before any trial ran (then each trial read them)
+    cache = str(tmp_path / "cache")
+    assert mined[:2] == [("scifact", "top1_nomargin", cache, 0), ("nfcorpus", "top1_nomargin", cache, 0)]
+    assert len(mined) == 4
     data, items = _check_consistent(out)
     assert sorted(items) == sorted(ran)
     assert data["commits"] and all(r["commit"] == data["commits"][0] for r in data["runs"])
-    assert data["commits"] == [r2.commit()] and {r["library"] for r in data["runs"]} == {r2.library_tree("HEAD")}
-    assert data["library_trees"][r2.commit()] == r2.library_tree("HEAD")
+    here = provenance()
+    assert data["commits"] == [here["commit"]] and {r["library"] for r in data["runs"]} == {here["library"]}
+    assert data["library_trees"][here["commit"]] == here["library"]
     assert set(data["datasets"]) == set(r2.MAIN) and set(data["negatives"]) == {f"{n}/top1_nomargin" for n in r2.MAIN}
     assert out.with_suffix(".md").read_text() == r2.markdown(data, r2.per_query_runs(
         out.with_name("r_per_query.jsonl")))
@@ -271,16 +303,95 @@ def test_runs_resume_record_their_commit_and_render_from_the_json(tmp_path, monk
     assert text.split(r2.SUMMARY_START)[1].split(r2.SUMMARY_END)[0].strip() == r2.summary(data)
     assert text.split(r2.SHAPES_START)[1].split(r2.SHAPES_END)[0].strip() == r2.shape_table(data)
     assert r2.LONG_START not in text  # no run of the longer protocol: no table to include
+    assert (tmp_path / "r.png").read_bytes()[:4] == b"\x89PNG"  # the figure, drawn by the runner
+    assert runner(*argv, "--check") == 0  # nothing left: the same report
+
+
+@pytest.mark.parametrize(("setting", "data", "message"), [
+    ("max_steps=four", True, "--set max_steps expects an integer of at least -1, got 'four'"),
+    ("eval_batch_size=0", True, "--set eval_batch_size expects an integer of at least 1, got 0"),
+    ("max_steps=1", False, "dataset 'scifact' of tiny: no BEIR folder at "),
+])
+def test_bad_options_and_a_missing_folder_are_refused_in_one_line_before_any_model(tmp_path, monkeypatch, capsys,
+                                                                                    setting, data, message):
+    pytest.importorskip("optuna")
+    if data:
+        write_beir(tmp_path / "data" / "retrieval" / "scifact", dev=False)
+        write_beir(tmp_path / "data" / "retrieval" / "nfcorpus", dev=True)
+
+    def no_model(*args, **kwargs):
+        raise AssertionError("no model loads for bad input")
+
+    monkeypatch.setattr(r2, "load_model", no_model)
+    with pytest.raises(SystemExit) as stop:
+        runner(str(_tiny_spec(tmp_path)), "--run", "--data-dir", str(tmp_path / "data"), "--work-dir",
+               str(tmp_path / "work"), "--set", setting, "-q")
+    assert stop.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert message in err[-1] and not (tmp_path / "r.json").exists()
+
+
+def test_a_tiny_round_runs_its_own_trial_through_the_runner(tmp_path):
+    """The spec's trial for real on a tiny model (``--set model=... max_steps=1``): the published model's record is
+    the protocol's evaluation of that model; a trained row's record (MNRL on the pairs: a tiny random model's mined
+    negatives repeat too often to fill a batch without duplicates) is its row's configuration, one step, and the
+    per-query scores it points to average to its dev and test nDCG@10."""
+    pytest.importorskip("optuna")
+    from st_hardneg.models import resolve_model
+    from st_hardneg.testing.fixtures import make_text_model_dir
+
+    roots = {"scifact": write_beir(tmp_path / "data" / "retrieval" / "scifact", dev=False, docs=200, train=80),
+             "nfcorpus": write_beir(tmp_path / "data" / "retrieval" / "nfcorpus", dev=True, seed=1, docs=200,
+                                    train=80)}  # enough distinct texts for a batch of 32 without duplicates
+    texts = [line["text"] for root in roots.values() for name in ("corpus.jsonl", "queries.jsonl")
+             for line in map(json.loads, (root / name).read_text().splitlines())]
+    model = make_text_model_dir(tmp_path / "model", texts)
+    spec = json.loads(r2.SPEC.read_text())
+    labels = ("untrained", "mnrl@pairs")
+    path = _spec_here(tmp_path, "r", name="tiny-real", rows={label: spec["rows"][label] for label in labels},
+                      datasets={name: spec["datasets"][name] for name in r2.MAIN},
+                      grid=[{"datasets": list(r2.MAIN), "rows": ["untrained"], "seeds": [None]},
+                            {"datasets": list(r2.MAIN), "rows": ["mnrl@pairs"], "seeds": [0]}],
+                      choice={**spec["choice"], "baseline": "mnrl@pairs"})
+    assert runner(str(path), "--run", "--data-dir", str(tmp_path / "data"), "--work-dir", str(tmp_path / "work"),
+                  "--set", f"model={model}", "--set", "max_steps=1", "--set", f"cache_dir={tmp_path / 'cache'}",
+                  "--set", "eval_batch_size=16", "-q") == 0
+    data = json.loads((tmp_path / "r.json").read_text())
+    by = {(r["dataset"], r["method"]): r for r in data["runs"]}
+    assert sorted(by) == sorted((name, label) for name in r2.MAIN for label in labels)
+    lines = {(line["dataset"], line["method"]): line for line in r2.per_query_runs(tmp_path / "r_per_query.jsonl",
+                                                                                    data["runs"])}
+    for name, root in roots.items():
+        prep = r2.prepare(name, root, rows.DEV_FRACTION if name == "scifact" else None, rows.sampling())
+        untrained = by[(name, "untrained")]
+        means, _ = r2.evaluate(resolve_model(str(model), pooling="mean",
+                                             max_seq_length=rows.PROTOCOL["eval_max_seq_length"]),
+                               prep, ("dev", "test"), 16)
+        assert untrained["dev"] == means["dev"] and untrained["test"] == means["test"]
+        trained = by[(name, "mnrl@pairs")]
+        assert (trained["loss"], trained["options"], trained["known_positives"], trained["builtin"]) == (
+            "mnrl", {}, False, True)
+        assert (trained["steps"], trained["batch_size"], trained["mining"]) == (1, 32, "pairs")
+        assert data["negatives"][f"{name}/pairs"] == {"triplets": 0, "pairs": len(prep.split.train_pairs),
+                                                      "mining_seconds": 0.0}
+        assert len(prep.split.train_pairs) == data["datasets"][name]["sampled_pairs"]
+        scores = lines[(name, "mnrl@pairs")]["ndcg@10"]
+        for role in ("dev", "test"):
+            assert trained[role]["ndcg@10"] == pytest.approx(statistics.fmean(scores[role].values()), abs=1e-3)
+    assert (tmp_path / "r.md").read_text() == r2.markdown(data, r2.per_query_runs(tmp_path / "r_per_query.jsonl",
+                                                                                   data["runs"]))
 
 
 def test_the_committed_round2_report_is_its_json():
-    out = r2.DEFAULT_OUT
+    from st_hardneg.training.studies.spec import load_spec
+
+    out = RECORDS
     if not out.is_file():
         pytest.skip("no second-round results committed yet")
     data = json.loads(out.read_text())
     per_query = r2.per_query_runs(out.with_name(out.stem + "_per_query.jsonl"))
     assert out.with_suffix(".md").read_text() == r2.markdown(data, per_query)
-    assert data["protocol"] == r2.round2_protocol()
+    assert data["protocol"] == rows.PROTOCOL == dict(load_spec(r2.SPEC).protocol)
     finished = [r for r in data["runs"] if "test" in r and "source" not in r]
     assert all(r.get("commit") and r.get("train_seconds") and r.get("median_step_seconds") for r in finished)
 
@@ -294,20 +405,20 @@ def test_a_tie_is_settled_on_three_seeds_and_the_recipe_gets_five_paired_seeds(t
                       for s, v in enumerate(values) for name, d in (("scifact", 1.0), ("nfcorpus", -1.0))]}
     (tmp_path / "first.json").write_text(json.dumps(first))
     spreads = [np.std([40.0, 41.0, 43.0], ddof=1), np.std([50.0, 50.5, 50.0], ddof=1)]  # "c": 2 seeds, left out
-    assert rows.round2_dev_sd(tmp_path / "first.json") == pytest.approx(np.median(spreads))
-    sd = rows.round2_dev_sd()
-    configs = rows.round2_loss_configs("focal")
+    assert rows.dev_sd(tmp_path / "first.json") == pytest.approx(np.median(spreads))
+    sd = rows.dev_sd()
+    configs = rows.loss_configs("focal")
     # seed 0: focal+ctl@t0.01 leads focal+ctl by less than two dev standard deviations, the option by more
     runs = [_run(n, configs[0], 45.0) for n in r2.MAIN] + [_run(n, configs[2], 45.0 + sd) for n in r2.MAIN]
     runs += [_run(n, configs[3], 45.0 - 3 * sd) for n in r2.MAIN]
-    runs += [_run(n, f"mnrl@{s}", 40.0 - i) for n in r2.MAIN for i, s in enumerate(rows.ROUND2_MINING)]
+    runs += [_run(n, f"mnrl@{s}", 40.0 - i) for n in r2.MAIN for i, s in enumerate(rows.MINING_SETTINGS)]
     data = {"runs": runs}
-    assert rows.round2_tied(data, configs) == [configs[2], configs[0]]
+    assert rows.tied(data, configs) == [configs[2], configs[0]]
     # at most the best three of a tie go to three seeds
-    many = {"runs": [_run(n, f"mnrl@{s}", 40.0 - 0.01 * i) for n in r2.MAIN for i, s in enumerate(rows.ROUND2_MINING)]}
-    assert rows.round2_tied(many, [f"mnrl@{s}" for s in rows.ROUND2_MINING]) == [
-        f"mnrl@{s}" for s in list(rows.ROUND2_MINING)[:rows.TIE_CAP]] and rows.TIE_CAP == 3
-    assert rows.round2_loss_choice(data, "focal") == configs[2]  # seed 0 until the tie is settled
+    many = {"runs": [_run(n, f"mnrl@{s}", 40.0 - 0.01 * i) for n in r2.MAIN for i, s in enumerate(rows.MINING_SETTINGS)]}
+    assert rows.tied(many, [f"mnrl@{s}" for s in rows.MINING_SETTINGS]) == [
+        f"mnrl@{s}" for s in list(rows.MINING_SETTINGS)[:rows.TIE_CAP]] and rows.TIE_CAP == 3
+    assert rows.loss_choice(data, "focal") == configs[2]  # seed 0 until the tie is settled
     items = list(r2.plan(data))
     assert [i for i in items if i[1] in configs and i[2]][:8] == [(n, label, seed) for seed in (1, 2) for label in
                                                                   (configs[2], configs[0]) for n in r2.MAIN]
@@ -317,12 +428,12 @@ def test_a_tie_is_settled_on_three_seeds_and_the_recipe_gets_five_paired_seeds(t
     # seeds 1-2: the runner-up at seed 0 is better over the three seeds, so it is chosen
     data["runs"] += [_run(n, configs[0], 46.0, seed=s) for n in r2.MAIN for s in (1, 2)]
     data["runs"] += [_run(n, configs[2], 44.0, seed=s) for n in r2.MAIN for s in (1, 2)]
-    assert rows.round2_settled(data, configs[0]) == pytest.approx((45.0 + 46.0 + 46.0) / 3)
-    assert rows.round2_loss_choice(data, "focal") == configs[0]
+    assert rows.settled(data, configs[0]) == pytest.approx((45.0 + 46.0 + 46.0) / 3)
+    assert rows.loss_choice(data, "focal") == configs[0]
     items = list(r2.plan(data))
     assert ("scifact", "focal", 0) in items  # the chosen configuration without the control
     # the recipe (st-hardneg's best, here the only loss run), the best built-in and MNRL on the mining: seeds 0-4
-    recipe, best = rows.round2_recipe_choice(data, False), rows.round2_recipe_choice(data, True)
+    recipe, best = rows.side_choice(data, False), rows.side_choice(data, True)
     assert (recipe, best) == (configs[0], "mnrl@rel0.05")
     for label in (recipe, best):
         assert {i[2] for i in items if i[1] == label and i[0] in r2.MAIN} >= set(r2.PAIRED_SEEDS)
@@ -385,7 +496,7 @@ def test_the_committed_figure_draws_each_seeds_paired_difference_on_axes_that_ho
         return {r["seed"]: r["test"]["ndcg@10"] for r in data["runs"] if r["dataset"] == name
                 and r["method"] == label and "test" in r and "failed" not in r}
 
-    chosen = [r2.round2_loss_choice(data, key) for key in r2.ROUND2_LOSSES]
+    chosen = [r2.loss_choice(data, key) for key in r2.LOSSES]
     assert chosen == ["focal+ctl@t0.01", "mixcse+ctl", "hncse_hnm+ctl@t0.01", "hncse_pm+ctl", "adcse_tied+ctl@t0.01"]
     axes = _figure_axes(monkeypatch, data, tmp_path / "a.png")
     assert len(axes) == 2 * len(r2.MAIN)
@@ -393,9 +504,9 @@ def test_the_committed_figure_draws_each_seeds_paired_difference_on_axes_that_ho
         base = scores(name, "mnrl@rel0.05")
         expected = {"baseline": {label: [v - base[s] for s, v in sorted(scores(name, label).items())]
                                  for label in [*chosen, "gist@rel0.05"]},
-                    "control": {label: [v - scores(name, r2.round2_twin(label))[s]
+                    "control": {label: [v - scores(name, r2.twin(label))[s]
                                         for s, v in sorted(scores(name, label).items())
-                                        if s in scores(name, r2.round2_twin(label))] for label in chosen}}
+                                        if s in scores(name, r2.twin(label))] for label in chosen}}
         for ax, key in ((left, "baseline"), (right, "control")):
             dots = [x for c in ax.collections if isinstance(c, PathCollection) for x, _ in c.get_offsets()]
             assert sorted(dots) == pytest.approx(sorted(v for d in expected[key].values() for v in d)), (name, key)
@@ -481,10 +592,10 @@ def test_the_benchmarks_control_is_the_librarys():
     """``+ctl`` rows train with what ``controlled_loss`` (``st-hardneg train --task beir --control``) gives a user."""
     from st_hardneg.training import recipe
 
-    for key, (loss, _, _, _) in rows.ROUND2_LOSSES.items():
-        method = rows.round2_method(key)
-        assert method.guided and method.known_positives
-        assert {key: method.kwargs[key] for key in recipe.control_kwargs(loss)} == recipe.control_kwargs(loss)
+    for key, (loss, _, _, _) in rows.LOSSES.items():
+        row = rows.loss_row(key)
+        assert row.control
+        assert {key: row.options[key] for key in recipe.control_kwargs(loss)} == recipe.control_kwargs(loss)
         assert recipe.control_kwargs(loss)["margin"] == rows.REL["margin"]
 
 
@@ -557,9 +668,8 @@ def test_the_report_reads_only_the_per_query_rows_its_records_point_to(tmp_path)
 
 
 def test_each_of_st_hardnegs_rows_is_a_library_recipe_that_builds_the_rows_loss(tiny_model, monkeypatch):
-    """``round2_recipe(label)`` as ``RETRIEVAL_RECIPE``: ``recipe_loss`` builds the loss the benchmark trains that
+    """``library_recipe(label)`` as ``RETRIEVAL_RECIPE``: ``recipe_loss`` builds the loss the benchmark trains that
     row with (class and options; the guide a frozen copy of the untrained model), on the row's negatives."""
-    import argparse
     import copy
 
     from st_hardneg.training import recipe
@@ -567,34 +677,34 @@ def test_each_of_st_hardnegs_rows_is_a_library_recipe_that_builds_the_rows_loss(
 
     monkeypatch.setattr(r2, "load_model", lambda args, length: copy.deepcopy(tiny_model))
     known = {"a query": {"a document"}}
-    ours = [label for label in rows.round2_rows() if rows.round2_key(label)]
+    ours = [label for label in rows.all_rows() if rows.loss_key(label)]
     assert len(ours) == 5 * 2 * 2 * 2  # each loss with and without the control, at 2 temperatures, with its option
     for label in ours:
-        spec = rows.round2_recipe(label)
-        method, setting = rows.round2_rows()[label]
-        assert check_mining(spec["mining"]) == {**MINING, **rows.LIBRARY_MINING[setting]}
+        spec = rows.library_recipe(label)
+        row = rows.all_rows()[label]
+        assert check_mining(spec["mining"]) == {**MINING, **rows.LIBRARY_MINING[row.extra["mining"]]}
         assert set(spec) == set(recipe.RETRIEVAL_RECIPE)
         monkeypatch.setattr(recipe, "RETRIEVAL_RECIPE", spec)
         library = recipe.recipe_loss(copy.deepcopy(tiny_model), known)
-        benchmark = r2.build_loss(method, copy.deepcopy(tiny_model), argparse.Namespace(model=None), known)
+        benchmark = r2.build_loss(row, copy.deepcopy(tiny_model), r2.Options(), known)
         assert type(library) is type(benchmark), label
         assert library.get_config_dict() == benchmark.get_config_dict(), label
-        assert (library.guide is None) == (benchmark.guide is None) == (not method.guided), label
-        assert (library.known_positives is None) == (not method.known_positives), label
+        assert (library.guide is None) == (benchmark.guide is None) == (not row.control), label
+        assert (library.known_positives is None) == (not row.control), label
     with pytest.raises(ValueError, match="'mnrl@pairs' is not one of st-hardneg's round-2 rows"):
-        rows.round2_recipe("mnrl@pairs")
+        rows.library_recipe("mnrl@pairs")
 
 
 def test_the_library_recipe_is_the_second_rounds_choice():
     """``RETRIEVAL_RECIPE`` is the recipe the committed second round chose on pooled dev (st-hardneg's side, ties
-    settled on 3 seeds), in the library's terms (:func:`rows.round2_recipe`: loss, options, control, negatives,
+    settled on 3 seeds), in the library's terms (:func:`rows.library_recipe`: loss, options, control, negatives,
     training values)."""
     from st_hardneg.training.recipe import RETRIEVAL_RECIPE
 
-    committed = json.loads(r2.DEFAULT_OUT.read_text())
-    chosen = rows.round2_recipe_choice(committed, builtin=False)
+    committed = json.loads(RECORDS.read_text())
+    chosen = rows.side_choice(committed, builtin=False)
     assert chosen == "adcse_tied+ctl@t0.01"
-    assert RETRIEVAL_RECIPE == rows.round2_recipe(chosen)
+    assert RETRIEVAL_RECIPE == rows.library_recipe(chosen)
     # the tie it came out of was settled: every tied configuration ran at each tie seed on both datasets
     done = {(r["dataset"], r["method"], r["seed"]) for r in committed["runs"] if r["stage"] == "main"}
     assert all((d, chosen, s) in done for d in ("scifact", "nfcorpus") for s in rows.TIE_SEEDS)
@@ -658,7 +768,7 @@ def test_the_longer_protocols_best_row_on_dev_is_one_command(tiny_model, monkeyp
 
     from st_hardneg.training import recipe
 
-    data = json.loads(r2.DEFAULT_OUT.read_text())
+    data = json.loads(RECORDS.read_text())
     long = {label: r2._runs(data, r2.LONG, label)
             for label in dict.fromkeys(r["method"] for r in data["runs"] if r["dataset"] == r2.LONG)}
     assert sorted(long) == sorted(["mixcse+ctl", "adcse_tied+ctl@t0.01", "gist@rel0.05", "mnrl@skip10_rel0.05"])
@@ -667,7 +777,7 @@ def test_the_longer_protocols_best_row_on_dev_is_one_command(tiny_model, monkeyp
     assert best == "mixcse+ctl"
     known = {"a query": {"a document"}}
     command = recipe.controlled_loss("mixcse_two_way", copy.deepcopy(tiny_model), known, partner="explicit")
-    monkeypatch.setattr(recipe, "RETRIEVAL_RECIPE", rows.round2_recipe(best))
+    monkeypatch.setattr(recipe, "RETRIEVAL_RECIPE", rows.library_recipe(best))
     row = recipe.recipe_loss(copy.deepcopy(tiny_model), known)
     assert type(command) is type(row) and command.get_config_dict() == row.get_config_dict()
 
@@ -675,29 +785,41 @@ def test_the_longer_protocols_best_row_on_dev_is_one_command(tiny_model, monkeyp
 def test_the_specs_grid_is_the_points_the_plan_reaches_from_the_rounds_records():
     from st_hardneg.training.studies.spec import load_spec
 
-    data = json.loads(r2.DEFAULT_OUT.read_text())
+    data = json.loads(RECORDS.read_text())
     spec = load_spec(r2.SPEC)
     trained = [(p.dataset, p.row, p.seed) for p in spec.points() if spec.rows[p.row].loss is not None]
     assert len(trained) == len(set(trained)) == 154
     assert set(r2.plan(data)) == set(trained)
     assert spec.trial == "benchmarks.retrieval_beir_round2:run_trial"
-    for label, row in spec.rows.items():  # each trained row's mining is the round's own row's
+    for label, row in spec.rows.items():  # each trained row is the round's own row: loss, options, control, mining
         if row.loss is not None:
-            assert rows.round2_rows()[label][1] == row.extra["mining"], label
+            assert rows.all_rows()[label].config() == row.config(), label
+            assert rows.all_rows()[label].extra["mining"] == row.extra["mining"], label
 
 
 def test_the_committed_round_run_with_nothing_left_rewrites_its_files_byte_for_byte(tmp_path, monkeypatch):
     pytest.importorskip("optuna")
-    names = [r2.DEFAULT_OUT.name, f"{r2.DEFAULT_OUT.stem}_per_query.jsonl", r2.DEFAULT_OUT.with_suffix(".md").name]
+    from benchmarks.studies.render import import_study
+    from st_hardneg.training.studies.engine import finished_records
+
+    names = [RECORDS.name, f"{RECORDS.stem}_per_query.jsonl", RECORDS.with_suffix(".md").name]
     for name in names:
-        (tmp_path / name).write_bytes((r2.DEFAULT_OUT.parent / name).read_bytes())
+        (tmp_path / name).write_bytes((RECORDS.parent / name).read_bytes())
+    spec_path = _spec_here(tmp_path, RECORDS.stem)
 
     def no_run(*args, **kwargs):
         raise AssertionError("a finished round runs no trial")
 
     monkeypatch.setattr(r2, "run_one", no_run)
     monkeypatch.setattr(r2, "training_data", no_run)
-    assert r2.main(["--out", str(tmp_path / names[0]), "--work-dir", str(tmp_path / "work"),
-                    "--data-dir", str(tmp_path / "no-data")]) == 0
-    for name in names:  # the 156 records imported as finished trials and written back from the study
-        assert (tmp_path / name).read_bytes() == (r2.DEFAULT_OUT.parent / name).read_bytes(), name
+    assert runner(str(spec_path), "--run", "--work-dir", str(tmp_path / "work"), "--data-dir",
+                  str(tmp_path / "no-data"), "-q") == 0
+    for name in names:  # nothing left to run: the files as committed, the report rendered from the records
+        assert (tmp_path / name).read_bytes() == (RECORDS.parent / name).read_bytes(), name
+    # the 156 records imported as finished trials and written back from the study (the spec's write hook)
+    spec, study = import_study(spec_path)
+    data = r2.write_results(finished_records(study, spec, failed=True), study.user_attrs["records_meta"],
+                            tmp_path / names[0])
+    assert data == json.loads(RECORDS.read_text())
+    for name in names:
+        assert (tmp_path / name).read_bytes() == (RECORDS.parent / name).read_bytes(), name

@@ -75,3 +75,33 @@ def test_the_specs_rows_are_the_configurations_the_records_ran(imported, records
     points = {point.key for point in spec.points()}
     assert points == {f"{r['dataset']}/{r['method']}/{'-' if r['seed'] is None else r['seed']}"
                       for r in records["runs"]}
+
+
+def test_the_specs_protocol_rows_and_hooks_are_the_rounds_own(imported, records):
+    """The spec states the round's protocol (what its records file holds), each trained row as the round's module
+    defines it (loss, options, control, mining), and the runner's hooks: its trial, the mining before the workers,
+    the records file with its per-query file, and the report's renderers."""
+    from benchmarks import retrieval_beir_round2 as r2
+    from benchmarks import retrieval_beir_rows as rows
+    from benchmarks.studies.render import hook
+
+    spec, _ = imported
+    assert dict(spec.protocol) == rows.PROTOCOL == records["protocol"]
+    every = rows.all_rows()
+    for label, row in spec.rows.items():
+        if row.loss is None:
+            assert label == "untrained" and label not in every
+            continue
+        assert every[label].config() == row.config(), label
+    assert hook(spec.trial) is r2.run_trial
+    assert hook(spec.report["prepare"]) is r2.mine_left and hook(spec.report["write"]) is r2.write_results
+    assert [hook(o["renderer"]) for o in spec.report["outputs"]] == [r2.markdown, r2.plot]
+    # the per-query file the write hook keeps beside the records is the one the renderer reads
+    assert SPEC.parent.joinpath(spec.report["per_query"]).resolve() == RESULTS / "retrieval_beir_round2_per_query.jsonl"
+
+
+def test_the_runner_checks_the_committed_tables_identical(capsys):
+    from benchmarks.studies.__main__ import main
+
+    assert main([str(SPEC), "--check"]) == 0
+    assert capsys.readouterr().out == "retrieval_beir_round2.md: identical\n"
