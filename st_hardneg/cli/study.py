@@ -189,7 +189,10 @@ def cmd_study(args: argparse.Namespace) -> int:
     from st_hardneg.training.studies.report import write_report
 
     output = Path(args.output_dir).resolve()
-    context = {"output_dir": str(output), "cache_dir": str(output / "cache"), "model": spec.protocol.get("model"),
+    # the model: --model, else a BEIR spec's protocol "model" (a benchmark's own trial reads its protocol itself:
+    # there "model" describes the records, e.g. "all-MiniLM-L6-v2 as published", and is no name to load)
+    model = args.model if args.model is not None else (spec.protocol.get("model") if spec.trial is None else None)
+    context = {"output_dir": str(output), "cache_dir": str(output / "cache"), "model": model,
                "data_root": args.data_root or os.environ.get("ST_HARDNEG_DATA"),
                "eval_batch_size": args.eval_batch_size}
     keys = [point.key for point in spec.points()]

@@ -64,3 +64,29 @@ def test_two_workers_run_a_named_trial_and_record_each_point_once(tmp_path):
     # run again: nothing is left, nothing runs twice
     assert sorted(run_study(spec, url, None, {"log": str(log)}, heartbeat=5).done) == sorted(state.done)
     assert len(log.read_text().split()) == 2
+
+
+def test_a_benchmark_specs_protocol_model_is_a_description_not_the_model_to_load(tmp_path, monkeypatch):
+    """``st-hardneg study --spec`` with a benchmark's own trial: its protocol's ``model`` describes its records
+    ("all-MiniLM-L6-v2 as published"), so the trial gets the model only from ``--model``; a BEIR spec's protocol
+    ``model`` is the model."""
+    import json
+
+    from optuna.trial import TrialState
+
+    from st_hardneg import cli
+    from st_hardneg.testing.beir import make_tiny_beir
+    from st_hardneg.training.studies.engine import open_storage, open_study
+
+    raw = {**_spec(trial="tests.studies.trials:model_trial", seeds=(0,)),
+           "protocol": {"model": "all-MiniLM-L6-v2 as published (a description)"}}
+    path = tmp_path / "spec.json"
+    path.write_text(json.dumps(raw))
+    make_tiny_beir(tmp_path / "tiny")
+    monkeypatch.setenv("ST_HARDNEG_DATA", str(tmp_path))
+    for out, extra, expected in (("a", [], None), ("b", ["--model", "/some/model"], "/some/model")):
+        argv = ["study", "-q", "--spec", str(path), "--output-dir", str(tmp_path / out), *extra]
+        assert cli.main(argv) == 0
+        study = open_study(spec_from_dict(raw), open_storage(f"sqlite:///{tmp_path / out / 'study.db'}"))
+        trials = [t for t in study.get_trials() if t.state == TrialState.COMPLETE]
+        assert [t.user_attrs["record"]["model"] for t in trials] == [expected]

@@ -35,3 +35,9 @@ def table(data: Mapping[str, Any]) -> str:
 def figure(data: Mapping[str, Any], path: Path) -> None:
     """A benchmark's figure: here a text file naming how many records it drew."""
     path.write_text(f"{len(data['runs'])} records\n")
+
+
+def model_trial(spec: Any, point: Any, context: Mapping[str, Any]) -> dict[str, Any]:
+    """:func:`fast_trial` (its log in the study's output folder), recording the model its context gives."""
+    log = Path(context["output_dir"]) / "ran.txt"
+    return {**fast_trial(spec, point, {**context, "log": str(log)}), "model": context.get("model")}
