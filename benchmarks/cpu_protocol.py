@@ -387,8 +387,8 @@ def row_label(method: str, runs: list[dict[str, Any]]) -> str:
     """The name a row of the table and the figure is shown under: today's registry name of the loss its runs trained,
     read from their record (:func:`benchmarks.methods.recorded_loss`: a ``mixcse`` run with both directions is
     ``mixcse_two_way``, the form ``--loss mixcse`` no longer builds), with the options it adds to that loss's
-    defaults in the ``--variant`` form ``loss:key=value,...`` (a queue: ``focal:queue_size=512,...``). A row without a
-    loss (``untrained``) keeps its label. The JSON keeps the label each run was recorded under.
+    defaults in a row's form ``loss:key=value,...`` (``--method``'s; a queue: ``focal:queue_size=512,...``). A row
+    without a loss (``untrained``) keeps its label. The JSON keeps the label each run was recorded under.
 
     Raises:
         ValueError: the runs of one label trained different configurations (one row cannot name them).
