@@ -230,7 +230,7 @@ def prepare(spec: StudySpec, points: Sequence[Point], context: Mapping[str, Any]
     every worker finds them.
 
     Raises:
-        ValueError: naming the value.
+        ValueError: naming the value, or the download that failed.
     """
     if dict(spec.protocol) not in (PROTOCOL, dry_run_protocol()):
         raise ValueError(f"{spec.name}: the spec's protocol is neither the papers' ({__name__}.PROTOCOL) nor its dry "
@@ -239,7 +239,10 @@ def prepare(spec: StudySpec, points: Sequence[Point], context: Mapping[str, Any]
         if spec.rows[label].loss is None or spec.rows[label].control:
             raise ValueError(f"{spec.name}: row {label!r}: the papers' protocol trains a registry loss, without the "
                              "control")
-    resolve_inputs(spec, context)
+    try:
+        resolve_inputs(spec, context)
+    except OSError as exc:  # a download that cannot happen (no network, HF_HUB_OFFLINE), no space: one line
+        raise ValueError(f"{spec.name}: its inputs cannot be fetched: {' '.join(str(exc).split())}") from None
 
 
 def _ordered(records: list[dict[str, Any]]) -> list[dict[str, Any]]:

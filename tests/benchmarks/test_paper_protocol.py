@@ -116,3 +116,15 @@ def test_paper_tables_use_the_papers_layout():
     assert "| mnrl | 68.40 | 76.85 | 72.20 | 72.48 |" in table
     assert paper.paper_table(runs, "transfer", paper.TR_COLUMNS) == ""
     assert "no transfer results" in paper.report({"runs": runs})
+
+
+def test_inputs_that_cannot_be_fetched_are_refused_in_one_line_before_any_trial(tmp_path, capsys, monkeypatch):
+    """The papers' run downloads its corpus when it is not there: offline, the runner stops in one line (exit 2)."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    spec = _spec_copy(tmp_path, "paper_protocol")
+    with pytest.raises(SystemExit) as stop:
+        runner(str(spec), "--run", "--work-dir", str(tmp_path / "work"), "--set", f"download_dir={tmp_path / 'dl'}")
+    assert stop.value.code == 2
+    err = capsys.readouterr().err
+    assert "paper_protocol: its inputs cannot be fetched: cannot download" in err and "Traceback" not in err
+    assert not (tmp_path / "paper.json").exists() and not (tmp_path / "dl" / "wiki1m_for_simcse.txt").exists()
