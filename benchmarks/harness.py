@@ -1,22 +1,23 @@
-"""The benchmarks' shared harness: the method x seed matrix, resumed from the results JSON, and its output.
+"""The benchmarks' shared pieces: where the repository, the results and the shared data are, a trial's own folder, and
+the figures drawn over seeds. The studies' one runner is :mod:`benchmarks.studies` (it runs, resumes and records
+every benchmark's trials); nothing here runs a matrix.
 
-- :func:`run_pending`: the resumable loop: every (method, seed) not yet in ``data["runs"]`` is run, appended and saved
-  at once, so an interrupted benchmark resumes where it stopped;
-- :func:`benchmark_jobs` and :func:`parse_variant`: the methods of a script's table (its rows of the one table of
-  methods, :mod:`benchmarks.methods`, e.g. ``benchmarks.cpu_protocol.METHODS``) and the ``--variant LABEL=LOSS:k=v,...``
-  syntax;
-- :func:`resume`: the results file to resume from, refused when it was made under another protocol;
+- :func:`trial_folder`: a fresh folder for one trial's files inside its study's work folder, removed after the trial;
 - :func:`plot_seed_bars`: one bar per method, mean ± std over seeds with every seed as a dot;
 - :func:`plot_seed_comparison`: those bars above each method's difference to a baseline at the same seed, and
   :func:`paired_differences` / :func:`mean_interval` / :func:`draw_differences`, the paired differences it draws;
-- :func:`build`: the loss of a row of the table of methods (sentence-transformers' GIST and CachedMNRL included);
+- :func:`build`: the loss of a row of the table of methods (sentence-transformers' GIST and CachedMNRL included).
 
-The JSON is the record; every ``.md`` / ``.png`` beside it is rendered from it (``--report`` of each script).
+The JSON is the record; every ``.md`` / ``.png`` beside it is rendered from it (the study's ``report.outputs``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+import re
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -32,88 +33,25 @@ SHARED_DATA = Path(data_dir_from_env() or REPO.parent / "shared" / "data")
 WIKI10K = SHARED_DATA / "corpus" / "wiki10k.txt"
 
 
-def resume(path: str | Path, protocol: dict[str, Any]) -> dict[str, Any]:
-    """The results file at ``path`` (or a new one) for ``protocol``.
+@contextmanager
+def trial_folder(work_dir: str | Path, name: str) -> Iterator[Path]:
+    """A new, empty folder for one trial's files (its checkpoints) inside ``work_dir`` (created when missing), named
+    after ``name`` with a suffix of its own, so that it is never a folder that was there before; it is removed, with
+    what the trial wrote in it, when the block ends (also on an error). Nothing else under ``work_dir`` is touched.
 
-    Raises:
-        ValueError: the file was made under another protocol (the message names the changed keys).
+    Example:
+        >>> import tempfile
+        >>> with trial_folder(tempfile.mkdtemp(), "mixcse+ctl seed 0") as folder:
+        ...     folder.name.startswith("mixcse+ctl_seed_0-"), list(folder.iterdir())
+        (True, [])
     """
-    from st_hardneg.reporting import load_results
-
-    data = load_results(path, protocol)
-    stored = data.get("protocol", {})
-    if stored != protocol:
-        changed = sorted(k for k in set(protocol) | set(stored) if stored.get(k) != protocol.get(k))
-        raise ValueError(f"the results file {path} was made under another protocol (changed: {', '.join(changed)}); "
-                         "move it away or restore the protocol before resuming")
-    return data
-
-
-def parse_variant(spec: str) -> tuple[str, str, dict[str, Any]]:
-    """A benchmark's ``--variant`` ``label=loss:key=value,key=value`` → ``(label, loss, kwargs)``.
-
-    Raises:
-        ValueError: no label or no loss, or a malformed ``key=value``.
-    """
-    from st_hardneg.training.registry import parse_loss_args
-
-    label, _, rest = spec.partition("=")
-    loss, _, args = rest.partition(":")
-    if not label or not loss:
-        raise ValueError(f"--variant expects LABEL=LOSS[:k=v,k=v], got {spec!r}")
-    return label, loss, parse_loss_args([a for a in args.split(",") if a])
-
-
-def run_pending(
-    data: dict[str, Any],
-    jobs: Sequence[tuple],
-    seeds: Sequence[int],
-    run: Callable[[tuple, int], dict[str, Any]],
-    save: Callable[[dict[str, Any]], None],
-    where: str = "the results",
-    untrained: Callable[[], dict[str, Any]] | None = None,
-) -> None:
-    """The benchmarks' resumable loop: for every seed, every job (``(label, ...)``) whose ``(label, seed)`` has no
-    run in ``data["runs"]`` yet is run with ``run(job, seed)``, appended and saved with ``save(data)`` at once, so an
-    interrupted benchmark resumes where it stopped; finished ones are reported as skipped. A run whose loss refuses a
-    batch with no usable row (``ValueError``, e.g. a margin that masks every negative) is recorded as
-    ``{"method", "seed", "failed": message}`` and the loop goes on; other errors propagate. ``untrained()`` (if given)
-    makes the reference row of method ``"untrained"``, put first, when there is none yet."""
-    if untrained is not None and not any(r["method"] == "untrained" for r in data["runs"]):
-        data["runs"].insert(0, untrained())
-        save(data)
-    for seed in seeds:
-        for job in jobs:
-            label = job[0]
-            if any(r["method"] == label and r["seed"] == seed for r in data["runs"]):
-                print(f"skip {label} seed {seed}: already in {where}", flush=True)
-                continue
-            print(f"=== {label} seed {seed}", flush=True)
-            try:
-                data["runs"].append(run(job, seed))
-            except ValueError as error:
-                if "no usable row in this batch" not in str(error):
-                    raise
-                # a configuration that leaves no usable row (every negative masked) is a result, not a crash: it is
-                # recorded as failed, reported under the tables and never selected; the other runs go on
-                print(f"    failed: {error}", flush=True)
-                data["runs"].append({"method": label, "seed": seed, "failed": str(error)})
-            save(data)
-
-
-def benchmark_jobs(methods: Sequence[str], table: dict[str, tuple[str, dict[str, Any]]],
-                   variants: Sequence[str] = ()) -> list[tuple[str, str, dict[str, Any]]]:
-    """``(label, loss name, hyperparameters)`` of each method in ``table`` and each ``--variant`` spec.
-
-    Raises:
-        ValueError: a method not in ``table`` or a malformed variant.
-    """
-    jobs = []
-    for method in methods:
-        if method not in table:
-            raise ValueError(f"unknown method {method!r}; choose from {', '.join(table)}")
-        jobs.append((method, *table[method]))
-    return jobs + [parse_variant(spec) for spec in variants]
+    parent = Path(work_dir)
+    parent.mkdir(parents=True, exist_ok=True)
+    folder = Path(tempfile.mkdtemp(prefix=re.sub(r"[^A-Za-z0-9._+@=-]", "_", name) + "-", dir=parent))
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 #: the interval drawn around a mean of paired differences (Student's t)

@@ -84,7 +84,7 @@ METHODS: dict[str, Method] = {
     "adcse_tied": Method("adcse", {"untied": False},
                          "AdCSE with keys from the online encoder (SimCSE + adversaries, no EMA key encoder: the "
                          "paper's \"w/o untied\" ablation)", "adcse"),
-    # ---- the STS-B dev hyperparameter screen (cpu_protocol --screen)
+    # ---- the STS-B dev hyperparameter screen (benchmarks/studies/tuning.json)
     "focal_m0.5": Method("focal", {"m": 0.5}, "Focal-InfoNCE: a larger hardness margin m", "focal"),
     "mixcse_lam0.4": Method("mixcse_two_way", {"lam": 0.4}, "MixCSE: more of the negative in the mixed negative", "mixcse"),
     "mixcse+focal": Method("mixcse_two_way", {"focal_m": 0.3},
@@ -105,15 +105,15 @@ METHODS: dict[str, Method] = {
 OURS = ("mixcse", "focal", "hncse_pm", "hncse_hnm", "adcse")
 #: the CPU STS protocol (``benchmarks.cpu_protocol``): every method at its defaults
 CPU_PROTOCOL = ("mnrl", "mnrl_symmetric", "mnrl_hardness", "mixcse", "focal", "hncse_pm", "hncse_hnm", "adcse")
-#: its STS-B dev hyperparameter screen (``cpu_protocol --screen``)
+#: its STS-B dev hyperparameter screen (``benchmarks/studies/tuning.json``)
 SCREEN = ("focal_m0.5", "mixcse_lam0.4", "mixcse+focal", "hncse_pm_thr0.3", "hncse_hnm+focal", "hncse_both+focal",
           "adcse_m0.99", "adcse_tied")
-#: its queue screen (``cpu_protocol --screen queue``)
+#: its queue screen (``benchmarks/studies/tuning_queue.json``)
 QUEUE_SCREEN = tuple(_queue_rows())
 
 
 def table(labels: Iterable[str], *, sts: bool = False) -> dict[str, tuple[str, dict[str, Any]]]:
-    """``{label: (loss, options)}`` of ``labels`` (fresh option dicts), for ``benchmarks.harness.benchmark_jobs``.
+    """``{label: (loss, options)}`` of ``labels`` (fresh option dicts): a benchmark's rows.
 
     Args:
         labels: keys of :data:`METHODS`.

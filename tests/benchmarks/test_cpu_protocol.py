@@ -1,5 +1,6 @@
-"""benchmarks.cpu_protocol: the protocol's runner on a tiny model, its STS-B dev screens (--screen) reading the full
-runs' dev curves, the queue's evidence (--queue-report) against numbers computed here, and the committed tables."""
+"""benchmarks.cpu_protocol's renderers: the committed tables, the rows' names, the figure, the queue's evidence
+against numbers computed here. Its studies (the specs, their trials on a tiny model through the one runner) are
+tests/studies/test_sts_specs.py and test_sts_runs.py."""
 
 from __future__ import annotations
 
@@ -17,59 +18,6 @@ def _load():
     return importlib.import_module("benchmarks.cpu_protocol")
 
 
-@pytest.mark.integration
-def test_cpu_protocol_and_tuning_smoke(tiny_model_dir, shared_data, tmp_path):
-    """The CPU protocol's runner on a tiny model (3 steps), then the tuning screen reading its dev curve: a truncated
-    run of the same seed stops at the asked step and reproduces the full run's dev score there exactly (both
-    evaluate first at that step, as in the real screen)."""
-    cpu = _load()
-    common = ["--model", str(tiny_model_dir), "--data-dir", str(shared_data), "--limit", "192", "--quiet"]
-    out = tmp_path / "cpu.json"
-    assert cpu.main(["--methods", "mnrl", "mixcse", "--seeds", "0", "--eval-steps", "2", "--out", str(out),
-                     "--work-dir", str(tmp_path / "w1"), *common]) == 0
-    data = json.loads(out.read_text())
-    assert [r["method"] for r in data["runs"]] == ["untrained", "mnrl", "mixcse"]
-    for run in data["runs"][1:]:
-        assert run["steps"] == 3 and [s for s, _ in run["dev_curve"]] == [2, 3]  # every 2 steps and at the end
-        assert run["stsb_dev_best"] == max(v for _, v in run["dev_curve"])
-        assert set(run["sts"]) == {*cpu.TASKS, "avg"}
-    # the row is named by the loss its record trained: the "mixcse" label runs the two-direction form
-    assert "| mixcse_two_way | 0 |" in out.with_suffix(".md").read_text() and out.with_suffix(".png").is_file()
-    # resuming skips the finished runs
-    assert cpu.main(["--methods", "mnrl", "--seeds", "0", "--out", str(out), *common]) == 0
-    assert len(json.loads(out.read_text())["runs"]) == 3
-
-    tuning = cpu  # the screens are cpu_protocol's --screen mode
-    tout = tmp_path / "tuning.json"
-    assert tuning.main(["--screen", "--seed", "0", "--stop-after", "2", "--only", "--config", "mnrl=mnrl:",
-                        "--config", "mix_lam0.5=mixcse:lam=0.5", "--protocol-json", str(out), "--out", str(tout), "--work-dir", str(tmp_path / "w2"),
-                        *common]) == 0
-    screen = json.loads(tout.read_text())
-    assert [r["label"] for r in screen["runs"]] == ["mnrl", "mix_lam0.5"]
-    control = screen["runs"][0]
-    assert control["steps"] == 2 and [s for s, _ in control["dev_curve"]] == [2]
-    assert control["stsb_dev"] == screen["references"]["mnrl"] == data["runs"][1]["dev_curve"][0][1]
-    assert screen["runs"][1]["loss_config"]["lam"] == 0.5
-    table = tout.with_suffix(".md").read_text()
-    assert "| mix_lam0.5 | mixcse | lam=0.5 |" in table and "+0.00" in table  # the control's Δ vs mnrl
-    with pytest.raises(SystemExit):
-        tuning.main(["--screen", "--only", "no_such_config", "--out", str(tmp_path / "x.json"), *common])
-    with pytest.raises(SystemExit):  # a different seed would mix two screens in one file
-        tuning.main(["--screen", "--seed", "1", "--only", "--config", "mnrl=mnrl:", "--out", str(tout), *common])
-    # the queue screen: its own labels (12: mnrl / focal x 3 sizes x 2 sources) and its own file
-    assert len(tuning.QUEUE_SCREEN) == 12 and tuning.SCREENS["queue"][1].name == "tuning_queue.json"
-    qout = tmp_path / "tuning_queue.json"
-    assert tuning.main(["--screen", "queue", "--seed", "0", "--stop-after", "2", "--only", "mnrl_queue64_ema",
-                        "--protocol-json", str(out), "--out", str(qout), "--work-dir", str(tmp_path / "w3"),
-                        *common]) == 0
-    run = json.loads(qout.read_text())["runs"][0]
-    assert run["loss"] == "mnrl_queue" and run["steps"] == 2
-    assert (run["loss_config"]["queue_size"], run["loss_config"]["queue_source"]) == (64, "ema")
-    assert run["loss_config"]["queue_warmup_steps"] == 8
-    with pytest.raises(SystemExit):  # the hyperparameter screen's labels are not the queue screen's
-        tuning.main(["--screen", "queue", "--only", "focal_m0.5", "--out", str(qout), *common])
-
-
 @pytest.mark.parametrize(("name", "render"), [("cpu_protocol", "markdown"), ("tuning", "screen_markdown"),
                                              ("tuning_queue", "screen_markdown")])
 def test_reports_regenerate_byte_identical_from_the_committed_json(name, render):
@@ -81,30 +29,6 @@ def test_reports_regenerate_byte_identical_from_the_committed_json(name, render)
 
 def test_committed_queue_report_is_rendered_from_the_committed_results():
     assert _load().queue_report(RESULTS) == (RESULTS / "queue.md").read_text()
-
-
-def test_screen_report_renders_the_json_as_it_is(tmp_path):
-    """--screen --report re-renders the stored references; it does not re-read them from the protocol's runs."""
-    out = tmp_path / "tuning.json"
-    out.write_text((RESULTS / "tuning.json").read_text())
-    protocol = tmp_path / "cpu_protocol.json"
-    protocol.write_text(json.dumps({"runs": [{"method": "mnrl", "seed": 1, "dev_curve": [[50, 1.0]]}]}))
-    assert _load().main(["--screen", "--report", "--out", str(out), "--protocol-json", str(protocol)]) == 0
-    assert out.read_text() == (RESULTS / "tuning.json").read_text()
-    assert out.with_suffix(".md").read_text() == (RESULTS / "tuning.md").read_text()
-
-
-def test_screens_are_rows_of_the_methods_table():
-    from benchmarks import methods
-
-    cpu = _load()
-    assert cpu.METHODS == methods.table(methods.CPU_PROTOCOL, sts=True)
-    assert cpu.METHODS["mnrl_hardness"] == ("mnrl_hardness", {})  # the registry's in-batch form on STS pairs
-    for screen, labels in ((cpu.SCREEN, methods.SCREEN), (cpu.QUEUE_SCREEN, methods.QUEUE_SCREEN)):
-        assert list(screen) == list(labels)
-        for label, (loss, options, why) in screen.items():
-            row = methods.METHODS[label]
-            assert (loss, options, why) == (row.loss, dict(row.options), row.about)
 
 
 def _run(method, seed, avg):
@@ -147,11 +71,11 @@ ADCSE_AS_BASE = {"num_adversaries": 0, "untied": False}
 
 
 def test_every_row_is_shown_under_the_registry_name_that_builds_its_recorded_configuration(tiny_model):
-    """Each committed row's shown name, read as ``--variant`` (``loss:key=value,...``), builds today a loss whose
+    """Each committed row's shown name, read as a row (``loss:key=value,...``), builds today a loss whose
     configuration equals every key the row's runs recorded (0.1's ``symmetric`` read as today's directions)."""
-    from benchmarks.harness import parse_variant
     from st_hardneg import AdversarialNegativesLoss, HardNegativeLoss
     from st_hardneg.training import build_loss
+    from st_hardneg.training.studies.spec import parse_method
 
     cpu = _load()
     data = json.loads((RESULTS / "cpu_protocol.json").read_text())
@@ -161,7 +85,8 @@ def test_every_row_is_shown_under_the_registry_name_that_builds_its_recorded_con
     for run in data["runs"]:
         if "loss" not in run:
             continue
-        _, loss, options = parse_variant(f"x={SHOWN[run['method']]}")
+        _, row = parse_method(f"x={SHOWN[run['method']]}")  # the variant's form: a spec row's
+        loss, options = str(row.loss), dict(row.options)
         built = json.loads(json.dumps(build_loss(loss, tiny_model, **options).get_config_dict()))
         recorded = dict(run["loss_config"])
         if "symmetric" in recorded and "symmetric" not in built:
@@ -260,7 +185,7 @@ def test_paired_differences_and_their_interval():
         harness.plot_seed_comparison({"a": {0: 1.0}}, "x.png", baseline="b", ylabel="y", title="t")
 
 
-# --------------------------------------------------------------------------- --queue-report
+# --------------------------------------------------------------------------- the queue's evidence (queue.md)
 def _cpu(method, seed, avg, queue=None):
     config = {"queue_size": queue[0], "queue_source": queue[1]} if queue else {}
     return {"method": method, "seed": seed, "loss_config": config, "sts": {"avg": avg}}
@@ -285,31 +210,6 @@ def _write(tmp_path, cpu_runs, sci_runs):
     return readme
 
 
-def test_queue_report_tables_and_targets(tmp_path):
-    bench = _load()
-    mnrl, focal_q = (75.0, 75.4, 75.2), (76.9, 76.6, 76.8)
-    cpu = [_cpu("mnrl", s, v) for s, v in enumerate(mnrl)] + [_cpu("focal", s, 76.0) for s in range(3)]
-    cpu += [_cpu("focal_queue", s, v, (64, "online")) for s, v in enumerate(focal_q)]
-    sci = [_sci("focal", 0, 65.8), _sci("focal", 1, 66.0), _sci("focal_queue", 0, 66.3), _sci("focal_queue", 1, 65.9),
-           _sci("focal_queue", 2, 70.0), _sci("cached_mnrl_4x", 0, 65.6)]
-    readme = _write(tmp_path, cpu, sci)
-    before = readme.read_text()
-    assert bench.main(["--queue-report", "--results", str(tmp_path)]) == 0
-    text = (tmp_path / "queue.md").read_text()
-    assert text == bench.queue_report(tmp_path)  # the .md is what the JSON files render to
-    # the screen: Δ against the loss's own no-queue reference at the same step
-    assert "| mnrl_queue512_online | 512 | online | 84.60 | +0.60 |" in text
-    assert "| focal_queue64_ema | 64 | ema | 84.25 | -0.25 |" in text
-    gap = statistics.mean(focal_q) - statistics.mean(mnrl)
-    row = f"| focal_queue | 64 rows, online | {statistics.mean(focal_q):.2f} ± {statistics.stdev(focal_q):.2f} |"
-    assert row in text and f"`focal_queue` {gap:+.2f}, met." in text
-    # SciFact: only the seeds both focal rows have (0 and 1), so seed 2's 70.0 does not count
-    gain = ((66.3 - 65.8) + (65.9 - 66.0)) / 2
-    assert f"focal_queue − focal = {gain:+.2f} nDCG@10 over seed(s) 0, 1: met." in text
-    assert text.split("\n", 2)[2].startswith("Screen")  # the body under the title starts with the screen
-    assert readme.read_text() == before  # a README beside the results is never rewritten
-
-
 def test_queue_targets_not_met_and_missing_rows(tmp_path):
     bench = _load()
     cpu = [_cpu("mnrl", s, 75.0) for s in range(3)] + [_cpu("mnrl_queue", s, 76.0, (512, "online")) for s in range(3)]
@@ -320,15 +220,6 @@ def test_queue_targets_not_met_and_missing_rows(tmp_path):
     _write(tmp_path, cpu[:3] + cpu[3:5], [_sci("focal", 0, 66.0)])  # 2 seeds only; no focal_queue
     text = bench.queue_report(tmp_path)
     assert "no queued row has 3 seeds yet" in text and "no seed has both focal and focal_queue yet" in text
-
-
-def test_the_queue_report_no_longer_takes_a_readme(tmp_path):
-    bench = _load()
-    readme = _write(tmp_path, [_cpu("mnrl", 0, 75.0)], [])
-    readme.write_text("no markers here\n")
-    with pytest.raises(SystemExit):  # --readme is gone: argparse refuses it by name
-        bench.main(["--queue-report", "--results", str(tmp_path), "--readme", str(readme)])
-    assert readme.read_text() == "no markers here\n"  # left as it was
 
 
 def test_missing_results_files_give_an_empty_queue_report(tmp_path):

@@ -1,4 +1,5 @@
-"""The benchmarks' shared pieces: resumable runs, --variant syntax, summaries over seeds, results files."""
+"""The benchmarks' shared pieces: a trial's own folder, summaries over seeds, results files, the per-run record. (The
+resumable runs and the variant syntax are the one runner's and a spec's rows: tests/studies/test_sts_*.py.)"""
 
 from __future__ import annotations
 
@@ -8,40 +9,27 @@ import statistics
 
 import pytest
 
-from benchmarks.harness import benchmark_jobs, parse_variant, run_pending
+from benchmarks.harness import trial_folder
 from st_hardneg.reporting import group_by_method, load_results, mean_std, median_or_none, write_results
 
 
-def test_run_pending_skips_finished_runs_and_saves_after_each():
-    data = {"runs": [{"method": "b", "seed": 0}]}
-    saved, calls = [], []
-
-    def run(job, seed):
-        calls.append((job[0], seed))
-        return {"method": job[0], "seed": seed, "loss": job[1]}
-
-    run_pending(data, [("a", "mnrl"), ("b", "mixcse")], [0, 1], run, lambda d: saved.append(len(d["runs"])),
-                untrained=lambda: {"method": "untrained", "seed": None})
-    assert calls == [("a", 0), ("a", 1), ("b", 1)]  # seeds outer, jobs inner; (b, 0) was finished
-    assert [(r["method"], r["seed"]) for r in data["runs"]] == [("untrained", None), ("b", 0), ("a", 0), ("a", 1),
-                                                               ("b", 1)]
-    assert saved == [2, 3, 4, 5]  # after the untrained row and after every run
-    run_pending(data, [("a", "mnrl")], [0], run, saved.append, untrained=lambda: pytest.fail("rebuilt"))
-    assert len(data["runs"]) == 5 and calls[-1] == ("b", 1)  # nothing left to run, untrained row kept
-
-
-def test_benchmark_jobs_and_variants():
-    table = {"mnrl": ("mnrl", {}), "mix": ("mixcse", {"lam": 0.2})}
-    jobs = benchmark_jobs(["mix", "mnrl"], table, ["mix03=mixcse:lam=0.3,partner=random", "plain=focal"])
-    assert jobs == [("mix", "mixcse", {"lam": 0.2}), ("mnrl", "mnrl", {}),
-                    ("mix03", "mixcse", {"lam": 0.3, "partner": "random"}), ("plain", "focal", {})]
-    with pytest.raises(ValueError, match="unknown method 'nope'; choose from mnrl, mix"):
-        benchmark_jobs(["nope"], table)
-    for bad in ("=mixcse", "label", "label=:lam=1"):
-        with pytest.raises(ValueError, match="--variant expects LABEL=LOSS"):
-            parse_variant(bad)
-    with pytest.raises(ValueError, match="KEY=VALUE"):
-        parse_variant("x=mixcse:lam")
+def test_a_trial_folder_is_new_each_time_and_removed_with_what_the_trial_wrote(tmp_path):
+    work = tmp_path / "work"
+    users = work / "mnrl-seed0"  # a folder of that name already there (the user's): never used, never removed
+    users.mkdir(parents=True)
+    (users / "notes.txt").write_text("mine\n")
+    with trial_folder(work, "mnrl-seed0") as first, trial_folder(work, "mnrl-seed0") as second:
+        assert first != second and first.parent == second.parent == work and first != users
+        assert first.name.startswith("mnrl-seed0-") and list(first.iterdir()) == []
+        (first / "checkpoint-1").mkdir()
+        (first / "checkpoint-1" / "model.bin").write_bytes(b"x")
+    assert sorted(p.name for p in work.iterdir()) == ["mnrl-seed0"] and (users / "notes.txt").read_text() == "mine\n"
+    with pytest.raises(RuntimeError, match="stopped"), trial_folder(work, "a/b c") as folder:
+        assert folder.parent == work and folder.name.startswith("a_b_c-")  # never a path out of the work folder
+        raise RuntimeError("stopped")
+    assert sorted(p.name for p in work.iterdir()) == ["mnrl-seed0"]  # removed on an error too
+    with trial_folder(tmp_path / "new" / "deeper", "x") as folder:  # the work folder is made when missing
+        assert folder.is_dir()
 
 
 def test_summaries_over_seeds():
