@@ -88,9 +88,11 @@ def read_records(spec: StudySpec, data: Mapping[str, Any]) -> tuple[list[dict[st
 def assemble(spec: StudySpec, records: Sequence[Mapping[str, Any]], meta: Mapping[str, Any]) -> dict[str, Any]:
     """The records file's JSON from its records and the rest (``meta``): the spec's ``report.layout``
     (``layout(records, meta) -> data``), else ``meta`` with its ``runs`` (in their place) the records and its
-    ``protocol`` (when it has one) the spec's."""
+    ``protocol`` (when it has one, and always in a new file) the spec's."""
     if "layout" in spec.report:
         return dict(hook(spec.report["layout"])([dict(r) for r in records], dict(meta)))
+    if not meta and spec.protocol:  # a new records file: the protocol first
+        meta = {"protocol": None}
     data = {**dict(meta), "runs": [dict(r) for r in records]}
     if spec.protocol and "protocol" in data:
         data["protocol"] = dict(spec.protocol)

@@ -110,3 +110,11 @@ def test_a_study_with_trials_left_is_not_rendered_and_bad_options_are_refused(tm
         assert stop.value.code == 2
         assert message in capsys.readouterr().err
     assert not (tmp_path / "results").exists()
+
+
+def test_a_new_records_file_holds_the_specs_protocol_first(tmp_path):
+    spec = spec_file(tmp_path)
+    log = tmp_path / "log"
+    assert runner(str(spec), "--run", "--work-dir", str(tmp_path / "work"), "--set", f"log={log}", "-q") == 0
+    data = json.loads((tmp_path / "results" / "bench.json").read_text())
+    assert list(data) == ["protocol", "runs"] and data["protocol"] == {"steps": 3} and len(data["runs"]) == 4
