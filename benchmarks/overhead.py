@@ -268,6 +268,19 @@ def _corpus(spec: Any, point: Any, context: Mapping[str, Any]) -> Path:
     return path
 
 
+def check(spec: Any, points: Sequence[Any], context: Mapping[str, Any]) -> None:
+    """The spec's ``report.prepare``: refuse, before any model loads, the settings, a group's methods or a corpus
+    that a trial left to run would refuse.
+
+    Raises:
+        ValueError: naming the setting, method or corpus.
+    """
+    settings(spec, context)
+    for point in points:
+        group_methods(spec.rows[point.row])
+        _corpus(spec, point, context)
+
+
 def trial(spec: Any, point: Any, context: Mapping[str, Any]) -> dict[str, Any]:
     """The study's one trial: the row's group of methods (:func:`group_methods`) measured together in this process,
     the step benchmark (:func:`step_benchmark`, rounds interleaved round-robin) and then the loss-only benchmark
