@@ -101,6 +101,39 @@ def table(data: Mapping[str, Any]) -> str:
 
 
 # --------------------------------------------------------------------------- the study's trial and its records file
+def _batch_size(spec: Any) -> int:
+    from st_hardneg import validation
+
+    return validation.check_count(spec.protocol.get("batch_size", BATCH_SIZE), "batch_size", minimum=2)
+
+
+def _folder(spec: Any, point: Any, context: Mapping[str, Any]) -> Path:
+    folder = spec.datasets[point.dataset].folder
+    if folder is None:
+        raise ValueError(f"dataset {point.dataset!r} has no folder: the share is counted on a BEIR folder")
+    path = Path(folder)
+    if not path.is_absolute():
+        path = Path(context.get("data_dir", SHARED_DATA)) / path
+    if not path.is_dir():
+        raise ValueError(f"dataset {point.dataset!r}: no BEIR folder at {path}")
+    return path
+
+
+def check(spec: Any, points: Sequence[Any], context: Mapping[str, Any]) -> None:
+    """The spec's ``report.prepare``: refuse, before anything is counted, a batch size, a seed or a dataset folder
+    that a trial left to run would refuse.
+
+    Raises:
+        ValueError: naming the value or the folder.
+    """
+    from st_hardneg import validation
+
+    _batch_size(spec)
+    for point in points:
+        validation.check_count(point.seed, "seed", minimum=0)
+        _folder(spec, point, context)
+
+
 def trial(spec: Any, point: Any, context: Mapping[str, Any]) -> dict[str, Any]:
     """One trial: :func:`share` of the point's dataset (its folder, under ``context["data_dir"]`` unless absolute) at
     the point's seed, in batches of the protocol's ``batch_size``. Returns the records file's row, with the batch
@@ -111,15 +144,8 @@ def trial(spec: Any, point: Any, context: Mapping[str, Any]) -> dict[str, Any]:
     """
     from st_hardneg import validation
 
-    batch_size = validation.check_count(spec.protocol.get("batch_size", BATCH_SIZE), "batch_size", minimum=2)
-    folder = spec.datasets[point.dataset].folder
-    if folder is None:
-        raise ValueError(f"dataset {point.dataset!r} has no folder: the share is counted on a BEIR folder")
-    path = Path(folder)
-    if not path.is_absolute():
-        path = Path(context.get("data_dir", SHARED_DATA)) / path
-    if not path.is_dir():
-        raise ValueError(f"dataset {point.dataset!r}: no BEIR folder at {path}")
+    batch_size = _batch_size(spec)
+    path = _folder(spec, point, context)
     row = share(path, validation.check_count(point.seed, "seed", minimum=0), batch_size, name=point.dataset)
     provenance = context.get("provenance") or {}
     return {**row, "batch_size": batch_size, **{key: provenance[key] for key in ("commit", "library")
