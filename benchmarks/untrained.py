@@ -228,6 +228,18 @@ def _threads(spec: Any, context: Mapping[str, Any]) -> int:
     return validation.check_count(context.get("threads", spec.protocol.get("threads", 1)), "threads", minimum=1)
 
 
+def check(spec: Any, points: Sequence[Any], context: Mapping[str, Any]) -> None:
+    """Both specs' ``report.prepare``: refuse, before any model loads, a thread count or a data folder that a trial
+    left to run would refuse.
+
+    Raises:
+        ValueError: naming the value or the folder.
+    """
+    _threads(spec, context)
+    for point in points:
+        _folder(spec, point, context)
+
+
 #: the SentEval transfer protocol as the sts record states it
 TRANSFER_PROTOCOL = ("SentEval scikit-learn path, SimCSE 'test' mode: 10 folds; C grid 2^-2..2^3 (MR/CR/SUBJ/MPQA "
                      "inner 10-fold, SST2 dev), 2^-1..2^5 (TREC/MRPC 10-fold on train); seed 1111; "
