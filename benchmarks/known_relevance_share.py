@@ -108,12 +108,12 @@ def _batch_size(spec: Any) -> int:
 
 
 def _folder(spec: Any, point: Any, context: Mapping[str, Any]) -> Path:
-    folder = spec.datasets[point.dataset].folder
-    if folder is None:
+    from st_hardneg.training.studies.beir import dataset_folder
+
+    dataset = spec.datasets[point.dataset]
+    if dataset.folder is None:
         raise ValueError(f"dataset {point.dataset!r} has no folder: the share is counted on a BEIR folder")
-    path = Path(folder)
-    if not path.is_absolute():
-        path = Path(context.get("data_dir", SHARED_DATA)) / path
+    path = dataset_folder(dataset, context.get("data_dir", SHARED_DATA))
     if not path.is_dir():
         raise ValueError(f"dataset {point.dataset!r}: no BEIR folder at {path}")
     return path
@@ -121,17 +121,20 @@ def _folder(spec: Any, point: Any, context: Mapping[str, Any]) -> Path:
 
 def check(spec: Any, points: Sequence[Any], context: Mapping[str, Any]) -> None:
     """The spec's ``report.prepare``: refuse, before anything is counted, a batch size, a seed or a dataset folder
-    that a trial left to run would refuse.
+    that a trial left to run would refuse (a folder without its training or test qrels included).
 
     Raises:
-        ValueError: naming the value or the folder.
+        ValueError: naming the value, the folder or its missing split.
     """
     from st_hardneg import validation
+    from st_hardneg.training.studies.beir import check_dataset
 
     _batch_size(spec)
     for point in points:
         validation.check_count(point.seed, "seed", minimum=0)
         _folder(spec, point, context)
+    for name in dict.fromkeys(point.dataset for point in points):
+        check_dataset(name, spec.datasets[name], context.get("data_dir", SHARED_DATA))
 
 
 def trial(spec: Any, point: Any, context: Mapping[str, Any]) -> dict[str, Any]:

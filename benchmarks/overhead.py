@@ -285,8 +285,9 @@ def trial(spec: Any, point: Any, context: Mapping[str, Any]) -> dict[str, Any]:
     """The study's one trial: the row's group of methods (:func:`group_methods`) measured together in this process,
     the step benchmark (:func:`step_benchmark`, rounds interleaved round-robin) and then the loss-only benchmark
     (:func:`loss_only_benchmark`), on the dataset's corpus at the point's seed, with the spec's :func:`settings`.
-    ``context["model"]`` is an encoder directory (default: the embedded all-MiniLM-L6-v2, CLS pooling); the torch
-    thread count is set for the measurement and restored after it. Nothing is written.
+    ``context["model"]`` is an encoder directory (default: the embedded all-MiniLM-L6-v2, CLS pooling),
+    ``context["progress"]`` shows a progress bar; the torch thread count is set for the measurement and restored
+    after it. Nothing is written.
 
     Returns:
         The records file's content (:func:`summarize`: one entry per method, and ``_meta``: the settings, the
@@ -313,7 +314,7 @@ def trial(spec: Any, point: Any, context: Mapping[str, Any]) -> dict[str, Any]:
         start = time.perf_counter()
         batches = make_batches(base, sentences, values["batch_size"], values["warmup"] + values["steps"])
         step_times = step_benchmark(methods, base, batches, values["warmup"], values["lr"], seed,
-                                    show_progress_bar=not context.get("quiet", True))
+                                    show_progress_bar=bool(context.get("progress", False)))
         dim = base.get_embedding_dimension()
         loss_times = loss_only_benchmark(methods, base, dim, values["batch_size"], values["loss_reps"],
                                          warmup=values["loss_warmup"], seed=seed)

@@ -206,12 +206,12 @@ def beir_render(payload: dict[str, Any]) -> str:
 
 # --------------------------------------------------------------------------- the studies' trials and records files
 def _folder(spec: Any, point: Any, context: Mapping[str, Any]) -> Path:
-    folder = spec.datasets[point.dataset].folder
-    if folder is None:
+    from st_hardneg.training.studies.beir import dataset_folder
+
+    dataset = spec.datasets[point.dataset]
+    if dataset.folder is None:
         raise ValueError(f"dataset {point.dataset!r} has no folder: the untrained model is scored on a data folder")
-    path = Path(folder)
-    if not path.is_absolute():
-        path = Path(context.get("data_dir", SHARED_DATA)) / path
+    path = dataset_folder(dataset, context.get("data_dir", SHARED_DATA))
     if not path.is_dir():
         raise ValueError(f"dataset {point.dataset!r}: no folder at {path}")
     return path
@@ -238,6 +238,26 @@ def check(spec: Any, points: Sequence[Any], context: Mapping[str, Any]) -> None:
     _threads(spec, context)
     for point in points:
         _folder(spec, point, context)
+
+
+def beir_check(spec: Any, points: Sequence[Any], context: Mapping[str, Any]) -> None:
+    """The ``untrained_beir`` spec's ``report.prepare``: :func:`check`, and a BEIR folder without test qrels refused.
+
+    Raises:
+        ValueError: naming the value, the folder or its missing split.
+    """
+    from st_hardneg.data.beir import load_beir
+    from st_hardneg.data.senteval import DataNotFoundError
+
+    check(spec, points, context)
+    for point in points:
+        folder = _folder(spec, point, context)
+        try:
+            data = load_beir(folder, name=point.dataset)
+        except DataNotFoundError as exc:
+            raise ValueError(str(exc)) from None
+        if "test" not in data.qrels:
+            raise ValueError(f"the BEIR folder {folder} has no qrels/test.tsv, which the study scores")
 
 
 #: the SentEval transfer protocol as the sts record states it

@@ -119,10 +119,16 @@ def test_bad_input_is_refused_in_one_line(tmp_path, capsys):
     small = spec_copy(tmp_path / "b", {"scifact": {"folder": "retrieval/scifact"}}, [0], batch_size=16)
     (tmp_path / "b" / "results").mkdir(parents=True)
     (tmp_path / "b" / "results" / "share.json").write_text((RESULTS / "known_relevance_share.json").read_text())
+    from st_hardneg.testing.beir import make_tiny_beir
+
+    untrained = make_tiny_beir(tmp_path / "c" / "tiny")
+    (untrained / "qrels" / "train.tsv").unlink()
+    no_train = spec_copy(tmp_path / "c", {"tiny": {"folder": str(untrained)}}, [0], batch_size=4)
     for spec, message in ((missing, "dataset 'gone': no BEIR folder at"),
+                          (no_train, "has no qrels/train.tsv, which the study needs (train split)"),
                           (small, "made under another protocol than the spec's (changed: batch_size)")):
         with pytest.raises(SystemExit) as stop:
             runner(str(spec), "--run", "--work-dir", str(spec.parent / "work"))
         assert stop.value.code == 2
         assert message in capsys.readouterr().err
-    assert not (tmp_path / "results").exists()
+    assert not (tmp_path / "results").exists() and not (tmp_path / "c" / "results").exists()

@@ -101,9 +101,17 @@ def test_a_beir_smoke_run_scores_the_model_by_both_paths(tmp_path, tiny_model_di
     assert sorted(p.name for p in work.iterdir()) == ["beir-embeddings", "study.db"]  # its cache in its folder
 
 
-def test_a_missing_folder_is_refused_in_one_line(tmp_path, capsys):
+def test_a_missing_folder_or_test_split_is_refused_in_one_line(tmp_path, capsys):
+    from st_hardneg.testing.beir import make_tiny_beir
+
     spec = copy_of(tmp_path, "untrained_beir", "untrained_beir", records=False)
-    with pytest.raises(SystemExit) as stop:
-        runner(str(spec), "--run", "--data-dir", str(tmp_path / "none"), "--work-dir", str(tmp_path / "work"))
-    assert stop.value.code == 2
-    assert "dataset 'nfcorpus': no folder at" in capsys.readouterr().err
+    root = tmp_path / "data"
+    (make_tiny_beir(root / "retrieval" / "nfcorpus") / "qrels" / "test.tsv").unlink()
+    make_tiny_beir(root / "retrieval" / "scifact")
+    for data_dir, message in ((tmp_path / "none", "dataset 'nfcorpus': no folder at"),
+                              (root, "nfcorpus has no qrels/test.tsv, which the study scores")):
+        with pytest.raises(SystemExit) as stop:
+            runner(str(spec), "--run", "--data-dir", str(data_dir), "--work-dir", str(tmp_path / "work"))
+        assert stop.value.code == 2
+        assert message in capsys.readouterr().err
+    assert not (tmp_path / "untrained_beir.json").exists()
