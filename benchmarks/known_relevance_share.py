@@ -9,21 +9,26 @@ document of their own query, and are left out here); a candidate is *known relev
 relevant to the row's query (``st_hardneg.data.relevance.known_positives_from_qrels``, the mapping the losses'
 ``known_positives`` take). No model is run: the counts depend only on the data, the rule and the seed.
 
-    python -m benchmarks.known_relevance_share --data-dir ../shared/data/retrieval   # -> results/known_relevance_share.*
-    python -m benchmarks.known_relevance_share --report                               # the markdown from the JSON
+The study is ``benchmarks/studies/known_relevance_share.json`` (one trial a dataset and seed, :func:`trial`; a few
+seconds each), run and rendered by the one runner::
+
+    python -m benchmarks.studies benchmarks/studies/known_relevance_share.json --check   # the .md == its records?
+    python -m benchmarks.studies benchmarks/studies/known_relevance_share.json --run     # the rows left, then the .md
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import random
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from benchmarks.harness import RESULTS, SHARED_DATA
+from benchmarks.harness import SHARED_DATA
 
+#: the protocol's batch size (the records file's ``batch_size``)
 BATCH_SIZE = 32
+#: the study's one row (what is counted: the in-batch candidates of no-duplicates batches; no model)
+ROW = "in_batch"
 
 
 def no_duplicate_batches(rows: list[tuple[str, str]], batch_size: int, seed: int) -> list[list[tuple[str, str]]]:
@@ -42,17 +47,24 @@ def no_duplicate_batches(rows: list[tuple[str, str]], batch_size: int, seed: int
     return batches
 
 
-def share(folder: Path, seed: int, batch_size: int = BATCH_SIZE) -> dict[str, Any]:
+def share(folder: Path, seed: int, batch_size: int = BATCH_SIZE, name: str | None = None) -> dict[str, Any]:
+    """The counts of one BEIR folder (named ``name``, default the folder's name) at one seed.
+
+    Raises:
+        ValueError: the folder's pairs fill no batch of ``batch_size`` rows (or what the protocol's split refuses).
+    """
     from benchmarks.retrieval_beir_round2 import prepare
     from st_hardneg.training.protocol import BEIR_TRAINING
     from st_hardneg.training.sampling import PAIR_SAMPLING
 
     # the benchmark's own split: its dev task (NFCorpus's official one, SciFact's carved 20 %), its sampled pairs and
     # the known relevance of the training queries (the mapping its runs pass as known_positives)
-    prep = prepare(folder.name, folder, BEIR_TRAINING["dev_fraction"], dict(PAIR_SAMPLING))
+    prep = prepare(name or folder.name, folder, BEIR_TRAINING["dev_fraction"], dict(PAIR_SAMPLING))
     known = prep.split.known_paraphrases
     rows = list(prep.split.train_pairs)
     batches = no_duplicate_batches(rows, batch_size, seed)
+    if not batches:
+        raise ValueError(f"the BEIR folder {folder}: its {len(rows)} training pairs fill no batch of {batch_size} rows")
     rows_hit = candidates = hits = 0
     for batch in batches:
         for i, (query, _) in enumerate(batch):
@@ -83,24 +95,85 @@ def markdown(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data-dir", default=str(SHARED_DATA / "retrieval"), help="the folder holding scifact/ and nfcorpus/")
-    parser.add_argument("--datasets", nargs="+", default=["scifact", "nfcorpus"])
-    parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
-    parser.add_argument("--out", default=str(RESULTS / "known_relevance_share.json"))
-    parser.add_argument("--report", action="store_true", help="only rewrite the markdown from the JSON")
-    args = parser.parse_args(argv)
-    out = Path(args.out)
-    if args.report:
-        rows = json.loads(out.read_text())["rows"]
-    else:
-        rows = [share(Path(args.data_dir) / name, seed) for name in args.datasets for seed in args.seeds]
-        out.write_text(json.dumps({"batch_size": BATCH_SIZE, "rows": rows}, indent=1) + "\n")
-    out.with_suffix(".md").write_text(markdown(rows))
-    print(markdown(rows))
-    return 0
+def table(data: Mapping[str, Any]) -> str:
+    """The study's renderer: :func:`markdown` of the records file's rows."""
+    return markdown(data["rows"])
 
 
-if __name__ == "__main__":
-    raise SystemExit(main())
+# --------------------------------------------------------------------------- the study's trial and its records file
+def _batch_size(spec: Any) -> int:
+    from st_hardneg import validation
+
+    return validation.check_count(spec.protocol.get("batch_size", BATCH_SIZE), "batch_size", minimum=2)
+
+
+def _folder(spec: Any, point: Any, context: Mapping[str, Any]) -> Path:
+    from st_hardneg.training.studies.beir import dataset_folder
+
+    dataset = spec.datasets[point.dataset]
+    if dataset.folder is None:
+        raise ValueError(f"dataset {point.dataset!r} has no folder: the share is counted on a BEIR folder")
+    path = dataset_folder(dataset, context.get("data_dir", SHARED_DATA))
+    if not path.is_dir():
+        raise ValueError(f"dataset {point.dataset!r}: no BEIR folder at {path}")
+    return path
+
+
+def check(spec: Any, points: Sequence[Any], context: Mapping[str, Any]) -> None:
+    """The spec's ``report.prepare``: refuse, before anything is counted, a batch size, a seed or a dataset folder
+    that a trial left to run would refuse (a folder without its training or test qrels included).
+
+    Raises:
+        ValueError: naming the value, the folder or its missing split.
+    """
+    from st_hardneg import validation
+    from st_hardneg.training.studies.beir import check_dataset
+
+    _batch_size(spec)
+    for point in points:
+        validation.check_count(point.seed, "seed", minimum=0)
+        _folder(spec, point, context)
+    for name in dict.fromkeys(point.dataset for point in points):
+        check_dataset(name, spec.datasets[name], context.get("data_dir", SHARED_DATA))
+
+
+def trial(spec: Any, point: Any, context: Mapping[str, Any]) -> dict[str, Any]:
+    """One trial: :func:`share` of the point's dataset (its folder, under ``context["data_dir"]`` unless absolute) at
+    the point's seed, in batches of the protocol's ``batch_size``. Returns the records file's row, with the batch
+    size (lifted to the file's top by :func:`layout`) and the commit and library tree it was counted from.
+
+    Raises:
+        ValueError: a dataset without a folder, a folder that is not there, pairs that fill no batch.
+    """
+    from st_hardneg import validation
+
+    batch_size = _batch_size(spec)
+    path = _folder(spec, point, context)
+    row = share(path, validation.check_count(point.seed, "seed", minimum=0), batch_size, name=point.dataset)
+    provenance = context.get("provenance") or {}
+    return {**row, "batch_size": batch_size, **{key: provenance[key] for key in ("commit", "library")
+                                                 if key in provenance}}
+
+
+def read(data: Mapping[str, Any]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """The spec's ``report.read``: the file's ``rows`` are the records (each a dataset and seed of the one row,
+    :data:`ROW`); its ``batch_size`` is its protocol (a spec with another one is refused)."""
+    return [dict(r) for r in data["rows"]], {"protocol": {"batch_size": data["batch_size"]}, "row": ROW}
+
+
+def layout(records: Sequence[Mapping[str, Any]], meta: Mapping[str, Any]) -> dict[str, Any]:
+    """The spec's ``report.layout``, :func:`read`'s inverse: ``{"batch_size", "rows"}``, the batch size the new
+    records carry lifted to the top.
+
+    Raises:
+        ValueError: records counted in batches of different sizes (one file holds one batch size).
+    """
+    sizes = {r["batch_size"] for r in records if "batch_size" in r}
+    protocol = meta.get("protocol") or {}
+    if "batch_size" in protocol:
+        sizes.add(protocol["batch_size"])
+    if len(sizes) > 1:
+        raise ValueError(f"known_relevance_share.json holds one batch size, but its rows were counted in batches of "
+                         f"{', '.join(map(str, sorted(sizes)))}")
+    return {"batch_size": sizes.pop() if sizes else BATCH_SIZE,
+            "rows": [{k: v for k, v in r.items() if k != "batch_size"} for r in records]}

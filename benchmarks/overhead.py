@@ -1,7 +1,7 @@
 """Cost of each loss relative to unsupervised SimCSE (``mnrl``): per training step, and for the loss math alone.
 
 Step benchmark: every method gets its own copy of the same encoder (the embedded all-MiniLM-L6-v2, CLS pooling,
-max_seq_length 32, or ``--model PATH``) and its own AdamW, and all of them train in one process on the same
+max_seq_length 32, or ``--set model=PATH``) and its own AdamW, and all of them train in one process on the same
 pre-tokenised batches of 64 wiki10k sentences (each sentence twice, as in unsupervised training). Each round runs one
 full step per method (zero_grad, forward, loss, backward, gradient clipping, optimizer step, including AdCSE's EMA
 and adversary updates, which run in the optimizer-step hook), in a round-robin order that rotates every round, so
@@ -12,42 +12,54 @@ Loss-only benchmark: fixed random embeddings (64 x d, d = 384 for MiniLM) with `
 ``compute_loss_from_embeddings`` + backward, median over repetitions (also interleaved). It shows how much of a
 step the loss math itself costs.
 
-    python -m benchmarks.overhead                       # the real measurement (about 25 min on 2 busy cores)
-    python -m benchmarks.overhead --steps 3 --model tiny-bert-dir --out /tmp/o.json   # smoke run
-    python -m benchmarks.overhead --profile adcse       # where a method's step time goes (torch.profiler)
-    python -m benchmarks.overhead --report              # rewrite overhead.md from overhead.json
+The study is ``benchmarks/studies/overhead.json``: the whole interleaved measurement is its one trial
+(:func:`trial`: one group of methods, one round of steps, in one process), run and rendered by the one runner::
 
-Writes ``benchmarks/results/overhead.json``::
+    python -m benchmarks.studies benchmarks/studies/overhead.json --check   # overhead.md == its record?
+    python -m benchmarks.studies benchmarks/studies/overhead.json --run     # measure (about 25 min on 2 busy cores)
+    python -m benchmarks.studies SPEC_COPY --run --set model=tiny-bert-dir --set steps=3 --set warmup=1 \
+        --set loss_reps=3                                                     # a smoke run (a copy of the spec)
+
+The committed measurement is the study's finished trial: ``--run`` measures again only once
+``results/overhead.json`` is moved away. :func:`profile_tables` shows where a method's step time goes
+(torch.profiler).
+
+``benchmarks/results/overhead.json``::
 
     {"mixcse": {"step_ratio_vs_mnrl": 1.01, "step_ms": 812.3, "loss_only_ms": 0.41, ...}, ..., "_meta": {...}}
 
-and a markdown table next to it (``overhead.md``). Targets: <= 1.05x for mixcse, focal and hncse,
+and a markdown table next to it (``overhead.md``, :func:`markdown`). Targets: <= 1.05x for mixcse, focal and hncse,
 <= 1.45x for adcse.
 """
 
 from __future__ import annotations
 
-import argparse
 import copy
-import json
-import logging
 import os
 import platform
 import statistics
-import sys
 import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from benchmarks.harness import RESULTS, WIKI10K
+from benchmarks.harness import SHARED_DATA
 from benchmarks.methods import OURS, registry_loss
 
-DEFAULT_OUT = RESULTS / "overhead.json"
-DEFAULT_CORPUS = WIKI10K
+DEFAULT_CORPUS = SHARED_DATA / "corpus" / "wiki10k.txt"
 #: the project's step-ratio targets (methods without a target are reported only)
 TARGETS = {"mixcse": 1.05, "focal": 1.05, "hncse_pm": 1.05, "hncse_hnm": 1.05, "hncse": 1.05, "adcse": 1.45}
-#: the methods measured by default (``hncse``, PM and HNM together, on request with --methods)
+#: the methods measured by default (``hncse``, PM and HNM together, on request)
 DEFAULT_METHODS = ["mnrl", "mnrl_hardness", *OURS]
+#: the baseline every ratio is against; it is always measured, first
+BASELINE = "mnrl"
+#: the measurement's settings a trial reads from the spec's protocol, each overridable by ``--set KEY=VALUE``
+SETTINGS = {"batch_size": 64, "max_seq_length": 32, "steps": 25, "warmup": 3, "loss_reps": 200, "loss_warmup": 10,
+            "lr": 3e-5, "threads": 1}
+#: the committed measurement's group (the spec's one row) and seed, which its ``_meta`` does not name
+GROUP, SEED = "interleaved", 0
+#: a record's provenance, kept in its ``_meta`` (the table's rows are the records' other top-level keys)
+PROVENANCE = ("commit", "library")
 
 
 def load_encoder(model_path: str | None, max_seq_length: int):
@@ -209,108 +221,176 @@ def markdown(results: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main(argv: list[str] | None = None) -> int:
+
+
+# --------------------------------------------------------------------------- the study's trial and its records file
+def settings(spec: Any, context: Mapping[str, Any]) -> dict[str, Any]:
+    """The measurement's :data:`SETTINGS`: the spec's protocol values of those names, each replaced by a ``--set``
+    value of the trial's context.
+
+    Raises:
+        ValueError: a count below its minimum or a learning rate that is not a positive number (naming it).
+    """
+    from st_hardneg import validation
+
+    out = {key: context.get(key, spec.protocol.get(key, default)) for key, default in SETTINGS.items()}
+    for key, minimum in (("batch_size", 2), ("max_seq_length", 1), ("steps", 1), ("warmup", 0), ("loss_reps", 1),
+                         ("loss_warmup", 0), ("threads", 0)):
+        validation.check_count(out[key], key, minimum=minimum)
+    validation.check_number(out["lr"], "lr", minimum=0.0)
+    return out
+
+
+def group_methods(row: Any) -> list[str]:
+    """The labels a row measures together (its ``extra["methods"]``, labels of :data:`benchmarks.methods.METHODS` or
+    registry names; default :data:`DEFAULT_METHODS`), the baseline first.
+
+    Raises:
+        ValueError: a label whose loss is not in the registry (naming it).
+    """
     from st_hardneg.training import LOSSES
 
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--methods", nargs="*", default=DEFAULT_METHODS,
-                        help=f"from {', '.join(LOSSES)} (mnrl, the baseline, is always included)")
-    parser.add_argument("--model", default=None, help="encoder directory (default: the embedded all-MiniLM-L6-v2)")
-    parser.add_argument("--corpus", default=str(DEFAULT_CORPUS))
-    parser.add_argument("--steps", type=int, default=25, help="measured steps per method (>= 20 for the real run)")
-    parser.add_argument("--warmup", type=int, default=3, help="warm-up rounds, not measured")
-    parser.add_argument("--loss-reps", type=int, default=200, help="repetitions of the loss-only benchmark")
-    parser.add_argument("--batch-size", type=int, default=64)
-    parser.add_argument("--max-seq-length", type=int, default=32)
-    parser.add_argument("--lr", type=float, default=3e-5)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--threads", type=int, default=1,
-                        help="torch intra-op threads (0 = torch's default). 1 by default: on a loaded 2-core machine "
-                             "two threads made each step about 3x slower and far noisier than one")
-    parser.add_argument("--contention", default=None,
-                        help="note on other load during the run, stored in _meta (default: the load average)")
-    parser.add_argument("--out", default=str(DEFAULT_OUT))
-    parser.add_argument("--profile", default=None, metavar="METHOD",
-                        help="print a torch.profiler table of a few steps of METHOD (and of mnrl) instead")
-    parser.add_argument("--report", action="store_true", help="only rewrite the markdown table of --out")
-    parser.add_argument("--quiet", action="store_true")
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.WARNING)
-    if args.report:
-        out = Path(args.out)
-        table = markdown(json.loads(out.read_text()))
-        out.with_suffix(".md").write_text(table)
-        print(table)
-        return 0
+    labels = [str(m) for m in row.extra.get("methods", DEFAULT_METHODS)]
+    methods = [BASELINE, *dict.fromkeys(m for m in labels if m != BASELINE)]
+    unknown = [m for m in methods if registry_loss(m) not in LOSSES]
+    if unknown:
+        raise ValueError(f"unknown method(s) {', '.join(unknown)}; choose from {', '.join(LOSSES)}")
+    return methods
 
+
+def _corpus(spec: Any, point: Any, context: Mapping[str, Any]) -> Path:
+    folder = spec.datasets[point.dataset].folder
+    path = DEFAULT_CORPUS if folder is None else Path(folder)
+    if folder is not None and not path.is_absolute():
+        path = Path(context.get("data_dir", SHARED_DATA)) / path
+    if not path.is_file():
+        raise ValueError(f"no corpus at {path} (dataset {point.dataset!r} of the spec)")
+    return path
+
+
+def check(spec: Any, points: Sequence[Any], context: Mapping[str, Any]) -> None:
+    """The spec's ``report.prepare``: refuse, before any model loads, the settings, a group's methods or a corpus
+    that a trial left to run would refuse.
+
+    Raises:
+        ValueError: naming the setting, method or corpus.
+    """
+    settings(spec, context)
+    for point in points:
+        group_methods(spec.rows[point.row])
+        _corpus(spec, point, context)
+
+
+def trial(spec: Any, point: Any, context: Mapping[str, Any]) -> dict[str, Any]:
+    """The study's one trial: the row's group of methods (:func:`group_methods`) measured together in this process,
+    the step benchmark (:func:`step_benchmark`, rounds interleaved round-robin) and then the loss-only benchmark
+    (:func:`loss_only_benchmark`), on the dataset's corpus at the point's seed, with the spec's :func:`settings`.
+    ``context["model"]`` is an encoder directory (default: the embedded all-MiniLM-L6-v2, CLS pooling),
+    ``context["progress"]`` shows a progress bar; the torch thread count is set for the measurement and restored
+    after it. Nothing is written.
+
+    Returns:
+        The records file's content (:func:`summarize`: one entry per method, and ``_meta``: the settings, the
+        machine, the load during the run, the group, the seed and the provenance).
+
+    Raises:
+        ValueError: a bad setting, an unknown method, no corpus. RuntimeError: a non-finite loss.
+    """
     import torch
 
     from st_hardneg.data import read_corpus
 
-    if args.threads > 0:
-        torch.set_num_threads(args.threads)
-    methods = ["mnrl", *[m for m in args.methods if m != "mnrl"]]
-    unknown = [m for m in methods if m not in LOSSES]
-    if unknown:
-        parser.error(f"unknown method(s) {unknown}; choose from {', '.join(LOSSES)}")
-    if args.steps < 1 or args.warmup < 0:
-        parser.error("--steps must be >= 1 and --warmup >= 0")
-    base = load_encoder(args.model, args.max_seq_length)
-    sentences = read_corpus(args.corpus)
-
-    if args.profile:
-        if args.profile not in LOSSES:
-            parser.error(f"unknown method {args.profile!r}")
-        batches = make_batches(base, sentences, args.batch_size, 4)
-        for method in dict.fromkeys(["mnrl", args.profile]):
-            print(f"=== {method}\n{profile_method(method, base, batches, args.lr, args.seed)}")
-        return 0
-
-    load_before = os.getloadavg()
-    start = time.perf_counter()
-    batches = make_batches(base, sentences, args.batch_size, args.warmup + args.steps)
-    step_times = step_benchmark(methods, base, batches, args.warmup, args.lr, args.seed,
-                                show_progress_bar=not args.quiet)
-    dim = base.get_embedding_dimension()
-    loss_times = loss_only_benchmark(methods, base, dim, args.batch_size, args.loss_reps, warmup=10, seed=args.seed)
-    load_after = os.getloadavg()
-    results: dict[str, Any] = summarize(step_times, loss_times)
+    values = settings(spec, context)
+    methods = group_methods(spec.rows[point.row])
+    corpus = _corpus(spec, point, context)
+    seed = 0 if point.seed is None else int(point.seed)
+    previous = torch.get_num_threads()
+    if values["threads"] > 0:
+        torch.set_num_threads(values["threads"])
+    try:
+        base = load_encoder(context.get("model"), values["max_seq_length"])
+        sentences = read_corpus(corpus)
+        load_before = os.getloadavg()
+        start = time.perf_counter()
+        batches = make_batches(base, sentences, values["batch_size"], values["warmup"] + values["steps"])
+        step_times = step_benchmark(methods, base, batches, values["warmup"], values["lr"], seed,
+                                    show_progress_bar=bool(context.get("progress", False)))
+        dim = base.get_embedding_dimension()
+        loss_times = loss_only_benchmark(methods, base, dim, values["batch_size"], values["loss_reps"],
+                                         warmup=values["loss_warmup"], seed=seed)
+        load_after = os.getloadavg()
+        threads = torch.get_num_threads()
+    finally:
+        torch.set_num_threads(previous)
+    results: dict[str, Any] = summarize(step_times, loss_times, baseline=BASELINE)
+    provenance = dict(context.get("provenance") or {})
     results["_meta"] = {
-        "model": args.model or "all-MiniLM-L6-v2 (embedded), CLS pooling",
+        "model": context.get("model") or "all-MiniLM-L6-v2 (embedded), CLS pooling",
         "embedding_dim": dim,
-        "batch_size": args.batch_size,
-        "max_seq_length": args.max_seq_length,
-        "corpus": Path(args.corpus).name,
-        "steps_measured": args.steps,
-        "warmup_steps": args.warmup,
-        "loss_only_reps": args.loss_reps,
-        "loss_only_input": f"fixed random embeddings {args.batch_size}x{dim} (anchor, positive), requires_grad",
+        "batch_size": values["batch_size"],
+        "max_seq_length": values["max_seq_length"],
+        "corpus": corpus.name,
+        "steps_measured": values["steps"],
+        "warmup_steps": values["warmup"],
+        "loss_only_reps": values["loss_reps"],
+        "loss_only_input": f"fixed random embeddings {values['batch_size']}x{dim} (anchor, positive), requires_grad",
         "step": "zero_grad + forward (anchor, positive) + loss + backward + clip_grad_norm(1.0) + AdamW step "
                 "(incl. optimizer-step hooks: AdCSE's EMA and adversary update)",
         "order": "round-robin, start rotated every round; ratio = median over rounds of t(method) / t(mnrl)",
         "torch": torch.__version__,
-        "torch_threads": torch.get_num_threads(),
+        "torch_threads": threads,
         "cpu_count": os.cpu_count(),
         "platform": platform.platform(),
         "load_average_before_after": [round(load_before[0], 2), round(load_after[0], 2)],
-        "contention": args.contention or (
+        "contention": context.get("contention") or (
             f"load average {load_before[0]:.1f} → {load_after[0]:.1f} on {os.cpu_count()} cores during the run "
             "(other jobs were running: absolute times are inflated; interleaving keeps the ratios comparable)"),
-        "smoke": args.steps < 20,
+        "smoke": values["steps"] < 20,
         "seconds": round(time.perf_counter() - start, 1),
         "finished": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "group": point.row,
+        "seed": seed,
+        **{key: provenance[key] for key in PROVENANCE if key in provenance},
     }
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_suffix(".tmp")
-    tmp.write_text(json.dumps(results, indent=2) + "\n")
-    tmp.replace(out)
-    table = markdown(results)
-    out.with_suffix(".md").write_text(table)
-    print(table)
-    print(f"results: {out}")
-    return 0
+    return results
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+def read(data: Mapping[str, Any]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """The spec's ``report.read``: ``overhead.json`` is one measurement, so one record (the file's content, its
+    provenance from ``_meta`` also at the top, where the runner reads it), and its grid point: the group and seed its
+    ``_meta`` names (the committed measurement, which names neither: :data:`GROUP`, :data:`SEED`)."""
+    meta = dict(data.get("_meta") or {})
+    record = {**dict(data), **{key: meta[key] for key in PROVENANCE if key in meta}}
+    return [record], {"group": meta.get("group", GROUP), "seed": meta.get("seed", SEED)}
+
+
+def layout(records: Sequence[Mapping[str, Any]], meta: Mapping[str, Any]) -> dict[str, Any]:
+    """The spec's ``report.layout``, :func:`read`'s inverse: the one record without its provenance at the top.
+
+    Raises:
+        ValueError: more than one record (the file holds one measurement).
+    """
+    if len(records) > 1:
+        raise ValueError(f"overhead.json holds one measurement (one group at one seed), got {len(records)} records")
+    return {key: value for key, value in (records[0] if records else {}).items() if key not in PROVENANCE}
+
+
+def profile_tables(method: str, model_path: str | None = None, corpus: str | Path = DEFAULT_CORPUS, *,
+                   batch_size: int = 64, max_seq_length: int = 32, lr: float = 3e-5, seed: int = 0) -> str:
+    """Where a method's step time goes: :func:`profile_method` tables of ``mnrl`` and of ``method`` (4 batches).
+
+    Example:
+        ``python -c "from benchmarks.overhead import profile_tables; print(profile_tables('adcse'))"``
+
+    Raises:
+        ValueError: an unknown method.
+    """
+    from st_hardneg.data import read_corpus
+    from st_hardneg.training import LOSSES
+
+    if registry_loss(method) not in LOSSES:
+        raise ValueError(f"unknown method {method!r}; choose from {', '.join(LOSSES)}")
+    base = load_encoder(model_path, max_seq_length)
+    batches = make_batches(base, read_corpus(corpus), batch_size, 4)
+    return "".join(f"=== {name}\n{profile_method(name, base, batches, lr, seed)}\n"
+                   for name in dict.fromkeys([BASELINE, method]))

@@ -1,5 +1,6 @@
-"""benchmarks.overhead: the smoke run, the committed table, and the HNCSE speed-up it measured (the fast synthetic
-cosines equal the explicit mixtures)."""
+"""benchmarks.overhead: its summary of the interleaved times, its records file, the committed table, and the HNCSE
+speed-up it measured (the fast synthetic cosines equal the explicit mixtures). The study spec and its smoke run:
+``tests/studies/test_measure_overhead.py``."""
 
 from __future__ import annotations
 
@@ -16,22 +17,51 @@ def _load():
     return importlib.import_module("benchmarks.overhead")
 
 
-def test_overhead_smoke(tiny_model_dir, shared_data, tmp_path):
+def test_summarize_ratios_are_per_round_medians_against_mnrl():
+    """Each round's ratio t(method) / t(mnrl) in that round, their median and quartiles; the ratio of medians; the
+    medians in ms; the loss share of a step; the target and whether it is met."""
+    import statistics
+
+    mnrl = [1.0, 2.0, 1.0, 4.0]
+    adcse = [1.5, 2.0, 3.0, 4.4]  # per round: 1.5, 1.0, 3.0, 1.1
+    rows = _load().summarize({"mnrl": mnrl, "adcse": adcse}, {"mnrl": [0.001, 0.003], "adcse": [0.002]})
+    ratios = [1.5, 1.0, 3.0, 1.1]
+    q = statistics.quantiles(ratios, n=4)
+    assert rows["adcse"]["step_ratio_vs_mnrl"] == round(statistics.median(ratios), 4) == 1.3
+    assert rows["adcse"]["step_ratio_iqr"] == [round(q[0], 4), round(q[2], 4)]
+    assert rows["adcse"]["step_ratio_of_medians"] == round(2.5 / 1.5, 4)
+    assert rows["adcse"]["step_ms"] == 2500.0 and rows["adcse"]["loss_only_ms"] == 2.0
+    assert rows["adcse"]["loss_only_share_of_step"] == round(2.0 / 2500.0, 5)
+    assert rows["adcse"]["target"] == 1.45 and rows["adcse"]["meets_target"] is True
+    assert rows["mnrl"]["step_ratio_vs_mnrl"] == 1.0 and rows["mnrl"]["step_ratio_iqr"] == [1.0, 1.0]
+    assert "target" not in rows["mnrl"] and rows["mnrl"]["steps_measured"] == 4
+
+
+def test_the_records_file_is_one_record_and_bad_settings_are_refused():
     overhead = _load()
-    out = tmp_path / "overhead.json"
-    code = overhead.main(["--steps", "3", "--warmup", "1", "--loss-reps", "3", "--model", str(tiny_model_dir),
-                          "--methods", "mixcse", "adcse", "--corpus", str(shared_data / "corpus" / "wiki10k.txt"),
-                          "--out", str(out), "--quiet"])
-    assert code == 0
-    results = json.loads(out.read_text())
-    assert set(results) == {"mnrl", "mixcse", "adcse", "_meta"}
-    assert results["mnrl"]["step_ratio_vs_mnrl"] == 1.0
-    for name in ("mnrl", "mixcse", "adcse"):
-        row = results[name]
-        assert row["step_ms"] > 0 and row["loss_only_ms"] > 0 and row["steps_measured"] == 3
-    assert results["adcse"]["target"] == 1.45 and isinstance(results["adcse"]["meets_target"], bool)
-    assert results["_meta"]["smoke"] is True and results["_meta"]["embedding_dim"] == 32
-    assert "| adcse |" in out.with_suffix(".md").read_text()
+    data = json.loads((RESULTS / "overhead.json").read_text())
+    records, meta = overhead.read(data)
+    assert records == [data] and meta == {"group": "interleaved", "seed": 0}
+    assert overhead.layout(records, meta) == data
+    stamped = {**data, "_meta": {**data["_meta"], "commit": "abc", "group": "g", "seed": 3}}
+    records, meta = overhead.read(stamped)
+    assert records[0]["commit"] == "abc" and meta == {"group": "g", "seed": 3}  # where the runner reads them
+    assert overhead.layout(records, meta) == stamped
+    with pytest.raises(ValueError, match="one measurement"):
+        overhead.layout([data, data], {})
+    from st_hardneg.training.studies.spec import Row
+
+    assert overhead.group_methods(Row(loss="mnrl", extra={"methods": ["adcse", "mnrl"]})) == ["mnrl", "adcse"]
+    with pytest.raises(ValueError, match="unknown method"):
+        overhead.group_methods(Row(loss="mnrl", extra={"methods": ["nope"]}))
+
+    class Spec:
+        protocol = {"steps": 25}
+
+    assert overhead.settings(Spec(), {"steps": 3})["steps"] == 3
+    for bad in ({"steps": 0}, {"warmup": -1}, {"lr": "fast"}):
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            overhead.settings(Spec(), bad)
 
 
 @pytest.mark.parametrize("alpha", [0.5, 0.3, "adaptive"])
