@@ -101,11 +101,15 @@ def run(args: argparse.Namespace) -> dict[Path, str]:
                            provenance=context["provenance"])
         study = open_study(spec, open_storage(url, args.heartbeat))
         meta = study.user_attrs.get("records_meta") or {}
-        data = r.write_records(args.spec, spec, finished_records(study, spec, failed=True), meta)
+        records = finished_records(study, spec, failed=True)
+        if records or r.records_path(args.spec, spec).is_file():  # no record at all (every trial raised): no file
+            data = r.write_records(args.spec, spec, records, meta)
         for key, error in state.failed.items():
             print(f"    failed: {key}: {error}", flush=True)
         if state.left:
             print(f"{len(state.left)} trial(s) not finished: run the same command again to resume", flush=True)
+            return {}
+        if data is None:  # nothing recorded: no table to render
             return {}
     elif state.left:
         raise ValueError(f"{len(state.left)} trial(s) of {spec.name} are left to run (e.g. {state.left[0]}): run "
