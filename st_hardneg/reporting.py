@@ -256,8 +256,8 @@ def median_or_none(values: Iterable[float | None]) -> float | None:
 
 
 def group_by_method(runs: Iterable[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
-    """Runs grouped by their ``"method"``, methods in order of first appearance; failed runs (a ``"failed"`` entry,
-    see ``benchmarks/harness.py``'s ``run_pending``) are left out."""
+    """Runs grouped by their ``"method"``, methods in order of first appearance; failed runs (a ``"failed"`` entry:
+    a configuration that left no usable row, a study's failed trial) are left out."""
     groups: dict[str, list[dict[str, Any]]] = {}
     for run in runs:
         if run.get("failed"):

@@ -1,7 +1,7 @@
 """Test helpers: a tiny, randomly initialised BERT that builds offline in a second.
 
-Used by the test suite, the benchmarks' dry runs (``benchmarks/paper_protocol.py --dry-run``,
-``benchmarks/overhead.py --model``) and the notebooks' smoke mode, so every code path can be exercised without
+Used by the test suite, the benchmarks' dry runs (``benchmarks/studies/paper_protocol_dry_run.json``,
+a spec run with ``--set model=PATH``) and the notebooks' smoke mode, so every code path can be exercised without
 downloading a model.
 
 >>> from st_hardneg.testing.fixtures import make_tiny_model_dir

@@ -2,8 +2,8 @@
 
 The command line (``st-hardneg train``) and every benchmark script run their experiments through
 :func:`run_experiment` (unsupervised sentences, STS) or the step under it, :func:`run_training` (any dataset, any
-scoring, e.g. the retrieval benchmark), so a train-then-evaluate run is defined once (the benchmarks' resumable
-loop over methods and seeds is in ``benchmarks/harness.py``).
+scoring, e.g. the retrieval benchmark), so a train-then-evaluate run is defined once (the benchmarks' grid of rows and
+seeds is a study, :mod:`st_hardneg.training.studies`, each trial one such run).
 
 >>> from st_hardneg.training.experiment import run_experiment
 """
