@@ -428,7 +428,8 @@ def trial(spec: Any, point: Any, context: dict[str, Any]) -> dict[str, Any]:
     if run["status"] in FAILED:
         run["failed"] = f"{run['status']}: {run.get('reason', '')}"
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / (config_key(**cfg).replace("/", "_") + ".json")).write_text(json.dumps(run))
+    key = config_key(cfg["method"], cfg["variant"], cfg["batch_size"], cfg["processes"])
+    (folder / (key.replace("/", "_") + ".json")).write_text(json.dumps(run))
     return {"dataset": point.dataset, "row": point.row, "seed": point.seed, **run, "meta": run_meta(settings)}
 
 
