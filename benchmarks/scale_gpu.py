@@ -37,7 +37,6 @@ the calls' rows in order (:func:`read` / :func:`layout`), each call's ratios wit
 
 from __future__ import annotations
 
-import argparse
 import gc
 import json
 import platform

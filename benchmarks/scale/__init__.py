@@ -430,7 +430,10 @@ def trial(spec: Any, point: Any, context: dict[str, Any]) -> dict[str, Any]:
     folder.mkdir(parents=True, exist_ok=True)
     key = config_key(cfg["method"], cfg["variant"], cfg["batch_size"], cfg["processes"])
     (folder / (key.replace("/", "_") + ".json")).write_text(json.dumps(run))
-    return {"dataset": point.dataset, "row": point.row, "seed": point.seed, **run, "meta": run_meta(settings)}
+    # the file's settings are the protocol's (its steps the default: a run timed over others records its own; its
+    # corpus as the protocol names it, wherever this machine found it)
+    meta = run_meta({k: spec.protocol[k] for k in SETTINGS})
+    return {"dataset": point.dataset, "row": point.row, "seed": point.seed, **run, "meta": meta}
 
 
 # ----------------------------------------------------------------------------------------------------- main

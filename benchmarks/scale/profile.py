@@ -41,41 +41,47 @@ autocast is no longer active: sentence-transformers' CachedMNRL re-embeds in flo
 forward itself wrapped in autocast, as ``accelerate``'s ``prepare`` does for ``SentenceTransformerTrainer`` with
 ``bf16=True``; the re-embedding is then bf16 for every loss.
 
-CPU (the real all-MiniLM-L6-v2, float32, 1 thread; the committed ``scale_profile_cpu.*``: a step of batch 1024
-takes 6-9 minutes on the shared 2-core machine, so its rounds ran in two processes, the second profiling its cached
-steps, and were merged with ``--append``)::
+The studies (``benchmarks/studies/scale_profile_cpu.json``, ``scale_profile_gpu.json``,
+``scale_profile_gpu_losses.json``): the round-robin must stay in one process, so one trial (:func:`trial`) is one
+batch size's whole measurement in one process (its dataset ``b<batch>``, its row ``round_robin``: the configuration
+group, its seed 0), and the records file keeps one batch entry per trial (:func:`read` / :func:`layout`, each trial a
+process of its own)::
 
-    python -m benchmarks.scale profile --device cpu --batch-sizes 1024 --mini-batch-size 128 --rounds 3
-    python -m benchmarks.scale profile --rounds 1 --profile-in-last-round --no-warmup --out /tmp/p/scale_profile_cpu.json \
-        --trace-dir benchmarks/results            # then: --append /tmp/p/scale_profile_cpu.json
+    python -m benchmarks.studies benchmarks/studies/scale_profile_cpu.json --check     # the committed table
+    python -m benchmarks.studies SPEC --run --set trace_dir=DIR                         # the batches left
+
+CPU (the real all-MiniLM-L6-v2, float32, 1 thread; the committed ``scale_profile_cpu.*``: a step of batch 1024
+takes 6-9 minutes on the shared 2-core machine, so its 2 rounds ran in two processes, the second profiling its cached
+steps, merged by the former driver into one batch entry, imported as the one trial of ``b1024``).
 
 GPU (a random BERT-base-shaped encoder, bf16 autocast, batches 8192 and 32768, mini-batch 1024; about 5 minutes
-on one H100 / H200 if the cached steps run at the encoder's pace, and cut at ``--time-budget`` 480 s otherwise, the
-results written after every step). The machine's sentence-transformers may be older than 6.2 (6.0.1 was seen), so
-its wheel (pure Python) travels in ``.whl``, made once in the checkout that travels::
+on one H100 / H200 if the cached steps run at the encoder's pace, and cut at the protocol's ``time_budget`` 480 s
+otherwise). The machine's sentence-transformers may be older than 6.2 (6.0.1 was seen), so its wheel (pure Python)
+travels in ``.whl``, made once in the checkout that travels (with ``optuna``, the runner's engine, if the machine lacks
+it)::
 
     echo /.whl/ >> .git/info/exclude; python3 -m pip download --no-deps -d .whl sentence-transformers==6.2.0
 
-and ``datasets`` (which sentence-transformers imports) with its own needs if the machine lacks it. The device
-tool's command line (``carry: [".whl"]``, ``timeout_s`` 600; it runs in the repository root)::
+and ``datasets`` (which sentence-transformers imports) with its own needs if the machine lacks it. With the committed
+records moved away (or a new spec naming a new records file), the device tool's command line (``carry: [".whl"]``,
+``timeout_s`` 600; it runs in the repository root)::
 
     export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false;
     if ls .whl/*.whl >/dev/null 2>&1; then python3 -m pip install -q --no-index --no-deps --no-compile
     --no-cache-dir --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site; fi;
     nvidia-smi --query-gpu=name,clocks.max.sm --format=csv;
-    python3 -c "import sentence_transformers as s, torch; print(s.__version__, torch.__version__)" || exit 1;
-    timeout 560 python3 -m benchmarks.scale profile --device cuda --out $OUT/scale_profile_gpu.json
-    --trace-dir $OUT 2>&1 | tee $OUT/profile_log.txt
+    timeout 560 python3 -m benchmarks.studies benchmarks/studies/scale_profile_gpu.json --run --set device=cuda
+    --set trace_dir=$OUT --work-dir $OUT/work 2>&1 | tee $OUT/profile_log.txt; cp benchmarks/results/scale_profile_gpu.* $OUT/
 
 (one line, joined). Then copy ``scale_profile_gpu.json`` and the two ``scale_profile_gpu_*.trace.json.gz`` from the
 returned files to ``benchmarks/results/`` and re-render with
-``python -m benchmarks.scale profile --report --out benchmarks/results/scale_profile_gpu.json``; the committed
-GPU traces were pruned once more, to stay under 2 MiB each, with ``--reprune-traces --trace-min-us 50`` (flow arrows
-and CPU events under 50 us dropped; kernels and phase ranges kept).
+``python -m benchmarks.studies benchmarks/studies/scale_profile_gpu.json``; the committed GPU traces were pruned once
+more, to stay under 2 MiB each, with ``python -m benchmarks.scale profile --reprune-traces --trace-min-us 50 --out
+benchmarks/results/scale_profile_gpu.json`` (flow arrows and CPU events under 50 us dropped; kernels and phase
+ranges kept).
 
-Dry run (a tiny random BERT on the CPU, bf16 autocast, both modes, tested)::
-
-    python -m benchmarks.scale profile --dry-run --out /tmp/p.json --trace-dir /tmp
+CPU smoke run (tested): a spec whose protocol says ``device`` ``cpu``, ``model`` ``tiny`` and ``autocast`` ``bf16``
+(both modes, batch 16, mini-batch 8).
 """
 
 from __future__ import annotations
@@ -96,7 +102,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from benchmarks.harness import RESULTS, WIKI10K
+from benchmarks.harness import RESULTS
 from benchmarks.scale_gpu import PEAK_BF16, encoder_forward_flops, step_flops  # noqa: F401 (profile.encoder_forward_flops)
 
 CPU_OUT = RESULTS / "scale_profile_cpu.json"
