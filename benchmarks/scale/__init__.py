@@ -115,8 +115,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.harness import REPO, WIKI10K
-from benchmarks.methods import OURS
+from benchmarks.harness import REPO
 from benchmarks.scale.report import (  # noqa: F401  (the report half of this benchmark; summarize, plot: its API here too)
     DDP_TARGET,
     MEMORY_TARGET,
@@ -133,8 +132,6 @@ from benchmarks.scale.report import (  # noqa: F401  (the report half of this be
 )
 from benchmarks.scale.worker import MEMORY_ENV, build_benchmark_loss, run_config  # noqa: F401  (one configuration)
 
-DEFAULT_CORPUS = WIKI10K  # $ST_HARDNEG_SHARED_DATA or ../shared/data (benchmarks.harness)
-DEFAULT_METHODS = ["mnrl", REFERENCE, *OURS]
 VARIANTS = ("uncached", "cached")
 RESULT_PREFIX = "SCALE_RESULT "
 #: the statuses of a configuration that failed to measure: a failed trial, kept with its record
