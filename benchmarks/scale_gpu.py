@@ -26,15 +26,17 @@ over the GPU's dense bf16 peak (:data:`PEAK_BF16`); the FLOP count is written ou
 state and gradients already exist after the warm-up step), i.e. what the step itself adds; ``base_mb`` is that
 starting point.
 
-    python -m benchmarks.scale_gpu --out benchmarks/results/scale_gpu.json     # needs a CUDA device
-    python -m benchmarks.scale_gpu --dry-run                                   # tiny grid on the CPU (tested)
-    python -m benchmarks.scale_gpu --batch-sizes 8192 32768 --steps 2 --call 3 --out $OUT/more.json   # a later call
-    python -m benchmarks.scale_gpu --merge more.json                           # its rows into --out's table
+The study (``benchmarks/studies/scale_gpu.json``): a device call runs its configurations one after the other in one
+process on one model, so one call is one trial: its dataset is the call (``call3``: its number, the (batch, variant)
+grid it ran, its timed steps, a note), its row every method, its seed 0 (the weights' seed); the records file keeps
+the calls' rows in order (:func:`read` / :func:`layout`), each call's ratios within it::
+
+    python -m benchmarks.studies benchmarks/studies/scale_gpu.json --check                 # the committed table
+    python -m benchmarks.studies benchmarks/studies/scale_gpu.json --run --set device=cuda # a call left (a new dataset)
 """
 
 from __future__ import annotations
 
-import argparse
 import gc
 import json
 import platform
@@ -237,90 +239,142 @@ def markdown(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default="benchmarks/results/scale_gpu.json")
-    parser.add_argument("--steps", type=int, default=3, help="timed steps after one warm-up step")
-    parser.add_argument("--mini-batch-size", type=int, default=1024)
-    parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
-    parser.add_argument("--batch-sizes", nargs="+", type=int, help="only these batches of the grid")
-    parser.add_argument("--report", action="store_true", help="only re-render the markdown from --out's JSON")
-    parser.add_argument("--dry-run", action="store_true", help="a tiny encoder and tiny batches on the CPU")
-    parser.add_argument("--call", type=int, default=1, help="the device call these rows come from (ratios compare "
-                        "rows of one call only)")
-    parser.add_argument("--merge", help="append this results JSON's rows (a later call, same model) to --out's")
-    parser.add_argument("--note", action="append", default=[], help="with --merge: a note for the table")
-    args = parser.parse_args(argv)
-    if args.call < 1:
-        parser.error(f"--call must be >= 1, got {args.call}")
-    if args.merge and not Path(args.merge).is_file():
-        parser.error(f"--merge: no results file at {args.merge}")
-    if args.note and not args.merge:
-        parser.error("--note goes with --merge (a note on the merged call)")
-    if args.report or args.merge:
-        saved = json.loads(Path(args.out).read_text())
-        if args.merge:
-            more = json.loads(Path(args.merge).read_text())
-            if more["model"] != saved["model"] or more["mini_batch_size"] != saved["mini_batch_size"]:
-                parser.error(f"--merge: {args.merge} measured {more['model']!r} (mini-batch "
-                             f"{more['mini_batch_size']}), --out {saved['model']!r} ({saved['mini_batch_size']})")
-            calls = {r.get("call", 1) for r in saved["rows"]}
-            if {r.get("call", 1) for r in more["rows"]} & calls:
-                parser.error(f"--merge: {args.merge} reuses a call number of --out ({sorted(calls)}); rerun with --call")
-            saved["rows"] += more["rows"]
-            saved["wall_seconds"] = saved["wall_seconds"] + more["wall_seconds"]
-            saved["notes"] = [*saved.get("notes", []), *args.note]
-            saved.setdefault("environments", {})[str(more["rows"][0].get("call", 1))] = more["environment"]
-        ratios(saved["rows"])
-        Path(args.out).write_text(json.dumps(saved, indent=1) + "\n") if args.merge else None
-        Path(args.out).with_suffix(".md").write_text(markdown(saved))
-        return 0
+# ------------------------------------------------------------------------------------------------ the study
+#: the row of the study: every method, in one device call
+ROW = "every_method"
+#: what a trial's record carries besides the call's rows (its point and its process's fields)
+CALL_FIELDS = ("dataset", "row", "seed", "call", "model", "steps", "mini_batch_size", "environment", "wall_seconds",
+               "note")
+#: the models a study may name: a random BERT-base-shaped encoder, or the tiny one (the CPU smoke run)
+SHAPES = {"bert-base": BERT_BASE, "tiny": TINY}
+
+
+def read(data: dict[str, Any]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """``(records, meta)`` of ``scale_gpu.json``: one record per device call (its rows, in the file's order; the
+    point ``call<n>``, the row :data:`ROW`, seed 0); ``meta``: the file's other fields, ``rows`` kept in its place.
+
+    Raises:
+        ValueError: a call whose rows are not together in the file (its records would not be one call's).
+    """
+    calls: dict[int, list[dict[str, Any]]] = {}
+    last = None
+    for row in data["rows"]:
+        call = row.get("call", 1)
+        if call in calls and call != last:
+            raise ValueError(f"the rows of device call {call} are not together in the file")
+        calls.setdefault(call, []).append(row)
+        last = call
+    records = [{"dataset": f"call{call}", "row": ROW, "seed": 0, "call": call, "rows": rows}
+               for call, rows in calls.items()]
+    return records, {**data, "rows": None}
+
+
+def layout(records: list[dict[str, Any]], meta: dict[str, Any]) -> dict[str, Any]:
+    """The results file of ``records`` (:func:`read`'s inverse): the calls' rows in order, with their ratios
+    (:func:`ratios`, within each call); a fresh study's fields from its first call, and each call run since merged as
+    a later device call (its wall time, its environment under ``environments``, its note)."""
+    rows = [row for record in records for row in record["rows"]]
+    new = [r for r in records if "environment" in r]
+    if meta:
+        data = {**meta, "rows": rows}
+    elif new:
+        first = new[0]
+        data = {"model": first["model"], "steps": first["steps"], "mini_batch_size": first["mini_batch_size"],
+                "wall_seconds": 0.0, "environment": first["environment"], "rows": rows}
+    else:
+        return {"rows": rows}
+    for index, record in enumerate(new):
+        data["wall_seconds"] = round(data["wall_seconds"] + record["wall_seconds"], 1)
+        if meta or index:  # a later call: its environment and note beside the first's
+            data.setdefault("environments", {})[str(record["call"])] = record["environment"]
+        if record.get("note"):
+            data["notes"] = [*data.get("notes", []), record["note"]]
+    ratios(data["rows"])
+    return data
+
+
+def prepare(spec: Any, points: list[Any], context: dict[str, Any]) -> None:
+    """Before any trial: the device (``--set device=cuda`` for the BERT-base protocol), the model, each call's
+    number (at least 1, one dataset each), batches and steps in range.
+
+    Raises:
+        ValueError: naming the value or dataset.
+    """
+    import torch
+
+    device = context.get("device", "cpu")
+    if device not in ("cpu", "cuda"):
+        raise ValueError(f"device must be cpu or cuda, got {device!r}")
+    if spec.protocol["model"] not in SHAPES:
+        raise ValueError(f"model must be one of {', '.join(SHAPES)}, got {spec.protocol['model']!r}")
+    if spec.protocol["model"] == "bert-base" and device != "cuda":
+        raise ValueError(f"{spec.name} measures a BERT-base-shaped encoder on a GPU: run it with --set device=cuda")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("no CUDA device (a CPU run: a spec whose protocol's model is tiny)")
+    asked = [m for row in spec.rows.values() for m in row.extra.get("methods", [])]
+    asked += [m for d in spec.datasets.values() for m in d.extra.get("methods", [])]
+    unknown = sorted(set(asked) - set(METHODS))
+    if unknown:
+        raise ValueError(f"unknown method(s) {unknown}; choose from {', '.join(METHODS)}")
+    calls: dict[int, str] = {}
+    for name, dataset in spec.datasets.items():
+        call = dataset.extra.get("call")
+        if not isinstance(call, int) or isinstance(call, bool) or call < 1:
+            raise ValueError(f"dataset {name!r}: call must be an integer >= 1, got {call!r}")
+        if call in calls:
+            raise ValueError(f"datasets {calls[call]!r} and {name!r} are both device call {call}: give each its own "
+                             "number (ratios compare rows of one call only)")
+        calls[call] = name
+        if dataset.extra.get("steps", 1) < 1 or any(b < 2 for b, _ in dataset.extra.get("grid", [])):
+            raise ValueError(f"dataset {name!r}: steps must be >= 1 and every batch >= 2")
+
+
+def run_call(methods: list[str], grid: list[tuple[int, str]], steps: int, mini: int, device: str,
+             shape: dict[str, int], call: int) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """One device call: every method at every (batch, variant) of ``grid`` on one model, one configuration after the
+    other, each from the same initial weights, CUDA caches emptied between them; its rows (with their FLOP rates and
+    ratios) and its environment."""
     import sentence_transformers
     import torch
 
-    device = "cpu" if args.dry_run else "cuda"
-    if device == "cuda" and not torch.cuda.is_available():
-        parser.error("no CUDA device (use --dry-run for the CPU smoke run)")
-    grid = ((4, "uncached"), (8, "cached")) if args.dry_run else GRID
-    if args.batch_sizes:
-        grid = tuple(g for g in grid if g[0] in args.batch_sizes)
-    mini = 4 if args.dry_run else args.mini_batch_size
-    start = time.perf_counter()
+    environment = {"device_name": torch.cuda.get_device_name() if device == "cuda" else platform.processor()
+                   or "cpu", "torch": torch.__version__, "cuda": torch.version.cuda,
+                   "sentence_transformers": sentence_transformers.__version__}
     rows: list[dict[str, Any]] = []
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    result = {
-        "model": "BERT-base shape (random), CLS, max_seq_length 32" if not args.dry_run else "tiny (dry run)",
-        "steps": args.steps, "mini_batch_size": mini, "wall_seconds": 0.0,
-        "environment": {"device_name": torch.cuda.get_device_name() if device == "cuda" else platform.processor()
-                        or "cpu", "torch": torch.__version__, "cuda": torch.version.cuda,
-                        "sentence_transformers": sentence_transformers.__version__},
-        "rows": rows,
-    }
     with tempfile.TemporaryDirectory() as tmp:
-        model = build_model(Path(tmp), TINY if args.dry_run else BERT_BASE, 32, device)
+        model = build_model(Path(tmp), shape, 32, device)
         initial = {k: v.detach().clone() for k, v in model.state_dict().items()}
         for batch, variant in grid:
-            batches = tokenised_batches(model, batch, args.steps, device)
+            batches = tokenised_batches(model, batch, steps, device)
             # the reference of the other variant is not run: mnrl is uncached, cached_mnrl cached
-            methods = [m for m in args.methods if m != ("mnrl" if variant == "cached" else "cached_mnrl")]
-            for method in methods:
+            for method in [m for m in methods if m != ("mnrl" if variant == "cached" else "cached_mnrl")]:
                 model.load_state_dict(initial)  # every configuration starts from the same weights
-                row = {"method": method, "batch_size": batch, "variant": variant, "call": args.call,
+                row = {"method": method, "batch_size": batch, "variant": variant, "call": call,
                        **run_config(model, method, batches, variant, mini, device)}
-                add_flops(row, TINY if args.dry_run else BERT_BASE, result["environment"]["device_name"])
+                add_flops(row, shape, environment["device_name"])
                 rows.append(row)
                 print(json.dumps(row), flush=True)
                 gc.collect()
                 if device == "cuda":
                     torch.cuda.empty_cache()
-                ratios(rows)  # written after every row: a run stopped at its time limit keeps what it measured
-                result["wall_seconds"] = round(time.perf_counter() - start, 1)
-                out.write_text(json.dumps(result, indent=1) + "\n")
-                out.with_suffix(".md").write_text(markdown(result))
-    print(markdown(result))
-    return 0
+    ratios(rows)
+    return rows, environment
 
 
-if __name__ == "__main__":
-    raise SystemExit(main())
+def trial(spec: Any, point: Any, context: dict[str, Any]) -> dict[str, Any]:
+    """One device call (the dataset: its ``call`` number, ``grid`` of (batch, variant), ``steps``, ``note`` and the
+    ``methods`` it was asked for, default the row's), in this process (:func:`run_call`): its record, with the protocol's model and mini-batch and its
+    environment. ``context``: ``device`` (``cpu``, or ``cuda``)."""
+    dataset = spec.datasets[point.dataset].extra
+    protocol = spec.protocol
+    device = str(context.get("device", "cpu"))
+    steps, call = int(dataset.get("steps", protocol["steps"])), int(dataset["call"])
+    grid = [(int(b), str(v)) for b, v in dataset.get("grid", GRID)]
+    start = time.perf_counter()
+    methods = list(dataset.get("methods") or spec.rows[point.row].extra["methods"])
+    rows, environment = run_call(methods, grid, steps,
+                                 int(protocol["mini_batch_size"]), device, SHAPES[protocol["model"]], call)
+    return {"dataset": point.dataset, "row": point.row, "seed": point.seed, "call": call, "rows": rows,
+            "model": protocol["model_name"], "steps": steps, "mini_batch_size": protocol["mini_batch_size"],
+            "environment": environment, "wall_seconds": round(time.perf_counter() - start, 1),
+            **({"note": dataset["note"]} if dataset.get("note") else {})}

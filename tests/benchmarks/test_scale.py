@@ -1,6 +1,6 @@
-"""benchmarks.scale: the report arithmetic on hand-made results, smoke runs of the real subprocess grid (the rounds'
-bookkeeping around a stand-in for it), the paired timing (``paired``) and the live-tensor count (``tensors``); the
-committed tables."""
+"""benchmarks.scale: the report arithmetic on hand-made results, smoke runs of the real subprocess grid through the
+study runner (``python -m benchmarks.studies SPEC --run``; the rounds' bookkeeping around a stand-in for the
+subprocess), the paired timing (``paired``) and the live-tensor count (``tensors``); the committed tables."""
 
 from __future__ import annotations
 
@@ -184,7 +184,27 @@ def test_steps_text_names_the_variant_only_where_a_batch_s_variants_differ():
     assert sys.modules["benchmarks.scale.report"]._steps_text(data) == "3 steps (cached batch 1024: 9; batch 65536: 2)"
 
 
-def test_plan_and_bad_inputs(tmp_path):
+def study(tmp_path, configs, name="scale", **protocol):
+    """A scale study's spec in ``tmp_path`` (records and tables there too) for ``configs`` (:func:`scale.plan`), on the
+    tiny model, 2 steps, mini-batch 4, 1 thread."""
+    protocol = {"model": "tiny", "max_seq_length": 32, "steps": 2, "threads": 1, "seed": 0, "corpus": str(CORPUS),
+                "mini_batch_size": 4, **protocol}
+    report = {"records": f"{name}.json", "read": "benchmarks.scale:read", "layout": "benchmarks.scale:layout",
+              "point": {"dataset": "dataset", "row": "row", "seed": "seed"}, "prepare": "benchmarks.scale:prepare",
+              "outputs": [{"file": f"{name}.md", "renderer": "benchmarks.scale.report:markdown"},
+                          {"file": f"{name}.png", "renderer": "benchmarks.scale.report:plot", "figure": True}]}
+    path = tmp_path / f"{name}_spec.json"
+    path.write_text(json.dumps(scale.spec_dict(name, protocol, configs, report)))
+    return path
+
+
+def runner(*argv):
+    from benchmarks.studies.__main__ import main
+
+    return main([str(a) for a in argv])
+
+
+def test_plan_and_bad_inputs(tmp_path, capsys):
     configs = scale.plan(["mnrl", "cached_mnrl"], [8, 16], ["cached_mnrl"], [16], ["cached", "uncached"])
     keys = [scale.config_key(c["method"], c["variant"], c["batch_size"], c["processes"]) for c in configs]
     assert keys == ["mnrl/uncached/b8", "mnrl/cached/b8", "cached_mnrl/cached/b8", "mnrl/uncached/b16",
@@ -193,20 +213,36 @@ def test_plan_and_bad_inputs(tmp_path):
     assert [(c["method"], c["variant"], c["batch_size"]) for c in cached_only] == [
         ("mixcse", "cached", 64), ("cached_mnrl", "cached", 64), ("mixcse", "cached", 1024),
         ("cached_mnrl", "cached", 1024)]
+    # the study's grid is the plan: a dataset per batch, a row per method, variant and processes
+    spec = json.loads(study(tmp_path, configs).read_text())
+    from st_hardneg.training.studies.spec import spec_from_dict
+
+    points = [p.key for p in spec_from_dict(spec).points()]
+    assert points == ["b8/mnrl/uncached/0", "b8/mnrl/cached/0", "b8/cached_mnrl/cached/0", "b16/mnrl/uncached/0",
+                      "b16/mnrl/cached/0", "b16/cached_mnrl/cached/0", "b16/cached_mnrl/cached/p2/0"]
+    assert spec["rows"]["cached_mnrl/cached/p2"]["extra"] == {"method": "cached_mnrl", "variant": "cached",
+                                                              "processes": 2}
     with pytest.raises(ValueError, match="always cached"):
         scale.build_benchmark_loss("cached_mnrl", None, cached=False, mini_batch_size=4, gather=False)
-    with pytest.raises(SystemExit):
-        scale.main(["--methods", "nope", "--out", str(tmp_path / "s.json")])
-    with pytest.raises(SystemExit):
-        scale.main(["--ddp-batch-sizes", "15", "--out", str(tmp_path / "s.json")])
-    with pytest.raises(SystemExit):
-        scale.main(["--steps", "1", "--out", str(tmp_path / "s.json")])
-    with pytest.raises(SystemExit):
-        scale.main(["--rounds", "0", "--out", str(tmp_path / "s.json")])
-    bad = tmp_path / "other.json"
-    bad.write_text(json.dumps({"runs": []}))
-    with pytest.raises(ValueError, match="not a scale benchmark result"):
-        scale.main(["--report", "--out", str(bad)])
+    with pytest.raises(ValueError, match="unknown method"):
+        study(tmp_path, scale.plan(["nope"], [8], [], [], []))
+    with pytest.raises(ValueError, match="divisible by its processes"):
+        study(tmp_path, scale.plan([], [], ["cached_mnrl"], [15], ["cached"]))
+    with pytest.raises(ValueError, match="steps must be >= 2"):
+        study(tmp_path, configs, steps=1)
+    spec = study(tmp_path, scale.plan(["cached_mnrl"], [8], [], [], []))
+    nowhere = study(tmp_path, scale.plan(["cached_mnrl"], [8], [], [], []), name="nowhere",
+                    corpus=str(tmp_path / "wiki10k.txt"))  # not there, nor in the data folder given
+    for path, argv, message in ((spec, ["--set", "rounds=0"], "rounds"), (spec, ["--set", "steps=1"], "steps"),
+                                (nowhere, ["--data-dir", str(tmp_path / "none")], "corpus not found")):
+        with pytest.raises(SystemExit) as stop:
+            runner(path, "--run", "--work-dir", tmp_path / "work" / path.stem, *argv)
+        assert stop.value.code == 2 and message in capsys.readouterr().err
+    assert not (tmp_path / "scale.json").exists()  # refused before any trial
+    (tmp_path / "scale.json").write_text(json.dumps({"runs": []}))
+    with pytest.raises(SystemExit) as stop:
+        runner(spec, "--check")
+    assert stop.value.code == 2 and "not a scale benchmark result" in capsys.readouterr().err
 
 
 def _param_counts():
@@ -226,18 +262,18 @@ def _param_counts():
 
 
 def test_smoke_grid_tiny_model(tmp_path, capsys):
+    spec = study(tmp_path, scale.plan(["mnrl", "cached_mnrl"], [8, 16], [], [], []))
     out = tmp_path / "scale.json"
-    argv = ["--model", "tiny", "--methods", "mnrl", "cached_mnrl", "--batch-sizes", "8", "16", "--steps", "2",
-            "--mini-batch-size", "4", "--threads", "1", "--ddp-methods", "--corpus", str(CORPUS), "--out", str(out)]
-    assert scale.main(argv) == 0
+    assert runner(spec, "--run", "--work-dir", tmp_path / "work", "-q") == 0
     data = json.loads(out.read_text())
     runs = data["runs"]
     assert set(runs) == {"mnrl/uncached/b8", "mnrl/cached/b8", "cached_mnrl/cached/b8", "mnrl/uncached/b16",
                          "mnrl/cached/b16", "cached_mnrl/cached/b16"}
-    # ST's MNRL takes no mini_batch_size: reported, not crashed (and not retried at the next batch)
+    # ST's MNRL takes no mini_batch_size: reported, not crashed (and not started again at the other batch: the first
+    # of the two the engine ran has a wall time, the other none)
     for key in ("mnrl/cached/b8", "mnrl/cached/b16"):
         assert runs[key]["status"] == "not supported" and "mini_batch_size" in runs[key]["reason"]
-    assert "wall_seconds" in runs["mnrl/cached/b8"] and "wall_seconds" not in runs["mnrl/cached/b16"]
+    assert ["wall_seconds" in runs[key] for key in ("mnrl/cached/b8", "mnrl/cached/b16")].count(True) == 1
     _, trained = _param_counts()
     for key in ("mnrl/uncached/b8", "cached_mnrl/cached/b8", "mnrl/uncached/b16", "cached_mnrl/cached/b16"):
         run = runs[key]
@@ -260,25 +296,28 @@ def test_smoke_grid_tiny_model(tmp_path, capsys):
     assert "| mnrl | 8 |" in table and "not supported" in table and "| cached_mnrl | 8 → 16 |" in table
     assert "cached step / cached_mnrl" in table
 
-    # resume: nothing is rerun; --report rewrites the table from the JSON alone
+    # resume: nothing is rerun; the runner without --run rewrites the table from the JSON alone
     capsys.readouterr()
-    assert scale.main(argv) == 0
-    assert capsys.readouterr().out.count("skip ") == 6
+    assert runner(spec, "--run", "--work-dir", tmp_path / "work", "-q") == 0
+    assert "to run" not in capsys.readouterr().out and json.loads(out.read_text()) == data
     out.with_suffix(".md").unlink()
-    assert scale.main(["--report", "--out", str(out)]) == 0
+    assert runner(spec, "-q") == 0
     assert out.with_suffix(".md").read_text() == table
     assert "2 steps per configuration" in table
 
     # a larger batch may be timed over another number of steps in the same file (each run records its own); any
     # other setting may not
-    more = ["--model", "tiny", "--methods", "cached_mnrl", "--variants", "cached", "--batch-sizes", "24", "--steps", "3",
-            "--mini-batch-size", "4", "--threads", "1", "--ddp-methods", "--corpus", str(CORPUS), "--out", str(out)]
-    assert scale.main(more) == 0
+    more = study(tmp_path, scale.plan(["mnrl", "cached_mnrl"], [8, 16], [], [], [])
+                 + scale.plan(["cached_mnrl"], [24], [], [], [], variants=["cached"]))
+    assert runner(more, "--run", "--work-dir", tmp_path / "more", "--set", "steps=3", "-q") == 0
     runs = json.loads(out.read_text())["runs"]
     assert runs["cached_mnrl/cached/b24"]["steps"] == 3 and len(runs["cached_mnrl/cached/b24"]["step_seconds"]) == 3
+    assert {k: v for k, v in runs.items() if k != "cached_mnrl/cached/b24"} == data["runs"]  # imported, not rerun
     assert "2 steps (batch 24: 3) per configuration" in out.with_suffix(".md").read_text()
+    other = study(tmp_path, scale.plan(["cached_mnrl"], [8], [], [], []), mini_batch_size=8)
     with pytest.raises(SystemExit):
-        scale.main([*more[:-2], "--mini-batch-size", "8", "--out", str(out)])
+        runner(other, "--run", "--work-dir", tmp_path / "other")
+    assert "made under another protocol than the spec's (changed: mini_batch_size)" in capsys.readouterr().err
 
 
 def _worker_result(cfg, number, memory):
@@ -293,9 +332,9 @@ def _worker_result(cfg, number, memory):
             "per_process_batch_size": cfg["batch_size"], "wall_seconds": 1.0}
 
 
-def test_rounds_time_again_and_measure_memory_once(tmp_path, monkeypatch, capsys):
+def test_rounds_time_again_and_measure_memory_once(tmp_path, monkeypatch):
     """The rounds' bookkeeping around :func:`launch` (the real subprocess is the smoke grid's): a stand-in records
-    each launch and answers as the worker does."""
+    each launch and answers as the worker does; the runner's one worker runs the trial in this process."""
     launches = []
 
     def recording_launch(cfg, timeout, extra_env=None):
@@ -304,32 +343,24 @@ def test_rounds_time_again_and_measure_memory_once(tmp_path, monkeypatch, capsys
         return _worker_result(cfg, len(launches), memory=extra_env is not None)
 
     monkeypatch.setattr(scale, "launch", recording_launch)
+    spec = study(tmp_path, scale.plan(["cached_mnrl"], [8], [], [], [], variants=["cached"]))
     out = tmp_path / "scale.json"
-    argv = ["--model", "tiny", "--methods", "cached_mnrl", "--variants", "cached", "--batch-sizes", "8", "--steps", "2",
-            "--mini-batch-size", "4", "--threads", "1", "--ddp-methods", "--corpus", str(CORPUS), "--out", str(out)]
-    assert scale.main([*argv, "--rounds", "2"]) == 0
+    argv = [spec, "--run", "--work-dir", tmp_path / "work", "--set", "rounds=2", "-q"]
+    assert runner(*argv) == 0
     assert launches == ["timed", "memory", "timed"]
     run = json.loads(out.read_text())["runs"]["cached_mnrl/cached/b8"]
     assert len(run["step_ms_rounds"]) == 2 and run["step_ms"] == pytest.approx(sum(run["step_ms_rounds"]) / 2, abs=0.01)
     # round 1 is the timed launch (10 ms; the memory launch's step is not a round), round 2 the third launch (30 ms);
     # the peak is the memory run's, the default allocator's mark the timed runs' largest
     assert run["step_ms_rounds"] == [10.0, 30.0] and run["peak_mb"] == 500.0 and run["default_malloc_peak_mb"] == 700.0
-    assert "round 2" in capsys.readouterr().out
-    assert scale.main([*argv, "--rounds", "2"]) == 0 and len(launches) == 3  # both rounds held: nothing runs
-    assert scale.main([*argv, "--rounds", "3"]) == 0 and launches[3:] == ["timed"]  # one more round, timed only
-    again = json.loads(out.read_text())["runs"]["cached_mnrl/cached/b8"]
-    assert again["step_ms_rounds"][:2] == run["step_ms_rounds"] and len(again["step_ms_rounds"]) == 3
-    assert again["step_ms_rounds"][2] == 40.0 and again["step_ms"] == 30.0  # the median of 10, 30, 40
-    assert again["peak_mb"] == run["peak_mb"] and "timed in 3 interleaved rounds" in out.with_suffix(".md").read_text()
+    assert runner(*argv) == 0 and len(launches) == 3  # the trial is finished: nothing runs
 
 
 @pytest.mark.distributed
 def test_smoke_two_processes_tiny_model(tmp_path):
     out = tmp_path / "scale.json"
-    argv = ["--model", "tiny", "--methods", "cached_mnrl", "--batch-sizes", "16", "--steps", "2",
-            "--mini-batch-size", "4", "--threads", "2", "--ddp-methods", "cached_mnrl", "--ddp-batch-sizes", "16",
-            "--corpus", str(CORPUS), "--out", str(out)]
-    assert scale.main(argv) == 0
+    spec = study(tmp_path, scale.plan(["cached_mnrl"], [16], ["cached_mnrl"], [16], ["cached"]), threads=2)
+    assert runner(spec, "--run", "--work-dir", tmp_path / "work", "-q") == 0
     runs = json.loads(out.read_text())["runs"]
     one, two = runs["cached_mnrl/cached/b16"], runs["cached_mnrl/cached/b16/p2"]
     assert one["status"] == two["status"] == "ok"
@@ -397,14 +428,9 @@ def test_committed_tables_are_rendered_from_their_json(name):
     assert scale.markdown(data) == (RESULTS / f"{name}.md").read_text()
 
 
-def test_subcommands_dispatch(tmp_path, monkeypatch, capsys):
-    """``python -m benchmarks.scale [run|report|paired|tensors|worker]``: ``report`` is ``--report``, ``run`` and no
-    subcommand are the grid, the worker measures one configuration given as JSON."""
-    out = tmp_path / "scale.json"
-    out.write_text((RESULTS / "scale.json").read_text())
-    assert scale.main(["report", "--out", str(out)]) == 0
-    assert out.with_suffix(".md").read_text() == (RESULTS / "scale.md").read_text()
-    assert scale.main(["run", "--report", "--out", str(out)]) == 0
+def test_subcommands_dispatch(monkeypatch, capsys):
+    """``python -m benchmarks.scale paired|tensors|profile|summary|worker``: the worker measures one configuration
+    given as JSON; without a subcommand, one line naming the study that runs the grid."""
     calls = []
     monkeypatch.setattr(scale, "run_config", lambda cfg: calls.append(cfg) or {"status": "ok"})
     capsys.readouterr()
@@ -414,4 +440,8 @@ def test_subcommands_dispatch(tmp_path, monkeypatch, capsys):
     with pytest.raises(SystemExit):
         scale.main(["tensors", "--n", "1", "--out", "/dev/null"])
     with pytest.raises(SystemExit):
-        scale.main(["paired", "--rounds", "1", "--out", str(tmp_path / "p.md")])
+        scale.main(["paired", "--rounds", "1", "--out", "/dev/null"])
+    for argv in ([], ["run"], ["--report"]):
+        with pytest.raises(SystemExit) as stop:
+            scale.main(argv)
+        assert stop.value.code == 2 and "benchmarks/studies/scale.json" in capsys.readouterr().err

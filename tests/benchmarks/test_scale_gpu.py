@@ -1,4 +1,5 @@
-"""The GPU scale benchmark: its CPU dry run, the ratios to sentence-transformers' references, the committed table."""
+"""The GPU scale benchmark: its CPU smoke run through the study runner (a device call a trial), the ratios to
+sentence-transformers' references, a later call merged with its own ratios, the committed table."""
 
 from __future__ import annotations
 
@@ -45,10 +46,39 @@ def test_a_row_is_named_by_the_loss_its_record_trained():
     assert names == ["mixcse_two_way", "mixcse_two_way", "mixcse", "focal"]
 
 
+def gpu_spec(folder, calls, methods=("mnrl", "cached_mnrl", "focal"), name="scale_gpu"):
+    """A scale_gpu study's spec in ``folder`` (records and table there) on the tiny encoder on the CPU: ``calls`` is
+    ``{dataset: extra}`` (its call number, steps, grid, note)."""
+    spec = {"name": name,
+            "protocol": {"model": "tiny", "model_name": "tiny (dry run)", "max_seq_length": 32, "mini_batch_size": 4,
+                         "steps": 1, "autocast": "bf16"},
+            "rows": {"every_method": {"loss": None, "extra": {"methods": list(methods)}}},
+            "datasets": {name: {"extra": extra} for name, extra in calls.items()},
+            "grid": [{"datasets": list(calls), "rows": ["every_method"], "seeds": [0]}],
+            "choice": {"metric": None}, "trial": "benchmarks.scale_gpu:trial",
+            "report": {"records": f"{name}.json", "read": "benchmarks.scale_gpu:read",
+                       "layout": "benchmarks.scale_gpu:layout", "indent": 1,
+                       "point": {"dataset": "dataset", "row": "row", "seed": "seed"},
+                       "prepare": "benchmarks.scale_gpu:prepare",
+                       "outputs": [{"file": f"{name}.md", "renderer": "benchmarks.scale_gpu:markdown"}]}}
+    path = folder / f"{name}_spec_{len(calls)}.json"
+    path.write_text(json.dumps(spec))
+    return path
+
+
+#: the CPU smoke run's grid: batch 4 uncached, batch 8 cached, 1 timed step
+SMOKE = {"call": 1, "steps": 1, "grid": [[4, "uncached"], [8, "cached"]]}
+
+
+def runner(*argv):
+    from benchmarks.studies.__main__ import main
+
+    return main([str(a) for a in argv])
+
+
 def test_dry_run_measures_every_method_and_writes_json_and_markdown(tmp_path):
     out = tmp_path / "scale_gpu.json"
-    assert scale_gpu.main(["--dry-run", "--methods", "mnrl", "cached_mnrl", "focal", "--steps", "1",
-                           "--out", str(out)]) == 0
+    assert runner(gpu_spec(tmp_path, {"call1": SMOKE}), "--run", "--work-dir", tmp_path / "work", "-q") == 0
     result = json.loads(out.read_text())
     cells = [(r["batch_size"], r["variant"], r["method"], r["status"]) for r in result["rows"]]
     # mnrl runs uncached only, cached_mnrl cached only: the other variant of a reference is not scheduled
@@ -58,6 +88,8 @@ def test_dry_run_measures_every_method_and_writes_json_and_markdown(tmp_path):
     focal = result["rows"][1]
     assert focal["step_ratio"] == round(focal["step_ms"] / result["rows"][0]["step_ms"], 3)
     assert out.with_suffix(".md").read_text() == scale_gpu.markdown(result)
+    assert list(result) == ["model", "steps", "mini_batch_size", "wall_seconds", "environment", "rows"]
+    assert result["model"] == "tiny (dry run)" and result["mini_batch_size"] == 4 and result["steps"] == 1
 
 
 def test_committed_gpu_table_is_rendered_from_its_json(tmp_path):
@@ -72,9 +104,10 @@ def test_committed_gpu_table_is_rendered_from_its_json(tmp_path):
             assert (batch, method) in measured
 
 
-def test_rows_carry_the_useful_flop_rate_and_a_later_call_merges_with_its_own_number(tmp_path):
-    out, more = tmp_path / "scale_gpu.json", tmp_path / "more.json"
-    assert scale_gpu.main(["--dry-run", "--methods", "cached_mnrl", "focal", "--steps", "1", "--out", str(out)]) == 0
+def test_rows_carry_the_useful_flop_rate_and_a_later_call_merges_with_its_own_number(tmp_path, capsys):
+    out = tmp_path / "scale_gpu.json"
+    methods = ("cached_mnrl", "focal")
+    assert runner(gpu_spec(tmp_path, {"call1": SMOKE}, methods), "--run", "--work-dir", tmp_path / "w1", "-q") == 0
     first = json.loads(out.read_text())
     for row in first["rows"]:
         useful, _ = scale_gpu.step_flops(scale_gpu.TINY, row["batch_size"], row["seq_len"],
@@ -84,18 +117,21 @@ def test_rows_carry_the_useful_flop_rate_and_a_later_call_merges_with_its_own_nu
     # BERT-base at 32 tokens: 3 forwards of 2B sequences plus the B x B similarity, written out
     forward = 12 * (32 * (8 * 768**2 + 4 * 768 * 3072) + 4 * 32**2 * 768)
     assert scale_gpu.step_flops(scale_gpu.BERT_BASE, 1024, 32, cached=False)[0] == 3 * 2 * 1024 * forward + 6 * 1024**2 * 768
-    assert scale_gpu.main(["--dry-run", "--methods", "cached_mnrl", "focal", "--steps", "1", "--out", str(more)]) == 0
+    twice = gpu_spec(tmp_path, {"call1": SMOKE, "again": SMOKE}, methods)
     with pytest.raises(SystemExit):  # the same call number twice: its ratios would mix two machines' rows
-        scale_gpu.main(["--out", str(out), "--merge", str(more)])
-    assert scale_gpu.main(["--dry-run", "--methods", "cached_mnrl", "focal", "--steps", "1", "--call", "2",
-                           "--out", str(more)]) == 0
-    assert scale_gpu.main(["--out", str(out), "--merge", str(more), "--note", "call 2: a later machine"]) == 0
+        runner(twice, "--run", "--work-dir", tmp_path / "w2")
+    assert "both device call 1" in capsys.readouterr().err
+    later = gpu_spec(tmp_path, {"call1": SMOKE, "call2": {**SMOKE, "call": 2, "note": "call 2: a later machine"}},
+                     methods)
+    assert runner(later, "--run", "--work-dir", tmp_path / "w3", "-q") == 0  # call 1 imported, call 2 run
     merged = json.loads(out.read_text())
     assert [r["call"] for r in merged["rows"]] == [1] * len(first["rows"]) + [2] * len(first["rows"])
-    assert merged["notes"] == ["call 2: a later machine"]
+    assert merged["rows"][:len(first["rows"])] == first["rows"]
+    assert merged["notes"] == ["call 2: a later machine"] and set(merged["environments"]) == {"2"}
+    assert merged["wall_seconds"] > first["wall_seconds"]
     assert out.with_suffix(".md").read_text() == scale_gpu.markdown(merged)
-    later = [r for r in merged["rows"] if r["call"] == 2 and r["variant"] == "cached"]
-    assert [r["step_ratio"] for r in later][0] == 1.0  # its own reference, not the first call's
+    later_rows = [r for r in merged["rows"] if r["call"] == 2 and r["variant"] == "cached"]
+    assert [r["step_ratio"] for r in later_rows][0] == 1.0  # its own reference, not the first call's
 
 
 def test_committed_call_3_measures_the_current_engine_at_32768():
@@ -113,12 +149,36 @@ def test_committed_call_3_measures_the_current_engine_at_32768():
             assert row["peak_fraction"] > 0.15, method  # the useful rate, against CachedMNRL's 4 %
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--call", "0"], "--call must be >= 1, got 0"),
-    (["--merge", "missing.json"], "--merge: no results file at missing.json"),
-    (["--report", "--note", "x"], "--note goes with --merge"),
+@pytest.mark.parametrize("calls, argv, message", [
+    ({"call0": {**SMOKE, "call": 0}}, [], "call must be an integer >= 1, got 0"),
+    ({"one": SMOKE, "two": SMOKE}, [], "datasets 'one' and 'two' are both device call 1"),
+    ({"call1": SMOKE}, ["--set", "device=tpu"], "device must be cpu or cuda, got 'tpu'"),
 ])
-def test_bad_call_merge_and_note_values_are_refused_before_anything_runs(argv, message, capsys):
+def test_bad_calls_and_devices_are_refused_before_anything_runs(tmp_path, capsys, calls, argv, message):
     with pytest.raises(SystemExit) as exit_info:
-        scale_gpu.main(argv)
+        runner(gpu_spec(tmp_path, calls), "--run", "--work-dir", tmp_path / "work", *argv)
     assert exit_info.value.code == 2 and message in capsys.readouterr().err
+    assert not (tmp_path / "scale_gpu.json").exists()
+
+
+def test_the_gpu_protocol_needs_a_gpu(tmp_path, capsys):
+    """The committed study's BERT-base protocol is refused on the CPU (one line naming --set device=cuda), and on a
+    machine without CUDA also with it."""
+    import shutil
+
+    import torch
+
+    spec = RESULTS.parent / "studies" / "scale_gpu.json"
+    raw = json.loads(spec.read_text())
+    raw["datasets"]["call4"] = {"extra": {"call": 4, "steps": 2, "grid": [[32768, "cached"]]}}
+    raw["grid"][0]["datasets"].append("call4")
+    raw["report"]["records"] = "scale_gpu.json"
+    shutil.copy(RESULTS / "scale_gpu.json", tmp_path / "scale_gpu.json")
+    (tmp_path / "spec.json").write_text(json.dumps(raw))
+    for argv, message in (([], "run it with --set device=cuda"), (["--set", "device=cuda"], "no CUDA device")):
+        if argv and torch.cuda.is_available():
+            continue
+        with pytest.raises(SystemExit) as exit_info:
+            runner(tmp_path / "spec.json", "--run", "--work-dir", tmp_path / "work", *argv)
+        assert exit_info.value.code == 2 and message in capsys.readouterr().err
+    assert (tmp_path / "scale_gpu.json").read_text() == (RESULTS / "scale_gpu.json").read_text()

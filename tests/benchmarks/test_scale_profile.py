@@ -1,5 +1,6 @@
-"""benchmarks.scale profile: the FLOP count, the phase timer, its patches undone, the dry run's numbers and files,
-appending another process's rounds, and the committed CPU table rendered from its JSON."""
+"""benchmarks.scale.profile: the FLOP count, the phase timer, its patches undone, the CPU smoke run's numbers and files
+(through the study runner), each trial a process of the records file, and the committed tables rendered from their
+JSON."""
 
 from __future__ import annotations
 
@@ -52,10 +53,40 @@ def test_instrumentation_is_undone(tiny_model):
     assert "forward" not in tiny_model.__dict__
 
 
+def profile_spec(folder, name="p", batches=((16, True),), **protocol):
+    """A profile study's spec in ``folder`` (its records ``<name>.json`` and table there): the CPU smoke protocol, a
+    tiny random BERT in bf16 autocast, both modes, mini-batch 8, uncached chunks of 8, 1 round."""
+    protocol = {"device": "cpu", "model": "tiny", "mini_batch_size": 8, "uncached_chunk": 8, "autocast": "bf16",
+                "threads": 1, "rounds": 1, "trace_min_us": 20.0, "warmup": True, "profile_in_last_round": False,
+                "out_name": f"{name}.json", **protocol}
+    spec = {"name": name, "protocol": protocol,
+            "rows": {"round_robin": {"loss": None, "extra": {"losses": ["cached_mnrl", "mixcse"],
+                                                            "modes": ["loop", "trainer"]}}},
+            "datasets": {f"b{b}": {"extra": {"batch_size": b, "trace": t}} for b, t in batches},
+            "grid": [{"datasets": [f"b{b}" for b, _ in batches], "rows": ["round_robin"], "seeds": [0]}],
+            "choice": {"metric": None}, "trial": "benchmarks.scale.profile:trial",
+            "report": {"records": f"{name}.json", "read": "benchmarks.scale.profile:read",
+                       "layout": "benchmarks.scale.profile:layout", "indent": 1,
+                       "point": {"dataset": "dataset", "row": "row", "seed": "seed"},
+                       "prepare": "benchmarks.scale.profile:prepare",
+                       "outputs": [{"file": f"{name}.md", "renderer": "benchmarks.scale.profile:markdown"}]}}
+    path = folder / f"{name}_spec.json"
+    path.write_text(json.dumps(spec))
+    return path
+
+
+def runner(*argv):
+    from benchmarks.studies.__main__ import main
+
+    return main([str(a) for a in argv])
+
+
 @pytest.fixture(scope="module")
 def dry_run(tmp_path_factory):
-    out = tmp_path_factory.mktemp("profile") / "p.json"
-    assert profile.main(["--dry-run", "--rounds", "2", "--out", str(out)]) == 0
+    folder = tmp_path_factory.mktemp("profile")
+    spec = profile_spec(folder, rounds=2)
+    assert runner(spec, "--run", "--work-dir", folder / "work", "--set", f"trace_dir={folder}", "-q") == 0
+    out = folder / "p.json"
     return out, json.loads(out.read_text())
 
 
@@ -93,19 +124,31 @@ def test_dry_run_numbers_and_files(dry_run):
     assert out.with_suffix(".md").read_text() == profile.markdown(result)
 
 
-def test_append_adds_the_other_process_rounds(dry_run, tmp_path):
-    out, result = dry_run
-    mine = tmp_path / "a.json"
-    mine.write_text(json.dumps(result))
-    assert profile.main(["--out", str(mine), "--append", str(out)]) == 0
-    merged = json.loads(mine.read_text())
-    assert len(merged["batches"][0]["rounds"]) == 4 and merged["processes"] == 2 and merged["rounds"] == 4
-    assert mine.with_suffix(".md").read_text() == profile.markdown(merged)
+def test_each_trial_is_a_process_of_the_records_file(dry_run):
+    """A trial is one process: the file's loads, wall time and notes gather its trials', ``processes`` counts them
+    (a committed file's count and a new trial's add up), ``rounds`` is the most any batch has."""
+    _, result = dry_run
+    (batch,) = result["batches"]
+    record = {"dataset": "b16", "row": "round_robin", "seed": 0, **batch}
+
+    def trial_record(size, rounds, load, seconds):
+        run = {k: result[k] for k in profile.RUN_FIELDS} | {"load": load, "wall_seconds": seconds, "notes": [f"n{size}"]}
+        return {**record, "dataset": f"b{size}", "batch": size, "rounds": batch["rounds"][:rounds], "run": run}
+
+    fresh = profile.layout([trial_record(16, 2, ["1", "2"], 3.0), trial_record(24, 1, ["3", "4"], 4.5)], {})
+    assert [b["batch"] for b in fresh["batches"]] == [16, 24] and "run" not in fresh["batches"][0]
+    assert fresh["load"] == ["1", "2", "3", "4"] and fresh["wall_seconds"] == 7.5 and fresh["notes"] == ["n16", "n24"]
+    assert fresh["processes"] == 2 and fresh["rounds"] == 2 and list(fresh)[-1] == "processes"
+    assert {r["batch"] for r in fresh["summary"]} == {16, 24}
+    committed = {**{k: v for k, v in result.items() if k != "batches"}, "processes": 2, "batches": None}
+    more = profile.layout([record, trial_record(24, 1, ["5", "6"], 1.0)], committed)
+    assert more["processes"] == 3 and more["load"] == [*result["load"], "5", "6"]
+    assert more["wall_seconds"] == round(result["wall_seconds"] + 1.0, 1)
+    alone = profile.layout([trial_record(16, 2, ["1", "2"], 3.0)], {})
+    assert "processes" not in alone and alone["rounds"] == 2  # one process: as a one-process run wrote it
 
 
-def test_committed_cpu_table_is_rendered_from_its_json(tmp_path):
-    from benchmarks import scale
-
+def test_committed_cpu_table_is_rendered_from_its_json(capsys):
     saved = json.loads((RESULTS / "scale_profile_cpu.json").read_text())
     profile.summarize(saved)
     assert (RESULTS / "scale_profile_cpu.md").read_text() == profile.markdown(saved)
@@ -118,11 +161,10 @@ def test_committed_cpu_table_is_rendered_from_its_json(tmp_path):
     for name, info in batch["profiled"].items():  # the traces are committed beside it, small
         trace = RESULTS / info["trace"]
         assert trace.is_file() and trace.stat().st_size < 2.5 * 2**20, name
-    # `python -m benchmarks.scale profile --report` renders the same file
-    out = tmp_path / "scale_profile_cpu.json"
-    out.write_text(json.dumps(saved))
-    assert scale.main(["profile", "--report", "--out", str(out)]) == 0
-    assert out.with_suffix(".md").read_text() == (RESULTS / "scale_profile_cpu.md").read_text()
+    # the study renders the same file from its imported record
+    spec = RESULTS.parent / "studies" / "scale_profile_cpu.json"
+    assert runner(spec, "--check") == 0
+    assert capsys.readouterr().out == "scale_profile_cpu.md: identical\n"
 
 
 def test_committed_gpu_tables_are_rendered_from_their_json_and_meet_the_issue_targets():
