@@ -285,3 +285,20 @@ def build(loss_name: str, model, kwargs: dict[str, Any], guide: Callable[[], Any
         scale = 1.0 / float(kwargs.pop("temperature", 0.05))
         return CachedMultipleNegativesRankingLoss(model, scale=scale, **kwargs)
     return build_loss(loss_name, model, **kwargs)
+
+
+def data_folder(spec: Any, point: Any, context: Mapping[str, Any], kind: str = "") -> Path:
+    """The folder of a trial's dataset (its ``folder`` under ``context["data_dir"]``, the shared data by default).
+
+    Raises:
+        ValueError: a dataset without a folder, or a folder that is not there (``kind`` names it: ``"BEIR "``).
+    """
+    from st_hardneg.training.studies.beir import dataset_folder
+
+    dataset = spec.datasets[point.dataset]
+    if dataset.folder is None:
+        raise ValueError(f"dataset {point.dataset!r} has no folder: this trial reads a {kind}data folder")
+    path = dataset_folder(dataset, context.get("data_dir", SHARED_DATA))
+    if not path.is_dir():
+        raise ValueError(f"dataset {point.dataset!r}: no {kind}folder at {path}")
+    return path

@@ -23,7 +23,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from benchmarks.harness import SHARED_DATA
+from benchmarks.harness import SHARED_DATA, data_folder
 
 #: the protocol's batch size (the records file's ``batch_size``)
 BATCH_SIZE = 32
@@ -107,18 +107,6 @@ def _batch_size(spec: Any) -> int:
     return validation.check_count(spec.protocol.get("batch_size", BATCH_SIZE), "batch_size", minimum=2)
 
 
-def _folder(spec: Any, point: Any, context: Mapping[str, Any]) -> Path:
-    from st_hardneg.training.studies.beir import dataset_folder
-
-    dataset = spec.datasets[point.dataset]
-    if dataset.folder is None:
-        raise ValueError(f"dataset {point.dataset!r} has no folder: the share is counted on a BEIR folder")
-    path = dataset_folder(dataset, context.get("data_dir", SHARED_DATA))
-    if not path.is_dir():
-        raise ValueError(f"dataset {point.dataset!r}: no BEIR folder at {path}")
-    return path
-
-
 def check(spec: Any, points: Sequence[Any], context: Mapping[str, Any]) -> None:
     """The spec's ``report.prepare``: refuse, before anything is counted, a batch size, a seed or a dataset folder
     that a trial left to run would refuse (a folder without its training or test qrels included).
@@ -132,7 +120,7 @@ def check(spec: Any, points: Sequence[Any], context: Mapping[str, Any]) -> None:
     _batch_size(spec)
     for point in points:
         validation.check_count(point.seed, "seed", minimum=0)
-        _folder(spec, point, context)
+        data_folder(spec, point, context, "BEIR ")
     for name in dict.fromkeys(point.dataset for point in points):
         check_dataset(name, spec.datasets[name], context.get("data_dir", SHARED_DATA))
 
@@ -148,7 +136,7 @@ def trial(spec: Any, point: Any, context: Mapping[str, Any]) -> dict[str, Any]:
     from st_hardneg import validation
 
     batch_size = _batch_size(spec)
-    path = _folder(spec, point, context)
+    path = data_folder(spec, point, context, "BEIR ")
     row = share(path, validation.check_count(point.seed, "seed", minimum=0), batch_size, name=point.dataset)
     provenance = context.get("provenance") or {}
     return {**row, "batch_size": batch_size, **{key: provenance[key] for key in ("commit", "library")

@@ -35,7 +35,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from benchmarks.harness import SHARED_DATA
+from benchmarks.harness import data_folder
 
 #: the studies' one row: the model as given, no training
 ROW = "untrained"
@@ -205,18 +205,6 @@ def beir_render(payload: dict[str, Any]) -> str:
 
 
 # --------------------------------------------------------------------------- the studies' trials and records files
-def _folder(spec: Any, point: Any, context: Mapping[str, Any]) -> Path:
-    from st_hardneg.training.studies.beir import dataset_folder
-
-    dataset = spec.datasets[point.dataset]
-    if dataset.folder is None:
-        raise ValueError(f"dataset {point.dataset!r} has no folder: the untrained model is scored on a data folder")
-    path = dataset_folder(dataset, context.get("data_dir", SHARED_DATA))
-    if not path.is_dir():
-        raise ValueError(f"dataset {point.dataset!r}: no folder at {path}")
-    return path
-
-
 def _provenance(context: Mapping[str, Any]) -> dict[str, Any]:
     provenance = context.get("provenance") or {}
     return {key: provenance[key] for key in ("commit", "library") if key in provenance}
@@ -237,7 +225,7 @@ def check(spec: Any, points: Sequence[Any], context: Mapping[str, Any]) -> None:
     """
     _threads(spec, context)
     for point in points:
-        _folder(spec, point, context)
+        data_folder(spec, point, context)
 
 
 def beir_check(spec: Any, points: Sequence[Any], context: Mapping[str, Any]) -> None:
@@ -251,7 +239,7 @@ def beir_check(spec: Any, points: Sequence[Any], context: Mapping[str, Any]) -> 
 
     check(spec, points, context)
     for point in points:
-        folder = _folder(spec, point, context)
+        folder = data_folder(spec, point, context)
         try:
             data = load_beir(folder, name=point.dataset)
         except DataNotFoundError as exc:
@@ -287,7 +275,7 @@ def sts_trial(spec: Any, point: Any, context: Mapping[str, Any]) -> dict[str, An
     from st_hardneg.evaluation import alignment_uniformity, evaluate_sts, evaluate_transfer, run_mteb
     from st_hardneg.models import resolve_model
 
-    root = _folder(spec, point, context)
+    root = data_folder(spec, point, context)
     model = resolve_model(context.get("model"), pooling="cls", device="cpu")
     start = time.perf_counter()
     transfer = evaluate_transfer(model, root, fast=False, return_details=True, show_progress_bar=False)
@@ -360,7 +348,7 @@ def beir_trial(spec: Any, point: Any, context: Mapping[str, Any]) -> dict[str, A
         ValueError: no such folder, a bad thread count. RuntimeError: mteb failed.
     """
     threads = _threads(spec, context)
-    folder = _folder(spec, point, context)
+    folder = data_folder(spec, point, context)
     cache = Path(context.get("cache_dir") or Path(context["work_dir"]) / "beir-embeddings")
     row = beir_measure(folder, cache, threads, name=point.dataset, model_path=context.get("model"))
     return {**row, "threads": threads, "machine": platform.machine(), **_provenance(context)}

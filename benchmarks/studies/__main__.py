@@ -134,15 +134,9 @@ def main(argv: list[str] | None = None) -> int:
         tables = run(args)
     except ValueError as exc:  # a bad spec, storage, worker count, record or data folder: one line
         parser.error(str(exc))
-    if args.check:
-        differ = [path for path, text in tables.items() if not path.is_file() or path.read_text() != text]
-        for path in tables:
-            print(f"{path.name}: {'differs' if path in differ else 'identical'}")
-        return 1 if differ else 0
-    if not args.quiet:
-        for text in tables.values():
-            sys.stdout.write(text)
-    return 0
+    from benchmarks.studies.render import show
+
+    return show(tables, check=args.check, quiet=args.quiet)
 
 
 if __name__ == "__main__":

@@ -265,13 +265,20 @@ def main(argv: list[str] | None = None) -> int:
         tables = render(args.spec, spec, study)
     except ValueError as exc:
         parser.error(str(exc))
-    if args.check:
+    return show(tables, check=args.check)
+
+
+def show(tables: Mapping[Path, str], *, check: bool = False, quiet: bool = False) -> int:
+    """Print the tables (nothing with ``quiet``), or with ``check`` whether each equals its committed file; returns
+    the exit status (1: a table differs from its file)."""
+    if check:
         differ = [path for path, text in tables.items() if not path.is_file() or path.read_text() != text]
         for path in tables:
             print(f"{path.name}: {'differs' if path in differ else 'identical'}")
         return 1 if differ else 0
-    for text in tables.values():
-        sys.stdout.write(text)
+    if not quiet:
+        for text in tables.values():
+            sys.stdout.write(text)
     return 0
 
 
