@@ -2,46 +2,16 @@
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-logger = logging.getLogger(__name__)
+from st_hardneg.models import model_length_limit
 
 if TYPE_CHECKING:
     from sentence_transformers import SentenceTransformer
-
-
-def model_length_limit(model: SentenceTransformer) -> int | None:
-    """The longest input the encoder accepts: its ``max_position_embeddings`` (RoBERTa-style models reserve two
-    positions for the padding offset). sentence-transformers stores ``max_seq_length`` in the tokenizer's
-    ``model_max_length``, so the tokenizer cannot tell the model's real limit once a training length is set."""
-    try:
-        config: Any = cast(Any, model[0]).auto_model.config
-    except (AttributeError, IndexError, TypeError, KeyError):
-        return None
-    if hasattr(config, "get_text_config"):
-        config = config.get_text_config()
-    limit = getattr(config, "max_position_embeddings", None)
-    if not isinstance(limit, int) or limit <= 0:
-        return None
-    offset = 2 if getattr(config, "model_type", "") in ("roberta", "xlm-roberta", "camembert") else 0
-    return limit - offset
-
-
-def fitted_length(model: SentenceTransformer, max_seq_length: int | None) -> int | None:
-    """``max_seq_length`` capped at what the encoder accepts (:func:`model_length_limit`), with a warning when it is
-    capped: a protocol's length (the BEIR protocol's 256 tokens) on an encoder with fewer positions encodes at the
-    encoder's limit instead of failing on the first long text. ``None`` stays ``None`` (the model's own length)."""
-    limit = model_length_limit(model)
-    if max_seq_length is None or limit is None or max_seq_length <= limit:
-        return max_seq_length
-    logger.warning("encoding at %d tokens, the encoder's limit (its max_position_embeddings), instead of the %d "
-                   "asked for", limit, max_seq_length)
-    return limit
 
 
 @contextmanager

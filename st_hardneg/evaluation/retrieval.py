@@ -24,7 +24,8 @@ import numpy as np
 from sentence_transformers.sentence_transformer.evaluation import InformationRetrievalEvaluator
 from sentence_transformers.util import cos_sim
 
-from st_hardneg.evaluation.encoding import encode_unique, fitted_length
+from st_hardneg.evaluation.encoding import encode_unique
+from st_hardneg.models import fitted_length
 from st_hardneg.validation import check_relevant_docs
 
 if TYPE_CHECKING:
