@@ -377,13 +377,13 @@ def prepare(spec: Any, points: list[Any], context: dict[str, Any]) -> None:
     """
     from st_hardneg import validation
 
-    corpus = corpus_path(spec.protocol, context["data_dir"])
-    if not corpus.is_file():
-        raise ValueError(f"corpus not found: {corpus}")
     validation.check_count(int(context.get("steps", spec.protocol["steps"])), "steps", minimum=2)
     validation.check_count(int(context.get("rounds", 1)), "rounds", minimum=1)
     validation.check_number(float(context.get("memory_fraction", 0.8)), "memory_fraction", minimum=0.0)
     validation.check_number(float(context.get("timeout", 3600)), "timeout", minimum=1.0)
+    corpus = corpus_path(spec.protocol, context["data_dir"])
+    if not corpus.is_file():
+        raise ValueError(f"corpus not found: {corpus}")
 
 
 def trial(spec: Any, point: Any, context: dict[str, Any]) -> dict[str, Any]:

@@ -261,7 +261,7 @@ def _param_counts():
     return total, total - pooled
 
 
-def test_smoke_grid_tiny_model(tmp_path, capsys):
+def test_smoke_grid_tiny_model(tmp_path, capsys, shared_data):
     spec = study(tmp_path, scale.plan(["mnrl", "cached_mnrl"], [8, 16], [], [], []))
     out = tmp_path / "scale.json"
     assert runner(spec, "--run", "--work-dir", tmp_path / "work", "-q") == 0
@@ -332,7 +332,7 @@ def _worker_result(cfg, number, memory):
             "per_process_batch_size": cfg["batch_size"], "wall_seconds": 1.0}
 
 
-def test_rounds_time_again_and_measure_memory_once(tmp_path, monkeypatch):
+def test_rounds_time_again_and_measure_memory_once(tmp_path, monkeypatch, shared_data):
     """The rounds' bookkeeping around :func:`launch` (the real subprocess is the smoke grid's): a stand-in records
     each launch and answers as the worker does; the runner's one worker runs the trial in this process."""
     launches = []
@@ -357,7 +357,7 @@ def test_rounds_time_again_and_measure_memory_once(tmp_path, monkeypatch):
 
 
 @pytest.mark.distributed
-def test_smoke_two_processes_tiny_model(tmp_path):
+def test_smoke_two_processes_tiny_model(tmp_path, shared_data):
     out = tmp_path / "scale.json"
     spec = study(tmp_path, scale.plan(["cached_mnrl"], [16], ["cached_mnrl"], [16], ["cached"]), threads=2)
     assert runner(spec, "--run", "--work-dir", tmp_path / "work", "-q") == 0
@@ -370,7 +370,7 @@ def test_smoke_two_processes_tiny_model(tmp_path):
     assert "| cached_mnrl | cached | 16 |" in out.with_suffix(".md").read_text()
 
 
-def test_paired_timing_smoke(tmp_path):
+def test_paired_timing_smoke(tmp_path, shared_data):
     """Every loss and both CachedMNRL references timed round-robin in one process; ratios against the references."""
     paired = importlib.import_module("benchmarks.scale.paired")
     out = tmp_path / "paired.md"

@@ -135,7 +135,7 @@ def _trained_parameters() -> int:
     return sum(p.numel() for n, p in model.named_parameters() if ".pooler." not in n)
 
 
-def test_a_run_of_the_worker_study_measures_one_configuration_in_subprocesses(tmp_path):
+def test_a_run_of_the_worker_study_measures_one_configuration_in_subprocesses(tmp_path, shared_data):
     from benchmarks import scale
 
     protocol = {"model": "tiny", "max_seq_length": 32, "steps": 3, "threads": 1, "seed": 0, "corpus": str(CORPUS),
