@@ -104,6 +104,7 @@ def test_a_study_with_trials_left_is_not_rendered_and_bad_options_are_refused(tm
     for argv, message in (([str(spec)], "4 trial(s) of bench are left to run"),
                           ([str(spec), "--run", "--workers", "0"], "--workers"),
                           ([str(spec), "--run", "--set", "novalue"], "--set expects KEY=VALUE"),
+                          ([str(spec), "--run", "--heartbeat", "0"], "heartbeat must be an integer >= 1"),
                           ([str(spec), "--storage", "nosuch://x"], "cannot be opened")):
         with pytest.raises(SystemExit) as stop:
             runner(*argv, "--work-dir", str(tmp_path / "work"))
